@@ -1,0 +1,451 @@
+/* Array acquisition (NumPy C API and DLPack capsules) and argument validation for the bindings. */
+#include <string.h>
+
+#include "binding.h"
+#include "dlpack.h"
+#include "np.h"
+
+smla_state *smla_get_state(PyObject *module) { return (smla_state *)PyModule_GetState(module); }
+
+void smla_args_init(smla_args *A, PyObject *module, unsigned long long stream)
+{
+    memset(A, 0, sizeof *A);
+    A->state = smla_get_state(module);
+    A->stream = (void *)(uintptr_t)stream;
+}
+
+const char *smla_dtype_name(int dtype)
+{
+    switch (dtype) {
+    case SMLA_DT_BF16: return "bfloat16";
+    case SMLA_DT_F16: return "float16";
+    case SMLA_DT_F32: return "float32";
+    case SMLA_DT_F64: return "float64";
+    case SMLA_DT_I32: return "int32";
+    case SMLA_DT_I64: return "int64";
+    case SMLA_DT_U8: return "uint8";
+    case SMLA_DT_U16: return "uint16";
+    case SMLA_DT_I8: return "int8";
+    case SMLA_DT_F8E4M3: return "float8_e4m3fn";
+    default: return "an unsupported dtype";
+    }
+}
+
+static int itemsize_of(int dtype)
+{
+    switch (dtype) {
+    case SMLA_DT_F64: case SMLA_DT_I64: return 8;
+    case SMLA_DT_F32: case SMLA_DT_I32: return 4;
+    case SMLA_DT_BF16: case SMLA_DT_F16: case SMLA_DT_U16: return 2;
+    default: return 1;
+    }
+}
+
+static int dtype_from_numpy(smla_state *S, PyArray_Descr *d)
+{
+    int t = d->type_num;
+    if (t == S->bf16_typenum) return SMLA_DT_BF16;
+    if (t == S->e4m3_typenum) return SMLA_DT_F8E4M3;
+    switch (t) {
+    case NPY_FLOAT16: return SMLA_DT_F16;
+    case NPY_FLOAT32: return SMLA_DT_F32;
+    case NPY_FLOAT64: return SMLA_DT_F64;
+    case NPY_INT8: return SMLA_DT_I8;
+    case NPY_UINT8: return SMLA_DT_U8;
+    case NPY_UINT16: return SMLA_DT_U16;
+    default: break;
+    }
+    /* int32/int64 have several aliases (long, longlong, intc): decide by kind and size */
+    if (d->kind == 'i' && PyDataType_ELSIZE(d) == 4) return SMLA_DT_I32;
+    if (d->kind == 'i' && PyDataType_ELSIZE(d) == 8) return SMLA_DT_I64;
+    return SMLA_DT_INVALID;
+}
+
+static int dtype_from_dlpack(smla_dl_dtype t)
+{
+    if (t.lanes != 1) return SMLA_DT_INVALID;
+    switch (t.code) {
+    case SMLA_DL_BFLOAT: return t.bits == 16 ? SMLA_DT_BF16 : SMLA_DT_INVALID;
+    case SMLA_DL_FLOAT:
+        return t.bits == 16 ? SMLA_DT_F16 : t.bits == 32 ? SMLA_DT_F32 : t.bits == 64 ? SMLA_DT_F64
+                                                                                         : SMLA_DT_INVALID;
+    case SMLA_DL_INT:
+        return t.bits == 32 ? SMLA_DT_I32 : t.bits == 64 ? SMLA_DT_I64 : t.bits == 8 ? SMLA_DT_I8
+                                                                                       : SMLA_DT_INVALID;
+    case SMLA_DL_UINT: return t.bits == 8 ? SMLA_DT_U8 : t.bits == 16 ? SMLA_DT_U16 : SMLA_DT_INVALID;
+    case SMLA_DL_FLOAT8_E4M3FN: return t.bits == 8 ? SMLA_DT_F8E4M3 : SMLA_DT_INVALID;
+    default: return SMLA_DT_INVALID;
+    }
+}
+
+static int from_numpy(smla_args *A, PyObject *obj, smla_arr *a)
+{
+    PyArrayObject *arr = (PyArrayObject *)obj;
+    PyArray_Descr *d = PyArray_DESCR(arr);
+    int nd = PyArray_NDIM(arr);
+    if (!PyArray_ISNOTSWAPPED(arr)) {
+        PyErr_Format(PyExc_ValueError, "%s: byte-swapped arrays are not supported", a->name);
+        return -1;
+    }
+    a->dtype = dtype_from_numpy(A->state, d);
+    if (a->dtype == SMLA_DT_INVALID) {
+        PyErr_Format(PyExc_TypeError, "%s: unsupported dtype %S", a->name, (PyObject *)d);
+        return -1;
+    }
+    if (nd > SMLA_MAX_NDIM) {
+        PyErr_Format(PyExc_ValueError, "%s: at most %d dimensions are supported, got %d", a->name,
+                     SMLA_MAX_NDIM, nd);
+        return -1;
+    }
+    a->itemsize = (int)PyArray_ITEMSIZE(arr);
+    a->ndim = nd;
+    for (int i = 0; i < nd; i++) {
+        npy_intp s = PyArray_STRIDES(arr)[i];
+        a->shape[i] = PyArray_DIMS(arr)[i];
+        if (s % a->itemsize != 0) {
+            PyErr_Format(PyExc_ValueError,
+                         "%s: stride %zd bytes of dimension %d is not a multiple of the item size %d",
+                         a->name, (Py_ssize_t)s, i, a->itemsize);
+            return -1;
+        }
+        a->strides[i] = s / a->itemsize;
+    }
+    a->data = PyArray_DATA(arr);
+    a->device = SMLA_DEV_CPU;
+    a->device_id = 0;
+    a->readonly = !PyArray_ISWRITEABLE(arr);
+    Py_INCREF(obj);
+    a->array = obj;
+    return 0;
+}
+
+static int fill_from_dltensor(smla_arr *a, const smla_dl_tensor *t)
+{
+    if (t->device.device_type == SMLA_DL_CUDA || t->device.device_type == SMLA_DL_CUDA_MANAGED)
+        a->device = SMLA_DEV_CUDA;
+    else if (t->device.device_type == SMLA_DL_CPU || t->device.device_type == SMLA_DL_CUDA_HOST)
+        a->device = SMLA_DEV_CPU;
+    else {
+        PyErr_Format(PyExc_BufferError, "%s: DLPack device type %d is not supported (CPU or CUDA only)",
+                     a->name, (int)t->device.device_type);
+        return -1;
+    }
+    a->device_id = t->device.device_id;
+    a->dtype = dtype_from_dlpack(t->dtype);
+    if (a->dtype == SMLA_DT_INVALID) {
+        PyErr_Format(PyExc_TypeError, "%s: unsupported DLPack dtype (code %d, bits %d, lanes %d)", a->name,
+                     (int)t->dtype.code, (int)t->dtype.bits, (int)t->dtype.lanes);
+        return -1;
+    }
+    if (t->ndim < 0 || t->ndim > SMLA_MAX_NDIM) {
+        PyErr_Format(PyExc_ValueError, "%s: at most %d dimensions are supported, got %d", a->name,
+                     SMLA_MAX_NDIM, (int)t->ndim);
+        return -1;
+    }
+    a->itemsize = itemsize_of(a->dtype);
+    a->ndim = t->ndim;
+    int64_t contig = 1;
+    for (int i = t->ndim - 1; i >= 0; i--) {
+        a->shape[i] = t->shape[i];
+        a->strides[i] = t->strides ? t->strides[i] : contig;
+        contig *= t->shape[i];
+    }
+    a->data = (char *)t->data + t->byte_offset;
+    return 0;
+}
+
+/* Call obj.__dlpack__(stream=..., max_version=(1, 3)), falling back to the legacy signature. */
+static PyObject *export_capsule(PyObject *obj, PyObject *stream)
+{
+    PyObject *meth = PyObject_GetAttrString(obj, "__dlpack__");
+    if (!meth) return NULL;
+    PyObject *kw = Py_BuildValue("{s:O,s:(ii)}", "stream", stream, "max_version", 1, 3);
+    PyObject *empty = PyTuple_New(0), *cap = NULL;
+    if (kw && empty) {
+        cap = PyObject_Call(meth, empty, kw);
+        if (!cap && PyErr_ExceptionMatches(PyExc_TypeError)) {
+            PyErr_Clear();
+            PyDict_DelItemString(kw, "max_version");
+            cap = PyObject_Call(meth, empty, kw);
+        }
+    }
+    Py_XDECREF(kw);
+    Py_XDECREF(empty);
+    Py_DECREF(meth);
+    return cap;
+}
+
+static int from_dlpack(smla_args *A, PyObject *obj, smla_arr *a)
+{
+    PyObject *dev = PyObject_CallMethod(obj, "__dlpack_device__", NULL);
+    if (!dev) return -1;
+    long dev_type = -1;
+    if (PyTuple_Check(dev) && PyTuple_GET_SIZE(dev) == 2) dev_type = PyLong_AsLong(PyTuple_GET_ITEM(dev, 0));
+    Py_DECREF(dev);
+    if (dev_type == -1 && PyErr_Occurred()) return -1;
+    /* CUDA producers order their work before our launch stream; never pass 0 (ambiguous). */
+    PyObject *stream;
+    if (dev_type == SMLA_DL_CUDA || dev_type == SMLA_DL_CUDA_MANAGED)
+        stream = PyLong_FromUnsignedLongLong(A->stream ? (unsigned long long)(uintptr_t)A->stream : 1ull);
+    else {
+        stream = Py_None;
+        Py_INCREF(stream);
+    }
+    if (!stream) return -1;
+    PyObject *cap = export_capsule(obj, stream);
+    Py_DECREF(stream);
+    if (!cap) return -1;
+
+    int rc = -1;
+    if (PyCapsule_IsValid(cap, "dltensor_versioned")) {
+        smla_dl_managed_v *m = PyCapsule_GetPointer(cap, "dltensor_versioned");
+        if (!m) goto done;
+        if (m->version.major != 1) {
+            /* left unrenamed: the capsule's destructor releases it */
+            PyErr_Format(PyExc_BufferError, "%s: DLPack major version %u is not supported", a->name,
+                         (unsigned)m->version.major);
+            goto done;
+        }
+        if (PyCapsule_SetName(cap, "used_dltensor_versioned") < 0) goto done;
+        a->managed = m;
+        a->versioned = 1;
+        a->readonly = (m->flags & SMLA_DL_FLAG_READ_ONLY) != 0;
+        rc = fill_from_dltensor(a, &m->dl_tensor);
+    } else if (PyCapsule_IsValid(cap, "dltensor")) {
+        smla_dl_managed *m = PyCapsule_GetPointer(cap, "dltensor");
+        if (!m) goto done;
+        if (PyCapsule_SetName(cap, "used_dltensor") < 0) goto done;
+        a->managed = m;
+        a->versioned = 0;
+        rc = fill_from_dltensor(a, &m->dl_tensor);
+    } else {
+        PyErr_Format(PyExc_BufferError, "%s: __dlpack__ did not return a DLPack capsule", a->name);
+    }
+done:
+    Py_DECREF(cap);
+    return rc;
+}
+
+static smla_arr *acquire(smla_args *A, PyObject *obj, const char *name, int optional)
+{
+    if (A->n >= SMLA_MAX_ARGS) {
+        PyErr_SetString(PyExc_RuntimeError, "smla: too many array arguments");
+        return NULL;
+    }
+    smla_arr *a = &A->arrs[A->n++];
+    memset(a, 0, sizeof *a);
+    a->name = name;
+    if (optional && obj == Py_None) return a;
+    int rc;
+    if (PyArray_Check(obj))
+        rc = from_numpy(A, obj, a);
+    else if (PyObject_HasAttrString(obj, "__dlpack__"))
+        rc = from_dlpack(A, obj, a);
+    else {
+        PyErr_Format(PyExc_TypeError, "%s: expected a NumPy array or an object with __dlpack__, got %s",
+                     name, Py_TYPE(obj)->tp_name);
+        return NULL;
+    }
+    if (rc < 0) return NULL;
+    a->present = 1;
+    if (!A->device) {
+        A->device = a->device;
+        A->device_id = a->device_id;
+        A->first = name;
+    } else if (A->device != a->device || A->device_id != a->device_id) {
+        PyErr_Format(PyExc_ValueError, "%s: expected an array on %s:%d like %s, got one on %s:%d", name,
+                     A->device == SMLA_DEV_CUDA ? "cuda" : "cpu", A->device_id, A->first,
+                     a->device == SMLA_DEV_CUDA ? "cuda" : "cpu", a->device_id);
+        return NULL;
+    }
+    return a;
+}
+
+smla_arr *smla_args_get(smla_args *A, PyObject *obj, const char *name) { return acquire(A, obj, name, 0); }
+smla_arr *smla_args_get_opt(smla_args *A, PyObject *obj, const char *name) { return acquire(A, obj, name, 1); }
+
+void smla_args_release(smla_args *A)
+{
+    for (int i = 0; i < A->n; i++) {
+        smla_arr *a = &A->arrs[i];
+        Py_CLEAR(a->array);
+        if (a->managed) {
+            if (a->versioned) {
+                smla_dl_managed_v *m = a->managed;
+                if (m->deleter) m->deleter(m);
+            } else {
+                smla_dl_managed *m = a->managed;
+                if (m->deleter) m->deleter(m);
+            }
+            a->managed = NULL;
+        }
+    }
+    A->n = 0;
+}
+
+int smla_check_dtype(const smla_arr *a, int n_allowed, const int *allowed)
+{
+    for (int i = 0; i < n_allowed; i++)
+        if (a->dtype == allowed[i]) return 0;
+    char buf[160] = "";
+    for (int i = 0; i < n_allowed; i++) {
+        strncat(buf, i ? (i == n_allowed - 1 ? " or " : ", ") : "", sizeof buf - strlen(buf) - 1);
+        strncat(buf, smla_dtype_name(allowed[i]), sizeof buf - strlen(buf) - 1);
+    }
+    PyErr_Format(PyExc_TypeError, "%s: expected %s, got %s", a->name, buf, smla_dtype_name(a->dtype));
+    return -1;
+}
+
+int smla_check_ndim(const smla_arr *a, int ndim)
+{
+    if (a->ndim == ndim) return 0;
+    PyErr_Format(PyExc_ValueError, "%s: expected %d dimensions, got %d", a->name, ndim, a->ndim);
+    return -1;
+}
+
+int smla_check_dim(const smla_arr *a, int dim, int64_t expected, const char *what)
+{
+    if (a->shape[dim] == expected) return 0;
+    PyErr_Format(PyExc_ValueError, "%s: expected shape[%d] == %lld (%s), got %lld", a->name, dim,
+                 (long long)expected, what, (long long)a->shape[dim]);
+    return -1;
+}
+
+int smla_check_same_dim(const smla_arr *a, int dim, const smla_arr *b, int bdim)
+{
+    if (a->shape[dim] == b->shape[bdim]) return 0;
+    PyErr_Format(PyExc_ValueError, "%s: expected shape[%d] == %lld to match %s.shape[%d], got %lld", a->name,
+                 dim, (long long)b->shape[bdim], b->name, bdim, (long long)a->shape[dim]);
+    return -1;
+}
+
+int smla_check_last_contiguous(const smla_arr *a)
+{
+    if (a->ndim == 0 || a->shape[a->ndim - 1] <= 1 || a->strides[a->ndim - 1] == 1) return 0;
+    PyErr_Format(PyExc_ValueError, "%s: the last dimension must be contiguous (stride 1), got stride %lld",
+                 a->name, (long long)a->strides[a->ndim - 1]);
+    return -1;
+}
+
+int smla_check_contiguous(const smla_arr *a)
+{
+    int64_t expect = 1;
+    for (int i = a->ndim - 1; i >= 0; i--) {
+        if (a->shape[i] > 1 && a->strides[i] != expect) {
+            PyErr_Format(PyExc_ValueError, "%s: expected a C-contiguous array (stride of dimension %d is %lld, "
+                         "expected %lld)", a->name, i, (long long)a->strides[i], (long long)expect);
+            return -1;
+        }
+        expect *= a->shape[i];
+    }
+    return 0;
+}
+
+int smla_check_writable(const smla_arr *a)
+{
+    if (!a->readonly) return 0;
+    PyErr_Format(PyExc_ValueError, "%s: output array is read-only", a->name);
+    return -1;
+}
+
+int smla_check_aligned(const smla_arr *a, int bytes)
+{
+    if ((uintptr_t)a->data % (uintptr_t)bytes == 0) {
+        int ok = 1;
+        for (int i = 0; i < a->ndim - 1; i++)
+            if (a->shape[i] > 1 && (a->strides[i] * a->itemsize) % bytes) ok = 0;
+        if (ok) return 0;
+        PyErr_Format(PyExc_ValueError, "%s: row strides must be multiples of %d bytes for vector access",
+                     a->name, bytes);
+        return -1;
+    }
+    PyErr_Format(PyExc_ValueError, "%s: data pointer must be %d-byte aligned", a->name, bytes);
+    return -1;
+}
+
+int smla_check_int_index(const smla_arr *a)
+{
+    static const int ok[] = {SMLA_DT_I32};
+    return smla_check_dtype(a, 1, ok);
+}
+
+int smla_check_int_index_64(const smla_arr *a)
+{
+    static const int ok[] = {SMLA_DT_I32, SMLA_DT_I64};
+    return smla_check_dtype(a, 2, ok);
+}
+
+int smla_parse_cache_dtype(const char *s)
+{
+    if (!strcmp(s, "bf16") || !strcmp(s, "bfloat16") || !strcmp(s, "auto")) return SMLA_CACHE_BF16;
+    if (!strcmp(s, "fp8_ds_mla") || !strcmp(s, "fp8") || !strcmp(s, "fp8_e4m3")) return SMLA_CACHE_FP8_DS_MLA;
+    PyErr_Format(PyExc_ValueError, "kv_cache_dtype: expected \"bf16\" or \"fp8_ds_mla\", got \"%s\"", s);
+    return -1;
+}
+
+int smla_get_cache(const smla_arr *a, int cache_dtype, smla_cache *c)
+{
+    static const int fp8_types[] = {SMLA_DT_U8, SMLA_DT_F8E4M3, SMLA_DT_I8};
+    static const int bf16_types[] = {SMLA_DT_BF16, SMLA_DT_U16};
+    int fp8 = cache_dtype == SMLA_CACHE_FP8_DS_MLA;
+    if (fp8 ? smla_check_dtype(a, 3, fp8_types) : smla_check_dtype(a, 2, bf16_types)) return -1;
+    if (smla_check_ndim(a, 3)) return -1;
+    if (smla_check_dim(a, 2, fp8 ? SMLA_FP8_ENTRY : SMLA_D_QK,
+                       fp8 ? "fp8_ds_mla entry bytes" : "bf16 entry of 576 values"))
+        return -1;
+    if (smla_check_last_contiguous(a)) return -1;
+    if (smla_check_aligned(a, 16)) return -1;
+    if (a->strides[0] < 0 || a->strides[1] < 0) {
+        PyErr_Format(PyExc_ValueError, "%s: negative strides are not supported", a->name);
+        return -1;
+    }
+    c->data = a->data;
+    c->dtype = cache_dtype;
+    c->num_blocks = a->shape[0];
+    c->block_size = a->shape[1];
+    c->block_stride = a->strides[0] * a->itemsize;
+    c->entry_stride = a->strides[1] * a->itemsize;
+    return 0;
+}
+
+PyObject *smla_raise_status(smla_state *S, const smla_status *st)
+{
+    PyObject *type;
+    switch (st->code) {
+    case SMLA_ERR_TYPE: type = PyExc_TypeError; break;
+    case SMLA_ERR_CUDA: type = S->cuda_error; break;
+    case SMLA_ERR_NOMEM: type = PyExc_MemoryError; break;
+    case SMLA_ERR_UNSUPPORTED: type = PyExc_NotImplementedError; break;
+    case SMLA_ERR_BUFFER: type = PyExc_BufferError; break;
+    default: type = PyExc_ValueError; break;
+    }
+    PyErr_SetString(type, st->msg[0] ? st->msg : "smla: unknown error");
+    return NULL;
+}
+
+int smla_device_enter(smla_args *A, int *prev)
+{
+    *prev = -1;
+    if (A->device != SMLA_DEV_CUDA) return 0;
+#ifdef SMLA_WITH_CUDA
+    smla_status st = {0, {0}};
+    if (smla_cuda_set_device(A->device_id, prev, &st) != SMLA_OK) {
+        smla_raise_status(A->state, &st);
+        return -1;
+    }
+    return 0;
+#else
+    PyErr_SetString(PyExc_NotImplementedError, "smla was built without CUDA support; pass CPU arrays");
+    return -1;
+#endif
+}
+
+void smla_device_exit(smla_args *A, int prev)
+{
+#ifdef SMLA_WITH_CUDA
+    if (A->device == SMLA_DEV_CUDA) smla_cuda_restore_device(prev);
+#else
+    (void)A;
+    (void)prev;
+#endif
+}

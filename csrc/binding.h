@@ -1,0 +1,129 @@
+/* Binding helpers: turn Python arrays (NumPy, or any DLPack producer on CPU or CUDA) into plain views,
+ * validate them one property at a time (each message names the argument), and run a kernel with the
+ * GIL released. Used by csrc/ops/; no arithmetic on data here. */
+#ifndef SMLA_BINDING_H
+#define SMLA_BINDING_H
+
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#include "params.h"
+
+#define SMLA_MAX_NDIM 8
+#define SMLA_MAX_ARGS 16
+
+/* Module state (see module.c). */
+typedef struct {
+    PyObject *cuda_error; /* smla.CudaError */
+    int bf16_typenum;     /* NumPy type numbers of ml_dtypes types, -1 when unavailable */
+    int e4m3_typenum;
+} smla_state;
+
+/* One array argument as the kernels will see it. */
+typedef struct {
+    const char *name;      /* argument name used in every message */
+    int present;           /* 0 for an optional argument given as None */
+    void *data;            /* first element (byte_offset applied) */
+    int device;            /* smla_device */
+    int device_id;
+    int dtype;             /* smla_dtype */
+    int itemsize;
+    int ndim;
+    int64_t shape[SMLA_MAX_NDIM];
+    int64_t strides[SMLA_MAX_NDIM]; /* in elements */
+    int readonly;
+    /* ownership: a NumPy array reference, or a consumed DLPack managed tensor */
+    PyObject *array;
+    void *managed;
+    int versioned;
+} smla_arr;
+
+/* All array arguments of one call: device agreement, stream, and release in one place. */
+typedef struct {
+    smla_state *state;
+    void *stream;        /* launch stream (cudaStream_t), 0 = legacy default */
+    int device;          /* device of the first present array, 0 until known */
+    int device_id;
+    const char *first;   /* name of the array that fixed the device */
+    int n;
+    smla_arr arrs[SMLA_MAX_ARGS];
+} smla_args;
+
+smla_state *smla_get_state(PyObject *module);
+
+void smla_args_init(smla_args *A, PyObject *module, unsigned long long stream);
+/* Acquire obj as argument `name`; NULL with an exception set on failure. */
+smla_arr *smla_args_get(smla_args *A, PyObject *obj, const char *name);
+/* Same, but None gives a view with present == 0. */
+smla_arr *smla_args_get_opt(smla_args *A, PyObject *obj, const char *name);
+void smla_args_release(smla_args *A);
+
+/* Property checks: return 0, or -1 with TypeError/ValueError set naming the argument. */
+int smla_check_dtype(const smla_arr *a, int n_allowed, const int *allowed);
+int smla_check_ndim(const smla_arr *a, int ndim);
+int smla_check_dim(const smla_arr *a, int dim, int64_t expected, const char *what);
+int smla_check_same_dim(const smla_arr *a, int dim, const smla_arr *b, int bdim);
+int smla_check_last_contiguous(const smla_arr *a);
+int smla_check_contiguous(const smla_arr *a);
+int smla_check_writable(const smla_arr *a);
+int smla_check_aligned(const smla_arr *a, int bytes);
+int smla_check_int_index(const smla_arr *a);        /* int32 */
+int smla_check_int_index_64(const smla_arr *a);     /* int32 or int64 */
+
+/* Parse "bf16" / "fp8_ds_mla" (and vLLM's aliases) into smla_cache_dtype; -1 with ValueError. */
+int smla_parse_cache_dtype(const char *s);
+/* Validate kv_cache [num_blocks, block_size, entry] for that layout and describe it. */
+int smla_get_cache(const smla_arr *a, int cache_dtype, smla_cache *c);
+
+/* Raise the exception that matches st->code. Always returns NULL. */
+PyObject *smla_raise_status(smla_state *S, const smla_status *st);
+const char *smla_dtype_name(int dtype);
+
+/* Device guard around a launch: make the arrays' CUDA device current, and restore it. */
+int smla_device_enter(smla_args *A, int *prev);
+void smla_device_exit(smla_args *A, int prev);
+
+#ifdef SMLA_WITH_CUDA
+#define SMLA_CUDA_CALL(op, p, st) smla_cuda_##op((p), (st))
+#else
+#define SMLA_CUDA_CALL(op, p, st) \
+    smla_fail((st), SMLA_ERR_UNSUPPORTED, "%s: smla was built without CUDA support", #op)
+#endif
+
+/* Run op on the device of the arguments with the GIL released; evaluates to 0 or -1 (exception set). */
+#define SMLA_LAUNCH(A, op, p)                                                          \
+    __extension__({                                                                    \
+        smla_status st_ = {0, {0}};                                                    \
+        int prev_ = -1, rc_ = 0;                                                       \
+        if (smla_device_enter((A), &prev_) < 0) {                                      \
+            rc_ = -1;                                                                  \
+        } else {                                                                       \
+            Py_BEGIN_ALLOW_THREADS                                                     \
+            rc_ = (A)->device == SMLA_DEV_CUDA ? SMLA_CUDA_CALL(op, (p), &st_)         \
+                                               : smla_cpu_##op((p), &st_);             \
+            Py_END_ALLOW_THREADS                                                       \
+            smla_device_exit((A), prev_);                                              \
+            if (rc_ != SMLA_OK) {                                                      \
+                smla_raise_status((A)->state, &st_);                                   \
+                rc_ = -1;                                                              \
+            }                                                                          \
+        }                                                                              \
+        rc_;                                                                           \
+    })
+
+/* The module's functions (csrc/ops/<op>.c). */
+#define SMLA_OPS(X)                   \
+    X(pack_kv)                        \
+    X(unpack_kv)                      \
+    X(gather_upconvert)               \
+    X(convert_topk_indices)           \
+    X(filter_convert_dcp_indices)     \
+    X(merge_attn_states)              \
+    X(sparse_mla_decode)              \
+    X(sparse_mla_decode_workspace_size) \
+    X(sparse_mla_prefill)
+
+#define SMLA_DECLARE_OP(name) PyObject *smla_op_##name(PyObject *module, PyObject *args);
+SMLA_OPS(SMLA_DECLARE_OP)
+
+#endif /* SMLA_BINDING_H */

@@ -1,0 +1,97 @@
+/* merge_attn_states on the CPU (DESIGN section 4). Per (token i, head j), in float32, with the exact
+ * operation order of merge_math.h (shared with cuda/merge_attn_states.cu, so both give the same bits):
+ *   la == lb == -inf (both empty): out = out_a copied bit for bit, lse = -inf
+ *   else M = fmaxf(la, lb), wa = exp(la - M), wb = exp(lb - M)   (merge_math.h's exp, not libm's)
+ *        out[k] = round_dtype((wa*oa[k] + wb*ob[k]) / (wa + wb))   (no FMA, division last)
+ *        lse = M + log(wa + wb)
+ * A NaN or +inf lse is not remapped (DESIGN is literal): it makes that row's out and lse NaN.
+ * round_dtype: bf16 / f16 round to nearest even; NaN keeps its sign and becomes a quiet NaN. */
+/* Bit-exactness with the CUDA twin needs every float op rounded on its own. setup.py builds with
+ * -std=gnu11, where GCC's default is -ffp-contract=fast (a*b + c*d may become an FMA on FMA-capable
+ * targets), so turn contraction off for this file (clang: merge_math.h's STDC pragma). */
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC optimize("fp-contract=off")
+#endif
+
+#include <math.h>
+#include <string.h>
+
+#include "../params.h"
+#include "numerics.h"
+#include "merge_math.h"
+
+/* IEEE binary16 <-> float32, written from the format definition. */
+static inline float f16_to_f32(uint16_t h)
+{
+    uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
+    uint32_t e = (h >> 10) & 0x1fu, m = h & 0x3ffu;
+    if (e == 0x1f) return smla_bits_to_f32(sign | 0x7f800000u | (m << 13));
+    if (e == 0) /* subnormal: m * 2^-24, exact in float */
+        return smla_bits_to_f32(sign | smla_f32_to_bits((float)m * 5.9604644775390625e-08f));
+    return smla_bits_to_f32(sign | ((e + 112u) << 23) | (m << 13));
+}
+
+static inline uint16_t f32_to_f16(float f)
+{
+    uint32_t u = smla_f32_to_bits(f);
+    uint16_t sign = (uint16_t)((u >> 16) & 0x8000u);
+    uint32_t a = u & 0x7fffffffu;
+    if (a > 0x7f800000u) return (uint16_t)(sign | 0x7e00u | ((a >> 13) & 0x3ffu));
+    if (a >= 0x477ff000u) return (uint16_t)(sign | 0x7c00u); /* >= 65520 (incl. Inf) rounds to Inf */
+    if (a >= 0x38800000u) {                                   /* normal: RNE on the 13 dropped bits */
+        uint32_t r = a + 0xfffu + ((a >> 13) & 1u);
+        return (uint16_t)(sign | ((r - 0x38000000u) >> 13));
+    }
+    /* below 2^-14: subnormal step 2^-24; scaling by 2^24 is exact, nearbyintf rounds to even and
+     * 1024 lands on the smallest normal */
+    float x = smla_bits_to_f32(a) * 16777216.0f;
+    return (uint16_t)(sign | (uint16_t)nearbyintf(x));
+}
+
+static inline float load(int dtype, const void *base, int64_t idx)
+{
+    if (dtype == SMLA_DT_F32) return ((const float *)base)[idx];
+    if (dtype == SMLA_DT_BF16) return smla_bf16_to_f32(((const uint16_t *)base)[idx]);
+    return f16_to_f32(((const uint16_t *)base)[idx]);
+}
+
+static inline void store(int dtype, void *base, int64_t idx, float v)
+{
+    if (dtype == SMLA_DT_F32) ((float *)base)[idx] = v;
+    else if (dtype == SMLA_DT_BF16) ((uint16_t *)base)[idx] = smla_f32_to_bf16(v);
+    else ((uint16_t *)base)[idx] = f32_to_f16(v);
+}
+
+int smla_cpu_merge_attn_states(const smla_merge_attn_states_params *p, smla_status *st)
+{
+    if (p->dtype != SMLA_DT_BF16 && p->dtype != SMLA_DT_F16 && p->dtype != SMLA_DT_F32)
+        return smla_fail(st, SMLA_ERR_TYPE, "merge_attn_states: unsupported output dtype code %d", p->dtype);
+    if (p->n < 0 || p->h < 0 || p->d < 0)
+        return smla_fail(st, SMLA_ERR_VALUE, "merge_attn_states: invalid shape (%lld, %lld, %lld)",
+                         (long long)p->n, (long long)p->h, (long long)p->d);
+    const size_t esize = p->dtype == SMLA_DT_F32 ? 4 : 2;
+
+    for (int64_t i = 0; i < p->n; i++) {
+        for (int64_t j = 0; j < p->h; j++) {
+            const float la = p->lse_a[i * p->la_stride_n + j * p->la_stride_h];
+            const float lb = p->lse_b[i * p->lb_stride_n + j * p->lb_stride_h];
+            const int64_t ia = i * p->oa_stride_n + j * p->oa_stride_h;
+            const int64_t ib = i * p->ob_stride_n + j * p->ob_stride_h;
+            const int64_t io = i * p->o_stride_n + j * p->o_stride_h;
+            float wa, wb, lse;
+            if (!smla_merge_weights(la, lb, &wa, &wb, &lse)) {
+                /* memmove: out may be out_a itself */
+                memmove((char *)p->out + io * (int64_t)esize, (const char *)p->out_a + ia * (int64_t)esize,
+                        (size_t)p->d * esize);
+            } else {
+                for (int64_t k = 0; k < p->d; k++) {
+                    float v = smla_merge_value(wa, load(p->dtype, p->out_a, ia + k), wb,
+                                               load(p->dtype, p->out_b, ib + k));
+                    store(p->dtype, p->out, io + k, v);
+                }
+            }
+            if (p->out_lse) p->out_lse[i * p->lo_stride_n + j * p->lo_stride_h] = lse;
+        }
+    }
+    return SMLA_OK;
+}

@@ -1,0 +1,29 @@
+/* unpack_kv on the CPU: out[i] = dequantised entry of slots[i] (cache_rows.h: bf16_rne(float(e4m3) *
+ * scale) for the fp8 latent part, bit copies otherwise); a slot outside [0, num_blocks*block_size)
+ * gives a row of +0.0. cuda/unpack_kv.cu must give the same bits. */
+#include <string.h>
+
+#include "../params.h"
+#include "cache_rows.h"
+
+int smla_cpu_unpack_kv(const smla_unpack_kv_params *p, smla_status *st)
+{
+    const smla_cache *c = &p->cache;
+    if (smla_cache_entry_bytes(c->dtype) == 0)
+        return smla_fail(st, SMLA_ERR_VALUE, "unpack_kv: unknown kv_cache_dtype code %d", c->dtype);
+    if (p->n < 0 || c->block_size <= 0 || c->num_blocks < 0)
+        return smla_fail(st, SMLA_ERR_VALUE, "unpack_kv: invalid sizes (n %lld, block_size %lld)",
+                         (long long)p->n, (long long)c->block_size);
+
+    for (int64_t i = 0; i < p->n; i++) {
+        int64_t slot = p->slots_is_i64 ? ((const int64_t *)p->slots)[i]
+                                       : (int64_t)((const int32_t *)p->slots)[i];
+        uint16_t *out = p->out + i * p->out_stride;
+        const uint8_t *entry = smla_cache_row(c, slot);
+        if (entry)
+            smla_dequant_row_bf16(c, entry, out);
+        else
+            memset(out, 0, 2 * SMLA_D_QK);
+    }
+    return SMLA_OK;
+}

@@ -1,0 +1,42 @@
+/* The DLPack ABI (v1.x), restated from the DLPack specification: only what smla consumes. */
+#ifndef SMLA_DLPACK_H
+#define SMLA_DLPACK_H
+
+#include <stdint.h>
+
+enum { SMLA_DL_CPU = 1, SMLA_DL_CUDA = 2, SMLA_DL_CUDA_HOST = 3, SMLA_DL_CUDA_MANAGED = 13 };
+enum {
+    SMLA_DL_INT = 0, SMLA_DL_UINT = 1, SMLA_DL_FLOAT = 2, SMLA_DL_BFLOAT = 4,
+    SMLA_DL_FLOAT8_E4M3FN = 10
+};
+#define SMLA_DL_FLAG_READ_ONLY 1ull
+
+typedef struct { uint32_t major, minor; } smla_dl_version;
+typedef struct { int32_t device_type, device_id; } smla_dl_device;
+typedef struct { uint8_t code, bits; uint16_t lanes; } smla_dl_dtype;
+
+typedef struct {
+    void *data;
+    smla_dl_device device;
+    int32_t ndim;
+    smla_dl_dtype dtype;
+    int64_t *shape;
+    int64_t *strides; /* elements; NULL = C-contiguous (before v1.2) */
+    uint64_t byte_offset;
+} smla_dl_tensor;
+
+typedef struct smla_dl_managed {
+    smla_dl_tensor dl_tensor;
+    void *manager_ctx;
+    void (*deleter)(struct smla_dl_managed *self);
+} smla_dl_managed;
+
+typedef struct smla_dl_managed_v {
+    smla_dl_version version;
+    void *manager_ctx;
+    void (*deleter)(struct smla_dl_managed_v *self);
+    uint64_t flags;
+    smla_dl_tensor dl_tensor;
+} smla_dl_managed_v;
+
+#endif /* SMLA_DLPACK_H */

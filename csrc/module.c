@@ -1,0 +1,113 @@
+/* smla._C: module definition, state (ml_dtypes type numbers, smla.CudaError) and build info. */
+#define SMLA_MODULE_MAIN
+#include "binding.h"
+#include "np.h"
+
+static PyObject *cuda_device_count(PyObject *module, PyObject *unused)
+{
+    (void)module;
+    (void)unused;
+#ifdef SMLA_WITH_CUDA
+    return PyLong_FromLong(smla_cuda_device_count());
+#else
+    return PyLong_FromLong(0);
+#endif
+}
+
+static PyObject *build_info(PyObject *module, PyObject *unused)
+{
+    (void)module;
+    (void)unused;
+#ifdef SMLA_WITH_CUDA
+    const char *rt = smla_cuda_runtime_version();
+    int cuda = 1;
+#else
+    const char *rt = "none";
+    int cuda = 0;
+#endif
+#ifdef SMLA_CUDA_ARCHS
+    const char *archs = SMLA_CUDA_ARCHS;
+#else
+    const char *archs = "";
+#endif
+#ifdef SMLA_DEBUG_BUILD
+    int debug = 1;
+#else
+    int debug = 0;
+#endif
+    return Py_BuildValue("{s:O,s:s,s:s,s:O,s:s}", "cuda", cuda ? Py_True : Py_False, "cuda_runtime", rt,
+                         "cuda_archs", archs, "debug", debug ? Py_True : Py_False, "compiler",
+#if defined(__clang__)
+                         "clang " __clang_version__
+#elif defined(__GNUC__)
+                         "gcc " __VERSION__
+#else
+                         "unknown"
+#endif
+    );
+}
+
+#define SMLA_METHOD(name) {#name, (PyCFunction)smla_op_##name, METH_VARARGS, NULL},
+static PyMethodDef methods[] = {
+    SMLA_OPS(SMLA_METHOD)
+    {"cuda_device_count", cuda_device_count, METH_NOARGS, "Number of usable CUDA devices (0 without a driver)."},
+    {"build_info", build_info, METH_NOARGS, "How this extension was built."},
+    {NULL, NULL, 0, NULL},
+};
+
+/* Type number of an ml_dtypes scalar type, or -1 when ml_dtypes is missing. */
+static int ml_dtypes_typenum(PyObject *mod, const char *name)
+{
+    if (!mod) return -1;
+    PyObject *type = PyObject_GetAttrString(mod, name);
+    PyArray_Descr *descr = NULL;
+    int t = -1;
+    if (type && PyArray_DescrConverter(type, &descr)) {
+        t = descr->type_num;
+        Py_DECREF(descr);
+    }
+    Py_XDECREF(type);
+    PyErr_Clear();
+    return t;
+}
+
+static int module_exec(PyObject *m)
+{
+    if (PyArray_ImportNumPyAPI() < 0) return -1;
+    smla_state *S = smla_get_state(m);
+    S->cuda_error = PyErr_NewExceptionWithDoc("smla.CudaError", "A CUDA call made by smla failed.",
+                                              PyExc_RuntimeError, NULL);
+    if (!S->cuda_error) return -1;
+    Py_INCREF(S->cuda_error);
+    if (PyModule_AddObject(m, "CudaError", S->cuda_error) < 0) {
+        Py_DECREF(S->cuda_error);
+        return -1;
+    }
+    PyObject *ml = PyImport_ImportModule("ml_dtypes");
+    if (!ml) PyErr_Clear();
+    S->bf16_typenum = ml_dtypes_typenum(ml, "bfloat16");
+    S->e4m3_typenum = ml_dtypes_typenum(ml, "float8_e4m3fn");
+    Py_XDECREF(ml);
+    return 0;
+}
+
+static int module_traverse(PyObject *m, visitproc visit, void *arg)
+{
+    Py_VISIT(smla_get_state(m)->cuda_error);
+    return 0;
+}
+
+static int module_clear(PyObject *m)
+{
+    Py_CLEAR(smla_get_state(m)->cuda_error);
+    return 0;
+}
+
+static PyModuleDef_Slot slots[] = {{Py_mod_exec, module_exec}, {0, NULL}};
+
+static struct PyModuleDef moduledef = {
+    PyModuleDef_HEAD_INIT, "smla._C", "smla's C extension: sparse MLA kernels for CPU and CUDA.",
+    sizeof(smla_state), methods, slots, module_traverse, module_clear, NULL,
+};
+
+PyMODINIT_FUNC PyInit__C(void) { return PyModuleDef_Init(&moduledef); }

@@ -1,0 +1,23 @@
+/* Shared by the two attention bindings: validation of the per-query arrays and the params fill. */
+#ifndef SMLA_OPS_ATTENTION_H
+#define SMLA_OPS_ATTENTION_H
+
+#include "../binding.h"
+
+/* The arrays of one attention call, in the decode ("batched") layout:
+ * q [b, s_q, h, 576], indices [b, s_q, topk], topk_length [b, s_q], attn_sink [h],
+ * out [b, s_q, h, 512], lse [b, s_q, h], max_logits [b, s_q, h]. Prefill arrays are given a unit
+ * leading dimension by smla_attn_unsqueeze after their own checks. */
+typedef struct {
+    smla_arr *q, *indices, *topk_length, *attn_sink, *out, *lse, *max_logits;
+} smla_attn_arrays;
+
+/* Checks dtypes, shapes (batch_dims = 2 for decode, 1 for prefill), contiguity, writability and
+ * CUDA alignment of every array. */
+int smla_attn_check(smla_args *A, const smla_attn_arrays *x, int batch_dims);
+void smla_attn_unsqueeze(smla_arr *a);
+/* Copies pointers, strides and sizes (arrays in the batched layout). */
+void smla_attn_fill(smla_attn_params *p, const smla_attn_arrays *x, double softmax_scale, int num_threads,
+                    void *stream);
+
+#endif

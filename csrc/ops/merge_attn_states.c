@@ -1,0 +1,77 @@
+/* smla.merge_attn_states -> smla_{cpu,cuda}_merge_attn_states: lse-weighted merge of two partials. */
+#include <string.h>
+
+#include "../binding.h"
+
+PyObject *smla_op_merge_attn_states(PyObject *module, PyObject *args)
+{
+    PyObject *o_oa, *o_la, *o_ob, *o_lb, *o_out, *o_lse;
+    unsigned long long stream;
+    if (!PyArg_ParseTuple(args, "OOOOOOK:merge_attn_states", &o_oa, &o_la, &o_ob, &o_lb, &o_out, &o_lse, &stream))
+        return NULL;
+    static const int out_types[] = {SMLA_DT_BF16, SMLA_DT_F16, SMLA_DT_F32};
+    static const int f32[] = {SMLA_DT_F32};
+    smla_args A;
+    smla_args_init(&A, module, stream);
+    smla_merge_attn_states_params p;
+    memset(&p, 0, sizeof p);
+    smla_arr *oa = smla_args_get(&A, o_oa, "out_a");
+    smla_arr *la = oa ? smla_args_get(&A, o_la, "lse_a") : NULL;
+    smla_arr *ob = la ? smla_args_get(&A, o_ob, "out_b") : NULL;
+    smla_arr *lb = ob ? smla_args_get(&A, o_lb, "lse_b") : NULL;
+    smla_arr *out = lb ? smla_args_get(&A, o_out, "out") : NULL;
+    smla_arr *lse = out ? smla_args_get_opt(&A, o_lse, "out_lse") : NULL;
+    if (!lse) goto fail;
+    if (smla_check_dtype(oa, 3, out_types) || smla_check_ndim(oa, 3) || smla_check_last_contiguous(oa)) goto fail;
+    smla_arr *outs[] = {ob, out};
+    for (int i = 0; i < 2; i++) {
+        smla_arr *o = outs[i];
+        if (o->dtype != oa->dtype) {
+            PyErr_Format(PyExc_TypeError, "%s: expected %s like out_a, got %s", o->name, smla_dtype_name(oa->dtype),
+                         smla_dtype_name(o->dtype));
+            goto fail;
+        }
+        if (smla_check_ndim(o, 3) || smla_check_same_dim(o, 0, oa, 0) || smla_check_same_dim(o, 1, oa, 1) ||
+            smla_check_same_dim(o, 2, oa, 2) || smla_check_last_contiguous(o))
+            goto fail;
+    }
+    if (smla_check_writable(out)) goto fail;
+    smla_arr *lses[] = {la, lb, lse};
+    for (int i = 0; i < 3; i++) {
+        smla_arr *l = lses[i];
+        if (!l->present) continue;
+        if (smla_check_dtype(l, 1, f32) || smla_check_ndim(l, 2) || smla_check_same_dim(l, 0, oa, 0) ||
+            smla_check_same_dim(l, 1, oa, 1))
+            goto fail;
+    }
+    if (lse->present && smla_check_writable(lse)) goto fail;
+    p.dtype = oa->dtype;
+    p.n = oa->shape[0];
+    p.h = oa->shape[1];
+    p.d = oa->shape[2];
+    p.out_a = oa->data;
+    p.oa_stride_n = oa->strides[0];
+    p.oa_stride_h = oa->strides[1];
+    p.out_b = ob->data;
+    p.ob_stride_n = ob->strides[0];
+    p.ob_stride_h = ob->strides[1];
+    p.out = out->data;
+    p.o_stride_n = out->strides[0];
+    p.o_stride_h = out->strides[1];
+    p.lse_a = la->data;
+    p.la_stride_n = la->strides[0];
+    p.la_stride_h = la->strides[1];
+    p.lse_b = lb->data;
+    p.lb_stride_n = lb->strides[0];
+    p.lb_stride_h = lb->strides[1];
+    p.out_lse = lse->present ? lse->data : NULL;
+    p.lo_stride_n = lse->present ? lse->strides[0] : 0;
+    p.lo_stride_h = lse->present ? lse->strides[1] : 0;
+    p.stream = A.stream;
+    if (p.n > 0 && p.h > 0 && SMLA_LAUNCH(&A, merge_attn_states, &p) < 0) goto fail;
+    smla_args_release(&A);
+    Py_RETURN_NONE;
+fail:
+    smla_args_release(&A);
+    return NULL;
+}

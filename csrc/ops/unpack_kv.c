@@ -1,0 +1,41 @@
+/* smla.unpack_kv -> smla_{cpu,cuda}_unpack_kv: dequantised [n, 576] bf16 rows of the given slots. */
+#include <string.h>
+
+#include "../binding.h"
+
+PyObject *smla_op_unpack_kv(PyObject *module, PyObject *args)
+{
+    PyObject *o_cache, *o_slots, *o_out;
+    const char *cache_dtype;
+    unsigned long long stream;
+    if (!PyArg_ParseTuple(args, "OOOsK:unpack_kv", &o_cache, &o_slots, &o_out, &cache_dtype, &stream))
+        return NULL;
+    static const int bf16[] = {SMLA_DT_BF16, SMLA_DT_U16};
+    smla_args A;
+    smla_args_init(&A, module, stream);
+    smla_unpack_kv_params p;
+    memset(&p, 0, sizeof p);
+    smla_arr *cache = smla_args_get(&A, o_cache, "kv_cache");
+    smla_arr *slots = cache ? smla_args_get(&A, o_slots, "slots") : NULL;
+    smla_arr *out = slots ? smla_args_get(&A, o_out, "out") : NULL;
+    if (!out) goto fail;
+    int cdt = smla_parse_cache_dtype(cache_dtype);
+    if (cdt < 0 || smla_get_cache(cache, cdt, &p.cache)) goto fail;
+    if (smla_check_int_index_64(slots) || smla_check_ndim(slots, 1) || smla_check_contiguous(slots)) goto fail;
+    if (smla_check_dtype(out, 2, bf16) || smla_check_ndim(out, 2) || smla_check_same_dim(out, 0, slots, 0) ||
+        smla_check_dim(out, 1, SMLA_D_QK, "d_qk") || smla_check_last_contiguous(out) || smla_check_writable(out))
+        goto fail;
+    if (A.device == SMLA_DEV_CUDA && smla_check_aligned(out, 16)) goto fail;
+    p.slots = slots->data;
+    p.slots_is_i64 = slots->dtype == SMLA_DT_I64;
+    p.n = slots->shape[0];
+    p.out = out->data;
+    p.out_stride = out->strides[0];
+    p.stream = A.stream;
+    if (p.n > 0 && SMLA_LAUNCH(&A, unpack_kv, &p) < 0) goto fail;
+    smla_args_release(&A);
+    Py_RETURN_NONE;
+fail:
+    smla_args_release(&A);
+    return NULL;
+}

@@ -1,0 +1,178 @@
+/* POD parameter structs, one per op family, filled by the bindings (csrc/ops/) and read by the CPU
+ * kernels (csrc/cpu/) and the CUDA launchers (cuda/). Shapes are in the comment beside each pointer.
+ * Strides are int64 in elements of the pointed-to type, except the KV cache, whose strides are in
+ * bytes (its fp8_ds_mla entry mixes e4m3, fp32 and bf16, so bytes are its only common unit).
+ * The last dimension of every array is contiguous (the bindings check this). */
+#ifndef SMLA_PARAMS_H
+#define SMLA_PARAMS_H
+
+#include "smla.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* A paged KV cache [num_blocks, block_size, entry]; slot = block * block_size + offset. */
+typedef struct {
+    void *data;           /* [num_blocks, block_size, entry] bytes (entry: 656 B fp8_ds_mla, 1152 B bf16) */
+    int dtype;            /* smla_cache_dtype */
+    int64_t num_blocks;
+    int64_t block_size;
+    int64_t block_stride; /* bytes between blocks, >= block_size * entry_stride */
+    int64_t entry_stride; /* bytes between tokens of one block */
+} smla_cache;
+
+/* pack_kv: write T tokens into the cache; slot < 0 or slot >= num_blocks*block_size is skipped. */
+typedef struct {
+    const uint16_t *kv_c;     /* [T, 512] bf16 bits */
+    int64_t kv_c_stride;
+    const uint16_t *k_pe;     /* [T, 64] bf16 bits */
+    int64_t k_pe_stride;
+    const void *slot_mapping; /* [T] int32 or int64 */
+    int slot_is_i64;
+    int64_t num_tokens;       /* T */
+    smla_cache cache;
+    int scale_rule;           /* smla_scale_rule */
+    void *stream;             /* cudaStream_t for CUDA launches */
+} smla_pack_kv_params;
+
+/* unpack_kv: out[i] = dequantised row of slot slots[i]; an invalid slot gives a zero row. */
+typedef struct {
+    smla_cache cache;
+    const void *slots;    /* [n] int32 or int64 */
+    int slots_is_i64;
+    int64_t n;
+    uint16_t *out;        /* [n, 576] bf16 bits */
+    int64_t out_stride;
+    void *stream;
+} smla_unpack_kv_params;
+
+/* gather_upconvert: for request r and 0 <= i < seq_lens[r]:
+ *   workspace[workspace_starts[r] + i] = dequant(token seq_starts[r] + i of request r).
+ * Rows outside [0, ws_rows) are skipped; a token whose block is past max_blocks or whose block id is
+ * outside [0, num_blocks) gives a zero row. */
+typedef struct {
+    smla_cache cache;
+    uint16_t *workspace;              /* [ws_rows, 576] bf16 bits */
+    int64_t ws_stride;
+    int64_t ws_rows;
+    const int32_t *block_table;       /* [num_reqs, max_blocks] */
+    int64_t bt_stride;
+    int64_t num_reqs;
+    int64_t max_blocks;
+    const int32_t *seq_lens;          /* [num_reqs] */
+    const int32_t *workspace_starts;  /* [num_reqs] */
+    const int32_t *seq_starts;        /* [num_reqs] or NULL (all 0) */
+    void *stream;
+} smla_gather_upconvert_params;
+
+/* convert_topk_indices and filter_convert_dcp_indices (dcp_size >= 1 enables the DCP filter).
+ * tok < 0 -> -1. Paged row n: block_table[req_id[n], tok / block_size] * block_size + tok % block_size,
+ * -1 when tok / block_size >= max_blocks, req_id[n] outside [0, num_reqs), the block id is negative
+ * or the slot does not fit int32. Prefill rows (prefill_request_ids[n] = p >= 0):
+ * prefill_workspace_starts[p] + tok (-1 when p >= num_prefills or it overflows int32).
+ * DCP: owner of g is (g / interleave) % dcp_size; other ranks' tokens -> -1; owned ones use the local
+ * position (g / (dcp_size*interleave)) * interleave + g % interleave; compact moves the valid ones
+ * to the front in order. valid_counts[n] = number of entries != -1. */
+typedef struct {
+    const int32_t *req_id;                   /* [N] */
+    int64_t num_tokens;                      /* N */
+    const int32_t *block_table;              /* [num_reqs, max_blocks] */
+    int64_t bt_stride;
+    int64_t num_reqs;
+    int64_t max_blocks;
+    const int32_t *topk_indices;             /* [N, topk] request-local positions */
+    int64_t in_stride;
+    int64_t topk;
+    int64_t block_size;
+    const int32_t *prefill_request_ids;      /* [N] or NULL */
+    const int32_t *prefill_workspace_starts; /* [num_prefills] or NULL */
+    int64_t num_prefills;
+    int32_t *out;                            /* [N, topk] global slots / workspace rows */
+    int64_t out_stride;
+    int32_t *valid_counts;                   /* [N] or NULL */
+    int dcp_size;                            /* 0: no DCP filtering */
+    int dcp_rank;
+    int dcp_interleave;
+    int compact;
+    void *stream;
+} smla_convert_indices_params;
+
+/* merge_attn_states (DESIGN section 4): lse-weighted merge of two partial attention outputs. */
+typedef struct {
+    int dtype;                     /* smla_dtype of the outputs: BF16, F16 or F32 */
+    int64_t n, h, d;
+    const void *out_a;             /* [n, h, d] */
+    int64_t oa_stride_n, oa_stride_h;
+    const void *out_b;             /* [n, h, d] */
+    int64_t ob_stride_n, ob_stride_h;
+    void *out;                     /* [n, h, d] */
+    int64_t o_stride_n, o_stride_h;
+    const float *lse_a;            /* [n, h] */
+    int64_t la_stride_n, la_stride_h;
+    const float *lse_b;            /* [n, h] */
+    int64_t lb_stride_n, lb_stride_h;
+    float *out_lse;                /* [n, h] or NULL */
+    int64_t lo_stride_n, lo_stride_h;
+    void *stream;
+} smla_merge_attn_states_params;
+
+/* Sparse MLA attention, shared by decode (paged cache, b requests) and prefill (bf16 kv[s_kv, 576]
+ * seen as one block of s_kv rows, b = 1). Index idx of row (bi, si) is valid iff
+ * 0 <= idx < num_blocks * block_size and its position < topk_length[bi, si] (when given). */
+typedef struct {
+    const uint16_t *q;         /* [b, s_q, h, 576] bf16 bits */
+    int64_t q_stride_b, q_stride_s, q_stride_h;
+    smla_cache kv;             /* paged cache, fp8_ds_mla or bf16 */
+    const int32_t *indices;    /* [b, s_q, topk] */
+    int64_t idx_stride_b, idx_stride_s;
+    const int32_t *topk_length;/* [b, s_q] or NULL */
+    int64_t tl_stride_b, tl_stride_s;
+    const float *attn_sink;    /* [h] or NULL */
+    int64_t sink_stride;
+    uint16_t *out;             /* [b, s_q, h, 512] bf16 bits */
+    int64_t out_stride_b, out_stride_s, out_stride_h;
+    float *lse;                /* [b, s_q, h] natural log */
+    int64_t lse_stride_b, lse_stride_s, lse_stride_h;
+    float *max_logits;         /* [b, s_q, h] or NULL (prefill only) */
+    int64_t ml_stride_b, ml_stride_s, ml_stride_h;
+    int64_t b, s_q, h, topk;
+    float softmax_scale;
+    void *workspace;           /* CUDA decode split-top-k scratch or NULL (see workspace_size) */
+    int64_t workspace_bytes;
+    int num_threads;           /* CPU: threads to use (0 = default) */
+    void *stream;
+} smla_attn_params;
+
+/* ---- CPU kernels (csrc/cpu/) ---- */
+int smla_cpu_pack_kv(const smla_pack_kv_params *p, smla_status *st);
+int smla_cpu_unpack_kv(const smla_unpack_kv_params *p, smla_status *st);
+int smla_cpu_gather_upconvert(const smla_gather_upconvert_params *p, smla_status *st);
+int smla_cpu_convert_topk_indices(const smla_convert_indices_params *p, smla_status *st);
+int smla_cpu_merge_attn_states(const smla_merge_attn_states_params *p, smla_status *st);
+int smla_cpu_sparse_mla_decode(const smla_attn_params *p, smla_status *st);
+int smla_cpu_sparse_mla_prefill(const smla_attn_params *p, smla_status *st);
+
+/* ---- CUDA launchers (cuda/), present when built with SMLA_WITH_CUDA ---- */
+int smla_cuda_pack_kv(const smla_pack_kv_params *p, smla_status *st);
+int smla_cuda_unpack_kv(const smla_unpack_kv_params *p, smla_status *st);
+int smla_cuda_gather_upconvert(const smla_gather_upconvert_params *p, smla_status *st);
+int smla_cuda_convert_topk_indices(const smla_convert_indices_params *p, smla_status *st);
+int smla_cuda_merge_attn_states(const smla_merge_attn_states_params *p, smla_status *st);
+int smla_cuda_sparse_mla_decode(const smla_attn_params *p, smla_status *st);
+int smla_cuda_sparse_mla_prefill(const smla_attn_params *p, smla_status *st);
+/* Bytes of scratch sparse_mla_decode wants for this shape on the current device (0 if none). */
+int64_t smla_cuda_sparse_mla_decode_workspace_size(int64_t b, int64_t s_q, int64_t h, int64_t topk,
+                                                   int cache_dtype);
+
+/* ---- CUDA runtime helpers (cuda/runtime.cu) ---- */
+int smla_cuda_device_count(void);                 /* 0 when no driver / GPU */
+int smla_cuda_set_device(int device, int *prev, smla_status *st);
+int smla_cuda_restore_device(int prev);
+const char *smla_cuda_runtime_version(void);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* SMLA_PARAMS_H */

@@ -1,0 +1,40 @@
+// Device discovery and selection for the bindings: the only CUDA runtime calls outside the launchers.
+#include <stdio.h>
+
+#include "common.cuh"
+
+extern "C" int smla_cuda_device_count(void)
+{
+    int n = 0;
+    if (cudaGetDeviceCount(&n) != cudaSuccess) {
+        cudaGetLastError(); // no driver / no GPU: clear the sticky error, report none
+        return 0;
+    }
+    return n;
+}
+
+extern "C" int smla_cuda_set_device(int device, int *prev, smla_status *st)
+{
+    *prev = -1;
+    SMLA_CUDA_CHECK(st, cudaGetDevice(prev));
+    if (*prev != device) SMLA_CUDA_CHECK(st, cudaSetDevice(device));
+    return SMLA_OK;
+}
+
+extern "C" int smla_cuda_restore_device(int prev)
+{
+    int cur = -1;
+    if (prev < 0 || cudaGetDevice(&cur) != cudaSuccess || cur == prev) return SMLA_OK;
+    return cudaSetDevice(prev) == cudaSuccess ? SMLA_OK : SMLA_ERR_CUDA;
+}
+
+extern "C" const char *smla_cuda_runtime_version(void)
+{
+    static char buf[64];
+    int rt = 0, drv = 0;
+    cudaRuntimeGetVersion(&rt);
+    cudaDriverGetVersion(&drv);
+    snprintf(buf, sizeof buf, "runtime %d.%d, driver %d.%d", rt / 1000, (rt % 1000) / 10, drv / 1000,
+             (drv % 1000) / 10);
+    return buf;
+}

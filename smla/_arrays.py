@@ -1,0 +1,92 @@
+"""Framework plumbing for the Python layer: which library owns an array, its device, the launch
+stream, and output allocation with the caller's own framework (numpy / torch / cupy)."""
+import numpy as np
+import ml_dtypes
+
+_DL_CPU, _DL_CUDA, _DL_CUDA_MANAGED = 1, 2, 13
+
+_NUMPY_DTYPES = {
+    "bfloat16": np.dtype(ml_dtypes.bfloat16),
+    "float32": np.dtype(np.float32),
+    "int32": np.dtype(np.int32),
+    "uint8": np.dtype(np.uint8),
+}
+
+
+def framework(x):
+    """'numpy', 'torch', 'cupy' or 'other'."""
+    if isinstance(x, np.ndarray):
+        return "numpy"
+    mod = type(x).__module__
+    if mod.startswith("torch"):
+        return "torch"
+    if mod.startswith("cupy"):
+        return "cupy"
+    return "other"
+
+
+def device(x):
+    """(dlpack device type, device id); NumPy arrays are (1, 0)."""
+    if isinstance(x, np.ndarray):
+        return (_DL_CPU, 0)
+    if not hasattr(x, "__dlpack_device__"):
+        raise TypeError(f"expected a NumPy array or an object with __dlpack__, got {type(x).__name__}")
+    t, i = x.__dlpack_device__()
+    return (int(t), int(i))
+
+
+def is_cuda(x):
+    return device(x)[0] in (_DL_CUDA, _DL_CUDA_MANAGED)
+
+
+def launch_stream(x, stream=None):
+    """The stream handle to launch on: the caller's `stream=`, else the current stream of the framework
+    that owns x (torch / cupy), else 0 (the legacy default stream)."""
+    if stream is not None:
+        return int(stream)
+    if not is_cuda(x):
+        return 0
+    fw = framework(x)
+    if fw == "torch":
+        import torch
+
+        return int(torch.cuda.current_stream(x.device).cuda_stream)
+    if fw == "cupy":
+        import cupy
+
+        return int(cupy.cuda.get_current_stream().ptr)
+    return 0
+
+
+def empty(ref, shape, dtype):
+    """An uninitialised array of `shape` and `dtype` ('bfloat16', 'float32', 'int32', 'uint8') made by
+    the framework that owns `ref`, on ref's device."""
+    shape = tuple(int(s) for s in shape)
+    fw = framework(ref)
+    if fw == "numpy" or (fw == "other" and not is_cuda(ref)):
+        return np.empty(shape, _NUMPY_DTYPES[dtype])
+    if fw == "torch":
+        import torch
+
+        return torch.empty(shape, dtype=getattr(torch, dtype), device=ref.device)
+    if fw == "cupy":
+        import cupy
+
+        with cupy.cuda.Device(device(ref)[1]):
+            if dtype == "bfloat16":
+                try:
+                    return cupy.empty(shape, dtype=_NUMPY_DTYPES[dtype])
+                except (TypeError, ValueError):
+                    return cupy.empty(shape, dtype=cupy.uint16)  # raw bf16 bits, accepted by every op
+            return cupy.empty(shape, dtype=_NUMPY_DTYPES[dtype])
+    raise TypeError(
+        f"cannot allocate an output for a {type(ref).__module__}.{type(ref).__name__} array on CUDA: "
+        "pass out= (and lse=, etc.) explicitly"
+    )
+
+
+def zeros(ref, shape, dtype):
+    """Like empty, filled with zeros."""
+    a = empty(ref, shape, dtype)
+    a[...] = 0
+    return a
