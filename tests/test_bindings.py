@@ -1,0 +1,162 @@
+"""The marshalling layer: NumPy and DLPack inputs, ownership, and error messages naming the argument."""
+import sys
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+import smla
+
+BF16 = ml_dtypes.bfloat16
+
+
+class Producer:
+    """A minimal DLPack producer over a NumPy array (CPU), optionally legacy-only (no max_version)."""
+
+    def __init__(self, a, legacy=False):
+        self.a = a
+        self.legacy = legacy
+        self.calls = 0
+
+    def __dlpack_device__(self):
+        return (1, 0)
+
+    def __dlpack__(self, *, stream=None, **kw):
+        assert stream is None, "CPU producers must be asked with stream=None"
+        self.calls += 1
+        if self.legacy and "max_version" in kw:
+            raise TypeError("max_version not supported")
+        return self.a.__dlpack__(**kw)
+
+
+def fp8_cache(nb=4, bs=16):
+    return np.zeros(smla.kv_cache_shape(nb, bs, "fp8_ds_mla"), np.uint8)
+
+
+@pytest.mark.parametrize("legacy", [False, True])
+def test_dlpack_consumed_once_and_released(legacy):
+    cache = fp8_cache()
+    slots = np.arange(8, dtype=np.int32)
+    prod = Producer(slots, legacy=legacy)
+    before = sys.getrefcount(slots)
+    out = np.empty((8, 576), np.uint16)
+    for _ in range(3):
+        smla.unpack_kv(cache, prod, kv_cache_dtype="fp8_ds_mla", out=out)
+    # each call exported one capsule (two tries for a legacy producer) and released it exactly once
+    assert prod.calls == (6 if legacy else 3)
+    assert sys.getrefcount(slots) == before
+
+
+def test_dlpack_matches_numpy_path():
+    rng = np.random.default_rng(0)
+    cache = fp8_cache()
+    kv_c = rng.standard_normal((20, 512)).astype(BF16)
+    k_pe = rng.standard_normal((20, 64)).astype(BF16)
+    smla.pack_kv(kv_c, k_pe, cache, np.arange(20, dtype=np.int64), kv_cache_dtype="fp8_ds_mla")
+    a = smla.unpack_kv(cache, np.arange(20, dtype=np.int32), kv_cache_dtype="fp8_ds_mla")
+    b = smla.unpack_kv(Producer(cache), Producer(np.arange(20, dtype=np.int32)), kv_cache_dtype="fp8_ds_mla",
+                       out=np.empty((20, 576), np.uint16))
+    assert np.array_equal(a.view(np.uint16), b)
+
+
+def test_build_info():
+    info = smla.build_info()
+    assert set(info) >= {"cuda", "cuda_runtime", "cuda_archs", "debug", "version"}
+    assert isinstance(smla.cuda_available(), bool)
+
+
+def test_kv_cache_shape():
+    assert smla.kv_cache_shape(3, 64, "fp8_ds_mla") == (3, 64, 656)
+    assert smla.kv_cache_shape(3, 64, "bf16") == (3, 64, 576)
+    with pytest.raises(ValueError, match="kv_cache_dtype"):
+        smla.kv_cache_shape(3, 64, "fp16")
+
+
+def _unpack(cache=None, slots=None, out=None, dtype="fp8_ds_mla"):
+    cache = fp8_cache() if cache is None else cache
+    slots = np.arange(4, dtype=np.int32) if slots is None else slots
+    out = np.empty((4, 576), BF16) if out is None else out
+    return smla.unpack_kv(cache, slots, kv_cache_dtype=dtype, out=out)
+
+
+BAD = [
+    ("not an array", dict(slots=[0, 1, 2, 3]), TypeError, "slots: expected a NumPy array"),
+    ("slot dtype", dict(slots=np.arange(4, dtype=np.float32)), TypeError, "slots: expected int32 or int64, got float32"),
+    ("slot ndim", dict(slots=np.zeros((4, 1), np.int32)), ValueError, "slots: expected 1 dimensions"),
+    ("cache dtype", dict(cache=np.zeros((4, 16, 656), np.float32)), TypeError, "kv_cache: expected uint8"),
+    ("cache ndim", dict(cache=np.zeros((64, 656), np.uint8)), ValueError, "kv_cache: expected 3 dimensions"),
+    ("cache entry", dict(cache=np.zeros((4, 16, 576), np.uint8)), ValueError, r"kv_cache: expected shape\[2\] == 656"),
+    ("cache layout name", dict(dtype="fp4"), ValueError, "kv_cache_dtype"),
+    ("bf16 cache as fp8", dict(cache=np.zeros((4, 16, 576), BF16)), TypeError, "kv_cache: expected uint8"),
+    ("out dtype", dict(out=np.empty((4, 576), np.float32)), TypeError, "out: expected bfloat16 or uint16, got float32"),
+    ("out rows", dict(out=np.empty((5, 576), BF16)), ValueError, r"out: expected shape\[0\] == 4"),
+    ("out width", dict(out=np.empty((4, 512), BF16)), ValueError, r"out: expected shape\[1\] == 576"),
+    ("out strided", dict(out=np.empty((4, 1152), BF16)[:, ::2]), ValueError, "out: the last dimension must be contiguous"),
+    ("cache strided entry", dict(cache=np.zeros((4, 16, 1312), np.uint8)[:, :, ::2]), ValueError, "kv_cache: the last dimension"),
+    ("slots strided", dict(slots=np.arange(8, dtype=np.int32)[::2]), ValueError, "slots: expected a C-contiguous"),
+]
+
+
+@pytest.mark.parametrize("case", BAD, ids=[c[0] for c in BAD])
+def test_bad_inputs_name_the_argument(case):
+    _, kw, exc, msg = case
+    with pytest.raises(exc, match=msg):
+        _unpack(**kw)
+
+
+def test_read_only_output():
+    out = np.empty((4, 576), BF16)
+    out.flags.writeable = False
+    with pytest.raises(ValueError, match="out: output array is read-only"):
+        _unpack(out=out)
+    cache = fp8_cache()
+    cache.flags.writeable = False
+    with pytest.raises(ValueError, match="kv_cache: output array is read-only"):
+        smla.pack_kv(np.zeros((2, 512), BF16), np.zeros((2, 64), BF16), cache, np.arange(2, dtype=np.int32),
+                     kv_cache_dtype="fp8_ds_mla")
+
+
+def test_strided_cache_layers():
+    """A cache whose blocks interleave layers (stride(0) > block_size * entry) is addressed correctly."""
+    rng = np.random.default_rng(1)
+    big = np.zeros((4, 2, 16, 656), np.uint8)
+    layer1 = big[:, 1]  # stride(0) = 2 * 16 * 656
+    kv_c = rng.standard_normal((64, 512)).astype(BF16)
+    k_pe = rng.standard_normal((64, 64)).astype(BF16)
+    slots = np.arange(64, dtype=np.int32)
+    smla.pack_kv(kv_c, k_pe, layer1, slots, kv_cache_dtype="fp8_ds_mla")
+    assert not big[:, 0].any()
+    dense = fp8_cache()
+    smla.pack_kv(kv_c, k_pe, dense, slots, kv_cache_dtype="fp8_ds_mla")
+    assert np.array_equal(layer1, dense)
+
+
+def test_pack_kv_bad_inputs():
+    cache = fp8_cache()
+    slots = np.arange(2, dtype=np.int32)
+    with pytest.raises(TypeError, match="kv_c: expected bfloat16 or uint16, got float32"):
+        smla.pack_kv(np.zeros((2, 512), np.float32), np.zeros((2, 64), BF16), cache, slots, kv_cache_dtype="fp8_ds_mla")
+    with pytest.raises(ValueError, match=r"k_pe: expected shape\[1\] == 64"):
+        smla.pack_kv(np.zeros((2, 512), BF16), np.zeros((2, 32), BF16), cache, slots, kv_cache_dtype="fp8_ds_mla")
+    with pytest.raises(ValueError, match="slot_mapping: has 3 tokens but kv_c has 2"):
+        smla.pack_kv(np.zeros((2, 512), BF16), np.zeros((2, 64), BF16), cache, np.arange(3, dtype=np.int32),
+                     kv_cache_dtype="fp8_ds_mla")
+    with pytest.raises(ValueError, match="scale_rule"):
+        smla.pack_kv(np.zeros((2, 512), BF16), np.zeros((2, 64), BF16), cache, slots, kv_cache_dtype="fp8_ds_mla",
+                     scale_rule="e8m0")
+    # vLLM's [T, 1, 64] k_pe is accepted
+    smla.pack_kv(np.zeros((2, 512), BF16), np.zeros((2, 1, 64), BF16), cache, slots, kv_cache_dtype="fp8_ds_mla")
+
+
+def test_cuda_arrays_without_cuda_raise_cleanly():
+    class FakeCuda(Producer):
+        def __dlpack_device__(self):
+            return (2, 0)
+
+        def __dlpack__(self, *, stream=None, **kw):
+            raise BufferError("fake producer cannot export")
+
+    if smla.cuda_available():
+        pytest.skip("a GPU is present")
+    with pytest.raises(BufferError, match="fake producer"):
+        _unpack(slots=FakeCuda(np.arange(4, dtype=np.int32)))
