@@ -1,0 +1,478 @@
+"""Per-step batch metadata for the sparse MLA layer (DESIGN section 6), with vLLM's semantics
+(reference/vllm-semantics.md section 4).
+
+A step's batch is ordered decodes first, then prefills. `SparseMLAMetadataBuilder` is made once per
+model: it allocates every reusable buffer at construction (sized by max_num_seqs /
+max_num_batched_tokens / topk / max_model_len) and `build()` fills them for one step and returns a
+`SparseMLAMetadata` whose arrays are views of those buffers. The next `build()` overwrites them, so
+a metadata object is valid until the next build (as in vLLM).
+
+What build() does on the host: split counts, req_id_per_token and (split mode with prefills) the
+prefill request ids, workspace starts and chunks are computed with NumPy from host copies of
+query_start_loc (and seq_lens for the chunks), then copied into the device buffers; block_table,
+seq_lens, query_start_loc and slot_mapping are copied device-to-device (or host-to-device) into the
+builder's own buffers, so a captured CUDA graph keeps reading the same addresses. Pass
+`query_start_loc_cpu=` / `seq_lens_cpu=` (what a serving stack already has) to avoid a
+device->host copy; a decode-only step never needs seq_lens on the host, so with
+`query_start_loc_cpu` it has no device->host synchronisation at all.
+"""
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from . import _arrays
+
+D_QK = 576
+PREFILL_WORKSPACE_FACTOR = 5  # vLLM get_prefill_workspace_size: 5 * max_model_len rows of 576 bf16
+
+# mode="auto" for fp8 caches: "split" (decode kernel for decodes, bf16 prefill kernel over an
+# upconverted workspace for prefills) from this many heads up, "mixed" (decode kernel on the fp8
+# pages for every token) below. vLLM's MIN_HEADS_FOR_BF16_PREFILL; smla's kernels need no head
+# padding, so benchmarks/bench_layer.py re-measures the crossover on the GPU.
+MIN_HEADS_FOR_SPLIT = 32
+
+MODES = ("auto", "mixed", "split")
+_CACHE_ALIASES = {"bfloat16": "bf16", "auto": "bf16", "fp8": "fp8_ds_mla", "fp8_e4m3": "fp8_ds_mla"}
+
+
+def canonical_cache_dtype(kv_cache_dtype):
+    name = _CACHE_ALIASES.get(kv_cache_dtype, kv_cache_dtype)
+    if name not in ("bf16", "fp8_ds_mla"):
+        raise ValueError(f'kv_cache_dtype: expected "bf16" or "fp8_ds_mla", got {kv_cache_dtype!r}')
+    return name
+
+
+def resolve_mode(num_heads, kv_cache_dtype, mode="auto"):
+    """The attention plan of a layer: "bf16" (bf16 cache: prefill kernel over the paged rows; the
+    fp8 mode is ignored), else "mixed" or "split"; "auto" is "split" when num_heads >=
+    MIN_HEADS_FOR_SPLIT, else "mixed"."""
+    if mode not in MODES:
+        raise ValueError(f"mode: expected one of {MODES}, got {mode!r}")
+    if canonical_cache_dtype(kv_cache_dtype) == "bf16":
+        return "bf16"
+    if mode == "auto":
+        return "split" if num_heads >= MIN_HEADS_FOR_SPLIT else "mixed"
+    return mode
+
+
+# =============================================================================================
+# host-side helpers (vLLM's functions, on NumPy)
+# =============================================================================================
+
+def _host(x, name, dtype=np.int64):
+    """1-D host copy of x (NumPy, CPU DLPack, torch / CuPy CUDA: this copy synchronises)."""
+    if x is None:
+        raise ValueError(f"{name}: expected an array, got None")
+    fw = _arrays.framework(x) if not isinstance(x, (list, tuple)) else "list"
+    if fw == "torch":
+        a = x.detach().cpu().numpy()
+    elif fw == "cupy":
+        import cupy
+
+        a = cupy.asnumpy(x)
+    elif fw in ("numpy", "list"):
+        a = np.asarray(x)
+    else:
+        a = np.from_dlpack(x)
+    if a.dtype.kind not in "iu":
+        raise TypeError(f"{name}: expected an integer array, got {a.dtype}")
+    return a.astype(dtype, copy=False)
+
+
+def req_id_per_token(query_start_loc):
+    """int32 [qsl[-1] - qsl[0]]: token t belongs to request r where qsl[r] <= t < qsl[r+1]."""
+    qsl = _host(query_start_loc, "query_start_loc").reshape(-1)
+    lens = np.diff(qsl)
+    if qsl.shape[0] < 1 or (lens < 0).any():
+        raise ValueError("query_start_loc: expected a non-decreasing array of R+1 offsets")
+    return np.repeat(np.arange(lens.shape[0], dtype=np.int32), lens)
+
+
+def split_decodes_and_prefills(query_start_loc, *, decode_threshold=1, require_uniform=False):
+    """(num_decodes, num_prefills, num_decode_tokens, num_prefill_tokens) of a batch ordered decodes
+    first (vLLM's split_decodes_and_prefills). A request is a decode iff its query length <=
+    decode_threshold; with require_uniform the decodes must all have the first request's length
+    (a longer or shorter one starts the prefills), and a batch whose lengths are all that length or
+    0 (zero-token CUDA-graph padding) is all decodes."""
+    qsl = _host(query_start_loc, "query_start_loc").reshape(-1)
+    num_reqs = qsl.shape[0] - 1
+    if num_reqs <= 0:
+        return 0, 0, 0, 0
+    num_tokens = int(qsl[-1] - qsl[0])
+    qlen = np.diff(qsl)
+    if qlen.max() <= decode_threshold and (not require_uniform or decode_threshold <= 1):
+        return num_reqs, 0, num_tokens, 0
+    if qlen[0] > decode_threshold:
+        return 0, num_reqs, 0, num_tokens
+    if require_uniform:
+        if np.all((qlen == qlen[0]) | (qlen == 0)):
+            return num_reqs, 0, num_tokens, 0
+        is_prefill = qlen != qlen[0]
+    else:
+        is_prefill = qlen > decode_threshold
+    if not is_prefill.any():
+        return num_reqs, 0, num_tokens, 0
+    first = int(np.argmax(is_prefill))
+    num_decode_tokens = int(qsl[first] - qsl[0])
+    return first, num_reqs - first, num_decode_tokens, num_tokens - num_decode_tokens
+
+
+def split_prefill_chunks(seq_lens, workspace_size, request_offset=0):
+    """Greedy [(start, end), ...] of consecutive requests whose seq_lens sum to <= workspace_size
+    (vLLM's split_prefill_chunks); every seq_len must fit on its own."""
+    sl = _host(seq_lens, "seq_lens").reshape(-1)
+    if (sl > workspace_size).any():
+        i = int(np.argmax(sl > workspace_size))
+        raise ValueError(f"seq_lens[{i}] = {int(sl[i])} does not fit a prefill workspace of "
+                         f"{workspace_size} rows")
+    chunks, i, n = [], 0, sl.shape[0]
+    while i < n:
+        start, total = i, 0
+        while i < n and total + int(sl[i]) <= workspace_size:
+            total += int(sl[i])
+            i += 1
+        chunks.append((start + request_offset, i + request_offset))
+    return chunks
+
+
+# =============================================================================================
+# metadata
+# =============================================================================================
+
+@dataclass
+class PrefillChunk:
+    """Prefill requests [req_start, req_end) (counted among the prefills) whose whole sequences fit
+    the workspace together; their query tokens are [token_start, token_end) of the step."""
+    req_start: int
+    req_end: int
+    token_start: int
+    token_end: int
+    num_rows: int               # workspace rows used: sum of the chunk's seq_lens
+    block_table: object         # view [n, max_blocks] int32
+    seq_lens: object            # view [n] int32
+    workspace_starts: object    # view [n] int32, chunk-relative (first request at row 0)
+    seq_lens_cpu: np.ndarray
+
+    @property
+    def tokens(self):
+        return slice(self.token_start, self.token_end)
+
+
+@dataclass
+class SparseMLAMetadata:
+    """One step's metadata. Array fields are views of the builder's buffers."""
+    mode: str                   # "bf16" | "mixed" | "split" (resolve_mode)
+    kv_cache_dtype: str
+    num_heads: int
+    block_size: int
+    topk: int
+    num_reqs: int
+    num_tokens: int             # query tokens of the requests: query_start_loc[-1]
+    num_padded_tokens: int      # T = len(slot_mapping) >= num_tokens (CUDA-graph padding)
+    max_query_len: int
+    # vLLM's split (require_uniform=True); num_decodes excludes zero-token padding requests
+    num_decodes: int
+    num_prefills: int
+    num_decode_tokens: int
+    num_prefill_tokens: int
+    first_prefill_req: int      # request index of prefill 0
+    decode_query_len: int       # uniform query length of the decodes (0: none)
+    decode_shape: tuple         # (b, s_q) of the split-mode decode call over tokens [0, b*s_q)
+    query_start_loc_cpu: np.ndarray
+    seq_lens_cpu: object        # np.ndarray when known on the host, else None
+    query_start_loc: object     # [R+1] int32
+    seq_lens: object            # [R] int32
+    block_table: object         # [R, max_blocks] int32; columns past the caller's width hold -1
+    slot_mapping: object        # [T] int32
+    req_id_per_token: object    # [T] int32; padding tokens read request 0
+    # split mode with prefills (else None / empty)
+    prefill_request_ids: object = None       # [T] int32: -1 for decode tokens, p for prefill p
+    prefill_seq_lens: object = None          # [P] int32
+    prefill_workspace_starts: object = None  # [P] int32, chunk-relative
+    chunks: list = field(default_factory=list)
+    # scratch owned by the builder, shared by every layer that uses this metadata
+    prefill_workspace: object = None         # [W, 576] bf16 (split mode) or None
+    prefill_workspace_rows: int = 0
+    indices: object = None                   # [T, topk] int32: converted indices
+    lse_scratch: object = None               # [T, h] f32
+    max_logits_scratch: object = None        # [T, h] f32
+    decode_workspace: object = None          # uint8 [>= decode_workspace_bytes] or None
+    decode_workspace_bytes: int = 0          # what this step's decode call needs
+
+    @property
+    def is_decode_only(self):
+        return self.num_prefills == 0
+
+
+# =============================================================================================
+# framework plumbing for the builder's buffers
+# =============================================================================================
+
+def _ref_array(device, framework):
+    """A zero-size array that _arrays.empty allocates next to: NumPy for the CPU, torch or CuPy on
+    CUDA. `device` may also be an array of the wanted framework and device."""
+    if device is not None and not isinstance(device, (str, int)) and hasattr(device, "__dlpack_device__"):
+        return device[:0] if hasattr(device, "shape") and len(device.shape) else device
+    if isinstance(device, np.ndarray) or device is None or (isinstance(device, str) and device == "cpu"):
+        return np.empty(0, np.int32)
+    dev_str = str(device)
+    if dev_str == "cpu":
+        return np.empty(0, np.int32)
+    if framework in (None, "torch"):
+        try:
+            import torch
+        except ImportError:
+            if framework == "torch":
+                raise
+        else:
+            dev = torch.device(f"cuda:{device}" if isinstance(device, int) else device)
+            if dev.type != "cuda":
+                raise ValueError(f"device: expected 'cpu' or a CUDA device, got {device!r}")
+            return torch.empty(0, dtype=torch.int32, device=dev)
+    if framework not in (None, "cupy"):
+        raise ValueError(f"framework: expected 'torch' or 'cupy', got {framework!r}")
+    import cupy
+
+    idx = device if isinstance(device, int) else (int(dev_str.split(":")[1]) if ":" in dev_str else 0)
+    with cupy.cuda.Device(idx):
+        return cupy.empty(0, dtype=cupy.int32)
+
+
+def _copy(dst, src):
+    """dst[...] = src across frameworks (casts the dtype; host sources are uploaded)."""
+    fw = _arrays.framework(dst)
+    if fw == "numpy":
+        if _arrays.framework(src) not in ("numpy",) and _arrays.is_cuda(src):
+            raise ValueError("a CUDA array was passed to a CPU (NumPy) metadata builder")
+        dst[...] = np.asarray(src) if _arrays.framework(src) != "other" else np.from_dlpack(src)
+    elif fw == "torch":
+        import torch
+
+        sfw = _arrays.framework(src)
+        if sfw == "numpy":
+            src = torch.from_numpy(np.ascontiguousarray(src))
+        elif sfw != "torch":
+            src = torch.from_dlpack(src)
+        dst.copy_(src)
+    else:
+        import cupy
+
+        dst[...] = cupy.asarray(src)
+
+
+def _fill(dst, value):
+    dst[...] = value
+
+
+def _shape(x):
+    return tuple(int(s) for s in x.shape)
+
+
+class SparseMLAMetadataBuilder:
+    """Owns every reusable buffer of the sparse MLA layer and fills them per step (module docstring).
+
+    device: None / "cpu" (NumPy buffers), "cuda" / "cuda:N" / torch.device / int (torch buffers, or
+    CuPy with framework="cupy" or when torch is missing), or an array whose framework and device to
+    use. mode: as SparseMLAAttention (resolve_mode). decode_threshold: vLLM's reorder threshold (a
+    request with query length <= it is a decode; decodes must be uniform). prefill_workspace_rows:
+    rows of the split-mode bf16 workspace (default 5 * max_model_len)."""
+
+    def __init__(self, *, num_heads, block_size, topk, max_model_len, max_num_seqs,
+                 max_num_batched_tokens, kv_cache_dtype, mode="auto", decode_threshold=1,
+                 prefill_workspace_rows=None, device=None, framework=None):
+        for name, v in (("num_heads", num_heads), ("block_size", block_size), ("topk", topk),
+                        ("max_model_len", max_model_len), ("max_num_seqs", max_num_seqs),
+                        ("max_num_batched_tokens", max_num_batched_tokens),
+                        ("decode_threshold", decode_threshold)):
+            if int(v) < 1:
+                raise ValueError(f"{name}: expected >= 1, got {v}")
+        if not 1 <= num_heads <= 128:
+            raise ValueError(f"num_heads: expected 1..128, got {num_heads}")
+        self.num_heads = int(num_heads)
+        self.block_size = int(block_size)
+        self.topk = int(topk)
+        self.max_model_len = int(max_model_len)
+        self.max_num_seqs = int(max_num_seqs)
+        self.max_num_batched_tokens = int(max_num_batched_tokens)
+        self.kv_cache_dtype = canonical_cache_dtype(kv_cache_dtype)
+        self.mode = resolve_mode(self.num_heads, self.kv_cache_dtype, mode)
+        self.decode_threshold = int(decode_threshold)
+        self.max_blocks = -(-self.max_model_len // self.block_size)
+
+        self._ref = ref = _ref_array(device, framework)
+        self.framework = _arrays.framework(ref)
+        self.is_cuda = self.framework != "numpy" and _arrays.is_cuda(ref)
+        self.device_id = _arrays.device(ref)[1] if self.is_cuda else 0
+
+        S, T = self.max_num_seqs, self.max_num_batched_tokens
+        emp = lambda shape, dt: _arrays.empty(ref, shape, dt)  # noqa: E731
+        self._qsl = _arrays.zeros(ref, (S + 1,), "int32")
+        self._seq_lens = _arrays.zeros(ref, (S,), "int32")
+        self._block_table = emp((S, self.max_blocks), "int32")
+        _fill(self._block_table, -1)
+        self._bt_dirty = 0  # widest caller block table copied so far (columns to reset to -1)
+        self._slots = emp((T,), "int32")  # int32 holds any slot of a cache below 2**31 tokens
+        _fill(self._slots, -1)
+        self._req_id = _arrays.zeros(ref, (T,), "int32")
+        self._req_id_host = np.zeros(T, np.int32)
+        self._indices = emp((T, self.topk), "int32")
+        self._lse = emp((T, self.num_heads), "float32")
+        self._max_logits = emp((T, self.num_heads), "float32")
+
+        self.prefill_workspace_rows = 0
+        self._prefill_ws = None
+        if self.mode == "split":
+            self.prefill_workspace_rows = int(prefill_workspace_rows or
+                                              PREFILL_WORKSPACE_FACTOR * self.max_model_len)
+            self._prefill_ws = emp((self.prefill_workspace_rows, D_QK), "bfloat16")
+            self._prefill_req = emp((T,), "int32")
+            self._prefill_req_host = np.full(T, -1, np.int32)
+            self._ws_starts = _arrays.zeros(ref, (S,), "int32")
+
+        self.max_decode_workspace_bytes = self._max_decode_workspace()
+        self._decode_ws = (emp((self.max_decode_workspace_bytes,), "uint8")
+                           if self.max_decode_workspace_bytes > 0 else None)
+
+    # ---- decode workspace ------------------------------------------------------------------
+
+    def decode_workspace_size(self, b, s_q):
+        """Bytes the CUDA decode kernel wants for [b, s_q] on this builder's device (0 on the CPU)."""
+        if not self.is_cuda or b <= 0 or s_q <= 0:
+            return 0
+        from .ops import sparse_mla_decode_workspace_size
+
+        return int(sparse_mla_decode_workspace_size(b, s_q, self.num_heads, self.topk,
+                                                    self.kv_cache_dtype, device_id=self.device_id))
+
+    def _max_decode_workspace(self):
+        """Largest decode workspace over every decode shape build() can produce, so that the buffer
+        is allocated once and a captured graph never sees it move."""
+        if not self.is_cuda:
+            return 0
+        T = self.max_num_batched_tokens
+        best = max(self.decode_workspace_size(t, 1) for t in range(1, T + 1))  # mixed / [T, 1]
+        if self.mode == "split":
+            for s in range(2, min(self.decode_threshold, T) + 1):
+                for b in range(1, min(self.max_num_seqs, T // s) + 1):
+                    best = max(best, self.decode_workspace_size(b, s))
+        return best
+
+    # ---- build -----------------------------------------------------------------------------
+
+    def build(self, query_start_loc, seq_lens, block_table, slot_mapping, *,
+              query_start_loc_cpu=None, seq_lens_cpu=None):
+        """Metadata of one step. query_start_loc [R+1] (qsl[0] = 0), seq_lens [R] (context plus this
+        step's tokens), block_table [R', M] (R' >= R, M <= ceil(max_model_len / block_size)),
+        slot_mapping [T] (T >= qsl[-1]: tokens past qsl[-1] are CUDA-graph padding: slot -1 is
+        written for them only if the caller does so; they read request 0)."""
+        qsl_h = _host(query_start_loc_cpu if query_start_loc_cpu is not None else query_start_loc,
+                      "query_start_loc").reshape(-1)
+        R = qsl_h.shape[0] - 1
+        if R < 0 or (R > 0 and qsl_h[0] != 0) or (np.diff(qsl_h) < 0).any():
+            raise ValueError("query_start_loc: expected non-decreasing offsets starting at 0")
+        if R > self.max_num_seqs:
+            raise ValueError(f"query_start_loc: {R} requests exceed max_num_seqs={self.max_num_seqs}")
+        nt = int(qsl_h[-1]) if R > 0 else 0
+        T = int(slot_mapping.shape[0])
+        if len(slot_mapping.shape) != 1 or T < nt:
+            raise ValueError(f"slot_mapping: expected [T >= {nt}] (query_start_loc[-1]), "
+                             f"got {_shape(slot_mapping)}")
+        if T > self.max_num_batched_tokens:
+            raise ValueError(f"slot_mapping: {T} tokens exceed max_num_batched_tokens="
+                             f"{self.max_num_batched_tokens}")
+        if _shape(seq_lens) != (R,):
+            raise ValueError(f"seq_lens: expected [{R}], got {_shape(seq_lens)}")
+        if len(block_table.shape) != 2 or block_table.shape[0] < R or block_table.shape[1] > self.max_blocks:
+            raise ValueError(f"block_table: expected [>= {R}, <= {self.max_blocks}], "
+                             f"got {_shape(block_table)}")
+        M = int(block_table.shape[1])
+
+        sl_h = None
+        if seq_lens_cpu is not None or isinstance(seq_lens, np.ndarray):
+            sl_h = _host(seq_lens_cpu if seq_lens_cpu is not None else seq_lens, "seq_lens").reshape(-1)
+            if sl_h.shape[0] != R:
+                raise ValueError(f"seq_lens_cpu: expected [{R}], got {sl_h.shape}")
+            if ((sl_h < np.diff(qsl_h)) | (sl_h > self.max_model_len)).any():
+                raise ValueError("seq_lens: every request needs query length <= seq_len <= max_model_len")
+
+        split = split_decodes_and_prefills(qsl_h, decode_threshold=self.decode_threshold,
+                                           require_uniform=True)
+        first_prefill, num_prefills, num_decode_tokens, num_prefill_tokens = split
+        qlen = np.diff(qsl_h)
+        dql = int(qlen[0]) if first_prefill > 0 else 0
+        num_decodes = num_decode_tokens // dql if dql > 0 else 0  # zero-token padding excluded
+        if num_prefills == 0:
+            # Decode-only: the decode call covers every token, padding included (fixed graph shape).
+            decode_shape = (T // dql, dql) if dql > 0 and T % dql == 0 else (T, 1 if T else 0)
+        else:
+            if T != nt and self.mode == "split":
+                raise ValueError("slot_mapping: padded steps (T > query_start_loc[-1]) must be "
+                                 "decode-only in split mode")
+            decode_shape = (num_decodes, dql) if num_decodes else (0, 0)
+
+        # ---- device buffers ----
+        _copy(self._qsl[:R + 1], query_start_loc if not isinstance(query_start_loc, list) else qsl_h)
+        if R:
+            _copy(self._seq_lens[:R], seq_lens)
+            _copy(self._block_table[:R, :M], block_table[:R])
+            if self._bt_dirty > M:
+                _fill(self._block_table[:, M:self._bt_dirty], -1)
+            self._bt_dirty = M
+        if T:
+            _copy(self._slots[:T], slot_mapping)
+        h = self._req_id_host
+        h[:nt] = np.repeat(np.arange(R, dtype=np.int32), qlen)
+        h[nt:T] = 0  # padding tokens read request 0 (vLLM zero-fills)
+        if T:
+            _copy(self._req_id[:T], h[:T])
+
+        md = SparseMLAMetadata(
+            mode=self.mode, kv_cache_dtype=self.kv_cache_dtype, num_heads=self.num_heads,
+            block_size=self.block_size, topk=self.topk, num_reqs=R, num_tokens=nt,
+            num_padded_tokens=T, max_query_len=int(qlen.max()) if R else 0,
+            num_decodes=num_decodes, num_prefills=num_prefills,
+            num_decode_tokens=num_decode_tokens, num_prefill_tokens=num_prefill_tokens,
+            first_prefill_req=first_prefill, decode_query_len=dql, decode_shape=decode_shape,
+            query_start_loc_cpu=qsl_h, seq_lens_cpu=sl_h,
+            query_start_loc=self._qsl[:R + 1], seq_lens=self._seq_lens[:R],
+            block_table=self._block_table[:R], slot_mapping=self._slots[:T],
+            req_id_per_token=self._req_id[:T],
+            prefill_workspace=self._prefill_ws, prefill_workspace_rows=self.prefill_workspace_rows,
+            indices=self._indices[:T], lse_scratch=self._lse[:T],
+            max_logits_scratch=self._max_logits[:T], decode_workspace=self._decode_ws)
+
+        if self.mode == "split":
+            b, s = decode_shape
+            md.decode_workspace_bytes = self.decode_workspace_size(b, s)
+            if num_prefills:
+                if sl_h is None:
+                    sl_h = _host(seq_lens, "seq_lens").reshape(-1)  # device -> host: synchronises
+                    md.seq_lens_cpu = sl_h
+                self._build_prefill(md, qsl_h, sl_h, T)
+        else:
+            md.decode_workspace_bytes = self.decode_workspace_size(T, 1)
+        return md
+
+    def _build_prefill(self, md, qsl_h, sl_h, T):
+        f, P = md.first_prefill_req, md.num_prefills
+        p_sl = sl_h[f:f + P]
+        ids = self._prefill_req_host
+        ids[:T] = -1
+        ids[qsl_h[f]:qsl_h[f + P]] = np.repeat(np.arange(P, dtype=np.int32), np.diff(qsl_h[f:f + P + 1]))
+        _copy(self._prefill_req[:T], ids[:T])
+
+        starts = np.zeros(P, np.int64)
+        starts[1:] = np.cumsum(p_sl[:-1])
+        chunks = []
+        for s, e in split_prefill_chunks(p_sl, self.prefill_workspace_rows):
+            starts[s:e] -= starts[s]  # chunk-relative rows (vLLM rebases in place)
+            chunks.append(PrefillChunk(
+                req_start=s, req_end=e, token_start=int(qsl_h[f + s]), token_end=int(qsl_h[f + e]),
+                num_rows=int(p_sl[s:e].sum()), block_table=self._block_table[f + s:f + e],
+                seq_lens=self._seq_lens[f + s:f + e], workspace_starts=self._ws_starts[s:e],
+                seq_lens_cpu=p_sl[s:e].copy()))
+        _copy(self._ws_starts[:P], starts.astype(np.int32))
+        md.prefill_request_ids = self._prefill_req[:T]
+        md.prefill_seq_lens = self._seq_lens[f:f + P]
+        md.prefill_workspace_starts = self._ws_starts[:P]
+        md.chunks = chunks
