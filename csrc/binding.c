@@ -319,9 +319,17 @@ int smla_check_same_dim(const smla_arr *a, int dim, const smla_arr *b, int bdim)
     return -1;
 }
 
+/* An empty array has nothing to lay out: producers report arbitrary strides for it. */
+static int is_empty(const smla_arr *a)
+{
+    for (int i = 0; i < a->ndim; i++)
+        if (a->shape[i] == 0) return 1;
+    return 0;
+}
+
 int smla_check_last_contiguous(const smla_arr *a)
 {
-    if (a->ndim == 0 || a->shape[a->ndim - 1] <= 1 || a->strides[a->ndim - 1] == 1) return 0;
+    if (a->ndim == 0 || is_empty(a) || a->shape[a->ndim - 1] <= 1 || a->strides[a->ndim - 1] == 1) return 0;
     PyErr_Format(PyExc_ValueError, "%s: the last dimension must be contiguous (stride 1), got stride %lld",
                  a->name, (long long)a->strides[a->ndim - 1]);
     return -1;
@@ -330,6 +338,7 @@ int smla_check_last_contiguous(const smla_arr *a)
 int smla_check_contiguous(const smla_arr *a)
 {
     int64_t expect = 1;
+    if (is_empty(a)) return 0;
     for (int i = a->ndim - 1; i >= 0; i--) {
         if (a->shape[i] > 1 && a->strides[i] != expect) {
             PyErr_Format(PyExc_ValueError, "%s: expected a C-contiguous array (stride of dimension %d is %lld, "
@@ -350,6 +359,7 @@ int smla_check_writable(const smla_arr *a)
 
 int smla_check_aligned(const smla_arr *a, int bytes)
 {
+    if (is_empty(a)) return 0;
     if ((uintptr_t)a->data % (uintptr_t)bytes == 0) {
         int ok = 1;
         for (int i = 0; i < a->ndim - 1; i++)
