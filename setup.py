@@ -44,7 +44,7 @@ ARCHS = [a.strip() for a in os.environ.get("SMLA_CUDA_ARCHS", "90a;80").replace(
 c_sources = sorted(glob("csrc/*.c") + glob("csrc/ops/*.c") + glob("csrc/cpu/*.c"))
 cu_sources = sorted(glob("cuda/*.cu")) if NVCC else []
 
-cflags = ["-std=gnu11", "-Wall", "-Wextra", "-fopenmp", "-fvisibility=hidden"]
+cflags = ["-std=gnu11", "-Wall", "-Wextra", "-ffp-contract=off", "-fopenmp", "-fvisibility=hidden"]
 ldflags = ["-fopenmp"]
 macros = []
 if DEBUG:

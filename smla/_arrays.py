@@ -7,6 +7,7 @@ _DL_CPU, _DL_CUDA, _DL_CUDA_MANAGED = 1, 2, 13
 
 _NUMPY_DTYPES = {
     "bfloat16": np.dtype(ml_dtypes.bfloat16),
+    "float16": np.dtype(np.float16),
     "float32": np.dtype(np.float32),
     "int32": np.dtype(np.int32),
     "uint8": np.dtype(np.uint8),
@@ -62,6 +63,8 @@ def empty(ref, shape, dtype):
     """An uninitialised array of `shape` and `dtype` ('bfloat16', 'float32', 'int32', 'uint8') made by
     the framework that owns `ref`, on ref's device."""
     shape = tuple(int(s) for s in shape)
+    if dtype not in _NUMPY_DTYPES:
+        raise TypeError(f"cannot allocate an output of dtype {dtype}: expected one of {sorted(_NUMPY_DTYPES)}")
     fw = framework(ref)
     if fw == "numpy" or (fw == "other" and not is_cuda(ref)):
         return np.empty(shape, _NUMPY_DTYPES[dtype])

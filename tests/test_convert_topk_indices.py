@@ -1,0 +1,226 @@
+"""smla.convert_topk_indices / filter_convert_dcp_indices against the oracle (tests/reference.py),
+exactly, and CUDA against CPU."""
+import os
+import sys
+
+import numpy as np
+import pytest
+
+import smla
+
+sys.path.insert(0, os.path.dirname(__file__))
+import reference as ref  # noqa: E402
+
+I32 = np.iinfo(np.int32)
+
+
+def paged_case(rng, n=24, r=5, mb=10, bs=64, k=256, nb=None):
+    nb = nb or r * mb * 2
+    bt = rng.integers(0, nb, (r, mb)).astype(np.int32)
+    req = rng.integers(0, r, n).astype(np.int32)
+    tok = rng.integers(-2, mb * bs + 3, (n, k)).astype(np.int32)
+    return req, bt, tok
+
+
+def convert(req, bt, tok, bs, **kw):
+    out, counts = smla.convert_topk_indices(req, bt, tok, block_size=bs, return_valid_counts=True, **kw)
+    exp, exp_counts = ref.convert_topk_indices(req, bt, tok, bs, kw.get("prefill_request_ids"),
+                                               kw.get("prefill_workspace_starts"))
+    assert out.dtype == np.int32 and counts.dtype == np.int32
+    np.testing.assert_array_equal(out, exp)
+    np.testing.assert_array_equal(counts, exp_counts)
+    return out, counts
+
+
+@pytest.mark.parametrize("bs", [1, 16, 64, 128])
+@pytest.mark.parametrize("k", [1, 128, 384, 2048])
+def test_paged_matches_reference(bs, k):
+    rng = np.random.default_rng(31)
+    req, bt, tok = paged_case(rng, bs=bs, k=k)
+    out = smla.convert_topk_indices(req, bt, tok, block_size=bs)
+    np.testing.assert_array_equal(out, ref.convert_topk_indices(req, bt, tok, bs)[0])
+    convert(req, bt, tok, bs)
+
+
+def test_every_int32_value_class():
+    """Entries: INT_MIN, -123456, -1, 0, a valid middle value, the last valid position, just past
+    the block table, INT_MAX; request ids out of range; negative and huge block ids (slot overflows
+    int32 -> -1)."""
+    bs, mb = 16, 4
+    bt = np.array([[3, 7, 1, 2], [-1, 5, I32.max // 8, I32.max], [0, I32.min, 9, 4]], np.int32)
+    vals = np.array([I32.min, -123456, -1, 0, 17, mb * bs - 1, mb * bs, mb * bs + 1, I32.max, 40, 33, 50],
+                    np.int32)
+    req = np.array([0, 1, 2, -1, 3, I32.max, I32.min], np.int32)
+    tok = np.tile(vals, (len(req), 1))
+    out, counts = convert(req, bt, tok, bs)
+    # hand-checked row 0: 0 -> 3*16, 17 -> 7*16+1, 63 -> 2*16+15, 40 -> 1*16+8
+    assert list(out[0]) == [-1, -1, -1, 48, 113, 47, -1, -1, -1, 24, 17, 34]
+    assert (out[3:] == -1).all() and (counts[3:] == 0).all()  # request id out of range
+    # row 1: block 0 is -1; block 2 = INT32_MAX // 8 -> slot fits? (2^31-1)//8*16 > INT32_MAX -> -1
+    assert out[1, 3] == -1 and out[1, 4] == 5 * 16 + 1 and out[1, 11] == -1
+
+
+def test_prefill_workspace_rows():
+    rng = np.random.default_rng(32)
+    bs = 64
+    req, bt, tok = paged_case(rng, n=16, bs=bs, k=128)
+    pids = np.full(16, -1, np.int32)
+    pids[4:8] = 0
+    pids[8:12] = 1
+    pids[12] = 2  # past num_prefills -> -1 row
+    pids[13] = I32.max
+    pids[14] = I32.min  # negative: a paged row
+    starts = np.array([100, I32.max - 50], np.int32)  # request 1 overflows int32 for tok > 50
+    mb_past = 10 * bs + 5  # past the block table: fine for a workspace row
+    tok[4:12, :4] = [I32.max, mb_past, 0, 49]
+    out, counts = convert(req, bt, tok, bs, prefill_request_ids=pids, prefill_workspace_starts=starts)
+    # prefill rows skip the block-table bounds check
+    assert out[4, 1] == 100 + mb_past and out[4, 0] == -1
+    assert out[8, 3] == I32.max - 1 and out[8, 1] == -1
+    assert (out[12] == -1).all() and (out[13] == -1).all()
+    assert counts[12] == 0
+
+
+def test_valid_prefix_counts():
+    """vLLM's valid-prefix case: rows hold K/2, K/4, K, 1 valid entries then -1."""
+    rng = np.random.default_rng(33)
+    for k in (128, 384, 2048):
+        req, bt, tok = paged_case(rng, n=8, k=k, mb=40)
+        tok = rng.integers(0, 40 * 64, (8, k)).astype(np.int32)
+        lens = np.array([k // 2, k // 4, k, 1] * 2)
+        tok[np.arange(k)[None, :] >= lens[:, None]] = -1
+        out, counts = convert(req, bt, tok, 64)
+        np.testing.assert_array_equal(counts, lens)
+
+
+def test_out_buffers_and_in_place():
+    rng = np.random.default_rng(34)
+    req, bt, tok = paged_case(rng, n=10, k=200)
+    exp, exp_counts = ref.convert_topk_indices(req, bt, tok, 64)
+    big = np.full((20, 256), 7, np.int32)
+    out = big[::2, 10:210]
+    counts = np.full(10, 99, np.int32)
+    res = smla.convert_topk_indices(req, bt, tok, block_size=64, out=out, valid_counts=counts,
+                                    return_valid_counts=True)
+    assert res[0] is out and res[1] is counts
+    np.testing.assert_array_equal(out, exp)
+    np.testing.assert_array_equal(counts, exp_counts)
+    assert (big[1::2] == 7).all() and (big[:, :10] == 7).all() and (big[:, 210:] == 7).all()
+    t2 = tok.copy()
+    smla.convert_topk_indices(req, bt, t2, block_size=64, out=t2)  # in place
+    np.testing.assert_array_equal(t2, exp)
+
+
+def test_bad_arguments():
+    rng = np.random.default_rng(35)
+    req, bt, tok = paged_case(rng, n=4, k=8)
+    with pytest.raises(ValueError):
+        smla.convert_topk_indices(req[:3], bt, tok, block_size=64)
+    with pytest.raises(ValueError):
+        smla.convert_topk_indices(req, bt, tok, block_size=0)
+    with pytest.raises((TypeError, ValueError)):
+        smla.convert_topk_indices(req, bt, tok.astype(np.int64), block_size=64)
+    with pytest.raises(ValueError):
+        smla.filter_convert_dcp_indices(req, bt, tok, block_size=64, dcp_size=2, dcp_rank=2)
+    with pytest.raises(ValueError):
+        smla.filter_convert_dcp_indices(req, bt, tok, block_size=64, dcp_size=2, dcp_rank=0, interleave=0)
+
+
+# ---------------------------------------------------------------- decode context parallel
+
+def dcp_local_len(seq_len, world, il, rank):
+    base = (seq_len // il // world) * il
+    return base + min(max(seq_len - base * world - rank * il, 0), il)
+
+
+@pytest.mark.parametrize("il", [1, 2, 4])
+@pytest.mark.parametrize("world", [1, 2, 3, 4])
+@pytest.mark.parametrize("compact", [True, False])
+def test_dcp_union_over_ranks_is_the_whole_set(il, world, compact):
+    """Every rank keeps exactly the tokens it owns, at its local position; mapped back to global
+    positions, the union over ranks is the whole set of valid inputs, each owned exactly once."""
+    rng = np.random.default_rng(36 + il * 10 + world)
+    bs, n, k, seq_len = 16, 6, 300, 1000
+    mb = -(-seq_len // bs)
+    req = rng.integers(0, 3, n).astype(np.int32)
+    tok = rng.integers(-1, seq_len, (n, k)).astype(np.int32)
+    tok[0, :5] = [I32.min, -123456, -1, seq_len - 1, 0]
+    seen = np.zeros((n, k), np.int64)
+    for rank in range(world):
+        # identity block table per rank (block b -> b), so a slot is the local position itself
+        bt = np.tile(np.arange(mb, dtype=np.int32), (3, 1))
+        out, counts = smla.filter_convert_dcp_indices(req, bt, tok, block_size=bs, dcp_size=world,
+                                                      dcp_rank=rank, interleave=il, compact=compact)
+        exp, exp_counts = ref.filter_convert_dcp_indices(req, bt, tok, bs, world, rank, il, compact)
+        np.testing.assert_array_equal(out, exp)
+        np.testing.assert_array_equal(counts, exp_counts)
+        assert (out[out != -1] < dcp_local_len(seq_len, world, il, rank)).all()
+        owned = (tok >= 0) & ((tok // il) % world == rank)
+        np.testing.assert_array_equal(counts, owned.sum(1))
+        loc = out.astype(np.int64)
+        g = (loc // il) * (world * il) + rank * il + loc % il  # back to global positions
+        for i in range(n):
+            vals = g[i][out[i] != -1]
+            if compact:
+                assert (out[i, counts[i]:] == -1).all()
+                np.testing.assert_array_equal(vals, tok[i][owned[i]])  # stable: same order
+            else:
+                np.testing.assert_array_equal(out[i] != -1, owned[i])
+                np.testing.assert_array_equal(vals, tok[i][owned[i]])
+        seen += owned
+    assert (seen == (tok >= 0)).all()
+
+
+def test_dcp_block_table_and_prefill_rows():
+    """DCP with a real block table (random blocks, short tables) and prefill rows, which bypass
+    the ownership filter (they index a gathered workspace)."""
+    rng = np.random.default_rng(37)
+    req, bt, tok = paged_case(rng, n=12, k=160, mb=6, bs=16)
+    pids = np.full(12, -1, np.int32)
+    pids[6:9] = [0, 1, 5]
+    starts = np.array([0, 1000], np.int32)
+    for world, rank, il in [(2, 1, 1), (3, 0, 2), (4, 3, 4), (1, 0, 1)]:
+        for compact in (True, False):
+            out, counts = smla.filter_convert_dcp_indices(
+                req, bt, tok, block_size=16, dcp_size=world, dcp_rank=rank, interleave=il, compact=compact,
+                prefill_request_ids=pids, prefill_workspace_starts=starts)
+            exp, exp_counts = ref.filter_convert_dcp_indices(req, bt, tok, 16, world, rank, il, compact, pids,
+                                                             starts)
+            np.testing.assert_array_equal(out, exp)
+            np.testing.assert_array_equal(counts, exp_counts)
+
+
+# ---------------------------------------------------------------- CUDA twin, bit for bit
+
+def to_cuda(a):
+    import torch
+
+    return torch.from_numpy(np.ascontiguousarray(a)).cuda()
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("k", [1, 384, 2048])
+def test_cuda_matches_cpu(k):
+    rng = np.random.default_rng(38)
+    bs = 64
+    req, bt, tok = paged_case(rng, n=300, r=7, mb=12, bs=bs, k=k)
+    tok[::7, ::3] = rng.choice([I32.min, -123456, -1, 12 * bs, I32.max], tok[::7, ::3].shape)
+    bt[2, 3], bt[4, 5] = -1, I32.max
+    req[::11] = 7
+    pids = np.full(300, -1, np.int32)
+    pids[200:260] = rng.integers(0, 4, 60)
+    starts = np.array([0, 5000, I32.max - 100, 77], np.int32)
+    g = [to_cuda(a) for a in (req, bt, tok, pids, starts)]
+    for kw, gkw in [({}, {}), (dict(prefill_request_ids=pids, prefill_workspace_starts=starts),
+                               dict(prefill_request_ids=g[3], prefill_workspace_starts=g[4]))]:
+        cpu = smla.convert_topk_indices(req, bt, tok, block_size=bs, return_valid_counts=True, **kw)
+        gpu = smla.convert_topk_indices(g[0], g[1], g[2], block_size=bs, return_valid_counts=True, **gkw)
+        np.testing.assert_array_equal(gpu[0].cpu().numpy(), cpu[0])
+        np.testing.assert_array_equal(gpu[1].cpu().numpy(), cpu[1])
+    for world, rank, il in [(1, 0, 1), (2, 1, 1), (3, 2, 2), (4, 0, 4)]:
+        for compact in (True, False):
+            kw = dict(block_size=bs, dcp_size=world, dcp_rank=rank, interleave=il, compact=compact)
+            cpu = smla.filter_convert_dcp_indices(req, bt, tok, **kw)
+            gpu = smla.filter_convert_dcp_indices(g[0], g[1], g[2], **kw)
+            np.testing.assert_array_equal(gpu[0].cpu().numpy(), cpu[0])  # compaction is stable on both
+            np.testing.assert_array_equal(gpu[1].cpu().numpy(), cpu[1])
