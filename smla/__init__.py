@@ -16,6 +16,16 @@ from .ops import (
     unpack_kv,
 )
 
+from . import metadata
+from .layer import SparseMLAAttention
+from .metadata import (
+    SparseMLAMetadata,
+    SparseMLAMetadataBuilder,
+    req_id_per_token,
+    split_decodes_and_prefills,
+    split_prefill_chunks,
+)
+
 __version__ = "0.1.0"
 
 D_NOPE, D_ROPE, D_QK, D_V = 512, 64, 576, 512
@@ -36,7 +46,8 @@ def build_info():
 
 
 __all__ = [
-    "CudaError", "build_info", "convert_topk_indices", "cuda_available", "filter_convert_dcp_indices",
+    "CudaError", "SparseMLAAttention", "SparseMLAMetadata", "SparseMLAMetadataBuilder", "build_info",
+    "metadata", "req_id_per_token", "split_decodes_and_prefills", "split_prefill_chunks", "convert_topk_indices", "cuda_available", "filter_convert_dcp_indices",
     "gather_upconvert", "kv_cache_shape", "merge_attn_states", "pack_kv", "sparse_mla_decode",
     "sparse_mla_decode_workspace_size", "sparse_mla_prefill", "unpack_kv",
 ]

@@ -74,7 +74,7 @@ def demo(a):
     ctx = a.context or (8192 if gpu else 2048)
     bs = a.block_size
     rng = np.random.default_rng(a.seed)
-    prog = Progress(5)
+    prog = Progress(4)
 
     # --- the step: decodes (1 new token) first, then prefills (plen new tokens) ---
     R = nd + npf

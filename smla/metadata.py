@@ -7,20 +7,29 @@ max_num_batched_tokens / topk / max_model_len) and `build()` fills them for one 
 `SparseMLAMetadata` whose arrays are views of those buffers. The next `build()` overwrites them, so
 a metadata object is valid until the next build (as in vLLM).
 
-What build() does on the host: split counts, req_id_per_token and (split mode with prefills) the
-prefill request ids, workspace starts and chunks are computed with NumPy from host copies of
-query_start_loc (and seq_lens for the chunks), then copied into the device buffers; block_table,
-seq_lens, query_start_loc and slot_mapping are copied device-to-device (or host-to-device) into the
-builder's own buffers, so a captured CUDA graph keeps reading the same addresses. Pass
-`query_start_loc_cpu=` / `seq_lens_cpu=` (what a serving stack already has) to avoid a
-device->host copy; a decode-only step never needs seq_lens on the host, so with
-`query_start_loc_cpu` it has no device->host synchronisation at all.
+What build() does on the host: the split counts, req_id_per_token and (split mode with prefills)
+the prefill request ids, chunk-relative workspace starts and chunks are computed with NumPy from
+host copies of query_start_loc (and of seq_lens for the chunks), then uploaded (torch: through
+pinned staging buffers with non-blocking copies); block_table, seq_lens, query_start_loc and
+slot_mapping are copied device-to-device (or uploaded) into the builder's own buffers, so a captured
+CUDA graph keeps reading the same addresses with the same shapes. Pass `query_start_loc_cpu=` /
+`seq_lens_cpu=` (what a serving stack already has) to avoid device->host copies: a decode-only step
+never needs seq_lens on the host, so with `query_start_loc_cpu` it does not synchronise with the
+device (build() may wait for the upload of two steps before, see _put).
+
+Scratch shared by every layer of the model also lives here (converted indices, lse / max_logits
+scratch, the decode kernel's split-top-k workspace sized for the largest step at allocation, and
+the split mode's bf16 prefill workspace), so a decode step through SparseMLAAttention allocates
+nothing.
 """
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from . import _arrays
+
+__all__ = ["MIN_HEADS_FOR_SPLIT", "PrefillChunk", "SparseMLAMetadata", "SparseMLAMetadataBuilder",
+           "req_id_per_token", "resolve_mode", "split_decodes_and_prefills", "split_prefill_chunks"]
 
 D_QK = 576
 PREFILL_WORKSPACE_FACTOR = 5  # vLLM get_prefill_workspace_size: 5 * max_model_len rows of 576 bf16
@@ -185,11 +194,11 @@ class SparseMLAMetadata:
     block_table: object         # [R, max_blocks] int32; columns past the caller's width hold -1
     slot_mapping: object        # [T] int32
     req_id_per_token: object    # [T] int32; padding tokens read request 0
-    # split mode with prefills (else None / empty)
+    # split-mode prefill plan: [] without prefills; None until planned (a builder of another mode)
     prefill_request_ids: object = None       # [T] int32: -1 for decode tokens, p for prefill p
     prefill_seq_lens: object = None          # [P] int32
     prefill_workspace_starts: object = None  # [P] int32, chunk-relative
-    chunks: list = field(default_factory=list)
+    chunks: list = None
     # scratch owned by the builder, shared by every layer that uses this metadata
     prefill_workspace: object = None         # [W, 576] bf16 (split mode) or None
     prefill_workspace_rows: int = 0
@@ -197,11 +206,19 @@ class SparseMLAMetadata:
     lse_scratch: object = None               # [T, h] f32
     max_logits_scratch: object = None        # [T, h] f32
     decode_workspace: object = None          # uint8 [>= decode_workspace_bytes] or None
-    decode_workspace_bytes: int = 0          # what this step's decode call needs
+    decode_workspace_bytes: int = 0          # what this step's decode call needs (md.mode's plan)
+    builder: object = field(default=None, repr=False)
+    step: int = 0
 
     @property
     def is_decode_only(self):
         return self.num_prefills == 0
+
+    def prefill_plan(self):
+        """The split-mode prefill chunks, planned now if build() did not (builder of another mode)."""
+        if self.chunks is None:
+            self.builder.plan_prefill(self)
+        return self.chunks
 
 
 # =============================================================================================
@@ -271,11 +288,13 @@ def _shape(x):
 class SparseMLAMetadataBuilder:
     """Owns every reusable buffer of the sparse MLA layer and fills them per step (module docstring).
 
-    device: None / "cpu" (NumPy buffers), "cuda" / "cuda:N" / torch.device / int (torch buffers, or
-    CuPy with framework="cupy" or when torch is missing), or an array whose framework and device to
-    use. mode: as SparseMLAAttention (resolve_mode). decode_threshold: vLLM's reorder threshold (a
-    request with query length <= it is a decode; decodes must be uniform). prefill_workspace_rows:
-    rows of the split-mode bf16 workspace (default 5 * max_model_len)."""
+    device: where the buffers live: "cpu" (NumPy), "cuda" / "cuda:N" / torch.device / int (torch,
+    or CuPy with framework="cupy" or when torch is missing), or an array whose framework and device
+    to use; allocated here. None: allocated by the first build(), next to its block_table.
+    mode: as SparseMLAAttention (resolve_mode); "split" makes build() plan the prefill chunks and
+    allocates the bf16 prefill workspace (prefill_workspace_rows, default 5 * max_model_len rows).
+    decode_threshold: vLLM's reorder threshold (query length <= it: a decode; decodes must be
+    uniform, require_uniform=True as in vLLM's FlashMLA sparse backend)."""
 
     def __init__(self, *, num_heads, block_size, topk, max_model_len, max_num_seqs,
                  max_num_batched_tokens, kv_cache_dtype, mode="auto", decode_threshold=1,
@@ -298,12 +317,22 @@ class SparseMLAMetadataBuilder:
         self.mode = resolve_mode(self.num_heads, self.kv_cache_dtype, mode)
         self.decode_threshold = int(decode_threshold)
         self.max_blocks = -(-self.max_model_len // self.block_size)
+        self.prefill_workspace_rows = int(prefill_workspace_rows or
+                                          PREFILL_WORKSPACE_FACTOR * self.max_model_len)
+        self._framework_hint = framework
+        self._step = 0
+        self._ref = None
+        if device is not None:
+            self._allocate(_ref_array(device, framework))
 
-        self._ref = ref = _ref_array(device, framework)
+    # ---- buffers ---------------------------------------------------------------------------
+
+    def _allocate(self, ref):
+        self._ref = ref
+        self._staging = {}
         self.framework = _arrays.framework(ref)
         self.is_cuda = self.framework != "numpy" and _arrays.is_cuda(ref)
         self.device_id = _arrays.device(ref)[1] if self.is_cuda else 0
-
         S, T = self.max_num_seqs, self.max_num_batched_tokens
         emp = lambda shape, dt: _arrays.empty(ref, shape, dt)  # noqa: E731
         self._qsl = _arrays.zeros(ref, (S + 1,), "int32")
@@ -311,33 +340,69 @@ class SparseMLAMetadataBuilder:
         self._block_table = emp((S, self.max_blocks), "int32")
         _fill(self._block_table, -1)
         self._bt_dirty = 0  # widest caller block table copied so far (columns to reset to -1)
-        self._slots = emp((T,), "int32")  # int32 holds any slot of a cache below 2**31 tokens
+        self._slots = emp((T,), "int32")  # int32 holds every slot of a cache below 2**31 tokens
         _fill(self._slots, -1)
         self._req_id = _arrays.zeros(ref, (T,), "int32")
         self._req_id_host = np.zeros(T, np.int32)
         self._indices = emp((T, self.topk), "int32")
         self._lse = emp((T, self.num_heads), "float32")
         self._max_logits = emp((T, self.num_heads), "float32")
-
-        self.prefill_workspace_rows = 0
+        self._prefill_req = emp((T,), "int32")
+        self._prefill_req_host = np.full(T, -1, np.int32)
+        self._ws_starts = _arrays.zeros(ref, (S,), "int32")
         self._prefill_ws = None
         if self.mode == "split":
-            self.prefill_workspace_rows = int(prefill_workspace_rows or
-                                              PREFILL_WORKSPACE_FACTOR * self.max_model_len)
-            self._prefill_ws = emp((self.prefill_workspace_rows, D_QK), "bfloat16")
-            self._prefill_req = emp((T,), "int32")
-            self._prefill_req_host = np.full(T, -1, np.int32)
-            self._ws_starts = _arrays.zeros(ref, (S,), "int32")
-
+            self.prefill_workspace()
         self.max_decode_workspace_bytes = self._max_decode_workspace()
         self._decode_ws = (emp((self.max_decode_workspace_bytes,), "uint8")
                            if self.max_decode_workspace_bytes > 0 else None)
 
-    # ---- decode workspace ------------------------------------------------------------------
+    def _put(self, buf, n, src):
+        """buf[:n] (or buf[:R, :M] for n = (R, M)) = src. Host data for a torch CUDA buffer goes
+        through a pinned staging buffer with a non-blocking copy (a pageable copy would wait for the
+        stream); each buffer has two staging slots, and a slot is reused only once the copy that read
+        it has run (its event), so build() runs at most two steps ahead of the GPU."""
+        dst = buf[:n[0], :n[1]] if isinstance(n, tuple) else buf[:n]
+        host = isinstance(src, (np.ndarray, list, tuple))
+        if not (host and self.is_cuda and self.framework == "torch"):
+            _copy(dst, src)
+            return
+        import torch
+
+        src = np.asarray(src, dtype=np.int32)
+        ring = self._staging.setdefault(id(buf), [[None, None], [None, None], 0])
+        i = ring[2]
+        ring[2] ^= 1
+        stage, event = ring[i]
+        if stage is None:
+            stage = torch.empty(buf.numel(), dtype=torch.int32, pin_memory=True)
+            event = torch.cuda.Event()
+            ring[i] = [stage, event]
+        else:
+            event.synchronize()  # the copy that last read this slot has run
+        view = stage[:src.size]
+        view.numpy()[...] = src.reshape(-1)
+        dst.copy_(view.view(src.shape), non_blocking=True)
+        event.record()
+
+    def _allocate_like(self, x):
+        """First build() of a builder made without a device: buffers next to x."""
+        if isinstance(x, np.ndarray) or not _arrays.is_cuda(x):
+            self._allocate(np.empty(0, np.int32))
+        else:
+            self._allocate(x[:0] if _arrays.framework(x) in ("torch", "cupy") else
+                           _ref_array(f"cuda:{_arrays.device(x)[1]}", self._framework_hint))
+
+    def prefill_workspace(self):
+        """The bf16 [prefill_workspace_rows, 576] split-mode workspace; allocated here on first use
+        when the builder's own mode is not "split" (then the first split step allocates)."""
+        if self._prefill_ws is None:
+            self._prefill_ws = _arrays.empty(self._ref, (self.prefill_workspace_rows, D_QK), "bfloat16")
+        return self._prefill_ws
 
     def decode_workspace_size(self, b, s_q):
         """Bytes the CUDA decode kernel wants for [b, s_q] on this builder's device (0 on the CPU)."""
-        if not self.is_cuda or b <= 0 or s_q <= 0:
+        if self._ref is None or not self.is_cuda or b <= 0 or s_q <= 0:
             return 0
         from .ops import sparse_mla_decode_workspace_size
 
@@ -345,13 +410,14 @@ class SparseMLAMetadataBuilder:
                                                     self.kv_cache_dtype, device_id=self.device_id))
 
     def _max_decode_workspace(self):
-        """Largest decode workspace over every decode shape build() can produce, so that the buffer
-        is allocated once and a captured graph never sees it move."""
+        """Largest decode workspace over every decode shape a step can use ([T, 1] for mixed / bf16,
+        [b, s_q] uniform decodes for split), so the buffer is allocated once and never moves under a
+        captured graph."""
         if not self.is_cuda:
             return 0
         T = self.max_num_batched_tokens
-        best = max(self.decode_workspace_size(t, 1) for t in range(1, T + 1))  # mixed / [T, 1]
-        if self.mode == "split":
+        best = max(self.decode_workspace_size(t, 1) for t in range(1, T + 1))
+        if self.kv_cache_dtype == "fp8_ds_mla":
             for s in range(2, min(self.decode_threshold, T) + 1):
                 for b in range(1, min(self.max_num_seqs, T // s) + 1):
                     best = max(best, self.decode_workspace_size(b, s))
@@ -362,9 +428,12 @@ class SparseMLAMetadataBuilder:
     def build(self, query_start_loc, seq_lens, block_table, slot_mapping, *,
               query_start_loc_cpu=None, seq_lens_cpu=None):
         """Metadata of one step. query_start_loc [R+1] (qsl[0] = 0), seq_lens [R] (context plus this
-        step's tokens), block_table [R', M] (R' >= R, M <= ceil(max_model_len / block_size)),
-        slot_mapping [T] (T >= qsl[-1]: tokens past qsl[-1] are CUDA-graph padding: slot -1 is
-        written for them only if the caller does so; they read request 0)."""
+        step's tokens), block_table [R' >= R, M <= ceil(max_model_len / block_size)], slot_mapping
+        [T >= qsl[-1]] (tokens past qsl[-1] are CUDA-graph padding: they read request 0, and give
+        them slot -1 so that nothing is written). The optional host copies avoid device->host
+        copies (module docstring)."""
+        if self._ref is None:
+            self._allocate_like(block_table)
         qsl_h = _host(query_start_loc_cpu if query_start_loc_cpu is not None else query_start_loc,
                       "query_start_loc").reshape(-1)
         R = qsl_h.shape[0] - 1
@@ -373,10 +442,10 @@ class SparseMLAMetadataBuilder:
         if R > self.max_num_seqs:
             raise ValueError(f"query_start_loc: {R} requests exceed max_num_seqs={self.max_num_seqs}")
         nt = int(qsl_h[-1]) if R > 0 else 0
-        T = int(slot_mapping.shape[0])
-        if len(slot_mapping.shape) != 1 or T < nt:
+        if len(slot_mapping.shape) != 1 or int(slot_mapping.shape[0]) < nt:
             raise ValueError(f"slot_mapping: expected [T >= {nt}] (query_start_loc[-1]), "
                              f"got {_shape(slot_mapping)}")
+        T = int(slot_mapping.shape[0])
         if T > self.max_num_batched_tokens:
             raise ValueError(f"slot_mapping: {T} tokens exceed max_num_batched_tokens="
                              f"{self.max_num_batched_tokens}")
@@ -386,45 +455,43 @@ class SparseMLAMetadataBuilder:
             raise ValueError(f"block_table: expected [>= {R}, <= {self.max_blocks}], "
                              f"got {_shape(block_table)}")
         M = int(block_table.shape[1])
+        qlen = np.diff(qsl_h)
 
         sl_h = None
         if seq_lens_cpu is not None or isinstance(seq_lens, np.ndarray):
             sl_h = _host(seq_lens_cpu if seq_lens_cpu is not None else seq_lens, "seq_lens").reshape(-1)
             if sl_h.shape[0] != R:
                 raise ValueError(f"seq_lens_cpu: expected [{R}], got {sl_h.shape}")
-            if ((sl_h < np.diff(qsl_h)) | (sl_h > self.max_model_len)).any():
+            if ((sl_h < qlen) | (sl_h > self.max_model_len)).any():
                 raise ValueError("seq_lens: every request needs query length <= seq_len <= max_model_len")
 
-        split = split_decodes_and_prefills(qsl_h, decode_threshold=self.decode_threshold,
-                                           require_uniform=True)
-        first_prefill, num_prefills, num_decode_tokens, num_prefill_tokens = split
-        qlen = np.diff(qsl_h)
+        first_prefill, num_prefills, num_decode_tokens, num_prefill_tokens = split_decodes_and_prefills(
+            qsl_h, decode_threshold=self.decode_threshold, require_uniform=True)
         dql = int(qlen[0]) if first_prefill > 0 else 0
         num_decodes = num_decode_tokens // dql if dql > 0 else 0  # zero-token padding excluded
         if num_prefills == 0:
-            # Decode-only: the decode call covers every token, padding included (fixed graph shape).
+            # decode-only: the decode call covers every token, padding included (fixed graph shape)
             decode_shape = (T // dql, dql) if dql > 0 and T % dql == 0 else (T, 1 if T else 0)
         else:
-            if T != nt and self.mode == "split":
-                raise ValueError("slot_mapping: padded steps (T > query_start_loc[-1]) must be "
-                                 "decode-only in split mode")
             decode_shape = (num_decodes, dql) if num_decodes else (0, 0)
 
         # ---- device buffers ----
-        _copy(self._qsl[:R + 1], query_start_loc if not isinstance(query_start_loc, list) else qsl_h)
+        self._put(self._qsl, R + 1, qsl_h.astype(np.int32) if query_start_loc_cpu is not None
+              or isinstance(query_start_loc, (list, tuple)) else query_start_loc)
         if R:
-            _copy(self._seq_lens[:R], seq_lens)
-            _copy(self._block_table[:R, :M], block_table[:R])
+            self._put(self._seq_lens, R, seq_lens)
+            if M:
+                self._put(self._block_table, (R, M), block_table[:R])
             if self._bt_dirty > M:
                 _fill(self._block_table[:, M:self._bt_dirty], -1)
             self._bt_dirty = M
-        if T:
-            _copy(self._slots[:T], slot_mapping)
         h = self._req_id_host
         h[:nt] = np.repeat(np.arange(R, dtype=np.int32), qlen)
         h[nt:T] = 0  # padding tokens read request 0 (vLLM zero-fills)
         if T:
-            _copy(self._req_id[:T], h[:T])
+            self._put(self._slots, T, slot_mapping)
+            self._put(self._req_id, T, h[:T])
+        self._step += 1
 
         md = SparseMLAMetadata(
             mode=self.mode, kv_cache_dtype=self.kv_cache_dtype, num_heads=self.num_heads,
@@ -436,30 +503,38 @@ class SparseMLAMetadataBuilder:
             query_start_loc_cpu=qsl_h, seq_lens_cpu=sl_h,
             query_start_loc=self._qsl[:R + 1], seq_lens=self._seq_lens[:R],
             block_table=self._block_table[:R], slot_mapping=self._slots[:T],
-            req_id_per_token=self._req_id[:T],
-            prefill_workspace=self._prefill_ws, prefill_workspace_rows=self.prefill_workspace_rows,
+            req_id_per_token=self._req_id[:T], prefill_workspace=self._prefill_ws,
+            prefill_workspace_rows=self.prefill_workspace_rows,
             indices=self._indices[:T], lse_scratch=self._lse[:T],
-            max_logits_scratch=self._max_logits[:T], decode_workspace=self._decode_ws)
-
-        if self.mode == "split":
-            b, s = decode_shape
-            md.decode_workspace_bytes = self.decode_workspace_size(b, s)
-            if num_prefills:
-                if sl_h is None:
-                    sl_h = _host(seq_lens, "seq_lens").reshape(-1)  # device -> host: synchronises
-                    md.seq_lens_cpu = sl_h
-                self._build_prefill(md, qsl_h, sl_h, T)
-        else:
-            md.decode_workspace_bytes = self.decode_workspace_size(T, 1)
+            max_logits_scratch=self._max_logits[:T], decode_workspace=self._decode_ws,
+            chunks=[] if num_prefills == 0 else None, builder=self, step=self._step)
+        b, s = decode_shape if self.mode == "split" else (T, 1)
+        md.decode_workspace_bytes = self.decode_workspace_size(b, s)
+        if self.mode == "split" and num_prefills:
+            self.plan_prefill(md, seq_lens)
         return md
 
-    def _build_prefill(self, md, qsl_h, sl_h, T):
-        f, P = md.first_prefill_req, md.num_prefills
-        p_sl = sl_h[f:f + P]
+    def plan_prefill(self, md, seq_lens=None):
+        """Fill md's split-mode prefill fields: per-token prefill request ids, chunk-relative
+        workspace starts and the chunks (host work; reads seq_lens back from the device when no
+        host copy was given). build() calls it in split mode; a split layer calls it through
+        md.prefill_plan() for metadata of another mode."""
+        if md.builder is not self or md.step != self._step:
+            raise RuntimeError("stale metadata: its builder has built another step since")
+        if md.chunks is not None:
+            return md.chunks
+        if md.num_padded_tokens != md.num_tokens:
+            raise ValueError("slot_mapping: a padded step (T > query_start_loc[-1]) must be "
+                             "decode-only in split mode")
+        if md.seq_lens_cpu is None:
+            md.seq_lens_cpu = _host(seq_lens if seq_lens is not None else md.seq_lens,
+                                    "seq_lens").reshape(-1)  # device -> host: synchronises
+        qsl_h, f, P, T = md.query_start_loc_cpu, md.first_prefill_req, md.num_prefills, md.num_padded_tokens
+        p_sl = md.seq_lens_cpu[f:f + P]
         ids = self._prefill_req_host
         ids[:T] = -1
         ids[qsl_h[f]:qsl_h[f + P]] = np.repeat(np.arange(P, dtype=np.int32), np.diff(qsl_h[f:f + P + 1]))
-        _copy(self._prefill_req[:T], ids[:T])
+        self._put(self._prefill_req, T, ids[:T])
 
         starts = np.zeros(P, np.int64)
         starts[1:] = np.cumsum(p_sl[:-1])
@@ -471,8 +546,10 @@ class SparseMLAMetadataBuilder:
                 num_rows=int(p_sl[s:e].sum()), block_table=self._block_table[f + s:f + e],
                 seq_lens=self._seq_lens[f + s:f + e], workspace_starts=self._ws_starts[s:e],
                 seq_lens_cpu=p_sl[s:e].copy()))
-        _copy(self._ws_starts[:P], starts.astype(np.int32))
+        self._put(self._ws_starts, P, starts)
         md.prefill_request_ids = self._prefill_req[:T]
         md.prefill_seq_lens = self._seq_lens[f:f + P]
         md.prefill_workspace_starts = self._ws_starts[:P]
+        md.prefill_workspace = self.prefill_workspace()
         md.chunks = chunks
+        return chunks

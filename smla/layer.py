@@ -1,0 +1,150 @@
+"""SparseMLAAttention: the layer backend a serving stack calls in place of vLLM's sparse-MLA
+backends (DESIGN section 6; shared/seeds/ for what it replaces).
+
+Per step: write the step's tokens into the cache (so a token can select itself), convert the
+indexer's request-local top-k positions to cache slots (or prefill-workspace rows), then attend:
+
+- bf16 cache: the prefill kernel over the paged rows, the cache seen as kv[num_blocks*block_size,
+  576] (when blocks are contiguous; caches that interleave layers use the decode kernel instead).
+- fp8_ds_mla cache, "mixed": the decode kernel for the whole batch on the fp8 pages, every token a
+  [T, s_q=1] row.
+- fp8_ds_mla cache, "split": the decode kernel for the (uniform) decodes as [b, s_q]; prefill
+  requests chunk by chunk: gather_upconvert of their whole sequences into the bf16 workspace, then
+  the prefill kernel over the workspace with indices converted to workspace rows.
+- "auto": "split" when num_heads >= smla.metadata.MIN_HEADS_FOR_SPLIT, else "mixed" (vLLM's rule;
+  benchmarks/bench_layer.py measures the crossover).
+
+All reusable buffers (converted indices, lse scratch, prefill and decode workspaces) belong to the
+metadata builder, made once per model and shared by every layer; forward allocates only the
+outputs it is not given. A decode step with out= given allocates nothing and synchronises nothing,
+so it can be captured in a CUDA graph (capture after one eager step, replay after each build()).
+"""
+from . import _arrays
+from .metadata import canonical_cache_dtype, resolve_mode
+from .ops import convert_topk_indices, gather_upconvert, pack_kv, sparse_mla_decode, sparse_mla_prefill
+
+__all__ = ["SparseMLAAttention"]
+
+D_QK, D_V = 576, 512
+
+
+def _strides_elems(x):
+    """Element strides of a torch / NumPy / CuPy array."""
+    if _arrays.framework(x) == "torch":
+        return tuple(int(s) for s in x.stride())
+    return tuple(int(s) // x.dtype.itemsize for s in x.strides)
+
+
+def _flat_rows(kv_cache):
+    """kv[num_blocks*block_size, 576] view of a bf16 cache whose blocks are back to back, else None."""
+    if _arrays.framework(kv_cache) not in ("numpy", "torch", "cupy"):
+        return None
+    nb, bs, e = (int(s) for s in kv_cache.shape)
+    s0, s1, s2 = _strides_elems(kv_cache)
+    if s2 != 1 or (nb > 1 and s0 != bs * s1):
+        return None
+    return kv_cache.reshape(nb * bs, e)  # merging dims 0 and 1 is a view under this condition
+
+
+class SparseMLAAttention:
+    """Sparse MLA attention over a paged latent cache (module docstring).
+
+    num_heads: query heads of this rank (1..128); softmax_scale: the model's scale (for
+    DeepSeek-V3.2, 192**-0.5 * mscale**2, not 576**-0.5). The size arguments must match the
+    SparseMLAMetadataBuilder the step's metadata comes from."""
+
+    def __init__(self, num_heads, softmax_scale, *, kv_cache_dtype, block_size, topk, max_model_len,
+                 max_num_seqs, max_num_batched_tokens, mode="auto"):
+        if not 1 <= int(num_heads) <= 128:
+            raise ValueError(f"num_heads: expected 1..128, got {num_heads}")
+        self.num_heads = int(num_heads)
+        self.softmax_scale = float(softmax_scale)
+        self.kv_cache_dtype = canonical_cache_dtype(kv_cache_dtype)
+        self.block_size = int(block_size)
+        self.topk = int(topk)
+        self.max_model_len = int(max_model_len)
+        self.max_num_seqs = int(max_num_seqs)
+        self.max_num_batched_tokens = int(max_num_batched_tokens)
+        self.mode = resolve_mode(self.num_heads, self.kv_cache_dtype, mode)
+
+    def __repr__(self):
+        return (f"SparseMLAAttention(num_heads={self.num_heads}, kv_cache_dtype={self.kv_cache_dtype!r}, "
+                f"topk={self.topk}, block_size={self.block_size}, mode={self.mode!r})")
+
+    def _check(self, md, q, kv_c, k_pe, topk_indices, T):
+        for name, mine in (("num_heads", self.num_heads), ("topk", self.topk),
+                           ("block_size", self.block_size), ("kv_cache_dtype", self.kv_cache_dtype)):
+            if getattr(md, name) != mine:
+                raise ValueError(f"metadata: {name}={getattr(md, name)!r} but the layer has {mine!r}")
+        if md.builder is not None and md.step != md.builder._step:
+            raise RuntimeError("stale metadata: its builder has built another step since")
+        for name, x, tail in (("q", q, (self.num_heads, D_QK)), ("kv_c", kv_c, (512,)),
+                              ("k_pe", k_pe, (64,)), ("topk_indices", topk_indices, (self.topk,))):
+            shape = tuple(int(s) for s in x.shape)
+            if shape[1:] != tail or shape[0] < T:
+                raise ValueError(f"{name}: expected [{T}, {', '.join(map(str, tail))}] "
+                                 f"(T = len(md.slot_mapping)), got {list(shape)}")
+
+    def forward(self, q, kv_c, k_pe, kv_cache, topk_indices, md, out=None, return_lse=False, lse=None):
+        """q [T, h, 576] bf16, kv_c [T, 512], k_pe [T, 64] (this step's latent and rope keys),
+        kv_cache (written in place), topk_indices [T, topk] int32 request-local positions (-1: none),
+        md from SparseMLAMetadataBuilder.build. Inputs may be longer than T = len(md.slot_mapping)
+        (CUDA-graph padding); only their first T rows are used. Returns out [T, h, 512] bf16 (the
+        given out, whose first T rows are written), and lse [T, h] f32 (natural log) with
+        return_lse=True."""
+        T = int(md.num_padded_tokens)
+        self._check(md, q, kv_c, k_pe, topk_indices, T)
+        h = self.num_heads
+        if out is None:
+            out = _arrays.empty(q, (T, h, D_V), "bfloat16")
+        if return_lse and lse is None:
+            lse = _arrays.empty(q, (T, h), "float32")
+        if T == 0:
+            return (out, lse) if return_lse else out
+        o = out[:T]
+        l = lse[:T] if return_lse else md.lse_scratch
+        q = q[:T]
+
+        pack_kv(kv_c[:T], k_pe[:T], kv_cache, md.slot_mapping, kv_cache_dtype=self.kv_cache_dtype)
+
+        split = self.mode == "split" and md.num_prefills > 0
+        chunks = md.prefill_plan() if split else []
+        idx = convert_topk_indices(
+            md.req_id_per_token, md.block_table, topk_indices[:T], block_size=self.block_size,
+            prefill_request_ids=md.prefill_request_ids if split else None,
+            prefill_workspace_starts=md.prefill_workspace_starts if split else None, out=md.indices)
+
+        if self.mode == "bf16":
+            kv = _flat_rows(kv_cache)
+            if kv is not None:
+                sparse_mla_prefill(q, kv, idx, softmax_scale=self.softmax_scale, out=o, lse=l,
+                                   max_logits=md.max_logits_scratch)
+            else:
+                self._decode(q, kv_cache, idx, o, l, md, T, 1)
+        elif self.mode == "mixed":
+            self._decode(q, kv_cache, idx, o, l, md, T, 1)
+        else:
+            b, s = md.decode_shape
+            if b * s:
+                n = b * s
+                self._decode(q[:n], kv_cache, idx[:n], o[:n], l[:n], md, b, s)
+            ws = md.prefill_workspace
+            for c in chunks:
+                t = c.tokens
+                if c.token_end == c.token_start:
+                    continue  # requests without query tokens: nothing to attend
+                rows = ws[:c.num_rows]
+                gather_upconvert(kv_cache, rows, c.block_table, c.seq_lens, c.workspace_starts,
+                                 kv_cache_dtype=self.kv_cache_dtype)
+                sparse_mla_prefill(q[t], rows, idx[t], softmax_scale=self.softmax_scale, out=o[t],
+                                   lse=l[t], max_logits=md.max_logits_scratch[t])
+        return (out, lse) if return_lse else out
+
+    __call__ = forward
+
+    def _decode(self, q, kv_cache, idx, o, l, md, b, s):
+        h = self.num_heads
+        sparse_mla_decode(q.reshape(b, s, h, D_QK), kv_cache, idx.reshape(b, s, self.topk),
+                          softmax_scale=self.softmax_scale, kv_cache_dtype=self.kv_cache_dtype,
+                          out=o.reshape(b, s, h, D_V), lse=l.reshape(b, s, h),
+                          workspace=md.decode_workspace)
