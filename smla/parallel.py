@@ -10,6 +10,11 @@ rank over the selected tokens it owns and the partial results are combined with 
 
 The attention sink belongs to the whole softmax, so it is applied once, after the combine, with G.
 
+Precision: the partial outputs are bf16 (the decode kernel's output type, as in vLLM), and the combine
+runs in float32. Where the ranks' contributions cancel, the result can differ from a one-GPU decode by
+the partials' rounding, up to 2**-8 * sum_r exp(lse_r - G) * |out_r| per element, which can exceed a
+one-GPU decode's elementwise tolerance on elements much smaller than the partials.
+
 smla ships no communication layer: `dcp_decode` uses torch.distributed on a group the caller made
 (NCCL on GPUs; gloo works for CPU tensors). `dcp_combine` is the same combine over a list of per-rank
 results in one process (NumPy or torch), for simulations and tests.

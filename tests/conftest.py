@@ -1,7 +1,12 @@
 """Shared pytest setup: the `cuda` marker skips cleanly where no GPU is usable (CI, laptops)."""
-import pytest
+import os
 
-import smla
+# The float64 oracle runs many small matmuls: threads only add contention on small CI machines.
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+
+import pytest  # noqa: E402
+
+import smla  # noqa: E402
 
 
 def _gpu_ready():

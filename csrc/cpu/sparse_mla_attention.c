@@ -14,9 +14,36 @@
 #include "numerics.h"
 #include "cache_rows.h"
 
+/* The hot loops (scores and P*V) are written once with GCC/Clang vector extensions as always-inline
+ * bodies and instantiated twice on x86-64: for the baseline ISA and for AVX2, chosen at run time.
+ * Each (head, token) dot accumulates in one 8-lane vector in d order and P*V adds tokens in order,
+ * whatever the blocking, and nothing is contracted to FMA, so every path gives the same bits. */
+#if !defined(__GNUC__)
+#error "csrc/cpu/sparse_mla_attention.c needs GCC or Clang vector extensions"
+#endif
+#define ATTN_INLINE static inline __attribute__((always_inline))
+#if defined(__x86_64__)
+#define ATTN_AVX2 1
+#else
+#define ATTN_AVX2 0
+#endif
+
 #define ATTN_CHUNK 64 /* tokens dequantised at a time: 64 * 576 * 4 B = 144 KiB */
-#define ATTN_HG 4     /* heads that share one pass over a K row */
-#define ATTN_W 8      /* independent partial sums per dot (lets the compiler vectorise) */
+#define ATTN_HG 4     /* heads that share each load of a K row */
+
+typedef float v8f __attribute__((vector_size(32)));
+/* Unaligned, aliasing view for loads and stores (the idiom of the compilers' own __m256_u). Helpers
+ * below pass vectors by pointer only: a by-value 32-byte vector would change the ABI without AVX. */
+typedef float v8u __attribute__((vector_size(32), aligned(4), may_alias));
+#define LD8(p) ((v8f)(*(const v8u *)(const void *)(p)))
+#define ST8(p, v) (*(v8u *)(void *)(p) = (v))
+
+ATTN_INLINE float hsum8(const v8f *a)
+{
+    float s = (*a)[0];
+    for (int t = 1; t < 8; t++) s += (*a)[t];
+    return s;
+}
 
 typedef struct {
     float *q;    /* [h, 576] query row in fp32 */
@@ -54,66 +81,71 @@ static int scratch_alloc(attn_scratch *w, int64_t h, smla_status *st)
     return SMLA_OK;
 }
 
-/* out[g] = dot(k, q_g) over 576 dims for ATTN_HG query heads; fp32 accumulation in ATTN_W lanes. */
-static void dot_hg(const float *restrict k, const float *restrict q0, const float *restrict q1,
-                   const float *restrict q2, const float *restrict q3, float out[ATTN_HG])
+/* s[g * ATTN_CHUNK + t] = scale * dot(q_g, k_t) for ATTN_HG heads (rows of q, 576 apart) and NT
+ * tokens (k_0, k_1). */
+ATTN_INLINE void dot_block(const float *restrict q, const float *restrict k0, const float *restrict k1, int nt,
+                           float *restrict s, float scale)
 {
-    float a0[ATTN_W] = {0}, a1[ATTN_W] = {0}, a2[ATTN_W] = {0}, a3[ATTN_W] = {0};
-    for (int d = 0; d < SMLA_D_QK; d += ATTN_W)
-        for (int t = 0; t < ATTN_W; t++) {
-            const float kv = k[d + t];
-            a0[t] += q0[d + t] * kv;
-            a1[t] += q1[d + t] * kv;
-            a2[t] += q2[d + t] * kv;
-            a3[t] += q3[d + t] * kv;
+    v8f a[ATTN_HG][2] = {{{0}}};
+    for (int d = 0; d < SMLA_D_QK; d += 8) {
+        const v8f x0 = LD8(k0 + d), x1 = nt > 1 ? LD8(k1 + d) : x0;
+        for (int g = 0; g < ATTN_HG; g++) {
+            const v8f qg = LD8(q + g * SMLA_D_QK + d);
+            a[g][0] += qg * x0;
+            if (nt > 1) a[g][1] += qg * x1;
         }
-    for (int t = 1; t < ATTN_W; t++) { a0[0] += a0[t]; a1[0] += a1[t]; a2[0] += a2[t]; a3[0] += a3[t]; }
-    out[0] = a0[0]; out[1] = a1[0]; out[2] = a2[0]; out[3] = a3[0];
+    }
+    for (int g = 0; g < ATTN_HG; g++)
+        for (int t = 0; t < nt; t++) s[g * ATTN_CHUNK + t] = scale * hsum8(&a[g][t]);
 }
 
-static float dot_1(const float *restrict k, const float *restrict q)
+ATTN_INLINE float dot_1(const float *restrict q, const float *restrict k)
 {
-    float a[ATTN_W] = {0};
-    for (int d = 0; d < SMLA_D_QK; d += ATTN_W)
-        for (int t = 0; t < ATTN_W; t++) a[t] += q[d + t] * k[d + t];
-    for (int t = 1; t < ATTN_W; t++) a[0] += a[t];
-    return a[0];
+    v8f a = {0};
+    for (int d = 0; d < SMLA_D_QK; d += 8) a += LD8(q + d) * LD8(k + d);
+    return hsum8(&a);
 }
 
-/* acc_g[:512] += p_g * v[:512] for ATTN_HG heads. */
-static void axpy_hg(const float *restrict v, float p0, float p1, float p2, float p3, float *restrict o0,
-                    float *restrict o1, float *restrict o2, float *restrict o3)
+/* o_g[:512] += p[g * ATTN_CHUNK + t] * v_t[:512] for ATTN_HG heads (rows of o, 512 apart) and nt <= 2
+ * tokens, added in token order. */
+ATTN_INLINE void pv_block(const float *restrict v0, const float *restrict v1, int nt, const float *restrict p,
+                          float *restrict o)
 {
-    for (int d = 0; d < SMLA_D_V; d++) {
-        const float x = v[d];
-        o0[d] += p0 * x;
-        o1[d] += p1 * x;
-        o2[d] += p2 * x;
-        o3[d] += p3 * x;
+    v8f pb[ATTN_HG][2];
+    for (int g = 0; g < ATTN_HG; g++)
+        for (int t = 0; t < 2; t++) pb[g][t] = (v8f){0} + p[g * ATTN_CHUNK + (t < nt ? t : 0)];
+    for (int d = 0; d < SMLA_D_V; d += 8) {
+        const v8f x0 = LD8(v0 + d), x1 = nt > 1 ? LD8(v1 + d) : x0;
+        for (int g = 0; g < ATTN_HG; g++) {
+            v8f og = LD8(o + g * SMLA_D_V + d);
+            og += pb[g][0] * x0;
+            if (nt > 1) og += pb[g][1] * x1;
+            ST8(o + g * SMLA_D_V + d, og);
+        }
     }
 }
 
-static void axpy_1(const float *restrict v, float p, float *restrict o)
+ATTN_INLINE void pv_1(const float *restrict v, float p, float *restrict o)
 {
-    for (int d = 0; d < SMLA_D_V; d++) o[d] += p * v[d];
+    const v8f pb = (v8f){0} + p;
+    for (int d = 0; d < SMLA_D_V; d += 8) ST8(o + d, LD8(o + d) + pb * LD8(v + d));
 }
 
 /* Scores of one chunk of n rows for every head: s[hi, j] = scale * dot(q_hi, k_j). */
-static void chunk_scores(const attn_scratch *w, int64_t h, int n, float scale)
+ATTN_INLINE void chunk_scores_body(const attn_scratch *w, int64_t h, int n, float scale)
 {
     int64_t hi = 0;
     for (; hi + ATTN_HG <= h; hi += ATTN_HG) {
         const float *q = w->q + hi * SMLA_D_QK;
         float *s = w->s + hi * ATTN_CHUNK;
-        for (int j = 0; j < n; j++) {
-            float d[ATTN_HG];
-            dot_hg(w->k + (size_t)j * SMLA_D_QK, q, q + SMLA_D_QK, q + 2 * SMLA_D_QK, q + 3 * SMLA_D_QK, d);
-            for (int g = 0; g < ATTN_HG; g++) s[g * ATTN_CHUNK + j] = scale * d[g];
-        }
+        int j = 0;
+        for (; j + 2 <= n; j += 2)
+            dot_block(q, w->k + (size_t)j * SMLA_D_QK, w->k + (size_t)(j + 1) * SMLA_D_QK, 2, s + j, scale);
+        if (j < n) dot_block(q, w->k + (size_t)j * SMLA_D_QK, NULL, 1, s + j, scale);
     }
     for (; hi < h; hi++)
         for (int j = 0; j < n; j++)
-            w->s[hi * ATTN_CHUNK + j] = scale * dot_1(w->k + (size_t)j * SMLA_D_QK, w->q + hi * SMLA_D_QK);
+            w->s[hi * ATTN_CHUNK + j] = scale * dot_1(w->q + hi * SMLA_D_QK, w->k + (size_t)j * SMLA_D_QK);
 }
 
 /* Online-softmax step: fold the chunk's scores into (m, l), rescale acc when the max grows, and turn
@@ -145,23 +177,62 @@ static void chunk_softmax(const attn_scratch *w, int64_t h, int n)
 }
 
 /* acc[hi] += sum_j p[hi, j] * V_j for the chunk (V = the first 512 dims of K). */
-static void chunk_pv(const attn_scratch *w, int64_t h, int n)
+ATTN_INLINE void chunk_pv_body(const attn_scratch *w, int64_t h, int n)
 {
     int64_t hi = 0;
     for (; hi + ATTN_HG <= h; hi += ATTN_HG) {
-        const float *s = w->s + hi * ATTN_CHUNK;
+        const float *p = w->s + hi * ATTN_CHUNK;
         float *o = w->acc + hi * SMLA_D_V;
-        for (int j = 0; j < n; j++)
-            axpy_hg(w->k + (size_t)j * SMLA_D_QK, s[j], s[ATTN_CHUNK + j], s[2 * ATTN_CHUNK + j],
-                    s[3 * ATTN_CHUNK + j], o, o + SMLA_D_V, o + 2 * SMLA_D_V, o + 3 * SMLA_D_V);
+        int j = 0;
+        for (; j + 2 <= n; j += 2)
+            pv_block(w->k + (size_t)j * SMLA_D_QK, w->k + (size_t)(j + 1) * SMLA_D_QK, 2, p + j, o);
+        if (j < n) pv_block(w->k + (size_t)j * SMLA_D_QK, NULL, 1, p + j, o);
     }
     for (; hi < h; hi++)
         for (int j = 0; j < n; j++)
-            axpy_1(w->k + (size_t)j * SMLA_D_QK, w->s[hi * ATTN_CHUNK + j], w->acc + hi * SMLA_D_V);
+            pv_1(w->k + (size_t)j * SMLA_D_QK, w->s[hi * ATTN_CHUNK + j], w->acc + hi * SMLA_D_V);
+}
+
+typedef struct {
+    void (*scores)(const attn_scratch *w, int64_t h, int n, float scale);
+    void (*pv)(const attn_scratch *w, int64_t h, int n);
+} attn_kernels;
+
+static void chunk_scores_base(const attn_scratch *w, int64_t h, int n, float scale)
+{
+    chunk_scores_body(w, h, n, scale);
+}
+
+static void chunk_pv_base(const attn_scratch *w, int64_t h, int n) { chunk_pv_body(w, h, n); }
+
+#if ATTN_AVX2
+__attribute__((target("avx2"))) static void chunk_scores_avx2(const attn_scratch *w, int64_t h, int n, float scale)
+{
+    chunk_scores_body(w, h, n, scale);
+}
+
+__attribute__((target("avx2"))) static void chunk_pv_avx2(const attn_scratch *w, int64_t h, int n)
+{
+    chunk_pv_body(w, h, n);
+}
+#endif
+
+static attn_kernels pick_kernels(void)
+{
+    attn_kernels k = {chunk_scores_base, chunk_pv_base};
+#if ATTN_AVX2
+    __builtin_cpu_init();
+    if (__builtin_cpu_supports("avx2")) {
+        k.scores = chunk_scores_avx2;
+        k.pv = chunk_pv_avx2;
+    }
+#endif
+    return k;
 }
 
 /* One query row (bi, si), all heads. */
-static void attn_row(const smla_attn_params *p, int64_t bi, int64_t si, const attn_scratch *w)
+static void attn_row(const smla_attn_params *p, const attn_kernels *kern, int64_t bi, int64_t si,
+                     const attn_scratch *w)
 {
     const int64_t h = p->h;
     const int64_t limit = p->kv.num_blocks * p->kv.block_size;
@@ -193,9 +264,9 @@ static void attn_row(const smla_attn_params *p, int64_t bi, int64_t si, const at
             n++;
         }
         if (n == 0) break;
-        chunk_scores(w, h, n, p->softmax_scale);
+        kern->scores(w, h, n, p->softmax_scale);
         chunk_softmax(w, h, n);
-        chunk_pv(w, h, n);
+        kern->pv(w, h, n);
         n_valid += n;
     }
 
@@ -225,9 +296,10 @@ static void attn_row(const smla_attn_params *p, int64_t bi, int64_t si, const at
 }
 
 /* Rows [r0, r1) of the flattened (bi, si) range with one scratch: the unit a thread will own. */
-static void attn_rows(const smla_attn_params *p, int64_t r0, int64_t r1, const attn_scratch *w)
+static void attn_rows(const smla_attn_params *p, const attn_kernels *kern, int64_t r0, int64_t r1,
+                      const attn_scratch *w)
 {
-    for (int64_t r = r0; r < r1; r++) attn_row(p, r / p->s_q, r % p->s_q, w);
+    for (int64_t r = r0; r < r1; r++) attn_row(p, kern, r / p->s_q, r % p->s_q, w);
 }
 
 static int attn_check(const smla_attn_params *p, const char *op, smla_status *st)
@@ -260,7 +332,8 @@ static int attn_run(const smla_attn_params *p, const char *op, smla_status *st)
     attn_scratch w = {0};
     rc = scratch_alloc(&w, p->h, st);
     if (rc != SMLA_OK) return rc;
-    attn_rows(p, 0, rows, &w);
+    const attn_kernels kern = pick_kernels();
+    attn_rows(p, &kern, 0, rows, &w);
     free(w.block);
     return SMLA_OK;
 }

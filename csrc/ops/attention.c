@@ -11,8 +11,8 @@ static int check_out(const smla_arr *a, const smla_arr *q, int nd, int dtype, in
     if (smla_check_ndim(a, nd)) return -1;
     for (int i = 0; i < nd && i < q->ndim - 1; i++)
         if (smla_check_same_dim(a, i, q, i)) return -1;
-    if (last && smla_check_dim(a, nd - 1, last, what)) return -1;
-    return smla_check_last_contiguous(a) || smla_check_writable(a);
+    if (last && (smla_check_dim(a, nd - 1, last, what) || smla_check_last_contiguous(a))) return -1;
+    return smla_check_writable(a); /* lse / max_logits: any strides (FlashMLA's lse is [b, h, s_q]) */
 }
 
 int smla_attn_check(smla_args *A, const smla_attn_arrays *x, int batch_dims)
