@@ -1,0 +1,148 @@
+"""Benchmark smla.sparse_mla_prefill (CUDA) against a plain PyTorch gather + bmm + softmax baseline.
+
+Shapes (issues 5/6, FlashMLA's prefill benchmark): s_q = 4096, topk = 2048, h in {128, 64, 16},
+s_kv in {8192, 32768, 131072}; bf16 q and kv; each query token picks 2048 distinct random rows of kv.
+TFLOP/s counts 2 * s_q * h * topk * (576 + 512). Times are medians of CUDA-event-timed calls after a
+warm-up (L2 flushed before each call unless --no-flush); outputs are preallocated. The baseline
+processes the query rows in chunks (a whole-batch gather would need s_q * topk * 1152 B = 9.7 GB).
+The summary line compares h = 16 with h = 64 per head (issue target: within 1.5x).
+
+    python benchmarks/bench_sparse_mla_prefill.py [--quick] [--json out.json] [--no-baseline]
+"""
+import argparse
+import json
+import statistics
+import sys
+
+S_Q = 4096
+TOPK = 2048
+SCALE = 576 ** -0.5
+CHUNK = 256  # baseline rows per chunk
+
+
+def parse():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--quick", action="store_true", help="a few shapes, fewer iterations")
+    ap.add_argument("--json", help="write the results here")
+    ap.add_argument("--iters", type=int, default=0, help="timed calls per shape (default 20, quick 8)")
+    ap.add_argument("--no-flush", action="store_true", help="do not flush L2 between calls")
+    ap.add_argument("--no-baseline", action="store_true", help="skip the PyTorch baseline")
+    return ap.parse_args()
+
+
+def shapes(quick):
+    if quick:
+        return [(128, 32768), (64, 32768), (16, 32768)]
+    return [(h, s_kv) for s_kv in (8192, 32768, 131072) for h in (128, 64, 16)]
+
+
+def time_us(torch, fn, iters, warmup, flush):
+    scratch = torch.empty(256 << 20, dtype=torch.uint8, device="cuda") if flush else None
+    for _ in range(warmup):
+        fn()
+    evs = []
+    for _ in range(iters):
+        if scratch is not None:
+            scratch.zero_()
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        fn()
+        b.record()
+        evs.append((a, b))
+    torch.cuda.synchronize()
+    return statistics.median(a.elapsed_time(b) for a, b in evs) * 1e3
+
+
+def make_indices(torch, s_kv, seed):
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    parts = []
+    for r0 in range(0, S_Q, CHUNK):
+        n = min(CHUNK, S_Q - r0)
+        parts.append(torch.rand((n, s_kv), generator=gen, device="cuda").argsort(1)[:, :TOPK].to(torch.int32))
+    return torch.cat(parts)
+
+
+def baseline(torch, q, kv, idx, out, lse):
+    """Plain PyTorch per chunk of query rows: gather, bmm, fp32 softmax, bmm (all indices valid)."""
+    for r0 in range(0, q.shape[0], CHUNK):
+        r1 = min(q.shape[0], r0 + CHUNK)
+        k = kv[idx[r0:r1].long()]
+        s = torch.bmm(q[r0:r1], k.transpose(1, 2)).float() * SCALE
+        lse[r0:r1] = torch.logsumexp(s, -1)
+        out[r0:r1] = torch.bmm(torch.softmax(s, -1).to(torch.bfloat16), k[..., :512])
+
+
+def main():
+    args = parse()
+    try:
+        import torch
+    except ImportError:
+        print("bench_sparse_mla_prefill: torch is not installed; nothing to measure")
+        return 0
+    import smla
+
+    if not (torch.cuda.is_available() and smla.cuda_available()):
+        print("bench_sparse_mla_prefill: no usable CUDA GPU (or smla built without CUDA); nothing to measure")
+        return 0
+    iters = args.iters or (8 if args.quick else 20)
+    warmup = 2 if args.quick else 5
+    flush = not args.no_flush
+    dev = torch.cuda.get_device_properties(0)
+    print(f"# {dev.name}, {dev.multi_processor_count} SMs; s_q {S_Q}, topk {TOPK}, "
+          f"{'L2 flushed' if flush else 'L2 warm'}, median of {iters}")
+    print(f"{'h':>4} {'s_kv':>7} {'time_us':>9} {'TFLOP/s':>8} {'us/head':>8} {'torch_us':>9} {'speedup':>8} "
+          f"{'max|d|':>8}")
+    results = []
+    kvs, idxs = {}, {}
+    for h, s_kv in shapes(args.quick):
+        if s_kv not in kvs:
+            gen = torch.Generator(device="cuda").manual_seed(s_kv)
+            kvs[s_kv] = torch.randn((s_kv, 576), generator=gen, device="cuda").to(torch.bfloat16)
+            idxs[s_kv] = make_indices(torch, s_kv, seed=s_kv + 1)
+        kv, idx = kvs[s_kv], idxs[s_kv]
+        gen = torch.Generator(device="cuda").manual_seed(h)
+        q = torch.randn((S_Q, h, 576), generator=gen, device="cuda").to(torch.bfloat16)
+        out = torch.empty((S_Q, h, 512), dtype=torch.bfloat16, device="cuda")
+        lse = torch.empty((S_Q, h), dtype=torch.float32, device="cuda")
+        ml = torch.empty((S_Q, h), dtype=torch.float32, device="cuda")
+
+        def run():
+            smla.sparse_mla_prefill(q, kv, idx, softmax_scale=SCALE, out=out, lse=lse, max_logits=ml)
+
+        us = time_us(torch, run, iters, warmup, flush)
+        flops = 2.0 * S_Q * h * TOPK * (576 + 512)
+        rec = dict(op="sparse_mla_prefill", h=h, s_q=S_Q, s_kv=s_kv, topk=TOPK, time_us=us, tflops=flops / us * 1e-6,
+                   us_per_head=us / h, flush_l2=flush)
+        if not args.no_baseline:
+            ob = torch.empty_like(out)
+            lb = torch.empty_like(lse)
+            baseline(torch, q, kv, idx, ob, lb)
+            run()
+            torch.cuda.synchronize()
+            rec["max_abs_diff"] = float((out.float() - ob.float()).abs().max())
+            rec["lse_max_abs_diff"] = float((lse - lb).abs().max())
+            bus = time_us(torch, lambda: baseline(torch, q, kv, idx, ob, lb), max(2, iters // 4), 1, flush)
+            rec["torch_us"] = bus
+            rec["speedup"] = bus / us
+            del ob, lb
+            torch.cuda.empty_cache()
+        results.append(rec)
+        tus = rec.get("torch_us")
+        t_txt = f"{tus:.0f}" if tus else "-"
+        s_txt = f"{tus / us:.1f}x" if tus else "-"
+        print(f"{h:>4} {s_kv:>7} {us:>9.1f} {rec['tflops']:>8.1f} {us / h:>8.1f} {t_txt:>9} {s_txt:>8} "
+              f"{rec.get('max_abs_diff', float('nan')):>8.3g}", flush=True)
+    by = {(r["h"], r["s_kv"]): r for r in results}
+    for s_kv in sorted({r["s_kv"] for r in results}):
+        if (16, s_kv) in by and (64, s_kv) in by:
+            ratio = by[(16, s_kv)]["us_per_head"] / by[(64, s_kv)]["us_per_head"]
+            print(f"# s_kv {s_kv}: h=16 time per head is {ratio:.2f}x h=64's (target <= 1.5x)")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(dict(device=dev.name, sms=dev.multi_processor_count, iters=iters, results=results), f, indent=1)
+        print(f"# wrote {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

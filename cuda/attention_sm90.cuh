@@ -1,0 +1,499 @@
+// Hopper (sm_90a) sparse MLA kernel for head tiles of 64: warp-specialised, wgmma tensor cores.
+//
+// CTA = one query row x 64 heads x one top-k split, 384 threads:
+//   WG0, WG1 (consumers, setmaxnreg 200): for each 64-token K tile both compute S = Q K^T for their
+//     own 32 tokens (wgmma m64n32k16 x 36, Q and K from smem), exchange row maxima (named barrier),
+//     write P = exp2(S - m) as bf16 into the tile's dead RoPE block, and then each accumulates its
+//     half of the output, O[:, 256*wg : 256*wg + 256] += P V (wgmma m64n256k16 x 4, V = K[:, :512]
+//     read N-major from smem), in 128 fp32 registers per thread.
+//   WG2 (producer, setmaxnreg 104): fills the two K buffers: bf16 rows by 16-byte cp.async (zero fill
+//     for invalid rows); fp8_ds_mla rows by 16-byte loads into registers (two 4-row batches in
+//     flight per warp) and the exact dequant bf16_rne(float(e4m3) * scale) into smem. Buffer hand-off
+//     through mbarriers (full: producer -> consumers, empty: consumers -> producer).
+// Shared memory (1024-byte aligned, 128-byte swizzle, the layout wgmma descriptors describe): Q and
+// each K buffer are 9 column blocks of [64 rows x 128 B]; element chunk c (8 values) of row r lives
+// at block c/8, byte r*128 + ((c%8) ^ (r%8))*16. Total ~219 KB: 1 CTA per SM.
+// Semantics, outputs and the split-top-k partials are those of the portable kernel
+// (attention_core.cuh); it is used for h > 32 on sm_90 devices when the sm_90a body was compiled.
+#pragma once
+
+#include "attention_core.cuh"
+
+namespace {
+namespace attn {
+namespace sm90 {
+
+constexpr int kThreads = 384;
+constexpr int kBlk = 64 * 128;                 // one column block: 64 rows x 128 B
+constexpr int kTileBytes = 9 * kBlk;           // 73,728 B: Q or one K buffer
+constexpr int kQ_OFF = 0;
+constexpr int kK_OFF = kTileBytes;             // two K buffers
+constexpr int kBAR_OFF = 3 * kTileBytes;       // 4 mbarriers: full[2], empty[2]
+constexpr int kVALID_OFF = kBAR_OFF + 64;      // int [2][64]
+constexpr int kMAX_OFF = kVALID_OFF + 2 * 64 * 4;  // float [2][64] row maxima per consumer WG
+constexpr int kL_OFF = kMAX_OFF + 2 * 64 * 4;  // float [2][64] row sums per consumer WG
+constexpr int kSMEM_USED = kL_OFF + 2 * 64 * 4;
+constexpr int kSMEM = kSMEM_USED + 1024;       // slack to align the base to 1024 B
+constexpr int kConsumerRegs = 200;
+constexpr int kProducerRegs = 104;
+constexpr int kBarMax = 1, kBarP = 2, kBarL = 3;  // named barriers of the 256 consumer threads
+
+__device__ __forceinline__ uint32_t blk_addr(uint32_t base, int row, int chunk)
+{
+    return base + static_cast<uint32_t>((chunk >> 3) * kBlk + row * 128 + (((chunk & 7) ^ (row & 7)) << 4));
+}
+
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+// ---- sm_90a PTX wrappers ----
+__device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count)
+{
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(uint32_t bar)
+{
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
+}
+__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity)
+{
+    uint32_t done;
+    do {
+        asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
+                     : "=r"(done)
+                     : "r"(bar), "r"(parity)
+                     : "memory");
+    } while (!done);
+}
+__device__ __forceinline__ void fence_async_smem() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+__device__ __forceinline__ void named_sync(int id, int n)
+{
+    asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(n) : "memory");
+}
+template <int N>
+__device__ __forceinline__ void setmaxnreg_inc()
+{
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(N));
+}
+template <int N>
+__device__ __forceinline__ void setmaxnreg_dec()
+{
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(N));
+}
+__device__ __forceinline__ void wg_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wg_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wg_wait0() { asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory"); }
+
+// Keeps the compiler from moving reads / writes of wgmma accumulators across the async region.
+template <int N>
+__device__ __forceinline__ void fence_regs(float (&r)[N])
+{
+#pragma unroll
+    for (int i = 0; i < N; ++i) asm volatile("" : "+f"(r[i])::"memory");
+}
+
+// Shared-memory matrix descriptor, 128-byte swizzle.
+__device__ __forceinline__ uint64_t desc(uint32_t addr, uint32_t lbo, uint32_t sbo)
+{
+    return static_cast<uint64_t>((addr & 0x3FFFF) >> 4) | (static_cast<uint64_t>(lbo >> 4) << 16) |
+           (static_cast<uint64_t>(sbo >> 4) << 32) | (1ull << 62);
+}
+
+// S[64 x 32] (+)= A[64 x 16] B[32 x 16]^T, both K-major in smem.
+__device__ __forceinline__ void wgmma_n32(float (&d)[16], uint64_t da, uint64_t db, int accumulate)
+{
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 "
+                 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, %16, %17, p, 1, 1, 0, 0;\n}\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+                   "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
+                 : "l"(da), "l"(db), "r"(accumulate));
+}
+
+#define SMLA_F8(b)                                                                                           \
+    "+f"(d[b + 0]), "+f"(d[b + 1]), "+f"(d[b + 2]), "+f"(d[b + 3]), "+f"(d[b + 4]), "+f"(d[b + 5]),         \
+        "+f"(d[b + 6]), "+f"(d[b + 7])
+
+// O[64 x 256] += A[64 x 16] (K-major) B[16 x 256] (N-major), both in smem.
+__device__ __forceinline__ void wgmma_n256_tb(float (&d)[128], uint64_t da, uint64_t db)
+{
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %130, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, "
+        "%22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, "
+        "%43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, "
+        "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, "
+        "%85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, %96, %97, %98, %99, %100, %101, %102, %103, %104, "
+        "%105, %106, %107, %108, %109, %110, %111, %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, "
+        "%122, %123, %124, %125, %126, %127}, %128, %129, p, 1, 1, 0, 1;\n}\n"
+        : SMLA_F8(0), SMLA_F8(8), SMLA_F8(16), SMLA_F8(24), SMLA_F8(32), SMLA_F8(40), SMLA_F8(48), SMLA_F8(56),
+          SMLA_F8(64), SMLA_F8(72), SMLA_F8(80), SMLA_F8(88), SMLA_F8(96), SMLA_F8(104), SMLA_F8(112), SMLA_F8(120)
+        : "l"(da), "l"(db), "r"(1));
+}
+#undef SMLA_F8
+
+__device__ __forceinline__ uint2 ldg_nc_v2(const uint8_t *p)
+{
+    uint2 v;
+    asm volatile("ld.global.nc.L1::no_allocate.v2.u32 {%0, %1}, [%2];\n" : "=r"(v.x), "=r"(v.y) : "l"(p));
+    return v;
+}
+__device__ __forceinline__ uint4 ldg_nc_v4(const uint8_t *p)
+{
+    uint4 v;
+    asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                 : "l"(p));
+    return v;
+}
+__device__ __forceinline__ uint32_t ldg_nc_u32(const uint8_t *p)
+{
+    uint32_t v;
+    asm volatile("ld.global.nc.u32 %0, [%1];\n" : "=r"(v) : "l"(p));
+    return v;
+}
+__device__ __forceinline__ float ldg_nc_f32(const uint8_t *p)
+{
+    float v;
+    asm volatile("ld.global.nc.f32 %0, [%1];\n" : "=f"(v) : "l"(p));
+    return v;
+}
+
+// 8 e4m3 values times s -> 8 bf16, exactly as the CPU path.
+__device__ __forceinline__ uint4 dequant8(uint2 e, float s)
+{
+    return make_uint4(dequant_e4m3x2(e.x, s), dequant_e4m3x2(e.x >> 16, s), dequant_e4m3x2(e.y, s),
+                      dequant_e4m3x2(e.y >> 16, s));
+}
+
+// One warp's share of an fp8 tile: 4 rows (r = warp + 4 * (4 * batch + k)); lane l holds latent
+// values 16l..16l+15 (scale tile l/8) and bytes 4l..4l+3 of the row's k_pe.
+struct Fp8Batch {
+    uint4 e[4];
+    float s[4];
+    uint32_t rope[4];
+    bool ok[4];
+};
+#endif  // __CUDA_ARCH_FEAT_SM90_ALL
+
+template <bool FP8>
+__global__ void __launch_bounds__(kThreads, 1) attn_sm90_kernel(const __grid_constant__ Args a)
+{
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    extern __shared__ uint8_t smem_raw[];
+    const uint32_t raw_base = smem_u32(smem_raw);
+    const uint32_t base = (raw_base + 1023u) & ~1023u;
+    uint8_t *smem = smem_raw + (base - raw_base);
+    const smla_attn_params &p = a.p;
+
+    const int tid = threadIdx.x;
+    const int lane = tid & 31;
+
+    int64_t bx = blockIdx.x;
+    const int sp = static_cast<int>(bx % a.n_splits);
+    bx /= a.n_splits;
+    const int ht = static_cast<int>(bx % a.n_ht);
+    const int64_t row = bx / a.n_ht;
+    const int64_t bi = row / p.s_q, si = row % p.s_q;
+    const int h = static_cast<int>(p.h);
+    const int h0 = ht * 64;
+    const int topk = static_cast<int>(p.topk);
+    const int32_t *idx_row = p.indices + bi * p.idx_stride_b + si * p.idx_stride_s;
+    int L = topk;
+    if (p.topk_length) {
+        const int v = p.topk_length[bi * p.tl_stride_b + si * p.tl_stride_s];
+        L = v < 0 ? 0 : (v > topk ? topk : v);
+    }
+    const int ntile = (L + 63) / 64;
+    const int tps = (ntile + a.n_splits - 1) / a.n_splits;
+    const int j0 = sp * tps;
+    const int j1 = min(ntile, j0 + tps);
+    const int nt = j1 > j0 ? j1 - j0 : 0;
+
+    const uint32_t sQ = base + kQ_OFF;
+    const uint32_t sK = base + kK_OFF;
+    const uint32_t bar_full = base + kBAR_OFF, bar_empty = base + kBAR_OFF + 16;
+    int *sValid = reinterpret_cast<int *>(smem + kVALID_OFF);
+    float *sMax = reinterpret_cast<float *>(smem + kMAX_OFF);
+    float *sL = reinterpret_cast<float *>(smem + kL_OFF);
+
+    // ---- prologue (all 384 threads): barriers, Q tile ----
+    if (tid == 0) {
+        mbar_init(bar_full, 128);
+        mbar_init(bar_full + 8, 128);
+        mbar_init(bar_empty, 256);
+        mbar_init(bar_empty + 8, 256);
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }
+    if (nt > 0) {
+        const uint16_t *qb = p.q + bi * p.q_stride_b + si * p.q_stride_s;
+        for (int i = tid; i < 64 * kRowChunks; i += kThreads) {
+            const int r = i / kRowChunks, c = i - r * kRowChunks;
+            const bool ok = h0 + r < h;
+            const uint16_t *src = ok ? qb + static_cast<int64_t>(h0 + r) * p.q_stride_h + c * 8 : qb;
+            cp_async16(blk_addr(sQ, r, c), src, ok ? 16 : 0);
+        }
+        cp_async_commit();
+        cp_async_wait_all();
+        fence_async_smem();
+    }
+    __syncthreads();
+
+    const uint8_t *kv_base = static_cast<const uint8_t *>(p.kv.data);
+    const uint32_t block_size = static_cast<uint32_t>(p.kv.block_size);
+    const int64_t limit = a.limit;
+
+    if (tid >= 256) {
+        // =========================== producer ===========================
+        setmaxnreg_dec<kProducerRegs>();
+        const int pw = (tid - 256) >> 5;  // rows pw, pw + 4, ..., pw + 60
+        auto row_src = [&](int idx, bool ok) -> const uint8_t * {
+            if (!ok) return kv_base;
+            const uint32_t u = static_cast<uint32_t>(idx);
+            const uint32_t blk = u / block_size, off = u - blk * block_size;
+            return kv_base + static_cast<int64_t>(blk) * p.kv.block_stride + static_cast<int64_t>(off) * p.kv.entry_stride;
+        };
+        if constexpr (!FP8) {
+            const uint64_t pol = a.evict_last ? policy_evict_last() : 0;
+            // lane k < 16 holds the index of row pw + 4k of the next tile to load
+            int my_idx = 0;
+            if (nt > 0 && lane < 16) {
+                const int pos = j0 * 64 + pw + 4 * lane;
+                my_idx = pos < L ? idx_row[pos] : -1;
+            }
+            for (int it = 0; it < nt; ++it) {
+                const int j = j0 + it, b = it & 1, use = it >> 1;
+                if (use > 0) mbar_wait(bar_empty + 8 * b, (use - 1) & 1);
+                const uint32_t kb = sK + b * kTileBytes;
+#pragma unroll 1
+                for (int k = 0; k < 16; ++k) {
+                    const int r = pw + 4 * k;
+                    const int idx = __shfl_sync(0xffffffffu, my_idx, k);
+                    const bool ok = (j * 64 + r) < L && idx >= 0 && static_cast<int64_t>(idx) < limit;
+                    const uint8_t *src = row_src(idx, ok);
+                    const int nb = ok ? 16 : 0;
+                    for (int c = lane; c < kRowChunks; c += 32) {
+                        if (a.evict_last) cp_async16_hint(blk_addr(kb, r, c), src + c * 16, nb, pol);
+                        else cp_async16(blk_addr(kb, r, c), src + c * 16, nb);
+                    }
+                    if (lane == 0) sValid[b * 64 + r] = ok ? 1 : 0;
+                }
+                cp_async_commit();
+                if (it + 1 < nt && lane < 16) {  // next tile's indices while this one lands
+                    const int pos = (j + 1) * 64 + pw + 4 * lane;
+                    my_idx = pos < L ? idx_row[pos] : -1;
+                }
+                cp_async_wait_all();
+                fence_async_smem();
+                mbar_arrive(bar_full + 8 * b);
+            }
+        } else {
+            // batches of 4 rows per warp, 4 batches per tile; batch q+1 is loaded while q is stored
+            const int nq = nt * 4;
+            auto load = [&](Fp8Batch &B, int q) {
+                const int j = j0 + (q >> 2), bq = q & 3;
+#pragma unroll
+                for (int k = 0; k < 4; ++k) {
+                    const int r = pw + 4 * (4 * bq + k);
+                    const int pos = j * 64 + r;
+                    const int idx = pos < L ? idx_row[pos] : -1;
+                    B.ok[k] = pos < L && idx >= 0 && static_cast<int64_t>(idx) < limit;
+                    if (B.ok[k]) {
+                        const uint8_t *src = row_src(idx, true);
+                        B.e[k] = ldg_nc_v4(src + 16 * lane);
+                        B.s[k] = ldg_nc_f32(src + SMLA_FP8_SCALE_OFF + 4 * (lane >> 3));
+                        B.rope[k] = ldg_nc_u32(src + SMLA_FP8_ROPE_OFF + 4 * lane);
+                    }
+                }
+            };
+            auto store = [&](const Fp8Batch &B, int q) {
+                const int it = q >> 2, bq = q & 3, b = it & 1;
+                const uint32_t kb = sK + b * kTileBytes;
+#pragma unroll
+                for (int k = 0; k < 4; ++k) {
+                    const int r = pw + 4 * (4 * bq + k);
+                    const uint4 z = make_uint4(0, 0, 0, 0);
+                    st_shared_v4(blk_addr(kb, r, 2 * lane), B.ok[k] ? dequant8(make_uint2(B.e[k].x, B.e[k].y), B.s[k]) : z);
+                    st_shared_v4(blk_addr(kb, r, 2 * lane + 1),
+                                 B.ok[k] ? dequant8(make_uint2(B.e[k].z, B.e[k].w), B.s[k]) : z);
+                    st_shared_u32(blk_addr(kb, r, 64 + (lane >> 2)) + 4 * (lane & 3), B.ok[k] ? B.rope[k] : 0u);
+                    if (lane == 0) sValid[b * 64 + r] = B.ok[k] ? 1 : 0;
+                }
+            };
+            auto stage = [&](const Fp8Batch &B, int q) {
+                const int it = q >> 2, bq = q & 3, b = it & 1, use = it >> 1;
+                if (bq == 0 && use > 0) mbar_wait(bar_empty + 8 * b, (use - 1) & 1);
+                store(B, q);
+                if (bq == 3) {
+                    fence_async_smem();
+                    mbar_arrive(bar_full + 8 * b);
+                }
+            };
+            Fp8Batch A, Bn;
+            if (nq > 0) load(A, 0);
+#pragma unroll 1
+            for (int q = 0; q < nq; q += 2) {
+                load(Bn, q + 1);  // nq is a multiple of 4: q + 1 < nq
+                stage(A, q);
+                if (q + 2 < nq) load(A, q + 2);
+                stage(Bn, q + 1);
+            }
+        }
+        return;
+    }
+
+    // =========================== consumers ===========================
+    setmaxnreg_inc<kConsumerRegs>();
+    const int wg = tid >> 7;           // 0 or 1
+    const int w = (tid >> 5) & 3;      // warp within the warpgroup: rows 16w..16w+15
+    const int g = lane >> 2, t4 = lane & 3;
+    const int r0 = 16 * w + g;         // this thread's rows r0, r0 + 8
+
+    float o[128];
+#pragma unroll
+    for (int i = 0; i < 128; ++i) o[i] = 0.f;
+    float m_r[2] = {-INFINITY, -INFINITY};
+    float l_r[2] = {0.f, 0.f};
+
+    for (int it = 0; it < nt; ++it) {
+        const int j = j0 + it, b = it & 1, use = it >> 1;
+        const uint32_t kb = sK + b * kTileBytes;
+        mbar_wait(bar_full + 8 * b, use & 1);
+
+        // S[64 heads x 32 tokens] for tokens 32*wg .. 32*wg + 31
+        float s[16];
+        wg_fence();
+#pragma unroll
+        for (int kk = 0; kk < kDqk / 16; ++kk) {
+            const uint32_t qa = sQ + (kk >> 2) * kBlk + (kk & 3) * 32;
+            const uint32_t ka = kb + (kk >> 2) * kBlk + (32 * wg) * 128 + (kk & 3) * 32;
+            wgmma_n32(s, desc(qa, 16, 1024), desc(ka, 16, 1024), kk > 0);
+        }
+        wg_commit();
+        wg_wait0();
+        fence_regs(s);
+
+        // mask, scale (log2 domain), row max over this warpgroup's 32 tokens
+        const int *valid = sValid + b * 64;
+        float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+        for (int jn = 0; jn < 4; ++jn) {
+            const int tok = 32 * wg + 8 * jn + 2 * t4;
+            const bool ok0 = valid[tok] != 0, ok1 = valid[tok + 1] != 0;
+            s[4 * jn + 0] = ok0 ? s[4 * jn + 0] * a.scale_log2 : -INFINITY;
+            s[4 * jn + 1] = ok1 ? s[4 * jn + 1] * a.scale_log2 : -INFINITY;
+            s[4 * jn + 2] = ok0 ? s[4 * jn + 2] * a.scale_log2 : -INFINITY;
+            s[4 * jn + 3] = ok1 ? s[4 * jn + 3] * a.scale_log2 : -INFINITY;
+            mx[0] = fmaxf(mx[0], fmaxf(s[4 * jn + 0], s[4 * jn + 1]));
+            mx[1] = fmaxf(mx[1], fmaxf(s[4 * jn + 2], s[4 * jn + 3]));
+        }
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+            mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 1));
+            mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 2));
+        }
+        if (t4 == 0) {
+            sMax[wg * 64 + r0] = mx[0];
+            sMax[wg * 64 + r0 + 8] = mx[1];
+        }
+        named_sync(kBarMax, 256);  // both halves' maxima; both warpgroups done reading the RoPE block
+        float base_[2], alpha[2];
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+            const float tm = fmaxf(sMax[r0 + 8 * i], sMax[64 + r0 + 8 * i]);
+            const float mn = fmaxf(m_r[i], tm);
+            base_[i] = mn == -INFINITY ? 0.f : mn;
+            alpha[i] = ex2(m_r[i] - base_[i]);
+            m_r[i] = mn;
+        }
+        float rs[2] = {0.f, 0.f};
+        const uint32_t pblk = kb + 8 * kBlk;  // P[64 heads][64 tokens] in the RoPE block
+#pragma unroll
+        for (int jn = 0; jn < 4; ++jn) {
+            const float p0 = ex2(s[4 * jn + 0] - base_[0]), p1 = ex2(s[4 * jn + 1] - base_[0]);
+            const float p2 = ex2(s[4 * jn + 2] - base_[1]), p3 = ex2(s[4 * jn + 3] - base_[1]);
+            rs[0] += p0 + p1;
+            rs[1] += p2 + p3;
+            const int tok = 32 * wg + 8 * jn + 2 * t4;
+            st_shared_u32(blk_addr(pblk, r0, tok >> 3) + (tok & 7) * 2, pack_bf16x2(p0, p1));
+            st_shared_u32(blk_addr(pblk, r0 + 8, tok >> 3) + (tok & 7) * 2, pack_bf16x2(p2, p3));
+        }
+        l_r[0] = l_r[0] * alpha[0] + rs[0];
+        l_r[1] = l_r[1] * alpha[1] + rs[1];
+        fence_async_smem();
+        named_sync(kBarP, 256);  // P complete (both token halves)
+
+#pragma unroll
+        for (int jn = 0; jn < 32; ++jn) {
+            o[4 * jn + 0] *= alpha[0];
+            o[4 * jn + 1] *= alpha[0];
+            o[4 * jn + 2] *= alpha[1];
+            o[4 * jn + 3] *= alpha[1];
+        }
+        wg_fence();
+#pragma unroll
+        for (int kk = 0; kk < 4; ++kk) {
+            const uint32_t pa = pblk + kk * 32;
+            const uint32_t va = kb + (4 * wg) * kBlk + (16 * kk) * 128;
+            wgmma_n256_tb(o, desc(pa, 16, 1024), desc(va, kBlk, 1024));
+        }
+        wg_commit();
+        wg_wait0();
+        fence_regs(o);
+        mbar_arrive(bar_empty + 8 * b);
+    }
+
+    // ---- epilogue: row sums of both warpgroups, normalise, write columns 256*wg.. ----
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+        l_r[i] += __shfl_xor_sync(0xffffffffu, l_r[i], 1);
+        l_r[i] += __shfl_xor_sync(0xffffffffu, l_r[i], 2);
+    }
+    if (t4 == 0) {
+        sL[wg * 64 + r0] = l_r[0];
+        sL[wg * 64 + r0 + 8] = l_r[1];
+    }
+    named_sync(kBarL, 256);
+    const bool split = a.n_splits > 1;
+#pragma unroll
+    for (int hf = 0; hf < 2; ++hf) {
+        const int rl = r0 + 8 * hf;
+        const int hr = h0 + rl;
+        if (hr >= h) continue;
+        const float l = sL[rl] + sL[64 + rl];
+        const float m = m_r[hf];
+        const bool none = m == -INFINITY;
+        const float lse2 = none ? -INFINITY : m + log2f(l);
+        float f = none ? 0.f : 1.f / l;
+        const int col0 = 256 * wg + 2 * t4;
+        if (split) {
+            const int64_t prow = (static_cast<int64_t>(sp) * a.rows + row) * h + hr;
+            if (!none) {
+                float *op = a.o_part + prow * kDv + col0;
+#pragma unroll
+                for (int jn = 0; jn < 32; ++jn)
+                    *reinterpret_cast<float2 *>(op + 8 * jn) =
+                        make_float2(o[4 * jn + 2 * hf] * f, o[4 * jn + 2 * hf + 1] * f);
+            }
+            if (wg == 0 && t4 == 0) a.lse_part[prow] = lse2;
+        } else {
+            const float lse = lse2 * kLn2;
+            if (p.attn_sink && !none) f *= 1.f / (1.f + expf(p.attn_sink[hr * p.sink_stride] - lse));
+            uint16_t *op = p.out + bi * p.out_stride_b + si * p.out_stride_s + hr * p.out_stride_h + col0;
+#pragma unroll
+            for (int jn = 0; jn < 32; ++jn)
+                *reinterpret_cast<uint32_t *>(op + 8 * jn) =
+                    pack_bf16x2(o[4 * jn + 2 * hf] * f, o[4 * jn + 2 * hf + 1] * f);
+            if (wg == 0 && t4 == 0) {
+                p.lse[bi * p.lse_stride_b + si * p.lse_stride_s + hr * p.lse_stride_h] = lse;
+                if (p.max_logits)
+                    p.max_logits[bi * p.ml_stride_b + si * p.ml_stride_s + hr * p.ml_stride_h] =
+                        none ? -INFINITY : m * kLn2;
+            }
+        }
+    }
+#endif  // __CUDA_ARCH_FEAT_SM90_ALL
+}
+
+}  // namespace sm90
+}  // namespace attn
+}  // namespace

@@ -1,0 +1,604 @@
+"""CUDA sparse MLA decode and prefill on the issue grids, against the float64 oracle and the CPU ops.
+
+Cases follow FlashMLA's recipe (tests/reference.py, DESIGN section 4): indices mix valid slots with
+every class of invalid value, cache rows that no valid index reads hold NaN (a stray read shows),
+duplicates, all-invalid rows, topk_length and attn_sink corner values, strided q / caches / outputs.
+
+The large grids are built on the GPU with torch (the cache written by smla.pack_kv) and checked
+against `oracle`, a float64 twin of reference.sparse_mla_attention that runs on the device (the NumPy
+oracle would take minutes on the 4096-token shapes); `test_oracle_twin_matches_reference` pins the
+twin to reference.py, and the small cases compare with reference.py and with the CPU ops directly.
+Tolerances are reference.py's constants with its check_close (a device-side copy of the same rule is
+used only for outputs too large to move to the host cheaply)."""
+import itertools
+import os
+import sys
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+import smla
+
+sys.path.insert(0, os.path.dirname(__file__))
+import reference as ref  # noqa: E402
+
+torch = pytest.importorskip("torch")
+pytestmark = pytest.mark.cuda
+
+BF16 = ml_dtypes.bfloat16
+DEV = os.environ.get("SMLA_TEST_DEVICE", "cuda")  # "cpu" only to debug the helpers without a GPU
+DEC_SCALE = 576 ** -0.55  # FlashMLA's decode test scale
+PRE_SCALE = 576 ** -0.5
+CACHE_DTYPES = ["fp8_ds_mla", "bf16"]
+TL_MODES = ["none", "rand", "zero", "full"]
+SINK_MODES = ["none", "finite", "+inf", "-inf", "mixed"]
+HOST_CHECK_MAX = 1 << 24  # elements: larger outputs are compared on the device
+
+
+# =============================================================================================
+# torch <-> numpy
+# =============================================================================================
+
+def to_np(t):
+    """torch -> NumPy (bf16 as ml_dtypes.bfloat16, through int16 bits)."""
+    t = t.detach().cpu()
+    if t.dtype == torch.bfloat16:
+        return t.view(torch.int16).numpy().view(BF16)
+    return t.numpy()
+
+
+def sync():
+    if DEV == "cuda":
+        torch.cuda.synchronize()
+
+
+# =============================================================================================
+# case construction (on the device)
+# =============================================================================================
+
+def new_cache(cd, num_blocks, block_size, layers=1):
+    """Zeroed cache; layers > 1 makes it layer `layers-1` of an interleaved allocation, so stride(0)
+    is larger than block_size * entry."""
+    if cd == "fp8_ds_mla":
+        full = torch.zeros((num_blocks, layers, block_size, ref.FP8_ENTRY), dtype=torch.uint8, device=DEV)
+    else:
+        full = torch.zeros((num_blocks, layers, block_size, ref.D_QK), dtype=torch.bfloat16, device=DEV)
+    return full[:, layers - 1]
+
+
+def _nan_entry(cd):
+    if cd == "bf16":
+        return torch.full((ref.D_QK,), 0x7FC0, dtype=torch.int16).view(torch.bfloat16).to(DEV)
+    ent = np.empty(ref.FP8_ENTRY, np.uint8)
+    ent[:512] = 0x7F
+    ent[512:528] = np.full(4, np.nan, np.float32).view(np.uint8)
+    ent[528:] = np.full(64, 0x7FC0, np.uint16).view(np.uint8)
+    return torch.from_numpy(ent).to(DEV)
+
+
+def nan_fill(cache, cd, slots):
+    bs = cache.shape[1]
+    if slots.numel():
+        cache[slots // bs, slots % bs] = _nan_entry(cd)
+
+
+def make_sink(mode, h, gen):
+    if mode == "none":
+        return None
+    s = torch.randn(h, generator=gen, device=DEV) * 2.0 + 1.0
+    if mode == "+inf":
+        s[:] = float("inf")
+    elif mode == "-inf":
+        s[:] = float("-inf")
+    elif mode == "mixed":
+        s[torch.rand(h, generator=gen, device=DEV) < 0.25] = float("inf")
+        s[torch.rand(h, generator=gen, device=DEV) < 0.25] = float("-inf")
+    return s.float()
+
+
+def make_tl(mode, rows, topk, gen):
+    if mode == "none":
+        return None
+    if mode == "zero":
+        return torch.zeros(rows, dtype=torch.int32, device=DEV)
+    if mode == "full":
+        return torch.full((rows,), topk, dtype=torch.int32, device=DEV)
+    tl = torch.randint(0, topk + 1, (rows,), generator=gen, device=DEV, dtype=torch.int32)
+    tl[0] = topk
+    if rows > 1:
+        tl[-1] = 0
+    return tl
+
+
+def make_q(shape, gen, strided):
+    q = torch.randn(shape, generator=gen, device=DEV).to(torch.bfloat16)
+    if not strided:
+        return q
+    # every other head, 32 values into a wider row, NaN in the gaps
+    *lead, h, d = shape
+    big = torch.full((*lead, 2 * h, d + 64), float("nan"), dtype=torch.bfloat16, device=DEV)
+    v = big[..., ::2, 32:32 + d]
+    v.copy_(q)
+    return v
+
+
+def make_indices(rows_valid, n_rows, topk, limit, gen, *, all_invalid_frac):
+    """rows_valid(n_valid) -> [n_rows, topk] int64 candidate valid slots (the first n_valid[r] of row r
+    are used); the rest of each row is drawn from the invalid zoo, half the rows are shuffled, the
+    other half end in -1 padding, and some rows (always the last one) are all invalid."""
+    cols = torch.arange(topk, device=DEV)
+    n_valid = (torch.rand(n_rows, generator=gen, device=DEV) * topk).long().clamp_(0, topk - 1) + 1
+    cand = rows_valid(n_valid)
+    dup = (torch.rand(n_rows, generator=gen, device=DEV) < 0.3) & (n_valid >= 2)
+    r = dup.nonzero().squeeze(1)
+    cand[r, n_valid[r] - 1] = cand[r, 0]  # duplicates count twice
+    zoo = torch.from_numpy(ref.invalid_index_zoo(limit).astype(np.int64)).to(DEV)
+    junk = zoo[torch.randint(0, zoo.numel(), (n_rows, topk), generator=gen, device=DEV)]
+    head = cols[None, :] < n_valid[:, None]
+    idx = torch.where(head, cand, junk)
+    shuffle = torch.rand(n_rows, generator=gen, device=DEV) < 0.5
+    perm = torch.rand(n_rows, topk, generator=gen, device=DEV).argsort(1)
+    idx = torch.where(shuffle[:, None], idx.gather(1, perm), torch.where(head, idx, torch.full_like(idx, -1)))
+    allinv = torch.rand(n_rows, generator=gen, device=DEV) < all_invalid_frac
+    if n_rows >= 2 and all_invalid_frac > 0:
+        allinv[-1] = True
+    return torch.where(allinv[:, None], junk, idx).to(torch.int32)
+
+
+def valid_mask(idx, limit, tl):
+    v = (idx >= 0) & (idx.long() < limit)
+    if tl is not None:
+        v &= torch.arange(idx.shape[-1], device=idx.device) < tl.long()[..., None]
+    return v
+
+
+def decode_case(cd, b, s_q, h, topk, bs, *, seed, tl_mode="rand", sink_mode="mixed", strided_q=False, layers=1,
+                all_invalid_frac=0.15, scale=DEC_SCALE):
+    """b requests of varied lengths (1..topk+64 tokens) on shuffled blocks of one paged cache."""
+    rng = np.random.default_rng(seed)
+    gen = torch.Generator(device=DEV).manual_seed(seed)
+    seq_lens = rng.integers(1, topk + 65, b)
+    nblk = -(-seq_lens // bs)
+    num_blocks = int(nblk.sum()) + 3  # spare blocks nobody owns (NaN)
+    perm = rng.permutation(num_blocks)
+    starts = np.concatenate([[0], np.cumsum(nblk)])
+    bt = np.zeros((b, int(nblk.max())), np.int64)
+    for r in range(b):
+        bt[r, :nblk[r]] = perm[starts[r]:starts[r + 1]]
+    tok_req = np.repeat(np.arange(b), seq_lens)
+    tok_pos = np.arange(tok_req.size) - np.repeat(np.cumsum(seq_lens) - seq_lens, seq_lens)
+    tok_slots = bt[tok_req, tok_pos // bs] * bs + tok_pos % bs
+    t = tok_slots.size
+    mag = 2.0 ** torch.randint(-4, 3, (t, 4, 1), generator=gen, device=DEV).float()
+    kv_c = (torch.randn((t, 4, 128), generator=gen, device=DEV) * mag).reshape(t, 512).to(torch.bfloat16)
+    k_pe = torch.randn((t, 64), generator=gen, device=DEV).to(torch.bfloat16)
+    cache = new_cache(cd, num_blocks, bs, layers)
+    smla.pack_kv(kv_c, k_pe, cache, torch.from_numpy(tok_slots).to(DEV), kv_cache_dtype=cd)
+    limit = num_blocks * bs
+
+    rows = b * s_q
+    lens = torch.from_numpy(np.repeat(seq_lens, s_q)).to(DEV)
+    bt_t = torch.from_numpy(bt).to(DEV)
+    req = torch.arange(rows, device=DEV) // s_q
+
+    def rows_valid(n_valid):
+        lmax = topk + 64
+        j = torch.arange(lmax, device=DEV)
+        keys = torch.rand(rows, lmax, generator=gen, device=DEV) + (j[None] >= lens[:, None]).float() * 2
+        distinct = keys.argsort(1)[:, :topk]  # a permutation of the row's own positions first
+        repl = (torch.rand(rows, topk, generator=gen, device=DEV) * lens[:, None]).long()
+        pos = torch.where((n_valid <= lens)[:, None], distinct, repl)
+        pos = torch.minimum(pos, lens[:, None] - 1)  # columns past n_valid are replaced later
+        return bt_t[req[:, None], pos // bs] * bs + pos % bs
+
+    idx = make_indices(rows_valid, rows, topk, limit, gen, all_invalid_frac=all_invalid_frac)
+    tl = make_tl(tl_mode, rows, topk, gen)
+    v = valid_mask(idx, limit, tl)
+    read = torch.zeros(limit, dtype=torch.bool, device=DEV)
+    read[idx.long()[v]] = True
+    nan_fill(cache, cd, (~read).nonzero().squeeze(1))
+    return dict(q=make_q((b, s_q, h, 576), gen, strided_q), kv_cache=cache, indices=idx.view(b, s_q, topk),
+                topk_length=None if tl is None else tl.view(b, s_q), attn_sink=make_sink(sink_mode, h, gen),
+                softmax_scale=scale, kv_cache_dtype=cd, limit=limit)
+
+
+def prefill_case(s_q, h, s_kv, topk, *, seed, tl_mode="rand", sink_mode="mixed", kv_layout="plain",
+                 all_invalid_frac=0.1, scale=PRE_SCALE, distinct=True):
+    """kv [s_kv, 576] with NaN in every row no valid index reads; topk > s_kv repeats rows."""
+    gen = torch.Generator(device=DEV).manual_seed(seed)
+    kv = torch.randn((s_kv, 576), generator=gen, device=DEV).to(torch.bfloat16)
+
+    def rows_valid(n_valid):
+        n_valid.clamp_(max=4 * s_kv)  # bounded repeats when topk > s_kv
+        repl = torch.randint(0, s_kv, (s_q, topk), generator=gen, device=DEV)
+        if not distinct:
+            return repl
+        p = torch.rand(s_q, s_kv, generator=gen, device=DEV).argsort(1)
+        p = p[:, :topk] if s_kv >= topk else torch.cat([p, repl[:, s_kv:]], 1)
+        return torch.where((n_valid <= s_kv)[:, None], p, repl)
+
+    idx = make_indices(rows_valid, s_q, topk, s_kv, gen, all_invalid_frac=all_invalid_frac)
+    tl = make_tl(tl_mode, s_q, topk, gen)
+    v = valid_mask(idx, s_kv, tl)
+    read = torch.zeros(s_kv, dtype=torch.bool, device=DEV)
+    read[idx.long()[v]] = True
+    kv.view(torch.int16)[~read] = 0x7FC0
+    kv_arg = kv
+    if kv_layout == "strided":  # row stride 640, 32 values into the row
+        big = torch.full((s_kv, 640), float("nan"), dtype=torch.bfloat16, device=DEV)
+        big[:, 32:608] = kv
+        kv_arg = big[:, 32:608]
+    elif kv_layout == "3d":  # FlashMLA's [s_kv, 1, 576]
+        kv_arg = kv[:, None, :]
+    return dict(q=make_q((s_q, h, 576), gen, False), kv=kv_arg, kv_plain=kv, indices=idx, topk_length=tl,
+                attn_sink=make_sink(sink_mode, h, gen), softmax_scale=scale)
+
+
+# =============================================================================================
+# the float64 oracle on the device (twin of reference.sparse_mla_attention)
+# =============================================================================================
+
+def dequant_table(cache, cd):
+    """Every slot of the cache as float32 [limit + 1, 576] (exact bf16 values), plus a zero row at
+    index `limit` that invalid positions point to. fp8: bf16_rne(float32(e4m3) * scale)."""
+    nb, bs, e = cache.shape
+    flat = cache.reshape(nb * bs, e)
+    n = flat.shape[0]
+    if cd == "bf16":
+        t = flat.float()
+    else:
+        vals = flat[:, :512].contiguous().view(torch.float8_e4m3fn).float()
+        sc = flat[:, 512:528].contiguous().view(torch.float32)
+        nope = (vals.view(n, 4, 128) * sc[:, :, None]).view(n, 512).to(torch.bfloat16).float()
+        rope = flat[:, 528:].contiguous().view(torch.bfloat16).float()
+        t = torch.cat([nope, rope], 1)
+    return torch.cat([t, torch.zeros((1, 576), device=t.device)])
+
+
+def oracle(q, table, idx, limit, tl, sink, scale):
+    """q [R, h, 576] bf16, idx [R, topk], tl [R] or None, sink [h] or None -> float64 (out [R, h, 512],
+    lse [R, h], max_logits [R, h]) with reference.sparse_mla_attention's semantics."""
+    n_rows, h, _ = q.shape
+    topk = idx.shape[1]
+    valid = valid_mask(idx, limit, tl)
+    pos = torch.where(valid, idx.long(), torch.full_like(idx, limit, dtype=torch.long))
+    scale = float(np.float32(scale))
+    has = valid.any(1)
+    out = torch.zeros((n_rows, h, 512), dtype=torch.float64, device=q.device)
+    lse = torch.full((n_rows, h), float("-inf"), dtype=torch.float64, device=q.device)
+    ml = lse.clone()
+    ch = max(1, (1 << 28) // (topk * 576 * 8))
+    for r0 in range(0, n_rows, ch):
+        r1 = min(n_rows, r0 + ch)
+        k = table[pos[r0:r1]].double()
+        s = scale * torch.bmm(q[r0:r1].double(), k.transpose(1, 2))
+        s = s.masked_fill(~valid[r0:r1, None, :], float("-inf"))
+        hv = has[r0:r1, None]
+        m = s.amax(2)
+        e = torch.exp(s - torch.where(hv, m, torch.zeros_like(m))[..., None])
+        z = e.sum(2)
+        o = torch.bmm(e, k[..., :512]) / torch.where(hv, z, torch.ones_like(z))[..., None]
+        out[r0:r1] = torch.where(hv[..., None], o, torch.zeros_like(o))
+        lse[r0:r1] = torch.where(hv, m + torch.log(z), torch.full_like(m, float("-inf")))
+        ml[r0:r1] = torch.where(hv, m, torch.full_like(m, float("-inf")))
+    if sink is not None:
+        f = 1.0 / (1.0 + torch.exp(sink.double()[None, :] - lse))
+        out = torch.where(has[:, None, None], out * f[..., None], torch.zeros_like(out))
+    return out, lse, ml
+
+
+def decode_oracle(c):
+    b, s_q, h, _ = c["q"].shape
+    topk = c["indices"].shape[2]
+    tl = c["topk_length"]
+    out, lse, _ = oracle(c["q"].reshape(b * s_q, h, 576), dequant_table(c["kv_cache"], c["kv_cache_dtype"]),
+                         c["indices"].reshape(b * s_q, topk), c["limit"], None if tl is None else tl.reshape(-1),
+                         c["attn_sink"], c["softmax_scale"])
+    return out.view(b, s_q, h, 512), lse.view(b, s_q, h)
+
+
+def prefill_oracle(c, rows=None):
+    kv = c["kv_plain"]
+    table = torch.cat([kv.float(), torch.zeros((1, 576), device=kv.device)])
+    q, idx, tl = c["q"], c["indices"], c["topk_length"]
+    if rows is not None:
+        q, idx, tl = q[rows], idx[rows], None if tl is None else tl[rows]
+    return oracle(q, table, idx, kv.shape[0], tl, c["attn_sink"], c["softmax_scale"])
+
+
+# =============================================================================================
+# comparison
+# =============================================================================================
+
+def check_close_dev(actual, expected, *, abs_tol, rel_tol, cos_tol=None, name="value"):
+    """reference.check_close's rule evaluated on the device (for outputs of 10^8 elements)."""
+    a, e = actual.double(), expected.double()
+    assert a.shape == e.shape, f"{name}: shape {tuple(a.shape)} != {tuple(e.shape)}"
+    nan_a, nan_e = a.isnan(), e.isnan()
+    assert bool((nan_a == nan_e).all()), f"{name}: {int((nan_a != nan_e).sum())} mismatched NaN"
+    inf_bad = (a.isinf() | e.isinf()) & ~(nan_a | nan_e) & (a != e)
+    assert not bool(inf_bad.any()), f"{name}: {int(inf_bad.sum())} mismatched Inf"
+    fin = a.isfinite() & e.isfinite()
+    err = torch.where(fin, (a - e).abs(), torch.zeros_like(a))
+    bound = torch.clamp(rel_tol * torch.where(fin, e, torch.zeros_like(e)).abs(), min=abs_tol)
+    ratio = err / bound
+    worst = int(ratio.argmax())
+    if float(ratio.view(-1)[worst]) > 1:
+        i = np.unravel_index(worst, tuple(a.shape))
+        raise AssertionError(f"{name}: {int((ratio > 1).sum())} of {a.numel()} elements outside abs {abs_tol:g} / "
+                             f"rel {rel_tol:g}; worst at {i}: actual {float(a[i])!r}, expected {float(e[i])!r}")
+    if cos_tol is not None:
+        av, ev = a[fin], e[fin]
+        na, ne = av.norm(), ev.norm()
+        if float(na) == 0 and float(ne) == 0:
+            cd = 0.0
+        elif float(na) == 0 or float(ne) == 0:
+            cd = 1.0
+        else:
+            cd = float(1.0 - (av * ev).sum() / (na * ne))
+        assert cd <= cos_tol, f"{name}: cosine difference {cd:.3g} > {cos_tol:g}"
+
+
+def check(actual, expected, *, abs_tol, rel_tol, cos_tol=None, name):
+    if actual.numel() <= HOST_CHECK_MAX:
+        ref.check_close(to_np(actual), to_np(expected), abs_tol=abs_tol, rel_tol=rel_tol, cos_tol=cos_tol,
+                        name=name)
+    else:
+        check_close_dev(actual, expected, abs_tol=abs_tol, rel_tol=rel_tol, cos_tol=cos_tol, name=name)
+
+
+def check_decode(out, lse, out_ref, lse_ref, name="decode"):
+    assert out.dtype == torch.bfloat16 and lse.dtype == torch.float32
+    check(out, out_ref, abs_tol=ref.OUT_ABS, rel_tol=ref.OUT_REL, cos_tol=ref.OUT_COS, name=f"{name} out")
+    check(lse, lse_ref, abs_tol=ref.LSE_ABS, rel_tol=ref.LSE_REL, name=f"{name} lse")
+
+
+def check_prefill(out, lse, ml, out_ref, lse_ref, ml_ref, name="prefill"):
+    check(out, out_ref, abs_tol=ref.PREFILL_OUT_ABS, rel_tol=ref.PREFILL_OUT_REL, cos_tol=ref.PREFILL_OUT_COS,
+          name=f"{name} out")
+    check(lse, lse_ref, abs_tol=ref.PREFILL_LSE_ABS, rel_tol=ref.PREFILL_LSE_REL, name=f"{name} lse")
+    check(ml, ml_ref, abs_tol=ref.PREFILL_LSE_ABS, rel_tol=ref.PREFILL_LSE_REL, name=f"{name} max_logits")
+
+
+def run_decode(c, **kw):
+    return smla.sparse_mla_decode(c["q"], c["kv_cache"], c["indices"], softmax_scale=c["softmax_scale"],
+                                  kv_cache_dtype=c["kv_cache_dtype"], topk_length=c["topk_length"],
+                                  attn_sink=c["attn_sink"], **kw)
+
+
+def run_prefill(c, **kw):
+    return smla.sparse_mla_prefill(c["q"], c["kv"], c["indices"], softmax_scale=c["softmax_scale"],
+                                   topk_length=c["topk_length"], attn_sink=c["attn_sink"], **kw)
+
+
+def np_case(c, keys):
+    return {k: (to_np(v) if isinstance(v, torch.Tensor) else v) for k, v in c.items() if k in keys}
+
+
+# =============================================================================================
+# decode: the issue grid. h x s_q x topk x cache dtype in full; block size, batch, topk_length,
+# sink, strided q and interleaved caches rotate so that each value of each appears.
+# =============================================================================================
+
+def _decode_grid():
+    cases = []
+    prod = itertools.product(CACHE_DTYPES, [8, 16, 32, 64, 128], [1, 2, 4], [64, 2048, 2112])
+    for i, (cd, h, s_q, topk) in enumerate(prod):
+        bs = [64, 1, 61][(i // 3) % 3]
+        hs = h * s_q
+        b = 321 if hs <= 128 else (37 if hs <= 256 else 9)
+        if i % 7 == 3:
+            b = 1
+        tl_mode = TL_MODES[(i // 2) % 4]
+        sink_mode = SINK_MODES[i % 5]
+        strided_q = i % 2 == 1
+        layers = 2 if i % 4 == 2 else 1
+        cases.append(pytest.param(cd, h, s_q, topk, bs, b, tl_mode, sink_mode, strided_q, layers, i,
+                                  id=f"{cd}-h{h}-sq{s_q}-topk{topk}-bs{bs}-b{b}-tl_{tl_mode}-sink_{sink_mode}"
+                                     f"{'-strided' if strided_q else ''}{'-interleaved' if layers > 1 else ''}"))
+    return cases
+
+
+@pytest.mark.parametrize("cd,h,s_q,topk,bs,b,tl_mode,sink_mode,strided_q,layers,seed", _decode_grid())
+def test_decode_grid(cd, h, s_q, topk, bs, b, tl_mode, sink_mode, strided_q, layers, seed):
+    c = decode_case(cd, b, s_q, h, topk, bs, seed=seed, tl_mode=tl_mode, sink_mode=sink_mode,
+                    strided_q=strided_q, layers=layers)
+    out, lse = run_decode(c)
+    out_ref, lse_ref = decode_oracle(c)
+    check_decode(out, lse, out_ref, lse_ref)
+
+
+@pytest.mark.parametrize("h,topk,bs", [(8, 2112, 61), (16, 64, 1), (64, 2048, 64), (128, 2112, 61), (100, 300, 16)])
+@pytest.mark.parametrize("cd", CACHE_DTYPES)
+def test_decode_vs_cpu_and_reference(cd, h, topk, bs):
+    """Small batches: CUDA against the CPU op and against reference.py's NumPy oracle itself."""
+    c = decode_case(cd, 2, 2, h, topk, bs, seed=h + topk, tl_mode="rand", sink_mode="mixed", strided_q=True)
+    out, lse = run_decode(c)
+    n = np_case(c, ("q", "kv_cache", "indices", "topk_length", "attn_sink"))
+    out_c, lse_c = smla.sparse_mla_decode(n["q"], n["kv_cache"], n["indices"], softmax_scale=c["softmax_scale"],
+                                          kv_cache_dtype=cd, topk_length=n["topk_length"],
+                                          attn_sink=n["attn_sink"])
+    out_g, lse_g = to_np(out), to_np(lse)
+    ref.check_close(out_g, out_c, abs_tol=ref.OUT_ABS, rel_tol=ref.OUT_REL, cos_tol=ref.OUT_COS, name="cuda vs cpu out")
+    ref.check_close(lse_g, lse_c, abs_tol=ref.LSE_ABS, rel_tol=ref.LSE_REL, name="cuda vs cpu lse")
+    out_r, lse_r = ref.sparse_mla_decode_ref(np.ascontiguousarray(n["q"]), n["kv_cache"], n["indices"],
+                                             c["softmax_scale"], cd, n["topk_length"], n["attn_sink"])
+    ref.check_decode(out_g, lse_g, out_r, lse_r, name="cuda vs reference")
+
+
+def test_oracle_twin_matches_reference():
+    """The device oracle used by the big grids agrees with reference.py to ~1e-12."""
+    c = decode_case("fp8_ds_mla", 3, 2, 16, 200, 61, seed=5, tl_mode="rand", sink_mode="mixed", layers=2)
+    out_t, lse_t = decode_oracle(c)
+    n = np_case(c, ("q", "kv_cache", "indices", "topk_length", "attn_sink"))
+    out_r, lse_r = ref.sparse_mla_decode_ref(n["q"], n["kv_cache"], n["indices"], c["softmax_scale"],
+                                             "fp8_ds_mla", n["topk_length"], n["attn_sink"])
+    ref.check_close(to_np(out_t), out_r, abs_tol=1e-12, rel_tol=1e-12, name="twin out")
+    ref.check_close(to_np(lse_t), lse_r, abs_tol=1e-12, rel_tol=1e-12, name="twin lse")
+    p = prefill_case(40, 16, 300, 128, seed=6)
+    o, l, m = prefill_oracle(p)
+    np_p = np_case(p, ("q", "kv_plain", "indices", "topk_length", "attn_sink"))
+    o_r, l_r, m_r = ref.sparse_mla_prefill_ref(np_p["q"], np_p["kv_plain"], np_p["indices"], p["softmax_scale"],
+                                               np_p["topk_length"], np_p["attn_sink"])
+    for x, y, nm in ((o, o_r, "out"), (l, l_r, "lse"), (m, m_r, "max_logits")):
+        ref.check_close(to_np(x), y, abs_tol=1e-12, rel_tol=1e-12, name=f"twin prefill {nm}")
+
+
+@pytest.mark.parametrize("cd", CACHE_DTYPES)
+@pytest.mark.parametrize("sink_mode", ["none", "finite", "+inf", "-inf"])
+def test_decode_all_invalid(cd, sink_mode):
+    """Every index invalid (the zoo, or valid slots past topk_length), the whole cache NaN: out is
+    exactly 0, lse -inf, on the split and the unsplit path."""
+    gen = torch.Generator(device=DEV).manual_seed(1)
+    cache = new_cache(cd, 4, 16)
+    nan_fill(cache, cd, torch.arange(64, device=DEV))
+    zoo = torch.from_numpy(ref.invalid_index_zoo(64)).to(DEV)
+    for b, s_q, h, topk in ((3, 2, 16, 40), (1, 1, 128, 2048)):
+        idx = zoo[torch.randint(0, zoo.numel(), (b, s_q, topk), generator=gen, device=DEV)].to(torch.int32)
+        idx[0, 0, 5:] = 3
+        tl = torch.full((b, s_q), topk, dtype=torch.int32, device=DEV)
+        tl[0, 0] = 5
+        q = torch.randn((b, s_q, h, 576), generator=gen, device=DEV).to(torch.bfloat16)
+        out, lse = smla.sparse_mla_decode(q, cache, idx, softmax_scale=DEC_SCALE, kv_cache_dtype=cd, topk_length=tl,
+                                          attn_sink=make_sink(sink_mode, h, gen))
+        assert bool((out.view(torch.int16) == 0).all())
+        assert bool((lse == float("-inf")).all())
+
+
+@pytest.mark.parametrize("cd", CACHE_DTYPES)
+def test_decode_split_paths_agree(cd):
+    """b = 2 splits the top-k over many CTAs (fp32 partials + combine); no workspace (or an empty one)
+    runs unsplit. Both match the oracle; outputs land in strided out= / lse= views; runs repeat
+    bit for bit."""
+    c = decode_case(cd, 2, 2, 128, 2048, 64, seed=77, tl_mode="rand", sink_mode="mixed")
+    out_ref, lse_ref = decode_oracle(c)
+    ws_bytes = smla.sparse_mla_decode_workspace_size(2, 2, 128, 2048, cd, device_id=torch.cuda.current_device())
+    assert ws_bytes >= 0
+    for ws in (torch.empty(ws_bytes, dtype=torch.uint8, device=DEV), torch.empty(0, dtype=torch.uint8, device=DEV),
+               torch.empty(ws_bytes // 3, dtype=torch.uint8, device=DEV)):
+        out_big = torch.full((2, 2, 128, 576), 7.0, dtype=torch.bfloat16, device=DEV)
+        lse_big = torch.full((2, 2, 128, 3), 7.0, dtype=torch.float32, device=DEV)
+        out_v, lse_v = out_big[..., 32:544], lse_big[..., 1]
+        out, lse = run_decode(c, out=out_v, lse=lse_v, workspace=ws)
+        assert out.data_ptr() == out_v.data_ptr() and lse.data_ptr() == lse_v.data_ptr()
+        check_decode(out_v, lse_v, out_ref, lse_ref, name=f"workspace {ws.numel()} B")
+        assert bool((out_big[..., :32] == 7).all()) and bool((out_big[..., 544:] == 7).all())
+        assert bool((lse_big[..., 0] == 7).all()) and bool((lse_big[..., 2] == 7).all())
+        again, lse2 = run_decode(c, workspace=ws)
+        assert torch.equal(again.view(torch.int16), out_v.view(torch.int16)) and torch.equal(lse2, lse_v)
+
+
+@pytest.mark.parametrize("cd", CACHE_DTYPES)
+@pytest.mark.parametrize("b", [2, 64])
+def test_decode_cuda_graph(cd, b):
+    """One decode step captured in a CUDA graph (workspace and outputs preallocated) replays to the
+    same bits as an eager call, with new q and indices copied into the captured buffers."""
+    c = decode_case(cd, b, 2, 64, 2048, 64, seed=b, tl_mode="rand", sink_mode="finite")
+    gen = torch.Generator(device=DEV).manual_seed(b + 1)
+    # second step: new q, the rows' (indices, topk_length) pairs rotated across requests
+    c2 = dict(c, q=torch.randn(c["q"].shape, generator=gen, device=DEV).to(torch.bfloat16),
+              indices=c["indices"].roll(1, 0), topk_length=c["topk_length"].roll(1, 0))
+    static = dict(c)
+    for k in ("q", "indices", "topk_length"):
+        static[k] = c[k].clone()
+    ws = torch.empty(smla.sparse_mla_decode_workspace_size(b, 2, 64, 2048, cd), dtype=torch.uint8, device=DEV)
+    out = torch.empty((b, 2, 64, 512), dtype=torch.bfloat16, device=DEV)
+    lse = torch.empty((b, 2, 64), dtype=torch.float32, device=DEV)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        run_decode(static, out=out, lse=lse, workspace=ws)  # warm-up (kernel attributes, module load)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        run_decode(static, out=out, lse=lse, workspace=ws)
+    for src in (c, c2):
+        static["q"].copy_(src["q"])
+        static["indices"].copy_(src["indices"])
+        static["topk_length"].copy_(src["topk_length"])
+        graph.replay()
+        sync()
+        got_out, got_lse = out.clone(), lse.clone()
+        eager_out, eager_lse = run_decode(static, workspace=ws)
+        sync()
+        assert torch.equal(got_out.view(torch.int16), eager_out.view(torch.int16))
+        assert torch.equal(got_lse, eager_lse)
+    out_ref, lse_ref = decode_oracle(static)
+    check_decode(got_out, got_lse, out_ref, lse_ref, name="graph replay")
+
+
+# =============================================================================================
+# prefill: the issue grid (h x s_q x (s_kv, topk) in full)
+# =============================================================================================
+
+PREFILL_KV_TOPK = [(128, 128), (592, 128), (1840, 256), (1521, 512), (8192, 2048), (32, 2048)]
+
+
+def _prefill_grid():
+    cases = []
+    prod = itertools.product([16, 32, 64, 128], [1, 62, 213, 4096], PREFILL_KV_TOPK)
+    for i, (h, s_q, (s_kv, topk)) in enumerate(prod):
+        tl_mode = TL_MODES[i % 4]
+        sink_mode = SINK_MODES[(i // 4) % 5]
+        kv_layout = ["plain", "strided", "3d"][i % 3]
+        cases.append(pytest.param(h, s_q, s_kv, topk, tl_mode, sink_mode, kv_layout, i,
+                                  id=f"h{h}-sq{s_q}-skv{s_kv}-topk{topk}-tl_{tl_mode}-sink_{sink_mode}-{kv_layout}"))
+    return cases
+
+
+@pytest.mark.parametrize("h,s_q,s_kv,topk,tl_mode,sink_mode,kv_layout,seed", _prefill_grid())
+def test_prefill_grid(h, s_q, s_kv, topk, tl_mode, sink_mode, kv_layout, seed):
+    c = prefill_case(s_q, h, s_kv, topk, seed=seed, tl_mode=tl_mode, sink_mode=sink_mode, kv_layout=kv_layout)
+    out, lse, ml = run_prefill(c)
+    check_prefill(out, lse, ml, *prefill_oracle(c))
+
+
+@pytest.mark.parametrize("h,s_q,s_kv,topk", [(16, 62, 592, 128), (128, 5, 1521, 512), (64, 3, 32, 2048)])
+def test_prefill_vs_cpu_and_reference(h, s_q, s_kv, topk):
+    c = prefill_case(s_q, h, s_kv, topk, seed=h, tl_mode="rand", sink_mode="mixed", kv_layout="strided")
+    out, lse, ml = run_prefill(c)
+    n = np_case(c, ("q", "kv_plain", "indices", "topk_length", "attn_sink"))
+    oc, lc, mc = smla.sparse_mla_prefill(n["q"], n["kv_plain"], n["indices"], softmax_scale=c["softmax_scale"],
+                                         topk_length=n["topk_length"], attn_sink=n["attn_sink"])
+    og, lg, mg = to_np(out), to_np(lse), to_np(ml)
+    ref.check_close(og, oc, abs_tol=ref.PREFILL_OUT_ABS, rel_tol=ref.PREFILL_OUT_REL, cos_tol=ref.PREFILL_OUT_COS,
+                    name="cuda vs cpu out")
+    ref.check_close(lg, lc, abs_tol=ref.PREFILL_LSE_ABS, rel_tol=ref.PREFILL_LSE_REL, name="cuda vs cpu lse")
+    ref.check_close(mg, mc, abs_tol=ref.PREFILL_LSE_ABS, rel_tol=ref.PREFILL_LSE_REL, name="cuda vs cpu max_logits")
+    ref.check_prefill(og, lg, mg, *ref.sparse_mla_prefill_ref(n["q"], n["kv_plain"], n["indices"], c["softmax_scale"],
+                                                              n["topk_length"], n["attn_sink"]))
+
+
+def test_prefill_all_invalid():
+    gen = torch.Generator(device=DEV).manual_seed(2)
+    kv = torch.full((50, 576), float("nan"), dtype=torch.bfloat16, device=DEV)
+    zoo = torch.from_numpy(ref.invalid_index_zoo(50)).to(DEV)
+    for s_q, h, topk in ((1, 128, 128), (300, 16, 2048), (70, 64, 64)):
+        idx = zoo[torch.randint(0, zoo.numel(), (s_q, topk), generator=gen, device=DEV)].to(torch.int32)
+        q = torch.randn((s_q, h, 576), generator=gen, device=DEV).to(torch.bfloat16)
+        out, lse, ml = smla.sparse_mla_prefill(q, kv, idx, softmax_scale=PRE_SCALE, attn_sink=make_sink("mixed", h, gen))
+        assert bool((out.view(torch.int16) == 0).all())
+        assert bool((lse == float("-inf")).all()) and bool((ml == float("-inf")).all())
+
+
+def test_prefill_70000_tokens():
+    """s_q beyond 65535 (grid.x carries it): every output finite where a valid index exists, spot rows
+    (first, last, random) against the oracle."""
+    c = prefill_case(70000, 64, 4096, 256, seed=70000, tl_mode="none", sink_mode="none", distinct=False,
+                     all_invalid_frac=0.0)
+    out, lse, ml = run_prefill(c)
+    assert bool(out.isfinite().all()) and bool(lse.isfinite().all()) and bool(ml.isfinite().all())
+    gen = torch.Generator(device=DEV).manual_seed(3)
+    rows = torch.cat([torch.tensor([0, 1, 65535, 65536, 69999], device=DEV),
+                      torch.randint(0, 70000, (251,), generator=gen, device=DEV)])
+    o, l, m = prefill_oracle(c, rows)
+    check_prefill(out[rows], lse[rows], ml[rows], o, l, m, name="70000 spot rows")
+
+
+def test_prefill_peaked_softmax_and_max_logits():
+    """Large scales: the running max moves late in the list (online rescaling), max_logits exact-ish."""
+    for scale in (4.0, 1e-3):
+        c = prefill_case(64, 64, 1840, 256, seed=int(scale * 1000), scale=scale)
+        out, lse, ml = run_prefill(c)
+        check_prefill(out, lse, ml, *prefill_oracle(c), name=f"scale {scale}")
