@@ -82,7 +82,7 @@ class BuildExt(build_ext):
 
         def one(src):
             obj = os.path.join(out_dir, os.path.basename(src) + ".o")
-            deps = [src] + glob("cuda/*.cuh") + glob("csrc/*.h")
+            deps = [src] + glob("cuda/*.cuh") + glob("csrc/*.h") + glob("csrc/cpu/*.h")
             if os.path.exists(obj) and os.path.getmtime(obj) >= max(os.path.getmtime(d) for d in deps):
                 return obj
             cmd = [NVCC] + flags + ["-c", src, "-o", obj]

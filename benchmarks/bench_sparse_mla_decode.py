@@ -13,6 +13,7 @@ workspace are preallocated, as a serving step would.
 """
 import argparse
 import json
+import os
 import statistics
 import sys
 import time
@@ -32,6 +33,8 @@ def parse():
     ap.add_argument("--iters", type=int, default=0, help="timed calls per shape (default 50, quick 15)")
     ap.add_argument("--no-flush", action="store_true", help="do not flush L2 between calls")
     ap.add_argument("--no-baseline", action="store_true", help="skip the PyTorch baseline")
+    ap.add_argument("--kernel", default="auto", choices=["auto", "portable", "sm90"],
+                    help="smla kernel family (sets SMLA_ATTN_KERNEL): sm90 = wgmma path on Hopper")
     ap.add_argument("--cache-dtype", default="fp8_ds_mla", choices=["fp8_ds_mla", "bf16"])
     return ap.parse_args()
 
@@ -116,6 +119,7 @@ def baseline(torch, q, cache, idx, cd):
 
 def main():
     args = parse()
+    os.environ["SMLA_ATTN_KERNEL"] = args.kernel
     try:
         import torch
     except ImportError:
@@ -134,7 +138,7 @@ def main():
     t0 = time.time()
     cache, bt = build_cache(torch, smla, max(b for _, _, b in todo), cd)
     dev = torch.cuda.get_device_properties(0)
-    print(f"# {dev.name}, {dev.multi_processor_count} SMs; cache {cd} {cache.numel() * cache.element_size() / 2**30:.1f}"
+    print(f"# {dev.name}, {dev.multi_processor_count} SMs; kernel {args.kernel}; cache {cd} {cache.numel() * cache.element_size() / 2**30:.1f}"
           f" GiB built in {time.time() - t0:.1f} s; topk {TOPK}, context {CTX} tokens/request, "
           f"{'L2 flushed' if flush else 'L2 warm'}, median of {iters}")
     hdr = (f"{'h':>4} {'s_q':>4} {'b':>4} {'time_us':>9} {'TFLOP/s':>8} {'uniqGB/s':>9} {'vsHBM':>6} "
@@ -183,7 +187,7 @@ def main():
               f"{rec.get('max_abs_diff', float('nan')):>8.3g}", flush=True)
     if args.json:
         with open(args.json, "w") as f:
-            json.dump(dict(device=dev.name, sms=dev.multi_processor_count, iters=iters, results=results), f, indent=1)
+            json.dump(dict(device=dev.name, sms=dev.multi_processor_count, kernel=args.kernel, iters=iters, results=results), f, indent=1)
         print(f"# wrote {args.json}")
     return 0
 

@@ -11,6 +11,7 @@ The summary line compares h = 16 with h = 64 per head (issue target: within 1.5x
 """
 import argparse
 import json
+import os
 import statistics
 import sys
 
@@ -27,6 +28,8 @@ def parse():
     ap.add_argument("--iters", type=int, default=0, help="timed calls per shape (default 20, quick 8)")
     ap.add_argument("--no-flush", action="store_true", help="do not flush L2 between calls")
     ap.add_argument("--no-baseline", action="store_true", help="skip the PyTorch baseline")
+    ap.add_argument("--kernel", default="auto", choices=["auto", "portable", "sm90"],
+                    help="smla kernel family (sets SMLA_ATTN_KERNEL): sm90 = wgmma path on Hopper")
     return ap.parse_args()
 
 
@@ -74,6 +77,7 @@ def baseline(torch, q, kv, idx, out, lse):
 
 def main():
     args = parse()
+    os.environ["SMLA_ATTN_KERNEL"] = args.kernel
     try:
         import torch
     except ImportError:
@@ -88,7 +92,7 @@ def main():
     warmup = 2 if args.quick else 5
     flush = not args.no_flush
     dev = torch.cuda.get_device_properties(0)
-    print(f"# {dev.name}, {dev.multi_processor_count} SMs; s_q {S_Q}, topk {TOPK}, "
+    print(f"# {dev.name}, {dev.multi_processor_count} SMs; kernel {args.kernel}; s_q {S_Q}, topk {TOPK}, "
           f"{'L2 flushed' if flush else 'L2 warm'}, median of {iters}")
     print(f"{'h':>4} {'s_kv':>7} {'time_us':>9} {'TFLOP/s':>8} {'us/head':>8} {'torch_us':>9} {'speedup':>8} "
           f"{'max|d|':>8}")
@@ -139,7 +143,7 @@ def main():
             print(f"# s_kv {s_kv}: h=16 time per head is {ratio:.2f}x h=64's (target <= 1.5x)")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump(dict(device=dev.name, sms=dev.multi_processor_count, iters=iters, results=results), f, indent=1)
+            json.dump(dict(device=dev.name, sms=dev.multi_processor_count, kernel=args.kernel, iters=iters, results=results), f, indent=1)
         print(f"# wrote {args.json}")
     return 0
 

@@ -355,7 +355,7 @@ __global__ void __launch_bounds__(kThreads, 1) attn_sm90_kernel(const __grid_con
     float l_r[2] = {0.f, 0.f};
 
     for (int it = 0; it < nt; ++it) {
-        const int j = j0 + it, b = it & 1, use = it >> 1;
+        const int b = it & 1, use = it >> 1;
         const uint32_t kb = sK + b * kTileBytes;
         mbar_wait(bar_full + 8 * b, use & 1);
 
