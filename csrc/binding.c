@@ -11,7 +11,8 @@ void smla_args_init(smla_args *A, PyObject *module, unsigned long long stream)
 {
     memset(A, 0, sizeof *A);
     A->state = smla_get_state(module);
-    A->stream = (void *)(uintptr_t)stream;
+    A->stream_pending = stream == SMLA_STREAM_CURRENT;
+    A->stream = A->stream_pending ? NULL : (void *)(uintptr_t)stream;
 }
 
 const char *smla_dtype_name(int dtype)
@@ -175,6 +176,47 @@ static PyObject *export_capsule(PyObject *obj, PyObject *stream)
     return cap;
 }
 
+/* The exchange API table of obj's type, cached for the last type seen (one lookup per type change). */
+static const smla_dl_exchange_api *exchange_api(smla_state *S, PyObject *obj)
+{
+    PyTypeObject *t = Py_TYPE(obj);
+    if (t == S->api_type) return S->api;
+    const smla_dl_exchange_api *api = NULL;
+    PyObject *cap = PyObject_GetAttrString((PyObject *)t, "__dlpack_c_exchange_api__");
+    if (cap && PyCapsule_IsValid(cap, "dlpack_exchange_api")) {
+        api = PyCapsule_GetPointer(cap, "dlpack_exchange_api");
+        if (api && (api->header.version.major != 1 || !api->dltensor_from_py_object_no_sync ||
+                    !api->current_work_stream))
+            api = NULL;
+    }
+    Py_XDECREF(cap);
+    PyErr_Clear();
+    S->api_type = t;
+    S->api = api;
+    return api;
+}
+
+/* Non-owning view through the exchange API: valid while obj lives (the caller holds it for the call). */
+static int from_exchange_api(smla_args *A, const smla_dl_exchange_api *api, PyObject *obj, smla_arr *a)
+{
+    smla_dl_tensor t;
+    if (api->dltensor_from_py_object_no_sync(obj, &t) != 0) {
+        if (!PyErr_Occurred()) PyErr_Format(PyExc_BufferError, "%s: DLPack export failed", a->name);
+        return -1;
+    }
+    if (fill_from_dltensor(a, &t) < 0) return -1;
+    if (A->stream_pending && a->device == SMLA_DEV_CUDA) {
+        void *s = NULL;
+        if (api->current_work_stream(SMLA_DL_CUDA, a->device_id, &s) != 0) {
+            if (!PyErr_Occurred()) PyErr_Format(PyExc_BufferError, "%s: current stream query failed", a->name);
+            return -1;
+        }
+        A->stream = s;
+        A->stream_pending = 0;
+    }
+    return 0;
+}
+
 static int from_dlpack(smla_args *A, PyObject *obj, smla_arr *a)
 {
     PyObject *dev = PyObject_CallMethod(obj, "__dlpack_device__", NULL);
@@ -239,8 +281,12 @@ static smla_arr *acquire(smla_args *A, PyObject *obj, const char *name, int opti
     int rc;
     if (PyArray_Check(obj))
         rc = from_numpy(A, obj, a);
-    else if (PyObject_HasAttrString(obj, "__dlpack__"))
+    else if (exchange_api(A->state, obj))
+        rc = from_exchange_api(A, exchange_api(A->state, obj), obj, a);
+    else if (PyObject_HasAttrString(obj, "__dlpack__")) {
+        A->stream_pending = 0; /* no framework stream to ask: the legacy default stream */
         rc = from_dlpack(A, obj, a);
+    }
     else {
         PyErr_Format(PyExc_TypeError, "%s: expected a NumPy array or an object with __dlpack__, got %s",
                      name, Py_TYPE(obj)->tp_name);

@@ -17,7 +17,12 @@ typedef struct {
     PyObject *cuda_error; /* smla.CudaError */
     int bf16_typenum;     /* NumPy type numbers of ml_dtypes types, -1 when unavailable */
     int e4m3_typenum;
+    PyTypeObject *api_type; /* last type asked for __dlpack_c_exchange_api__ (borrowed, compared only) */
+    const void *api;        /* its exchange API table, or NULL */
 } smla_state;
+
+/* stream value meaning "the current stream of the framework that owns the first CUDA array" */
+#define SMLA_STREAM_CURRENT 0xffffffffffffffffull
 
 /* One array argument as the kernels will see it. */
 typedef struct {
@@ -42,6 +47,7 @@ typedef struct {
 typedef struct {
     smla_state *state;
     void *stream;        /* launch stream (cudaStream_t), 0 = legacy default */
+    int stream_pending;  /* SMLA_STREAM_CURRENT was given and is not resolved yet */
     int device;          /* device of the first present array, 0 until known */
     int device_id;
     const char *first;   /* name of the array that fixed the device */

@@ -39,4 +39,21 @@ typedef struct smla_dl_managed_v {
     smla_dl_tensor dl_tensor;
 } smla_dl_managed_v;
 
+/* The C exchange API (DLPack 1.3): a function table a framework publishes on its tensor type as
+ * `__dlpack_c_exchange_api__` (capsule "dlpack_exchange_api"). smla uses the non-owning view and the
+ * current-stream query, which skip the Python-level __dlpack__ call on hot paths. */
+typedef struct smla_dl_exchange_header {
+    smla_dl_version version;
+    struct smla_dl_exchange_header *prev_api;
+} smla_dl_exchange_header;
+
+typedef struct {
+    smla_dl_exchange_header header;
+    void *managed_tensor_allocator;
+    void *managed_tensor_from_py_object_no_sync;
+    void *managed_tensor_to_py_object_no_sync;
+    int (*dltensor_from_py_object_no_sync)(void *py_object, smla_dl_tensor *out);
+    int (*current_work_stream)(int32_t device_type, int32_t device_id, void **out_stream);
+} smla_dl_exchange_api;
+
 #endif /* SMLA_DLPACK_H */

@@ -429,6 +429,7 @@ __global__ void __launch_bounds__(C::NT, C::MINB) attn_fwd_kernel(const __grid_c
 #pragma unroll
         for (int mt = 0; mt < C::MT; ++mt) {
             const float al0 = sAlpha[mt * 16 + g], al1 = sAlpha[mt * 16 + g + 8];
+            if (!__any_sync(0xffffffffu, al0 != 1.f || al1 != 1.f)) continue;  // max unchanged: O as is
 #pragma unroll
             for (int nt = 0; nt < C::NTO; ++nt) {
                 o[mt][nt][0] *= al0;

@@ -422,12 +422,14 @@ __global__ void __launch_bounds__(kThreads, 1) attn_sm90_kernel(const __grid_con
         fence_async_smem();
         named_sync(kBarP, 256);  // P complete (both token halves)
 
+        if (__any_sync(0xffffffffu, alpha[0] != 1.f || alpha[1] != 1.f)) {  // the max moved (rarely, late on)
 #pragma unroll
-        for (int jn = 0; jn < 32; ++jn) {
-            o[4 * jn + 0] *= alpha[0];
-            o[4 * jn + 1] *= alpha[0];
-            o[4 * jn + 2] *= alpha[1];
-            o[4 * jn + 3] *= alpha[1];
+            for (int jn = 0; jn < 32; ++jn) {
+                o[4 * jn + 0] *= alpha[0];
+                o[4 * jn + 1] *= alpha[0];
+                o[4 * jn + 2] *= alpha[1];
+                o[4 * jn + 3] *= alpha[1];
+            }
         }
         wg_fence();
 #pragma unroll

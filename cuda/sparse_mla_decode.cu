@@ -1,10 +1,13 @@
 // smla.sparse_mla_decode on CUDA: sparse MLA over a paged KV cache (fp8_ds_mla or bf16).
 //
-// Design (phase 1, sm_80+; see attention_core.cuh for the kernel itself):
+// Design (kernels in attention_core.cuh, portable sm_80+, and attention_sm90.cuh, Hopper wgmma):
 // - One CTA per (query row = (request, token), head tile of 16/32/64 heads, top-k split); the grid is
 //   one-dimensional (x = (row * head_tiles + tile) * splits + split), so any b * s_q works.
-// - fp8 rows are gathered raw with cp.async and dequantised in shared memory to the exact bf16 values
-//   the CPU path produces, then the same bf16 tensor-core loop as prefill runs over them.
+// - h > 32 on sm_90: the warp-specialised wgmma kernel (a producer warpgroup dequantises fp8 rows into
+//   two bf16 K buffers while two consumer warpgroups run QK^T and PV). Otherwise the portable
+//   mma.sync kernel: fp8 rows gathered raw with cp.async and dequantised in shared memory. Both give
+//   the exact bf16 values of the CPU path (bf16_rne(float(e4m3) * scale)).
+// - SMLA_ATTN_KERNEL=portable|sm90|auto (default auto) picks the family at run time (tests, A/B).
 // - When b * s_q * head_tiles CTAs cannot fill the GPU, the top-k list is split across CTAs: each
 //   writes fp32 partial O and a log2 lse into the caller's workspace and a combine kernel merges
 //   them (lse-weighted; empty splits are (0, -inf)). The split count comes from one plan shared with

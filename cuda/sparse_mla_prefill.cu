@@ -1,6 +1,7 @@
 // smla.sparse_mla_prefill on CUDA: sparse MLA over bf16 kv[s_kv, 576] (one block of s_kv rows, b = 1).
 //
-// Design (phase 1, sm_80+; the kernel is in attention_core.cuh, shared with decode):
+// Design (kernels shared with decode: attention_sm90.cuh for h > 32 on sm_90, wgmma with a cp.async
+// producer warpgroup; attention_core.cuh, mma.sync, for the rest and for sm_80):
 // - One CTA per (query token, head tile of 16/32/64 heads), never split (prefill has thousands of
 //   rows). Grid x = token * head_tiles + tile: the CTAs running at the same time are neighbouring
 //   tokens whose top-k sets overlap, and K rows are loaded with an L2 evict_last hint so that those

@@ -40,12 +40,24 @@ def is_cuda(x):
     return device(x)[0] in (_DL_CUDA, _DL_CUDA_MANAGED)
 
 
+# Passed to the extension to mean "ask the array's framework for its current stream" through the DLPack
+# C exchange API (no Python round trip); see csrc/binding.c.
+STREAM_CURRENT = 0xFFFFFFFFFFFFFFFF
+_HAS_EXCHANGE_API = {}
+
+
 def launch_stream(x, stream=None):
     """The stream handle to launch on: the caller's `stream=`, else the current stream of the framework
     that owns x (torch / cupy), else 0 (the legacy default stream)."""
     if stream is not None:
         return int(stream)
-    if not is_cuda(x):
+    t = type(x)
+    api = _HAS_EXCHANGE_API.get(t)
+    if api is None:
+        api = _HAS_EXCHANGE_API[t] = hasattr(t, "__dlpack_c_exchange_api__")
+    if api:
+        return STREAM_CURRENT
+    if isinstance(x, np.ndarray) or not is_cuda(x):
         return 0
     fw = framework(x)
     if fw == "torch":

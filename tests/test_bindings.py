@@ -160,3 +160,24 @@ def test_cuda_arrays_without_cuda_raise_cleanly():
         pytest.skip("a GPU is present")
     with pytest.raises(BufferError, match="fake producer"):
         _unpack(slots=FakeCuda(np.arange(4, dtype=np.int32)))
+
+
+def test_torch_cpu_tensors_through_the_exchange_api():
+    """torch publishes the DLPack C exchange API: its CPU tensors take that path and match NumPy."""
+    torch = pytest.importorskip("torch")
+    rng = np.random.default_rng(2)
+    cache = fp8_cache()
+    kv_c = rng.standard_normal((20, 512)).astype(BF16)
+    k_pe = rng.standard_normal((20, 64)).astype(BF16)
+    smla.pack_kv(kv_c, k_pe, cache, np.arange(20, dtype=np.int32), kv_cache_dtype="fp8_ds_mla")
+    t_cache = torch.zeros(cache.shape, dtype=torch.uint8)
+    t_kv_c = torch.from_numpy(kv_c.view(np.uint16).astype(np.int16)).view(torch.bfloat16)
+    t_k_pe = torch.from_numpy(k_pe.view(np.uint16).astype(np.int16)).view(torch.bfloat16)
+    smla.pack_kv(t_kv_c, t_k_pe, t_cache, torch.arange(20, dtype=torch.int32), kv_cache_dtype="fp8_ds_mla")
+    assert np.array_equal(t_cache.numpy(), cache)
+    out = smla.unpack_kv(t_cache, torch.arange(20, dtype=torch.int64), kv_cache_dtype="fp8_ds_mla")
+    assert out.dtype == torch.bfloat16
+    ref = smla.unpack_kv(cache, np.arange(20, dtype=np.int32), kv_cache_dtype="fp8_ds_mla")
+    assert np.array_equal(out.view(torch.int16).numpy().view(np.uint16), ref.view(np.uint16))
+    with pytest.raises(TypeError, match="slots: expected int32 or int64, got float32"):
+        smla.unpack_kv(t_cache, torch.zeros(3), kv_cache_dtype="fp8_ds_mla")
