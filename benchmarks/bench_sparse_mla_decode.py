@@ -10,6 +10,7 @@ calls after a warm-up, with the L2 flushed before each call unless --no-flush. O
 workspace are preallocated, as a serving step would.
 
     python benchmarks/bench_sparse_mla_decode.py [--quick] [--json out.json] [--no-baseline]
+        [--shape H,S_Q,B ...] [--splits 1,4,16] [--cache-dtype bf16] [--kernel portable|sm90]
 """
 import argparse
 import json
@@ -36,6 +37,11 @@ def parse():
     ap.add_argument("--kernel", default="auto", choices=["auto", "portable", "sm90"],
                     help="smla kernel family (sets SMLA_ATTN_KERNEL): sm90 = wgmma path on Hopper")
     ap.add_argument("--cache-dtype", default="fp8_ds_mla", choices=["fp8_ds_mla", "bf16"])
+    ap.add_argument("--shape", action="append", default=[], metavar="H,S_Q,B",
+                    help="measure this shape (repeatable) instead of the default list")
+    ap.add_argument("--splits", default="",
+                    help="comma-separated split caps to sweep, e.g. 1,4,8,16: the workspace passed holds "
+                         "that many splits' partials (the launcher uses min(plan, cap)); default: the plan")
     return ap.parse_args()
 
 
@@ -134,24 +140,27 @@ def main():
     warmup = 3 if args.quick else 10
     flush = not args.no_flush
     cd = args.cache_dtype
-    todo = shapes(args.quick)
+    todo = [tuple(int(v) for v in sh.split(",")) for sh in args.shape] or shapes(args.quick)
+    caps = [int(v) for v in args.splits.split(",") if v] or [0]
     t0 = time.time()
     cache, bt = build_cache(torch, smla, max(b for _, _, b in todo), cd)
     dev = torch.cuda.get_device_properties(0)
     print(f"# {dev.name}, {dev.multi_processor_count} SMs; kernel {args.kernel}; cache {cd} {cache.numel() * cache.element_size() / 2**30:.1f}"
           f" GiB built in {time.time() - t0:.1f} s; topk {TOPK}, context {CTX} tokens/request, "
           f"{'L2 flushed' if flush else 'L2 warm'}, median of {iters}")
-    hdr = (f"{'h':>4} {'s_q':>4} {'b':>4} {'time_us':>9} {'TFLOP/s':>8} {'uniqGB/s':>9} {'vsHBM':>6} "
+    hdr = (f"{'h':>4} {'s_q':>4} {'b':>4} {'cap':>4} {'time_us':>9} {'TFLOP/s':>8} {'uniqGB/s':>9} {'vsHBM':>6} "
            f"{'splits_ws_MB':>12} {'torch_us':>9} {'speedup':>8} {'max|d|':>8}")
     print(hdr)
     results = []
-    for h, s_q, b in todo:
+    for (h, s_q, b), cap in ((sh, c) for sh in todo for c in caps):
         gen = torch.Generator(device="cuda").manual_seed(h * 1000 + b * 10 + s_q)
         q = torch.randn((b, s_q, h, 576), generator=gen, device="cuda").to(torch.bfloat16)
         idx = make_indices(torch, bt, b, s_q, seed=b * 7 + s_q)
         out = torch.empty((b, s_q, h, 512), dtype=torch.bfloat16, device="cuda")
         lse = torch.empty((b, s_q, h), dtype=torch.float32, device="cuda")
         ws_bytes = smla.sparse_mla_decode_workspace_size(b, s_q, h, TOPK, cd)
+        if cap > 0:  # partials of at most `cap` splits (fp32 O and lse per split; cap 1: no split)
+            ws_bytes = min(ws_bytes, cap * b * s_q * h * (512 + 1) * 4) if cap > 1 else 0
         ws = torch.empty(max(ws_bytes, 0), dtype=torch.uint8, device="cuda")
 
         def run():
@@ -161,7 +170,7 @@ def main():
         us = time_us(torch, run, iters, warmup, flush)
         flops = 2.0 * b * s_q * h * TOPK * (576 + 512)
         uniq = int(torch.unique(idx).numel()) * (FP8_ENTRY if cd == "fp8_ds_mla" else 1152)
-        rec = dict(op="sparse_mla_decode", cache_dtype=cd, h=h, s_q=s_q, b=b, topk=TOPK, time_us=us,
+        rec = dict(op="sparse_mla_decode", cache_dtype=cd, h=h, s_q=s_q, b=b, split_cap=cap, topk=TOPK, time_us=us,
                    tflops=flops / us * 1e-6, unique_bytes=uniq, unique_gbps=uniq / us * 1e-3,
                    vs_hbm=us / (uniq / HBM_BYTES_PER_S * 1e6), workspace_bytes=ws_bytes, flush_l2=flush)
         if not args.no_baseline:
@@ -182,7 +191,7 @@ def main():
         tus = rec.get("torch_us")
         t_txt = f"{tus:.1f}" if tus else "-"
         s_txt = f"{tus / us:.1f}x" if tus else "-"
-        print(f"{h:>4} {s_q:>4} {b:>4} {us:>9.1f} {rec['tflops']:>8.1f} {rec['unique_gbps']:>9.0f} "
+        print(f"{h:>4} {s_q:>4} {b:>4} {cap if cap else '-':>4} {us:>9.1f} {rec['tflops']:>8.1f} {rec['unique_gbps']:>9.0f} "
               f"{rec['vs_hbm']:>6.2f} {ws_bytes / 2**20:>12.1f} {t_txt:>9} {s_txt:>8} "
               f"{rec.get('max_abs_diff', float('nan')):>8.3g}", flush=True)
     if args.json:

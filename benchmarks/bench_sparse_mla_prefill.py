@@ -8,6 +8,7 @@ processes the query rows in chunks (a whole-batch gather would need s_q * topk *
 The summary line compares h = 16 with h = 64 per head (issue target: within 1.5x).
 
     python benchmarks/bench_sparse_mla_prefill.py [--quick] [--json out.json] [--no-baseline]
+        [--shape H,S_KV ...] [--kernel portable|sm90]
 """
 import argparse
 import json
@@ -30,6 +31,8 @@ def parse():
     ap.add_argument("--no-baseline", action="store_true", help="skip the PyTorch baseline")
     ap.add_argument("--kernel", default="auto", choices=["auto", "portable", "sm90"],
                     help="smla kernel family (sets SMLA_ATTN_KERNEL): sm90 = wgmma path on Hopper")
+    ap.add_argument("--shape", action="append", default=[], metavar="H,S_KV",
+                    help="measure this shape (repeatable) instead of the default list")
     return ap.parse_args()
 
 
@@ -98,7 +101,8 @@ def main():
           f"{'max|d|':>8}")
     results = []
     kvs, idxs = {}, {}
-    for h, s_kv in shapes(args.quick):
+    todo = [tuple(int(v) for v in sh.split(",")) for sh in args.shape] or shapes(args.quick)
+    for h, s_kv in todo:
         if s_kv not in kvs:
             gen = torch.Generator(device="cuda").manual_seed(s_kv)
             kvs[s_kv] = torch.randn((s_kv, 576), generator=gen, device="cuda").to(torch.bfloat16)

@@ -6,9 +6,16 @@
 // Per K tile (all warps, CTA-wide barriers):
 //   S phase : warp (wr, wc) computes S[16 heads x TN tokens] = Q K^T over 576 dims; masks invalid
 //             tokens to -inf; row maxima are exchanged through smem (barrier B1); p = exp2(s - m) is
-//             written as bf16 into the K tile's dead RoPE columns (P aliases K[:, 512:576]).
+//             split into two bf16 terms, p = P_hi + P_lo (split_bf16x2): P_hi is written into the K
+//             tile's dead RoPE columns (aliases K[:, 512:576]), P_lo into its own [HT x BN] region.
 //   PV phase: after barrier B2 every warp owns all HT rows x (512 / NW) output columns in registers
-//             and does O = O * alpha + P V with V = K[:, :512] (ldmatrix.trans).
+//             and does O = O * alpha + P_hi V + P_lo V with V = K[:, :512] (ldmatrix.trans). A bf16 P
+//             alone is NOT accurate enough for DESIGN's tolerances (it rounds each probability by up
+//             to 2^-9 relative; with |V| ~ 10 that is ~1e-2 absolute on the output).
+// lse / max_logits accuracy (DESIGN: 1e-6 absolute near 0): QK^T is summed per 64-dim group and the
+// groups added in fp32 (a single 36-step tensor-core chain errs by up to ~1e-6 on a logit), row sums
+// are kept in double, and lse = m * ml_factor + ln(l) is formed in double (ml_factor = scale /
+// fl(scale * log2 e) also undoes the fp32 rounding of the log2-domain scale).
 // K-tile loader policies:
 //   bf16 : 16-byte cp.async row gathers into a double-buffered bf16 tile (zero fill for invalid rows).
 //   fp8  : cp.async of the raw 656-byte entries into a staging buffer, then a smem->smem dequant pass
@@ -36,6 +43,8 @@ constexpr int kFp8Entry = SMLA_FP8_ENTRY;   // 656 B
 constexpr int kFp8Chunks = kFp8Entry / 16;  // 41
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
+constexpr double kLn2d = 0.6931471805599453;
+constexpr double kLog2ed = 1.4426950408889634;
 
 // ------------------------------------------------------------------------------------------------
 // PTX wrappers (all sm_80+)
@@ -146,15 +155,27 @@ __device__ __forceinline__ uint32_t row_chunk(uint32_t base, int row, int chunk)
     return base + static_cast<uint32_t>(row * kRowBytes + ((chunk ^ (row & 7)) << 4));
 }
 
-// P[hr][tok] (bf16) stored in the RoPE columns (chunks 64..71) of the K tile: 64 / BN P rows per K row.
-template <int BN>
-__device__ __forceinline__ uint32_t p_addr(uint32_t kbase, int hr, int tok)
+// P[hr][tok] (bf16) in 128-byte rows of 8 chunks, 64 / BN P rows per such row, the chunk XOR-swizzled
+// by (row & 7). P_hi lives in the RoPE columns (chunks 64..71) of the K tile (base = tile + 1024, row
+// stride 1152: chunk 64 + c ^ (r & 7) = 64 + (c ^ (r & 7))); P_lo in its own region (row stride 128).
+template <int BN, int STRIDE>
+__device__ __forceinline__ uint32_t p_addr(uint32_t base, int hr, int tok)
 {
-    constexpr int PR = 64 / BN;  // P rows per K row
+    constexpr int PR = 64 / BN;  // P rows per 128-byte row
     constexpr int PC = BN / 8;   // chunks per P row
     const int kr = hr / PR;
-    const int lc = 64 + (hr % PR) * PC + (tok >> 3);
-    return row_chunk(kbase, kr, lc) + ((tok & 7) << 1);
+    const int lc = (hr % PR) * PC + (tok >> 3);
+    return base + static_cast<uint32_t>(kr * STRIDE + ((lc ^ (kr & 7)) << 4) + ((tok & 7) << 1));
+}
+
+// p = hi + lo with hi = bf16_rne(p) and lo = bf16_rne(p - hi) (p - hi is exact in fp32): P V is done
+// as P_hi V + P_lo V, so the probabilities carry ~16 significant bits instead of bf16's 8 (a bf16 P
+// alone gives errors of ~2^-9 |V| per dominant token: up to ~1e-2 on outputs whose V entries reach
+// ~10, far outside DESIGN's 1e-3 absolute tolerance).
+__device__ __forceinline__ void split_bf16x2(float a, float b, uint32_t &hi, uint32_t &lo)
+{
+    hi = pack_bf16x2(a, b);
+    lo = pack_bf16x2(a - __uint_as_float(hi << 16), b - __uint_as_float(hi & 0xffff0000u));
 }
 
 // ------------------------------------------------------------------------------------------------
@@ -166,7 +187,9 @@ struct Args {
     int64_t rows;      // b * s_q
     int n_ht;          // head tiles per row
     int n_splits;      // top-k splits per (row, head tile); > 1: partials + combine
-    float scale_log2;  // softmax_scale * log2(e)
+    float scale_log2;  // softmax_scale * log2(e), rounded to fp32
+    double ml_factor;  // softmax_scale / scale_log2 (~ln 2): log2-domain kernel logits -> natural logits,
+                       // undoing scale_log2's fp32 rounding (lse = m * ml_factor + ln(l))
     float *o_part;     // [n_splits, rows, h, 512] fp32 (split mode)
     float *lse_part;   // [n_splits, rows, h] fp32, log2 domain (split mode)
     int evict_last;    // L2 evict_last hint on K rows (prefill: neighbouring rows share K)
@@ -191,10 +214,11 @@ struct Cfg {
     static constexpr int NKBUF = FP8 ? 1 : 2; // bf16 K tiles
     static constexpr int Q_OFF = 0;
     static constexpr int K_OFF = Q_OFF + HT * kRowBytes;
-    static constexpr int RAW_OFF = K_OFF + NKBUF * BN * kRowBytes;
+    static constexpr int PLO_OFF = K_OFF + NKBUF * BN * kRowBytes;  // P_lo [HT x BN] bf16
+    static constexpr int RAW_OFF = PLO_OFF + HT * BN * 2;
     static constexpr int IDX_OFF = RAW_OFF + NRAW * BN * kFp8Entry;
     static constexpr int RED_OFF = IDX_OFF + 3 * BN * 4;
-    static constexpr int ALPHA_OFF = RED_OFF + WC * HT * 4;
+    static constexpr int ALPHA_OFF = RED_OFF + WC * HT * 8;  // float maxima, then double row sums
     static constexpr int M_OFF = ALPHA_OFF + HT * 4;
     static constexpr int SMEM = M_OFF + HT * 4;
     static_assert(HT == 16 || HT == 32 || HT == 64, "head tile");
@@ -241,10 +265,12 @@ __global__ void __launch_bounds__(C::NT, C::MINB) attn_fwd_kernel(const __grid_c
 
     const uint32_t sQ = smem_u32(smem + C::Q_OFF);
     const uint32_t sK = smem_u32(smem + C::K_OFF);
+    const uint32_t sPlo = smem_u32(smem + C::PLO_OFF);
     const uint32_t sRaw = smem_u32(smem + C::RAW_OFF);
     const uint32_t sIdxA = smem_u32(smem + C::IDX_OFF);
     const int32_t *sIdx = reinterpret_cast<const int32_t *>(smem + C::IDX_OFF);
-    float *sRed = reinterpret_cast<float *>(smem + C::RED_OFF);
+    float *sRed = reinterpret_cast<float *>(smem + C::RED_OFF);     // per-tile row maxima
+    double *sRedD = reinterpret_cast<double *>(smem + C::RED_OFF);  // epilogue: row sums
     float *sAlpha = reinterpret_cast<float *>(smem + C::ALPHA_OFF);
     float *sM = reinterpret_cast<float *>(smem + C::M_OFF);
 
@@ -258,7 +284,7 @@ __global__ void __launch_bounds__(C::NT, C::MINB) attn_fwd_kernel(const __grid_c
 
     // running softmax state of the two rows this thread sees in the S phase (16wr+g, 16wr+g+8)
     float m_r[2] = {-INFINITY, -INFINITY};
-    float l_r[2] = {0.f, 0.f};
+    double l_r[2] = {0.0, 0.0};  // row sums in double: thousands of fp32 adds would cost ~1e-7 relative
     float o[C::MT][C::NTO][4];
 #pragma unroll
     for (int mt = 0; mt < C::MT; ++mt)
@@ -346,8 +372,14 @@ __global__ void __launch_bounds__(C::NT, C::MINB) attn_fwd_kernel(const __grid_c
             qoff[u] = row_chunk(sQ, qrow, 2 * u + qhi);
             koff[u] = row_chunk(kb, krow, 2 * u + khi);
         }
+        // Each 64-dim group accumulates into its own partial (4 mma steps), added to acc in fp32 with
+        // round-to-nearest: one 36-step tensor-core chain loses up to ~1e-6 (natural-log units) on a
+        // logit, at DESIGN's lse / max_logits tolerance.
 #pragma unroll 1
         for (int kg = 0; kg < kDqk / 64; ++kg) {
+            float pt[C::NTS][4];
+#pragma unroll
+            for (int i = 0; i < C::NTS; ++i) pt[i][0] = pt[i][1] = pt[i][2] = pt[i][3] = 0.f;
 #pragma unroll
             for (int u = 0; u < 4; ++u) {
                 uint32_t af[4];
@@ -355,17 +387,21 @@ __global__ void __launch_bounds__(C::NT, C::MINB) attn_fwd_kernel(const __grid_c
                 if constexpr (C::NTS == 1) {
                     uint32_t bf[2];
                     ldsm_x2(bf, koff[u] + kg * 128);
-                    mma_bf16(acc[0], af, bf[0], bf[1]);
+                    mma_bf16(pt[0], af, bf[0], bf[1]);
                 } else {
 #pragma unroll
                     for (int np = 0; np < C::NTS / 2; ++np) {
                         uint32_t bf[4];
                         ldsm_x4(bf, koff[u] + kg * 128 + np * 16 * kRowBytes);
-                        mma_bf16(acc[2 * np], af, bf[0], bf[1]);
-                        mma_bf16(acc[2 * np + 1], af, bf[2], bf[3]);
+                        mma_bf16(pt[2 * np], af, bf[0], bf[1]);
+                        mma_bf16(pt[2 * np + 1], af, bf[2], bf[3]);
                     }
                 }
             }
+#pragma unroll
+            for (int i = 0; i < C::NTS; ++i)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) acc[i][e] += pt[i][e];
         }
         // mask + scale (log2 domain), row max over this warp's tokens
         const int32_t *ring = sIdx + slot * BN;
@@ -414,16 +450,21 @@ __global__ void __launch_bounds__(C::NT, C::MINB) attn_fwd_kernel(const __grid_c
             rs[0] += p0 + p1;
             rs[1] += p2 + p3;
             const int tok = tok0 + nt * 8 + 2 * t4;
-            st_shared_u32(p_addr<BN>(kb, r0, tok), pack_bf16x2(p0, p1));
-            st_shared_u32(p_addr<BN>(kb, r0 + 8, tok), pack_bf16x2(p2, p3));
+            uint32_t hi01, lo01, hi23, lo23;
+            split_bf16x2(p0, p1, hi01, lo01);
+            split_bf16x2(p2, p3, hi23, lo23);
+            st_shared_u32(p_addr<BN, kRowBytes>(kb + 1024, r0, tok), hi01);
+            st_shared_u32(p_addr<BN, kRowBytes>(kb + 1024, r0 + 8, tok), hi23);
+            st_shared_u32(p_addr<BN, 128>(sPlo, r0, tok), lo01);
+            st_shared_u32(p_addr<BN, 128>(sPlo, r0 + 8, tok), lo23);
         }
-        l_r[0] = l_r[0] * alpha[0] + rs[0];
-        l_r[1] = l_r[1] * alpha[1] + rs[1];
+        l_r[0] = l_r[0] * static_cast<double>(alpha[0]) + static_cast<double>(rs[0]);
+        l_r[1] = l_r[1] * static_cast<double>(alpha[1]) + static_cast<double>(rs[1]);
         if (wc == 0 && t4 == 0) {
             sAlpha[r0] = alpha[0];
             sAlpha[r0 + 8] = alpha[1];
         }
-        __syncthreads();  // B2: P and alpha visible
+        __syncthreads();  // B2: P (hi and lo) and alpha visible
 
         // PV phase: this warp owns all HT rows x columns [warp*OC, warp*OC + OC)
 #pragma unroll
@@ -442,10 +483,13 @@ __global__ void __launch_bounds__(C::NT, C::MINB) attn_fwd_kernel(const __grid_c
         const int vchunk = (warp * C::OC) / 8 + (lane >> 4);
 #pragma unroll 1
         for (int kk = 0; kk < BN / 16; ++kk) {
-            uint32_t pa[C::MT][4];
+            uint32_t pa[C::MT][4], pl[C::MT][4];
 #pragma unroll
-            for (int mt = 0; mt < C::MT; ++mt)
-                ldsm_x4(pa[mt], p_addr<BN>(kb, mt * 16 + (lane & 15), kk * 16 + (lane >> 4) * 8));
+            for (int mt = 0; mt < C::MT; ++mt) {
+                const int hr = mt * 16 + (lane & 15), tk = kk * 16 + (lane >> 4) * 8;
+                ldsm_x4(pa[mt], p_addr<BN, kRowBytes>(kb + 1024, hr, tk));
+                ldsm_x4(pl[mt], p_addr<BN, 128>(sPlo, hr, tk));
+            }
 #pragma unroll
             for (int np = 0; np < C::NTO / 2; ++np) {
                 uint32_t bf[4];
@@ -454,6 +498,8 @@ __global__ void __launch_bounds__(C::NT, C::MINB) attn_fwd_kernel(const __grid_c
                 for (int mt = 0; mt < C::MT; ++mt) {
                     mma_bf16(o[mt][2 * np], pa[mt], bf[0], bf[1]);
                     mma_bf16(o[mt][2 * np + 1], pa[mt], bf[2], bf[3]);
+                    mma_bf16(o[mt][2 * np], pl[mt], bf[0], bf[1]);
+                    mma_bf16(o[mt][2 * np + 1], pl[mt], bf[2], bf[3]);
                 }
             }
         }
@@ -517,9 +563,9 @@ __global__ void __launch_bounds__(C::NT, C::MINB) attn_fwd_kernel(const __grid_c
     }
     {
         const int r0 = wr * 16 + g;
-        if (t4 == 0) {  // sRed was last read before B2 of the last tile
-            sRed[wc * HT + r0] = l_r[0];
-            sRed[wc * HT + r0 + 8] = l_r[1];
+        if (t4 == 0) {  // sRed (here as double) was last read before B2 of the last tile
+            sRedD[wc * HT + r0] = l_r[0];
+            sRedD[wc * HT + r0 + 8] = l_r[1];
             if (wc == 0) {
                 sM[r0] = m_r[0];
                 sM[r0 + 8] = m_r[1];
@@ -536,13 +582,14 @@ __global__ void __launch_bounds__(C::NT, C::MINB) attn_fwd_kernel(const __grid_c
             const int rl = mt * 16 + g + 8 * hf;
             const int hr = h0 + rl;
             if (hr >= h) continue;
-            float l = 0.f;
+            double l = 0.0;
 #pragma unroll
-            for (int c = 0; c < C::WC; ++c) l += sRed[c * HT + rl];
+            for (int c = 0; c < C::WC; ++c) l += sRedD[c * HT + rl];
             const float m = sM[rl];
             const bool none = m == -INFINITY;  // no valid index in this range
-            const float lse2 = none ? -INFINITY : m + log2f(l);
-            float f = none ? 0.f : 1.f / l;
+            // natural-log lse in double (an fp32 m + log2f(l) loses ~1e-6 when lse is near 0)
+            const double lse_d = none ? -INFINITY : static_cast<double>(m) * a.ml_factor + log(l);
+            float f = none ? 0.f : static_cast<float>(1.0 / l);
             if (split) {
                 const int64_t prow = (static_cast<int64_t>(sp) * a.rows + row) * h + hr;
                 if (!none) {
@@ -552,10 +599,11 @@ __global__ void __launch_bounds__(C::NT, C::MINB) attn_fwd_kernel(const __grid_c
                         *reinterpret_cast<float2 *>(op + nt * 8) =
                             make_float2(o[mt][nt][2 * hf] * f, o[mt][nt][2 * hf + 1] * f);
                 }
-                if (warp == 0 && t4 == 0) a.lse_part[prow] = lse2;
+                if (warp == 0 && t4 == 0) a.lse_part[prow] = static_cast<float>(lse_d * kLog2ed);
             } else {
-                const float lse = lse2 * kLn2;
-                if (p.attn_sink && !none) f *= 1.f / (1.f + expf(p.attn_sink[hr * p.sink_stride] - lse));
+                const float lse = static_cast<float>(lse_d);
+                if (p.attn_sink && !none)
+                    f *= static_cast<float>(1.0 / (1.0 + exp(static_cast<double>(p.attn_sink[hr * p.sink_stride]) - lse_d)));
                 uint16_t *op = p.out + bi * p.out_stride_b + si * p.out_stride_s + hr * p.out_stride_h +
                                warp * C::OC + 2 * t4;
 #pragma unroll
@@ -566,7 +614,7 @@ __global__ void __launch_bounds__(C::NT, C::MINB) attn_fwd_kernel(const __grid_c
                     p.lse[bi * p.lse_stride_b + si * p.lse_stride_s + hr * p.lse_stride_h] = lse;
                     if (p.max_logits)
                         p.max_logits[bi * p.ml_stride_b + si * p.ml_stride_s + hr * p.ml_stride_h] =
-                            none ? -INFINITY : m * kLn2;
+                            none ? -INFINITY : static_cast<float>(static_cast<double>(m) * a.ml_factor);
                 }
             }
         }
@@ -598,7 +646,7 @@ __global__ void __launch_bounds__(kCombineWarps * 32) attn_combine_kernel(const 
     for (int o = 16; o > 0; o >>= 1) M = fmaxf(M, __shfl_xor_sync(0xffffffffu, M, o));
     const bool none = M == -INFINITY;
 
-    float W = 0.f;
+    double W = 0.0;
     float acc[16];
 #pragma unroll
     for (int i = 0; i < 16; ++i) acc[i] = 0.f;
@@ -619,9 +667,11 @@ __global__ void __launch_bounds__(kCombineWarps * 32) attn_combine_kernel(const 
             }
         }
     }
-    const float lse = none ? -INFINITY : (M + log2f(W)) * kLn2;
-    float f = none ? 0.f : 1.f / W;
-    if (p.attn_sink && !none) f *= 1.f / (1.f + expf(p.attn_sink[hr * p.sink_stride] - lse));
+    const double lse_d = none ? -INFINITY : (static_cast<double>(M) + log2(W)) * kLn2d;
+    const float lse = static_cast<float>(lse_d);
+    float f = none ? 0.f : static_cast<float>(1.0 / W);
+    if (p.attn_sink && !none)
+        f *= static_cast<float>(1.0 / (1.0 + exp(static_cast<double>(p.attn_sink[hr * p.sink_stride]) - lse_d)));
     uint16_t *out = p.out + bi * p.out_stride_b + si * p.out_stride_s + hr * p.out_stride_h + 4 * lane;
 #pragma unroll
     for (int k = 0; k < 4; ++k) {

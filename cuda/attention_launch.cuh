@@ -331,6 +331,11 @@ static int run_attention(const smla_attn_params *p, bool is_decode, smla_status 
     a.rows = L.rows;
     a.n_ht = static_cast<int>(L.n_ht);
     a.scale_log2 = p->softmax_scale * kLog2e;
+    // m * ml_factor = the natural-log logit of the log2-domain kernel logit m (exact up to m's own
+    // rounding); a zero / non-finite scale_log2 leaves plain ln 2
+    a.ml_factor = (a.scale_log2 != 0.f && isfinite(a.scale_log2))
+                      ? static_cast<double>(p->softmax_scale) / static_cast<double>(a.scale_log2)
+                      : kLn2d;
     a.evict_last = is_decode ? 0 : 1;
     a.o_part = nullptr;
     a.lse_part = nullptr;

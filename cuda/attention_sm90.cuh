@@ -2,17 +2,21 @@
 //
 // CTA = one query row x 64 heads x one top-k split, 384 threads:
 //   WG0, WG1 (consumers, setmaxnreg 200): for each 64-token K tile both compute S = Q K^T for their
-//     own 32 tokens (wgmma m64n32k16 x 36, Q and K from smem), exchange row maxima (named barrier),
-//     write P = exp2(S - m) as bf16 into the tile's dead RoPE block, and then each accumulates its
-//     half of the output, O[:, 256*wg : 256*wg + 256] += P V (wgmma m64n256k16 x 4, V = K[:, :512]
-//     read N-major from smem), in 128 fp32 registers per thread.
+//     own 32 tokens (wgmma m64n32k16 x 36 as 3 chains of 12 summed in fp32, for accuracy; Q and K
+//     from smem), exchange row maxima (named barrier),
+//     write P = exp2(S - m) as two bf16 terms P_hi + P_lo (split_bf16x2; P_hi into the tile's dead
+//     RoPE block, P_lo into a block of its own), and then each accumulates its half of the output,
+//     O[:, 256*wg : 256*wg + 256] += P_hi V + P_lo V (wgmma m64n256k16 x 8, V = K[:, :512] read
+//     N-major from smem), in 128 fp32 registers per thread. (A bf16 P alone rounds probabilities by
+//     up to 2^-9 relative: ~1e-2 absolute output error when |V| ~ 10, outside DESIGN's tolerances.)
 //   WG2 (producer, setmaxnreg 104): fills the two K buffers: bf16 rows by 16-byte cp.async (zero fill
 //     for invalid rows); fp8_ds_mla rows by 16-byte loads into registers (two 4-row batches in
 //     flight per warp) and the exact dequant bf16_rne(float(e4m3) * scale) into smem. Buffer hand-off
 //     through mbarriers (full: producer -> consumers, empty: consumers -> producer).
 // Shared memory (1024-byte aligned, 128-byte swizzle, the layout wgmma descriptors describe): Q and
 // each K buffer are 9 column blocks of [64 rows x 128 B]; element chunk c (8 values) of row r lives
-// at block c/8, byte r*128 + ((c%8) ^ (r%8))*16. Total ~219 KB: 1 CTA per SM.
+// at block c/8, byte r*128 + ((c%8) ^ (r%8))*16. Total ~227 KB: 1 CTA per SM.
+// Row sums are kept in double and lse / max_logits are formed in double (see the portable kernel).
 // Semantics, outputs and the split-top-k partials are those of the portable kernel
 // (attention_core.cuh); it is used for h > 32 on sm_90 devices when the sm_90a body was compiled.
 #pragma once
@@ -26,17 +30,22 @@ namespace sm90 {
 constexpr int kThreads = 384;
 constexpr int kBlk = 64 * 128;                 // one column block: 64 rows x 128 B
 constexpr int kTileBytes = 9 * kBlk;           // 73,728 B: Q or one K buffer
+static_assert(kDqk == 36 * 16, "the S phase below is written for 3 chains of 12 k-steps");
 constexpr int kQ_OFF = 0;
 constexpr int kK_OFF = kTileBytes;             // two K buffers
-constexpr int kBAR_OFF = 3 * kTileBytes;       // 4 mbarriers: full[2], empty[2]
+constexpr int kPLO_OFF = 3 * kTileBytes;       // P_lo [64 heads x 64 tokens] bf16: one column block
+constexpr int kBAR_OFF = kPLO_OFF + kBlk;      // 4 mbarriers: full[2], empty[2]
 constexpr int kVALID_OFF = kBAR_OFF + 64;      // int [2][64]
 constexpr int kMAX_OFF = kVALID_OFF + 2 * 64 * 4;  // float [2][64] row maxima per consumer WG
-constexpr int kL_OFF = kMAX_OFF + 2 * 64 * 4;  // float [2][64] row sums per consumer WG
-constexpr int kSMEM_USED = kL_OFF + 2 * 64 * 4;
+// double [2][64] row sums per consumer WG, written in the epilogue over the row maxima (last read
+// before the last tile's kBarP) and the 512 bytes after them
+constexpr int kL_OFF = kMAX_OFF;
+constexpr int kSMEM_USED = kMAX_OFF + 2 * 64 * 8;
 constexpr int kSMEM = kSMEM_USED + 1024;       // slack to align the base to 1024 B
+static_assert(kSMEM <= 227 * 1024, "sm_90 opt-in shared memory per block");
 constexpr int kConsumerRegs = 200;
 constexpr int kProducerRegs = 104;
-constexpr int kBarMax = 1, kBarP = 2, kBarL = 3;  // named barriers of the 256 consumer threads
+constexpr int kBarMax = 1, kBarP = 2, kBarL = 3, kBarQ = 4;  // named barriers of the 256 consumer threads
 
 __device__ __forceinline__ uint32_t blk_addr(uint32_t base, int row, int chunk)
 {
@@ -211,12 +220,14 @@ __global__ void __launch_bounds__(kThreads, 1) attn_sm90_kernel(const __grid_con
 
     const uint32_t sQ = base + kQ_OFF;
     const uint32_t sK = base + kK_OFF;
+    const uint32_t sPlo = base + kPLO_OFF;
     const uint32_t bar_full = base + kBAR_OFF, bar_empty = base + kBAR_OFF + 16;
     int *sValid = reinterpret_cast<int *>(smem + kVALID_OFF);
     float *sMax = reinterpret_cast<float *>(smem + kMAX_OFF);
-    float *sL = reinterpret_cast<float *>(smem + kL_OFF);
+    double *sL = reinterpret_cast<double *>(smem + kL_OFF);
 
-    // ---- prologue (all 384 threads): barriers, Q tile ----
+    // ---- prologue: barriers (all 384 threads); the Q tile is issued by the consumers, which wait for
+    // it on their own (kBarQ) while the producer already fetches indices and K rows ----
     if (tid == 0) {
         mbar_init(bar_full, 128);
         mbar_init(bar_full + 8, 128);
@@ -224,19 +235,17 @@ __global__ void __launch_bounds__(kThreads, 1) attn_sm90_kernel(const __grid_con
         mbar_init(bar_empty + 8, 256);
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     }
-    if (nt > 0) {
+    if (nt > 0 && tid < 256) {
         const uint16_t *qb = p.q + bi * p.q_stride_b + si * p.q_stride_s;
-        for (int i = tid; i < 64 * kRowChunks; i += kThreads) {
+        for (int i = tid; i < 64 * kRowChunks; i += 256) {
             const int r = i / kRowChunks, c = i - r * kRowChunks;
             const bool ok = h0 + r < h;
             const uint16_t *src = ok ? qb + static_cast<int64_t>(h0 + r) * p.q_stride_h + c * 8 : qb;
             cp_async16(blk_addr(sQ, r, c), src, ok ? 16 : 0);
         }
         cp_async_commit();
-        cp_async_wait_all();
-        fence_async_smem();
     }
-    __syncthreads();
+    __syncthreads();  // barriers initialised
 
     const uint8_t *kv_base = static_cast<const uint8_t *>(p.kv.data);
     const uint32_t block_size = static_cast<uint32_t>(p.kv.block_size);
@@ -287,15 +296,29 @@ __global__ void __launch_bounds__(kThreads, 1) attn_sm90_kernel(const __grid_con
                 mbar_arrive(bar_full + 8 * b);
             }
         } else {
-            // batches of 4 rows per warp, 4 batches per tile; batch q+1 is loaded while q is stored
+            // batches of 4 rows per warp, 4 batches per tile; batch q+1 is loaded while q is stored.
+            // The indices come one tile ahead: lane m < 16 holds the index of row pw + 4m of tile
+            // `it` (idx_cur) and of tile it + 1 (idx_nxt), so a batch's row loads never wait for an
+            // index load first.
             const int nq = nt * 4;
-            auto load = [&](Fp8Batch &B, int q) {
-                const int j = j0 + (q >> 2), bq = q & 3;
+            auto fetch_idx = [&](int it) -> int {
+                if (it >= nt || lane >= 16) return -1;
+                const int pos = (j0 + it) * 64 + pw + 4 * lane;
+                return pos < L ? __ldg(idx_row + pos) : -1;
+            };
+            int idx_cur = fetch_idx(0);
+            int idx_nxt = fetch_idx(1);
+            auto load = [&](Fp8Batch &B, int q) {  // called with q = 0, 1, 2, ... in order
+                const int it = q >> 2, j = j0 + it, bq = q & 3;
+                if (bq == 0 && it > 0) {
+                    idx_cur = idx_nxt;
+                    idx_nxt = fetch_idx(it + 1);
+                }
 #pragma unroll
                 for (int k = 0; k < 4; ++k) {
                     const int r = pw + 4 * (4 * bq + k);
                     const int pos = j * 64 + r;
-                    const int idx = pos < L ? idx_row[pos] : -1;
+                    const int idx = __shfl_sync(0xffffffffu, idx_cur, 4 * bq + k);
                     B.ok[k] = pos < L && idx >= 0 && static_cast<int64_t>(idx) < limit;
                     if (B.ok[k]) {
                         const uint8_t *src = row_src(idx, true);
@@ -343,6 +366,9 @@ __global__ void __launch_bounds__(kThreads, 1) attn_sm90_kernel(const __grid_con
 
     // =========================== consumers ===========================
     setmaxnreg_inc<kConsumerRegs>();
+    cp_async_wait_all();  // this thread's part of Q
+    fence_async_smem();
+    named_sync(kBarQ, 256);  // all of Q landed (and visible to wgmma)
     const int wg = tid >> 7;           // 0 or 1
     const int w = (tid >> 5) & 3;      // warp within the warpgroup: rows 16w..16w+15
     const int g = lane >> 2, t4 = lane & 3;
@@ -352,25 +378,40 @@ __global__ void __launch_bounds__(kThreads, 1) attn_sm90_kernel(const __grid_con
 #pragma unroll
     for (int i = 0; i < 128; ++i) o[i] = 0.f;
     float m_r[2] = {-INFINITY, -INFINITY};
-    float l_r[2] = {0.f, 0.f};
+    double l_r[2] = {0.0, 0.0};  // row sums in double (see the portable kernel)
 
     for (int it = 0; it < nt; ++it) {
         const int b = it & 1, use = it >> 1;
         const uint32_t kb = sK + b * kTileBytes;
         mbar_wait(bar_full + 8 * b, use & 1);
 
-        // S[64 heads x 32 tokens] for tokens 32*wg .. 32*wg + 31
-        float s[16];
-        wg_fence();
+        // S[64 heads x 32 tokens] for tokens 32*wg .. 32*wg + 31. Accuracy: one 36-step tensor-core
+        // chain over 576 dims loses up to ~1e-6 (natural-log units) on a logit, at DESIGN's lse /
+        // max_logits tolerance; so the 576 dims are 3 chains of 192 (12 wgmma steps each), summed
+        // in fp32 with round-to-nearest: the first into s, the others into t while s is ready.
+        float s[16], t[16];
+        auto s_chain = [&](float (&d)[16], int c) {
+            wg_fence();  // d was read since its last wgmma
 #pragma unroll
-        for (int kk = 0; kk < kDqk / 16; ++kk) {
-            const uint32_t qa = sQ + (kk >> 2) * kBlk + (kk & 3) * 32;
-            const uint32_t ka = kb + (kk >> 2) * kBlk + (32 * wg) * 128 + (kk & 3) * 32;
-            wgmma_n32(s, desc(qa, 16, 1024), desc(ka, 16, 1024), kk > 0);
-        }
-        wg_commit();
+            for (int kk = 12 * c; kk < 12 * c + 12; ++kk) {
+                const uint32_t qa = sQ + (kk >> 2) * kBlk + (kk & 3) * 32;
+                const uint32_t ka = kb + (kk >> 2) * kBlk + (32 * wg) * 128 + (kk & 3) * 32;
+                wgmma_n32(d, desc(qa, 16, 1024), desc(ka, 16, 1024), kk > 12 * c);
+            }
+            wg_commit();
+        };
+        s_chain(s, 0);
+        s_chain(t, 1);
         wg_wait0();
         fence_regs(s);
+        fence_regs(t);
+#pragma unroll
+        for (int i = 0; i < 16; ++i) s[i] += t[i];
+        s_chain(t, 2);
+        wg_wait0();
+        fence_regs(t);
+#pragma unroll
+        for (int i = 0; i < 16; ++i) s[i] += t[i];
 
         // mask, scale (log2 domain), row max over this warpgroup's 32 tokens
         const int *valid = sValid + b * 64;
@@ -395,7 +436,9 @@ __global__ void __launch_bounds__(kThreads, 1) attn_sm90_kernel(const __grid_con
             sMax[wg * 64 + r0] = mx[0];
             sMax[wg * 64 + r0 + 8] = mx[1];
         }
-        named_sync(kBarMax, 256);  // both halves' maxima; both warpgroups done reading the RoPE block
+        // both halves' maxima; both warpgroups done reading the RoPE block, and done with the previous
+        // tile's P V (so P_lo, one buffer for both K buffers, may be rewritten)
+        named_sync(kBarMax, 256);
         float base_[2], alpha[2];
 #pragma unroll
         for (int i = 0; i < 2; ++i) {
@@ -414,13 +457,18 @@ __global__ void __launch_bounds__(kThreads, 1) attn_sm90_kernel(const __grid_con
             rs[0] += p0 + p1;
             rs[1] += p2 + p3;
             const int tok = 32 * wg + 8 * jn + 2 * t4;
-            st_shared_u32(blk_addr(pblk, r0, tok >> 3) + (tok & 7) * 2, pack_bf16x2(p0, p1));
-            st_shared_u32(blk_addr(pblk, r0 + 8, tok >> 3) + (tok & 7) * 2, pack_bf16x2(p2, p3));
+            uint32_t hi01, lo01, hi23, lo23;
+            split_bf16x2(p0, p1, hi01, lo01);
+            split_bf16x2(p2, p3, hi23, lo23);
+            st_shared_u32(blk_addr(pblk, r0, tok >> 3) + (tok & 7) * 2, hi01);
+            st_shared_u32(blk_addr(pblk, r0 + 8, tok >> 3) + (tok & 7) * 2, hi23);
+            st_shared_u32(blk_addr(sPlo, r0, tok >> 3) + (tok & 7) * 2, lo01);
+            st_shared_u32(blk_addr(sPlo, r0 + 8, tok >> 3) + (tok & 7) * 2, lo23);
         }
-        l_r[0] = l_r[0] * alpha[0] + rs[0];
-        l_r[1] = l_r[1] * alpha[1] + rs[1];
+        l_r[0] = l_r[0] * static_cast<double>(alpha[0]) + static_cast<double>(rs[0]);
+        l_r[1] = l_r[1] * static_cast<double>(alpha[1]) + static_cast<double>(rs[1]);
         fence_async_smem();
-        named_sync(kBarP, 256);  // P complete (both token halves)
+        named_sync(kBarP, 256);  // P_hi and P_lo complete (both token halves)
 
         if (__any_sync(0xffffffffu, alpha[0] != 1.f || alpha[1] != 1.f)) {  // the max moved (rarely, late on)
 #pragma unroll
@@ -436,7 +484,9 @@ __global__ void __launch_bounds__(kThreads, 1) attn_sm90_kernel(const __grid_con
         for (int kk = 0; kk < 4; ++kk) {
             const uint32_t pa = pblk + kk * 32;
             const uint32_t va = kb + (4 * wg) * kBlk + (16 * kk) * 128;
-            wgmma_n256_tb(o, desc(pa, 16, 1024), desc(va, kBlk, 1024));
+            const uint64_t dv = desc(va, kBlk, 1024);
+            wgmma_n256_tb(o, desc(pa, 16, 1024), dv);
+            wgmma_n256_tb(o, desc(sPlo + kk * 32, 16, 1024), dv);
         }
         wg_commit();
         wg_wait0();
@@ -461,11 +511,11 @@ __global__ void __launch_bounds__(kThreads, 1) attn_sm90_kernel(const __grid_con
         const int rl = r0 + 8 * hf;
         const int hr = h0 + rl;
         if (hr >= h) continue;
-        const float l = sL[rl] + sL[64 + rl];
+        const double l = sL[rl] + sL[64 + rl];
         const float m = m_r[hf];
         const bool none = m == -INFINITY;
-        const float lse2 = none ? -INFINITY : m + log2f(l);
-        float f = none ? 0.f : 1.f / l;
+        const double lse_d = none ? -INFINITY : static_cast<double>(m) * a.ml_factor + log(l);
+        float f = none ? 0.f : static_cast<float>(1.0 / l);
         const int col0 = 256 * wg + 2 * t4;
         if (split) {
             const int64_t prow = (static_cast<int64_t>(sp) * a.rows + row) * h + hr;
@@ -476,10 +526,11 @@ __global__ void __launch_bounds__(kThreads, 1) attn_sm90_kernel(const __grid_con
                     *reinterpret_cast<float2 *>(op + 8 * jn) =
                         make_float2(o[4 * jn + 2 * hf] * f, o[4 * jn + 2 * hf + 1] * f);
             }
-            if (wg == 0 && t4 == 0) a.lse_part[prow] = lse2;
+            if (wg == 0 && t4 == 0) a.lse_part[prow] = static_cast<float>(lse_d * kLog2ed);
         } else {
-            const float lse = lse2 * kLn2;
-            if (p.attn_sink && !none) f *= 1.f / (1.f + expf(p.attn_sink[hr * p.sink_stride] - lse));
+            const float lse = static_cast<float>(lse_d);
+            if (p.attn_sink && !none)
+                f *= static_cast<float>(1.0 / (1.0 + exp(static_cast<double>(p.attn_sink[hr * p.sink_stride]) - lse_d)));
             uint16_t *op = p.out + bi * p.out_stride_b + si * p.out_stride_s + hr * p.out_stride_h + col0;
 #pragma unroll
             for (int jn = 0; jn < 32; ++jn)
@@ -489,7 +540,7 @@ __global__ void __launch_bounds__(kThreads, 1) attn_sm90_kernel(const __grid_con
                 p.lse[bi * p.lse_stride_b + si * p.lse_stride_s + hr * p.lse_stride_h] = lse;
                 if (p.max_logits)
                     p.max_logits[bi * p.ml_stride_b + si * p.ml_stride_s + hr * p.ml_stride_h] =
-                        none ? -INFINITY : m * kLn2;
+                        none ? -INFINITY : static_cast<float>(static_cast<double>(m) * a.ml_factor);
             }
         }
     }

@@ -75,4 +75,215 @@ static inline void smla_dequant_row_f32(const smla_cache *c, const uint8_t *entr
     for (int i = 0; i < SMLA_D_QK; i++) out[i] = smla_bf16_to_f32(bits[i]);
 }
 
+/* ---- fast paths (DESIGN: the same bits as the scalar reference above, on every path) ----
+ *
+ * Portable: the 256 e4m3 values as a constant table of float32 bit patterns.
+ * x86 (AVX2 / AVX-512F): the e4m3 byte, sign-extended to 16 bits, shifted left by 7 and with bit 14
+ * cleared, is the float16 of x * 2^-8 exactly (the 4-bit exponent lands in the low bits of the 5-bit one, subnormals
+ * included), so F16C's vcvtph2ps gives float(x) * 2^-8 and one multiply by s * 256 gives
+ * fl(float(x) * s): the same exact product, rounded once. NaN bytes become the half NaN 0x7e00 (float
+ * NaN 0x7fc00000, the scalar path's). Then bf16 RNE on the integer bits, as smla_f32_to_bf16 (no NaN
+ * reaches it with a finite scale, so its NaN branch is not needed).
+ * Per tile, from its scale s: a power of two in [2^-117, 2^119] makes every product an exact bf16
+ * (4 significant bits, normal range), so the rounding is skipped; other finite |s| <= 2^119 round;
+ * anything else (NaN, Inf, |s| > 2^119 where s * 256 could overflow) takes the scalar path. */
+#define SMLA_E4M3_SUBN(m) ((m) == 0 ? 0u : (m) == 1 ? 0x3b000000u : (m) < 4 ? 0x3b800000u | (((m) & 1u) << 22) \
+                                                                    : 0x3c000000u | (((m) & 3u) << 21))
+#define SMLA_E4M3_BITS(b)                                                                                  \
+    ((((b) & 0x80u) << 24) | (((b) & 0x7fu) == 0x7fu ? 0x7fc00000u                                           \
+                              : ((b) & 0x78u) ? ((((b) >> 3 & 15u) + 120u) << 23) | (((b) & 7u) << 20)     \
+                                              : SMLA_E4M3_SUBN((b) & 7u)))
+#define SMLA_E4M3_R4(b) SMLA_E4M3_BITS(b), SMLA_E4M3_BITS(b + 1u), SMLA_E4M3_BITS(b + 2u), SMLA_E4M3_BITS(b + 3u)
+#define SMLA_E4M3_R16(b) SMLA_E4M3_R4(b), SMLA_E4M3_R4(b + 4u), SMLA_E4M3_R4(b + 8u), SMLA_E4M3_R4(b + 12u)
+#define SMLA_E4M3_R64(b) SMLA_E4M3_R16(b), SMLA_E4M3_R16(b + 16u), SMLA_E4M3_R16(b + 32u), SMLA_E4M3_R16(b + 48u)
+static const uint32_t smla_e4m3_table[256] = {SMLA_E4M3_R64(0u), SMLA_E4M3_R64(64u), SMLA_E4M3_R64(128u),
+                                              SMLA_E4M3_R64(192u)};
+
+enum { SMLA_TILE_SCALAR = 0, SMLA_TILE_ROUND = 1, SMLA_TILE_EXACT = 2 };
+
+static inline int smla_fp8_tile_kind(float s)
+{
+    const uint32_t a = smla_f32_to_bits(s) & 0x7fffffffu;
+    if (a > 0x7b000000u) return SMLA_TILE_SCALAR;                                /* > 2^119, Inf, NaN */
+    if ((a & 0x007fffffu) == 0 && a >= (10u << 23)) return SMLA_TILE_EXACT;      /* 2^k, k >= -117 */
+    return SMLA_TILE_ROUND;
+}
+
+/* Portable: one entry as bf16 bits and / or floats (either output may be NULL). */
+static inline void smla_dequant_row_table(const smla_cache *c, const uint8_t *entry, uint16_t *bf16,
+                                          float *f32)
+{
+    if (c->dtype != SMLA_CACHE_FP8_DS_MLA) {
+        const uint16_t *src = (const uint16_t *)(const void *)entry;
+        uint16_t tmp[SMLA_D_QK];
+        if ((uintptr_t)entry & 1) { /* an entry may sit at any byte offset */
+            memcpy(tmp, entry, sizeof tmp);
+            src = tmp;
+        }
+        if (bf16) memcpy(bf16, src, 2 * SMLA_D_QK);
+        if (f32)
+            for (int i = 0; i < SMLA_D_QK; i++) f32[i] = smla_bf16_to_f32(src[i]);
+        return;
+    }
+    float s[SMLA_FP8_NUM_TILES];
+    smla_fp8_scales(entry, s);
+    for (int i = 0; i < SMLA_D_NOPE; i++) {
+        const uint16_t b = smla_f32_to_bf16(smla_bits_to_f32(smla_e4m3_table[entry[i]]) * s[i / SMLA_FP8_TILE]);
+        if (bf16) bf16[i] = b;
+        if (f32) f32[i] = smla_bf16_to_f32(b);
+    }
+    uint16_t pe[SMLA_D_ROPE];
+    memcpy(pe, entry + SMLA_FP8_ROPE_OFF, sizeof pe);
+    if (bf16) memcpy(bf16 + SMLA_D_NOPE, pe, sizeof pe);
+    if (f32)
+        for (int i = 0; i < SMLA_D_ROPE; i++) f32[SMLA_D_NOPE + i] = smla_bf16_to_f32(pe[i]);
+}
+
+/* Scalar fallback for one tile of a fast path (the reference arithmetic). */
+static inline void smla_dequant_tile_scalar(const uint8_t *x, float s, uint16_t *bf16, float *f32)
+{
+    for (int i = 0; i < SMLA_FP8_TILE; i++) {
+        const uint16_t b = smla_f32_to_bf16(smla_e4m3_to_f32(x[i]) * s);
+        if (bf16) bf16[i] = b;
+        if (f32) f32[i] = smla_bf16_to_f32(b);
+    }
+}
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+
+/* 8 e4m3 bytes -> fl(float(x) * s) with s256 = s * 256 (see above); exact products need no rounding. */
+__attribute__((target("avx2,fma,f16c"), always_inline)) static inline __m256
+smla_e4m3x8_scaled_avx2(const uint8_t *x, __m256 s256, int round)
+{
+    __m128i h = _mm_slli_epi16(_mm_cvtepi8_epi16(_mm_loadl_epi64((const __m128i *)(const void *)x)), 7);
+    h = _mm_and_si128(h, _mm_set1_epi16((short)0xbfff)); /* sign extension left bit 14 set */
+    const __m128i nan = _mm_cmpeq_epi16(_mm_and_si128(h, _mm_set1_epi16(0x7fff)), _mm_set1_epi16(0x3f80));
+    h = _mm_xor_si128(h, _mm_and_si128(nan, _mm_set1_epi16(0x3f80 ^ 0x7e00)));
+    __m256 v = _mm256_mul_ps(_mm256_cvtph_ps(h), s256);
+    if (round) {
+        __m256i u = _mm256_castps_si256(v);
+        const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
+        u = _mm256_add_epi32(u, _mm256_add_epi32(lsb, _mm256_set1_epi32(0x7fff)));
+        v = _mm256_castsi256_ps(_mm256_and_si256(u, _mm256_set1_epi32((int)0xffff0000u)));
+    }
+    return v;
+}
+
+__attribute__((target("avx2,fma,f16c"), always_inline)) static inline void
+smla_store_bf16x8_avx2(uint16_t *dst, __m256 v) /* v holds bf16 values: keep the high halves */
+{
+    const __m256i u = _mm256_srli_epi32(_mm256_castps_si256(v), 16);
+    _mm_storeu_si128((__m128i *)(void *)dst,
+                     _mm_packus_epi32(_mm256_castsi256_si128(u), _mm256_extracti128_si256(u, 1)));
+}
+
+/* bf16 bits -> floats, 8 at a time. */
+__attribute__((target("avx2,fma,f16c"), always_inline)) static inline __m256
+smla_bf16x8_to_f32_avx2(const uint16_t *src)
+{
+    const __m128i b = _mm_loadu_si128((const __m128i *)(const void *)src);
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(b), 16));
+}
+
+/* One entry as bf16 bits and / or floats (either may be NULL); the same bits as smla_dequant_row_bf16. */
+__attribute__((target("avx2,fma,f16c"), always_inline)) static inline void
+smla_dequant_row_avx2(const smla_cache *c, const uint8_t *entry, uint16_t *bf16, float *f32)
+{
+    if (c->dtype != SMLA_CACHE_FP8_DS_MLA) {
+        if (bf16) memcpy(bf16, entry, 2 * SMLA_D_QK);
+        if (f32)
+            for (int i = 0; i < SMLA_D_QK; i += 8)
+                _mm256_storeu_ps(f32 + i, smla_bf16x8_to_f32_avx2((const uint16_t *)(const void *)(entry + 2 * i)));
+        return;
+    }
+    float s[SMLA_FP8_NUM_TILES];
+    smla_fp8_scales(entry, s);
+    for (int t = 0; t < SMLA_FP8_NUM_TILES; t++) {
+        const uint8_t *x = entry + t * SMLA_FP8_TILE;
+        uint16_t *b = bf16 ? bf16 + t * SMLA_FP8_TILE : NULL;
+        float *f = f32 ? f32 + t * SMLA_FP8_TILE : NULL;
+        const int kind = smla_fp8_tile_kind(s[t]);
+        if (kind == SMLA_TILE_SCALAR) {
+            smla_dequant_tile_scalar(x, s[t], b, f);
+            continue;
+        }
+        const __m256 s256 = _mm256_set1_ps(s[t] * 256.0f);
+        for (int i = 0; i < SMLA_FP8_TILE; i += 8) {
+            const __m256 v = smla_e4m3x8_scaled_avx2(x + i, s256, kind == SMLA_TILE_ROUND);
+            if (f) _mm256_storeu_ps(f + i, v);
+            if (b) smla_store_bf16x8_avx2(b + i, v);
+        }
+    }
+    if (bf16) memcpy(bf16 + SMLA_D_NOPE, entry + SMLA_FP8_ROPE_OFF, 2 * SMLA_D_ROPE);
+    if (f32)
+        for (int i = 0; i < SMLA_D_ROPE; i += 8)
+            _mm256_storeu_ps(f32 + SMLA_D_NOPE + i,
+                             smla_bf16x8_to_f32_avx2((const uint16_t *)(const void *)(entry + SMLA_FP8_ROPE_OFF + 2 * i)));
+}
+
+/* AVX-512F: the same, 16 values at a time (vcvtph2ps zmm, vpmovdw for the bf16 halves). */
+__attribute__((target("avx512f,avx2,fma,f16c"), always_inline)) static inline __m512
+smla_e4m3x16_scaled_avx512(const uint8_t *x, __m512 s256, int round)
+{
+    __m256i h = _mm256_slli_epi16(_mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(const void *)x)), 7);
+    h = _mm256_and_si256(h, _mm256_set1_epi16((short)0xbfff));
+    const __m256i nan =
+        _mm256_cmpeq_epi16(_mm256_and_si256(h, _mm256_set1_epi16(0x7fff)), _mm256_set1_epi16(0x3f80));
+    h = _mm256_xor_si256(h, _mm256_and_si256(nan, _mm256_set1_epi16(0x3f80 ^ 0x7e00)));
+    __m512 v = _mm512_mul_ps(_mm512_cvtph_ps(h), s256);
+    if (round) {
+        __m512i u = _mm512_castps_si512(v);
+        const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+        u = _mm512_add_epi32(u, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7fff)));
+        v = _mm512_castsi512_ps(_mm512_and_si512(u, _mm512_set1_epi32((int)0xffff0000u)));
+    }
+    return v;
+}
+
+__attribute__((target("avx512f,avx2,fma,f16c"), always_inline)) static inline __m512
+smla_bf16x16_to_f32_avx512(const uint16_t *src)
+{
+    const __m256i b = _mm256_loadu_si256((const __m256i *)(const void *)src);
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(b), 16));
+}
+
+__attribute__((target("avx512f,avx2,fma,f16c"), always_inline)) static inline void
+smla_dequant_row_avx512(const smla_cache *c, const uint8_t *entry, uint16_t *bf16, float *f32)
+{
+    if (c->dtype != SMLA_CACHE_FP8_DS_MLA) {
+        if (bf16) memcpy(bf16, entry, 2 * SMLA_D_QK);
+        if (f32)
+            for (int i = 0; i < SMLA_D_QK; i += 16)
+                _mm512_storeu_ps(f32 + i, smla_bf16x16_to_f32_avx512((const uint16_t *)(const void *)(entry + 2 * i)));
+        return;
+    }
+    float s[SMLA_FP8_NUM_TILES];
+    smla_fp8_scales(entry, s);
+    for (int t = 0; t < SMLA_FP8_NUM_TILES; t++) {
+        const uint8_t *x = entry + t * SMLA_FP8_TILE;
+        uint16_t *b = bf16 ? bf16 + t * SMLA_FP8_TILE : NULL;
+        float *f = f32 ? f32 + t * SMLA_FP8_TILE : NULL;
+        const int kind = smla_fp8_tile_kind(s[t]);
+        if (kind == SMLA_TILE_SCALAR) {
+            smla_dequant_tile_scalar(x, s[t], b, f);
+            continue;
+        }
+        const __m512 s256 = _mm512_set1_ps(s[t] * 256.0f);
+        for (int i = 0; i < SMLA_FP8_TILE; i += 16) {
+            const __m512 v = smla_e4m3x16_scaled_avx512(x + i, s256, kind == SMLA_TILE_ROUND);
+            if (f) _mm512_storeu_ps(f + i, v);
+            if (b)
+                _mm256_storeu_si256((__m256i *)(void *)(b + i),
+                                    _mm512_cvtepi32_epi16(_mm512_srli_epi32(_mm512_castps_si512(v), 16)));
+        }
+    }
+    if (bf16) memcpy(bf16 + SMLA_D_NOPE, entry + SMLA_FP8_ROPE_OFF, 2 * SMLA_D_ROPE);
+    if (f32)
+        for (int i = 0; i < SMLA_D_ROPE; i += 16)
+            _mm512_storeu_ps(f32 + SMLA_D_NOPE + i,
+                             smla_bf16x16_to_f32_avx512((const uint16_t *)(const void *)(entry + SMLA_FP8_ROPE_OFF + 2 * i)));
+}
+#endif /* x86-64 */
+
 #endif /* SMLA_CPU_CACHE_ROWS_H */

@@ -12,10 +12,17 @@
  *     else slot = block_table[r, b] * block_size + tok % block_size
  * DCP with compact: the entries != -1 move to the front in their original order, the rest is -1.
  * valid_counts[n] = number of entries != -1. out may alias topk_indices (same strides): every entry is
- * read before any entry at or after its column is written. */
+ * read before any entry at or after its column is written.
+ *
+ * Paths (cpu_features.h): portable is the scalar code below; AVX2 and up convert 8 entries at a time
+ * for rows without DCP (integer division by block_size through a double reciprocal and a one-step
+ * correction, a masked gather from the block table, overflow tests in int32); the op is memory-bound,
+ * so the AVX-512 levels reuse that code. Rows are spread over threads. */
 #include <limits.h>
 
 #include "../params.h"
+#include "cpu_features.h"
+#include "threads.h"
 
 static int32_t convert_one(const smla_convert_indices_params *p, int64_t tok, int64_t ws_base,
                            const int32_t *bt_row)
@@ -39,6 +46,82 @@ static int32_t convert_one(const smla_convert_indices_params *p, int64_t tok, in
     return slot > INT32_MAX ? -1 : (int32_t)slot;
 }
 
+#if SMLA_X86
+#include <immintrin.h>
+
+/* Per-call constants of the vector path. */
+typedef struct {
+    int32_t bs, bs_shift;  /* block size (<= INT32_MAX) and log2 of it, or -1 */
+    int32_t max_blocks;    /* min(max_blocks, INT32_MAX) */
+    int32_t blk_always;    /* blocks with blk * bs + (bs - 1) <= INT32_MAX: never overflow */
+    int32_t blk_never;     /* INT32_MAX / bs: above it, blk * bs alone overflows */
+    double inv_bs;
+} convert_consts;
+
+/* Entries [0, n8) of a paged row (n8 a multiple of 8); returns the count of entries != -1. */
+__attribute__((target(SMLA_TARGET_AVX2))) static int64_t convert_paged_avx2(const convert_consts *k,
+                                                                             const int32_t *in, int32_t *out,
+                                                                             int64_t n8, const int32_t *bt_row)
+{
+    const __m256i bs = _mm256_set1_epi32(k->bs), m1 = _mm256_set1_epi32(-1), zero = _mm256_setzero_si256();
+    const __m256d inv = _mm256_set1_pd(k->inv_bs);
+    int64_t count = 0;
+    for (int64_t i = 0; i < n8; i += 8) {
+        const __m256i tok = _mm256_loadu_si256((const __m256i *)(const void *)(in + i));
+        __m256i bad = _mm256_cmpgt_epi32(zero, tok);
+        __m256i q, r;
+        if (k->bs_shift >= 0) {
+            q = _mm256_srli_epi32(tok, k->bs_shift);
+            r = _mm256_and_si256(tok, _mm256_sub_epi32(bs, _mm256_set1_epi32(1)));
+        } else { /* q = trunc(tok * (1/bs)) is off by at most one: fix it from the remainder */
+            const __m128i lo = _mm256_cvttpd_epi32(_mm256_mul_pd(_mm256_cvtepi32_pd(_mm256_castsi256_si128(tok)), inv));
+            const __m128i hi =
+                _mm256_cvttpd_epi32(_mm256_mul_pd(_mm256_cvtepi32_pd(_mm256_extracti128_si256(tok, 1)), inv));
+            q = _mm256_inserti128_si256(_mm256_castsi128_si256(lo), hi, 1);
+            r = _mm256_sub_epi32(tok, _mm256_mullo_epi32(q, bs));
+            const __m256i under = _mm256_cmpgt_epi32(zero, r);
+            const __m256i over = _mm256_cmpgt_epi32(r, _mm256_sub_epi32(bs, _mm256_set1_epi32(1)));
+            q = _mm256_add_epi32(q, _mm256_sub_epi32(under, over)); /* the masks are -1 where true */
+            r = _mm256_sub_epi32(_mm256_add_epi32(r, _mm256_and_si256(bs, under)), _mm256_and_si256(bs, over));
+        }
+        bad = _mm256_or_si256(bad, _mm256_cmpgt_epi32(q, _mm256_set1_epi32(k->max_blocks - 1)));
+        const __m256i blk = _mm256_mask_i32gather_epi32(m1, (const int *)bt_row, _mm256_andnot_si256(bad, q),
+                                                        _mm256_andnot_si256(bad, m1), 4);
+        bad = _mm256_or_si256(bad, _mm256_cmpgt_epi32(zero, blk));
+        /* slot = blk * bs + r must fit int32: sure below blk_always, impossible above blk_never */
+        const __m256i prod = _mm256_mullo_epi32(blk, bs);
+        const __m256i lim = _mm256_sub_epi32(_mm256_set1_epi32(INT32_MAX), prod);
+        const __m256i ovf = _mm256_and_si256(
+            _mm256_cmpgt_epi32(blk, _mm256_set1_epi32(k->blk_always)),
+            _mm256_or_si256(_mm256_cmpgt_epi32(blk, _mm256_set1_epi32(k->blk_never)), _mm256_cmpgt_epi32(r, lim)));
+        bad = _mm256_or_si256(bad, ovf);
+        const __m256i slot = _mm256_or_si256(_mm256_add_epi32(prod, r), bad);
+        _mm256_storeu_si256((__m256i *)(void *)(out + i), slot);
+        count += 8 - __builtin_popcount((unsigned)_mm256_movemask_ps(_mm256_castsi256_ps(bad)));
+    }
+    return count;
+}
+
+/* Entries [0, n8) of a prefill row: ws_base + tok, -1 for tok < 0 or past INT32_MAX. */
+__attribute__((target(SMLA_TARGET_AVX2))) static int64_t convert_prefill_avx2(const int32_t *in, int32_t *out,
+                                                                              int64_t n8, int32_t ws_base)
+{
+    const __m256i zero = _mm256_setzero_si256(), base = _mm256_set1_epi32(ws_base);
+    /* tok > INT32_MAX - ws_base overflows; with ws_base < 0 nothing does */
+    const __m256i lim = _mm256_set1_epi32(ws_base < 0 ? INT32_MAX : INT32_MAX - ws_base);
+    int64_t count = 0;
+    for (int64_t i = 0; i < n8; i += 8) {
+        const __m256i tok = _mm256_loadu_si256((const __m256i *)(const void *)(in + i));
+        const __m256i bad = _mm256_or_si256(_mm256_cmpgt_epi32(zero, tok), _mm256_cmpgt_epi32(tok, lim));
+        const __m256i v = _mm256_or_si256(_mm256_add_epi32(tok, base), bad);
+        _mm256_storeu_si256((__m256i *)(void *)(out + i), v);
+        count += 8 - __builtin_popcount((unsigned)_mm256_movemask_ps(
+                         _mm256_castsi256_ps(_mm256_cmpeq_epi32(v, _mm256_set1_epi32(-1)))));
+    }
+    return count;
+}
+#endif
+
 int smla_cpu_convert_topk_indices(const smla_convert_indices_params *p, smla_status *st)
 {
     if (p->num_tokens < 0 || p->topk < 0 || p->num_reqs < 0 || p->max_blocks < 0 || p->block_size <= 0)
@@ -53,7 +136,25 @@ int smla_cpu_convert_topk_indices(const smla_convert_indices_params *p, smla_sta
                          p->dcp_size, p->dcp_rank, p->dcp_interleave);
     const int64_t num_prefills = p->prefill_workspace_starts ? p->num_prefills : 0;
     const int compact = p->dcp_size >= 1 && p->compact;
+    const int isa = smla_cpu_isa();
+    (void)isa;
+#if SMLA_X86
+    convert_consts k;
+    const int vec = isa >= SMLA_ISA_AVX2 && p->dcp_size == 0 && p->block_size <= INT32_MAX;
+    if (vec) {
+        k.bs = (int32_t)p->block_size;
+        k.bs_shift = -1;
+        for (int b = 0; b < 31; b++)
+            if (k.bs == (INT32_C(1) << b)) k.bs_shift = b;
+        k.max_blocks = p->max_blocks > INT32_MAX ? INT32_MAX : (int32_t)p->max_blocks;
+        k.blk_always = (INT32_MAX - (k.bs - 1)) / k.bs;
+        k.blk_never = INT32_MAX / k.bs;
+        k.inv_bs = 1.0 / (double)k.bs;
+    }
+#endif
+    const int nt = smla_num_threads(0, p->num_tokens * p->topk / 16384); /* >= 16K entries per thread */
 
+#pragma omp parallel for num_threads(nt) schedule(static)
     for (int64_t n = 0; n < p->num_tokens; n++) {
         const int32_t *in = p->topk_indices + n * p->in_stride;
         int32_t *out = p->out + n * p->out_stride;
@@ -67,19 +168,28 @@ int smla_cpu_convert_topk_indices(const smla_convert_indices_params *p, smla_sta
             else all_invalid = 1;
         } else if (r >= 0 && r < p->num_reqs) {
             bt_row = p->block_table + r * p->bt_stride;
+        } else {
+            all_invalid = 1;
         }
-        int64_t count = 0;
-        for (int64_t k = 0; k < p->topk; k++) {
-            const int32_t v = all_invalid ? -1 : convert_one(p, in[k], ws_base, bt_row);
+        int64_t count = 0, k0 = 0;
+#if SMLA_X86
+        if (vec && !all_invalid) {
+            k0 = p->topk / 8 * 8;
+            count = bt_row ? convert_paged_avx2(&k, in, out, k0, bt_row)
+                           : convert_prefill_avx2(in, out, k0, (int32_t)ws_base);
+        }
+#endif
+        for (int64_t kk = k0; kk < p->topk; kk++) {
+            const int32_t v = all_invalid ? -1 : convert_one(p, in[kk], ws_base, bt_row);
             if (compact) {
                 if (v != -1) out[count++] = v;
             } else {
-                out[k] = v;
+                out[kk] = v;
                 count += v != -1;
             }
         }
         if (compact)
-            for (int64_t k = count; k < p->topk; k++) out[k] = -1;
+            for (int64_t kk = count; kk < p->topk; kk++) out[kk] = -1;
         if (p->valid_counts) p->valid_counts[n] = (int32_t)count;
     }
     return SMLA_OK;

@@ -1,276 +1,234 @@
-/* CPU sparse MLA attention (DESIGN section 4): the oracle the CUDA kernels are compared with.
- * smla_cpu_sparse_mla_decode runs on a paged cache (fp8_ds_mla or bf16); smla_cpu_sparse_mla_prefill
- * is the same computation with b = 1 and kv seen as one block of s_kv bf16 rows.
+/* CPU sparse MLA attention (DESIGN section 4). smla_cpu_sparse_mla_decode runs on a paged cache
+ * (fp8_ds_mla or bf16); smla_cpu_sparse_mla_prefill is the same computation with b = 1 and kv seen as
+ * one block of s_kv bf16 rows.
  *
- * Per query row (bi, si) the valid top-k rows are dequantised once into fp32 (all h heads share
- * them: MQA) in chunks of ATTN_CHUNK tokens, and each head keeps a running max / sum (online
- * softmax), so scratch is O(h * 576 + ATTN_CHUNK * 576) whatever topk is and each chunk of K stays
- * in cache while every head reads it. Scores are fp32 dots; the softmax sum is kept in double. */
+ * Work is cut into units: one query row (bi, si), all h heads, a range of its top-k positions. A unit
+ * streams its valid K rows once for all heads (MQA) in chunks of ATTN_CH rows: dequantise the chunk
+ * into fp32 (fp8 -> bf16_rne(e4m3 * s), exactly as unpack_kv), scores S[t][h] for all heads as one
+ * small GEMM (q^T is stored [576][h], so heads are the vector lanes and K values are broadcast),
+ * online softmax in the log2 domain per head (running max m, sum l in double), then acc[h][:512] +=
+ * P^T V as a second small GEMM (V = the first 512 dims of K, broadcast P, vector along d). Scratch
+ * per thread is O(h * 576 + ATTN_CH * 576) whatever topk is.
+ *
+ * Threads (OpenMP): rows are spread over threads; when there are too few rows for the threads, each
+ * row's top-k list is split into parts run by different threads and merged by lse weights (as a
+ * split-KV GPU decode does). Only tolerance is promised here (not bits): FMA, the blocking and the
+ * split change the rounding.
+ *
+ * Instruction sets (cpu_features.h): the per-unit code below ATTN_ISA_BODY is compiled once per level
+ * by including this file again with the vector width, tile shape and a few primitives defined (a
+ * #pragma GCC target region per level), and the op picks one level per call. The avx512bf16 level
+ * computes the scores with vdpbf16ps on bf16 pairs of q and K (both are exact bf16 values); P * V
+ * stays fp32 on every level. */
+#ifndef ATTN_ISA_BODY
+
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "../params.h"
 #include "numerics.h"
 #include "cache_rows.h"
+#include "cpu_features.h"
+#include "threads.h"
 
-/* The hot loops (scores and P*V) are written once with GCC/Clang vector extensions as always-inline
- * bodies and instantiated twice on x86-64: for the baseline ISA and for AVX2, chosen at run time.
- * Each (head, token) dot accumulates in one 8-lane vector in d order and P*V adds tokens in order,
- * whatever the blocking, and nothing is contracted to FMA, so every path gives the same bits. */
 #if !defined(__GNUC__)
 #error "csrc/cpu/sparse_mla_attention.c needs GCC or Clang vector extensions"
 #endif
+
 #define ATTN_INLINE static inline __attribute__((always_inline))
-#if defined(__x86_64__)
-#define ATTN_AVX2 1
-#else
-#define ATTN_AVX2 0
-#endif
-
-#define ATTN_CHUNK 64 /* tokens dequantised at a time: 64 * 576 * 4 B = 144 KiB */
-#define ATTN_HG 4     /* heads that share each load of a K row */
-
-typedef float v8f __attribute__((vector_size(32)));
-/* Unaligned, aliasing view for loads and stores (the idiom of the compilers' own __m256_u). Helpers
- * below pass vectors by pointer only: a by-value 32-byte vector would change the ABI without AVX. */
-typedef float v8u __attribute__((vector_size(32), aligned(4), may_alias));
-#define LD8(p) ((v8f)(*(const v8u *)(const void *)(p)))
-#define ST8(p, v) (*(v8u *)(void *)(p) = (v))
-
-ATTN_INLINE float hsum8(const v8f *a)
-{
-    float s = (*a)[0];
-    for (int t = 1; t < 8; t++) s += (*a)[t];
-    return s;
-}
+#define ATTN_CH 64                    /* valid K rows per chunk */
+#define ATTN_DB 192                   /* d block of a score tile: its slice of q^T stays in L1 */
+#define ATTN_PF_ROWS 4                /* rows between the L1 prefetch and the dequantisation of a row */
+#define ATTN_MT_MAX 16                /* largest score tile (rows); chunks are zero-padded to a whole tile */
+#define ATTN_CH_PAD (ATTN_CH + ATTN_MT_MAX)
+#define ATTN_HV_MAX 16                /* widest vector (floats) */
+#define ATTN_LOG2E 1.4426950408889634
+#define ATTN_LN2 0.6931471805599453
+#define ATTN_PRAGMA_(x) _Pragma(#x)
+#define ATTN_PRAGMA(x) ATTN_PRAGMA_(x)
+#define ATTN_CAT2(a, b) a##_##b
+#define ATTN_CAT(a, b) ATTN_CAT2(a, b)
 
 typedef struct {
-    float *q;    /* [h, 576] query row in fp32 */
-    float *k;    /* [ATTN_CHUNK, 576] dequantised K rows of the current chunk */
-    float *s;    /* [h, ATTN_CHUNK] scores, then exp(score - running max) */
-    float *acc;  /* [h, 512] unnormalised output, relative to the running max */
-    float *m;    /* [h] running max of the scores */
-    double *l;   /* [h] running sum of exp(score - m) */
-    void *block; /* the one allocation holding all of the above */
+    float *q;           /* [576][hp] fp32 q^T, or [288][hp] bf16 pairs (avx512bf16) */
+    float *k;           /* [ATTN_CH_PAD][576] fp32 K rows of the chunk, then rows a last tile may read */
+    uint16_t *kb;       /* [ATTN_CH][576] bf16 K rows (avx512bf16, fp8 cache) */
+    const uint8_t **rows;   /* [2][ATTN_CH] cache entries of this chunk and of the next */
+    float *s;           /* [ATTN_CH_PAD][hp] scores (log2 domain), then exp2(score - m) */
+    float *acc;         /* [hp][512] unnormalised output, relative to m */
+    float *m;           /* [hp] running max (log2 domain) */
+    double *l;          /* [hp] running sum of exp2(score - m) */
+    int64_t n_valid;    /* valid rows seen by the unit */
 } attn_scratch;
+
+/* What a unit reads: the op's params plus values derived once per call. */
+typedef struct {
+    const smla_attn_params *p;
+    int64_t hp;         /* heads padded to a multiple of the level's vector width */
+    int64_t limit;      /* num_blocks * block_size */
+    int bs_shift;       /* block_size = 1 << bs_shift, or -1 */
+    float c2;           /* softmax_scale * log2(e): scores in the log2 domain */
+} attn_ctx;
 
 static size_t align64(size_t n) { return (n + 63) & ~(size_t)63; }
 
-static int scratch_alloc(attn_scratch *w, int64_t h, smla_status *st)
+static size_t scratch_bytes(int64_t hp)
 {
-    const size_t H = (size_t)h;
-    const size_t sz_q = align64(H * SMLA_D_QK * sizeof(float));
-    const size_t sz_k = align64((size_t)ATTN_CHUNK * SMLA_D_QK * sizeof(float));
-    const size_t sz_s = align64(H * ATTN_CHUNK * sizeof(float));
-    const size_t sz_acc = align64(H * SMLA_D_V * sizeof(float));
-    const size_t sz_m = align64(H * sizeof(float));
-    const size_t sz_l = align64(H * sizeof(double));
-    char *b = malloc(64 + sz_q + sz_k + sz_s + sz_acc + sz_m + sz_l);
-    if (!b)
-        return smla_fail(st, SMLA_ERR_NOMEM, "sparse MLA attention: cannot allocate scratch for %lld heads",
-                         (long long)h);
-    w->block = b;
-    b += (64 - ((uintptr_t)b & 63)) & 63;
-    w->q = (float *)b;   b += sz_q;
-    w->k = (float *)b;   b += sz_k;
-    w->s = (float *)b;   b += sz_s;
-    w->acc = (float *)b; b += sz_acc;
-    w->m = (float *)b;   b += sz_m;
+    const size_t H = (size_t)hp;
+    return align64(H * SMLA_D_QK * sizeof(float)) + align64((size_t)ATTN_CH_PAD * SMLA_D_QK * sizeof(float)) +
+           align64((size_t)ATTN_CH * SMLA_D_QK * sizeof(uint16_t)) + align64(2 * ATTN_CH * sizeof(void *)) +
+           align64((size_t)ATTN_CH_PAD * H * sizeof(float)) + align64(H * SMLA_D_V * sizeof(float)) +
+           align64(H * sizeof(float)) + align64(H * sizeof(double));
+}
+
+static void scratch_carve(attn_scratch *w, char *b, int64_t hp)
+{
+    const size_t H = (size_t)hp;
+    w->q = (float *)b;            b += align64(H * SMLA_D_QK * sizeof(float));
+    w->k = (float *)b;            b += align64((size_t)ATTN_CH_PAD * SMLA_D_QK * sizeof(float));
+    w->kb = (uint16_t *)b;        b += align64((size_t)ATTN_CH * SMLA_D_QK * sizeof(uint16_t));
+    w->rows = (const uint8_t **)b; b += align64(2 * ATTN_CH * sizeof(void *));
+    w->s = (float *)b;            b += align64((size_t)ATTN_CH_PAD * H * sizeof(float));
+    w->acc = (float *)b;          b += align64(H * SMLA_D_V * sizeof(float));
+    w->m = (float *)b;            b += align64(H * sizeof(float));
     w->l = (double *)b;
-    return SMLA_OK;
+    memset(w->k, 0, (size_t)ATTN_CH_PAD * SMLA_D_QK * sizeof(float)); /* rows past n: finite */
 }
 
-/* s[g * ATTN_CHUNK + t] = scale * dot(q_g, k_t) for ATTN_HG heads (rows of q, 576 apart) and NT
- * tokens (k_0, k_1). */
-ATTN_INLINE void dot_block(const float *restrict q, const float *restrict k0, const float *restrict k1, int nt,
-                           float *restrict s, float scale)
+/* Entry of a valid slot (0 <= slot < limit is checked by the caller). */
+ATTN_INLINE const uint8_t *attn_entry(const smla_cache *c, int64_t slot, int bs_shift)
 {
-    v8f a[ATTN_HG][2] = {{{0}}};
-    for (int d = 0; d < SMLA_D_QK; d += 8) {
-        const v8f x0 = LD8(k0 + d), x1 = nt > 1 ? LD8(k1 + d) : x0;
-        for (int g = 0; g < ATTN_HG; g++) {
-            const v8f qg = LD8(q + g * SMLA_D_QK + d);
-            a[g][0] += qg * x0;
-            if (nt > 1) a[g][1] += qg * x1;
-        }
+    int64_t blk, off;
+    if (bs_shift >= 0) {
+        blk = slot >> bs_shift;
+        off = slot & ((INT64_C(1) << bs_shift) - 1);
+    } else {
+        blk = slot / c->block_size;
+        off = slot % c->block_size;
     }
-    for (int g = 0; g < ATTN_HG; g++)
-        for (int t = 0; t < nt; t++) s[g * ATTN_CHUNK + t] = scale * hsum8(&a[g][t]);
+    return (const uint8_t *)c->data + blk * c->block_stride + off * c->entry_stride;
 }
 
-ATTN_INLINE float dot_1(const float *restrict q, const float *restrict k)
+/* The next <= ATTN_CH valid entries of idx[*pos, end) into rows[]; their lines are prefetched to L2
+ * while the previous chunk computes, and to L1 a few rows ahead of the dequantisation. Returns the
+ * count. */
+static int attn_next_rows(const attn_ctx *x, const int32_t *idx, int64_t *pos, int64_t end, const uint8_t **rows)
 {
-    v8f a = {0};
-    for (int d = 0; d < SMLA_D_QK; d += 8) a += LD8(q + d) * LD8(k + d);
-    return hsum8(&a);
-}
-
-/* o_g[:512] += p[g * ATTN_CHUNK + t] * v_t[:512] for ATTN_HG heads (rows of o, 512 apart) and nt <= 2
- * tokens, added in token order. */
-ATTN_INLINE void pv_block(const float *restrict v0, const float *restrict v1, int nt, const float *restrict p,
-                          float *restrict o)
-{
-    v8f pb[ATTN_HG][2];
-    for (int g = 0; g < ATTN_HG; g++)
-        for (int t = 0; t < 2; t++) pb[g][t] = (v8f){0} + p[g * ATTN_CHUNK + (t < nt ? t : 0)];
-    for (int d = 0; d < SMLA_D_V; d += 8) {
-        const v8f x0 = LD8(v0 + d), x1 = nt > 1 ? LD8(v1 + d) : x0;
-        for (int g = 0; g < ATTN_HG; g++) {
-            v8f og = LD8(o + g * SMLA_D_V + d);
-            og += pb[g][0] * x0;
-            if (nt > 1) og += pb[g][1] * x1;
-            ST8(o + g * SMLA_D_V + d, og);
-        }
+    const smla_cache *c = &x->p->kv;
+    const int64_t entry = c->dtype == SMLA_CACHE_FP8_DS_MLA ? SMLA_FP8_ENTRY : 2 * SMLA_D_QK;
+    int n = 0;
+    int64_t i = *pos;
+    while (i < end && n < ATTN_CH) {
+        const int64_t slot = idx[i++];
+        if (slot < 0 || slot >= x->limit) continue; /* never read an invalid row */
+        const uint8_t *e = attn_entry(c, slot, x->bs_shift);
+        for (int64_t o = 0; o < entry; o += 64) __builtin_prefetch(e + o, 0, 2); /* to L2 */
+        __builtin_prefetch(e + entry - 1, 0, 2);
+        rows[n++] = e;
     }
+    *pos = i;
+    return n;
 }
 
-ATTN_INLINE void pv_1(const float *restrict v, float p, float *restrict o)
-{
-    const v8f pb = (v8f){0} + p;
-    for (int d = 0; d < SMLA_D_V; d += 8) ST8(o + d, LD8(o + d) + pb * LD8(v + d));
-}
+/* ---- the per-level code ---- */
 
-/* Scores of one chunk of n rows for every head: s[hi, j] = scale * dot(q_hi, k_j). */
-ATTN_INLINE void chunk_scores_body(const attn_scratch *w, int64_t h, int n, float scale)
-{
-    int64_t hi = 0;
-    for (; hi + ATTN_HG <= h; hi += ATTN_HG) {
-        const float *q = w->q + hi * SMLA_D_QK;
-        float *s = w->s + hi * ATTN_CHUNK;
-        int j = 0;
-        for (; j + 2 <= n; j += 2)
-            dot_block(q, w->k + (size_t)j * SMLA_D_QK, w->k + (size_t)(j + 1) * SMLA_D_QK, 2, s + j, scale);
-        if (j < n) dot_block(q, w->k + (size_t)j * SMLA_D_QK, NULL, 1, s + j, scale);
-    }
-    for (; hi < h; hi++)
-        for (int j = 0; j < n; j++)
-            w->s[hi * ATTN_CHUNK + j] = scale * dot_1(w->q + hi * SMLA_D_QK, w->k + (size_t)j * SMLA_D_QK);
-}
+#define ATTN_ISA_BODY 1
 
-/* Online-softmax step: fold the chunk's scores into (m, l), rescale acc when the max grows, and turn
- * the scores into exp(score - m). */
-static void chunk_softmax(const attn_scratch *w, int64_t h, int n)
-{
-    for (int64_t hi = 0; hi < h; hi++) {
-        float *s = w->s + hi * ATTN_CHUNK;
-        float mx = w->m[hi], cmax = -INFINITY;
-        for (int j = 0; j < n; j++) cmax = s[j] > cmax ? s[j] : cmax;
-        if (cmax > mx) {
-            if (mx != -INFINITY) {
-                const float a = expf(mx - cmax);
-                float *acc = w->acc + hi * SMLA_D_V;
-                for (int d = 0; d < SMLA_D_V; d++) acc[d] *= a;
-                w->l[hi] *= a;
-            }
-            mx = cmax;
-            w->m[hi] = mx;
-        }
-        float sum = 0.0f;
-        for (int j = 0; j < n; j++) {
-            const float e = expf(s[j] - mx);
-            s[j] = e;
-            sum += e;
-        }
-        w->l[hi] += sum;
-    }
-}
+/* portable: GCC vector extensions at the baseline ISA, no FMA */
+#define ATTN_SFX portable
+#define VW 4
+#define SC_MT2 6  /* score tile: rows x 2 head vectors */
+#define SC_MT1 12 /* score tile: rows x 1 head vector */
+#define PV_MH 4   /* P*V tile: heads x PV_NC vectors of d */
+#define PV_NC 3
+#define VFMA(a, b, c) ((a) + (b) * (c))
+#define VBCAST(x) ((x) - (vf){0})
+#define DEQUANT(c, e, bf, f) smla_dequant_row_table(c, e, bf, f)
+#include "sparse_mla_attention.c"
 
-/* acc[hi] += sum_j p[hi, j] * V_j for the chunk (V = the first 512 dims of K). */
-ATTN_INLINE void chunk_pv_body(const attn_scratch *w, int64_t h, int n)
-{
-    int64_t hi = 0;
-    for (; hi + ATTN_HG <= h; hi += ATTN_HG) {
-        const float *p = w->s + hi * ATTN_CHUNK;
-        float *o = w->acc + hi * SMLA_D_V;
-        int j = 0;
-        for (; j + 2 <= n; j += 2)
-            pv_block(w->k + (size_t)j * SMLA_D_QK, w->k + (size_t)(j + 1) * SMLA_D_QK, 2, p + j, o);
-        if (j < n) pv_block(w->k + (size_t)j * SMLA_D_QK, NULL, 1, p + j, o);
-    }
-    for (; hi < h; hi++)
-        for (int j = 0; j < n; j++)
-            pv_1(w->k + (size_t)j * SMLA_D_QK, w->s[hi * ATTN_CHUNK + j], w->acc + hi * SMLA_D_V);
-}
+#if SMLA_X86
+ATTN_PRAGMA(GCC push_options)
+ATTN_PRAGMA(GCC target(SMLA_TARGET_AVX2))
+#define ATTN_SFX avx2
+#define VW 8
+#define SC_MT2 6
+#define SC_MT1 12
+#define PV_MH 4
+#define PV_NC 3
+#define VFMA(a, b, c) ((vf)_mm256_fmadd_ps((__m256)(b), (__m256)(c), (__m256)(a)))
+#define VBCAST(x) ((vf)_mm256_set1_ps(x))
+#define DEQUANT(c, e, bf, f) smla_dequant_row_avx2(c, e, bf, f)
+#include "sparse_mla_attention.c"
+ATTN_PRAGMA(GCC pop_options)
 
-typedef struct {
-    void (*scores)(const attn_scratch *w, int64_t h, int n, float scale);
-    void (*pv)(const attn_scratch *w, int64_t h, int n);
-} attn_kernels;
+ATTN_PRAGMA(GCC push_options)
+ATTN_PRAGMA(GCC target(SMLA_TARGET_AVX512))
+#define ATTN_SFX avx512
+#define VW 16
+#define SC_MT2 12
+#define SC_MT1 16
+#define PV_MH 8
+#define PV_NC 3
+#define VFMA(a, b, c) ((vf)_mm512_fmadd_ps((__m512)(b), (__m512)(c), (__m512)(a)))
+#define VBCAST(x) ((vf)_mm512_set1_ps(x))
+#define DEQUANT(c, e, bf, f) smla_dequant_row_avx512(c, e, bf, f)
+#include "sparse_mla_attention.c"
+ATTN_PRAGMA(GCC pop_options)
 
-static void chunk_scores_base(const attn_scratch *w, int64_t h, int n, float scale)
-{
-    chunk_scores_body(w, h, n, scale);
-}
+ATTN_PRAGMA(GCC push_options)
+ATTN_PRAGMA(GCC target(SMLA_TARGET_AVX512BF16))
+#define ATTN_SFX avx512bf16
+#define VW 16
+#define SC_MT2 12
+#define SC_MT1 16
+#define PV_MH 8
+#define PV_NC 3
+#define VFMA(a, b, c) ((vf)_mm512_fmadd_ps((__m512)(b), (__m512)(c), (__m512)(a)))
+#define VBCAST(x) ((vf)_mm512_set1_ps(x))
+#define DEQUANT(c, e, bf, f) smla_dequant_row_avx512(c, e, bf, f)
+/* acc += sum over the bf16 pair of a (16 heads' pairs) * b (one broadcast pair) */
+#define VDPBF16(acc, a, b) ((vf)_mm512_dpbf16_ps((__m512)(acc), (__m512bh)(a), (__m512bh)(b)))
+#define VBCAST_U32(x) ((vf)_mm512_set1_epi32((int)(x)))
+#define ATTN_DPBF16 1
+#include "sparse_mla_attention.c"
+ATTN_PRAGMA(GCC pop_options)
 
-static void chunk_pv_base(const attn_scratch *w, int64_t h, int n) { chunk_pv_body(w, h, n); }
-
-#if ATTN_AVX2
-__attribute__((target("avx2"))) static void chunk_scores_avx2(const attn_scratch *w, int64_t h, int n, float scale)
-{
-    chunk_scores_body(w, h, n, scale);
-}
-
-__attribute__((target("avx2"))) static void chunk_pv_avx2(const attn_scratch *w, int64_t h, int n)
-{
-    chunk_pv_body(w, h, n);
-}
+/* Test hook (SMLA_CPU_ISA=avx2-emulated-bf16): the avx512bf16 level's code at AVX2 width with
+ * vdpbf16ps emulated (the two bf16 products are exact, so two FMAs give its result), so that its
+ * bf16-pair logic runs on machines without AVX512_BF16. */
+ATTN_PRAGMA(GCC push_options)
+ATTN_PRAGMA(GCC target(SMLA_TARGET_AVX2))
+#define ATTN_SFX avx2_emulated_bf16
+#define VW 8
+#define SC_MT2 6
+#define SC_MT1 12
+#define PV_MH 4
+#define PV_NC 3
+#define VFMA(a, b, c) ((vf)_mm256_fmadd_ps((__m256)(b), (__m256)(c), (__m256)(a)))
+#define VBCAST(x) ((vf)_mm256_set1_ps(x))
+#define DEQUANT(c, e, bf, f) smla_dequant_row_avx2(c, e, bf, f)
+#define VDPBF16(acc, a, b)                                                                                   \
+    VFMA(VFMA(acc, (vf)((vu)(a) & 0xffff0000u), (vf)((vu)(b) & 0xffff0000u)), (vf)((vu)(a) << 16),          \
+         (vf)((vu)(b) << 16))
+#define VBCAST_U32(x) ((vf)_mm256_set1_epi32((int)(x)))
+#define ATTN_DPBF16 1
+#include "sparse_mla_attention.c"
+ATTN_PRAGMA(GCC pop_options)
 #endif
 
-static attn_kernels pick_kernels(void)
+#undef ATTN_ISA_BODY
+
+/* ---- outputs: merge the parts of a row (ks >= 1 scratches) for heads [h0, h1) and write them ---- */
+
+static void attn_finish(const smla_attn_params *p, int64_t r, attn_scratch *const *parts, int ks, int64_t h0,
+                        int64_t h1)
 {
-    attn_kernels k = {chunk_scores_base, chunk_pv_base};
-#if ATTN_AVX2
-    __builtin_cpu_init();
-    if (__builtin_cpu_supports("avx2")) {
-        k.scores = chunk_scores_avx2;
-        k.pv = chunk_pv_avx2;
-    }
-#endif
-    return k;
-}
-
-/* One query row (bi, si), all heads. */
-static void attn_row(const smla_attn_params *p, const attn_kernels *kern, int64_t bi, int64_t si,
-                     const attn_scratch *w)
-{
-    const int64_t h = p->h;
-    const int64_t limit = p->kv.num_blocks * p->kv.block_size;
-    const int32_t *idx = p->indices + bi * p->idx_stride_b + si * p->idx_stride_s;
-    int64_t len = p->topk;
-    if (p->topk_length) {
-        const int64_t t = p->topk_length[bi * p->tl_stride_b + si * p->tl_stride_s];
-        len = t < 0 ? 0 : (t > p->topk ? p->topk : t);
-    }
-
-    const uint16_t *q = p->q + bi * p->q_stride_b + si * p->q_stride_s;
-    for (int64_t hi = 0; hi < h; hi++)
-        for (int d = 0; d < SMLA_D_QK; d++) w->q[hi * SMLA_D_QK + d] = smla_bf16_to_f32(q[hi * p->q_stride_h + d]);
-    for (int64_t hi = 0; hi < h; hi++) {
-        w->m[hi] = -INFINITY;
-        w->l[hi] = 0.0;
-    }
-    for (int64_t i = 0; i < h * SMLA_D_V; i++) w->acc[i] = 0.0f;
-
-    int64_t pos = 0, n_valid = 0;
-    while (pos < len) {
-        int n = 0;
-        while (pos < len && n < ATTN_CHUNK) {
-            const int64_t slot = idx[pos++];
-            if (slot < 0 || slot >= limit) continue; /* never read an invalid row */
-            const uint8_t *row = smla_cache_row(&p->kv, slot);
-            if (!row) continue;
-            smla_dequant_row_f32(&p->kv, row, w->k + (size_t)n * SMLA_D_QK);
-            n++;
-        }
-        if (n == 0) break;
-        kern->scores(w, h, n, p->softmax_scale);
-        chunk_softmax(w, h, n);
-        kern->pv(w, h, n);
-        n_valid += n;
-    }
-
-    for (int64_t hi = 0; hi < h; hi++) {
+    const int64_t bi = r / p->s_q, si = r % p->s_q;
+    int64_t n_valid = 0;
+    for (int k = 0; k < ks; k++) n_valid += parts[k]->n_valid;
+    for (int64_t hi = h0; hi < h1; hi++) {
         uint16_t *o = p->out + bi * p->out_stride_b + si * p->out_stride_s + hi * p->out_stride_h;
         float *lse = p->lse + bi * p->lse_stride_b + si * p->lse_stride_s + hi * p->lse_stride_h;
         float *ml = p->max_logits
@@ -282,24 +240,85 @@ static void attn_row(const smla_attn_params *p, const attn_kernels *kern, int64_
             if (ml) *ml = -INFINITY;
             continue;
         }
-        const double l = w->l[hi];
-        const double lse_d = (double)w->m[hi] + log(l);
-        double f = 1.0 / l;
+        /* log2-domain max over the parts that saw rows; NaN in a part's m propagates via l */
+        double mx = -INFINITY;
+        for (int k = 0; k < ks; k++)
+            if (parts[k]->n_valid > 0 && parts[k]->m[hi] > mx) mx = parts[k]->m[hi];
+        double wk[64], L = 0.0;
+        for (int k = 0; k < ks; k++) {
+            wk[k] = parts[k]->n_valid > 0 ? exp2((double)parts[k]->m[hi] - mx) : 0.0;
+            if (ks == 1) wk[k] = 1.0; /* a NaN max must still reach the output */
+            L += parts[k]->l[hi] * wk[k];
+        }
+        const double lse2 = mx + log2(L);
+        const double lse_d = lse2 * ATTN_LN2;
+        double f = 1.0 / L;
         if (p->attn_sink) /* sink +inf -> 0, -inf -> 1 */
             f *= 1.0 / (1.0 + exp((double)p->attn_sink[hi * p->sink_stride] - lse_d));
-        const float ff = (float)f;
-        const float *acc = w->acc + hi * SMLA_D_V;
-        for (int d = 0; d < SMLA_D_V; d++) o[d] = smla_f32_to_bf16(acc[d] * ff);
+        if (ks == 1) {
+            const float ff = (float)f;
+            const float *acc = parts[0]->acc + hi * SMLA_D_V;
+            for (int d = 0; d < SMLA_D_V; d++) o[d] = smla_f32_to_bf16(acc[d] * ff);
+        } else {
+            float fk[64];
+            for (int k = 0; k < ks; k++) fk[k] = (float)(wk[k] * f);
+            for (int d = 0; d < SMLA_D_V; d++) {
+                float v = 0.0f;
+                for (int k = 0; k < ks; k++)
+                    if (fk[k] != 0.0f) v += parts[k]->acc[hi * SMLA_D_V + d] * fk[k];
+                o[d] = smla_f32_to_bf16(v);
+            }
+        }
         *lse = (float)lse_d;
-        if (ml) *ml = w->m[hi];
+        if (ml) *ml = (float)(mx * ATTN_LN2);
     }
 }
 
-/* Rows [r0, r1) of the flattened (bi, si) range with one scratch: the unit a thread will own. */
-static void attn_rows(const smla_attn_params *p, const attn_kernels *kern, int64_t r0, int64_t r1,
-                      const attn_scratch *w)
+/* ---- the op: checks, level, threads ---- */
+
+typedef void (*attn_unit_fn)(const attn_ctx *x, int64_t r, int64_t p0, int64_t p1, attn_scratch *w);
+
+/* The unit function of a level and its vector width (heads are padded to a multiple of it). */
+static attn_unit_fn attn_pick(int isa, int *vw)
 {
-    for (int64_t r = r0; r < r1; r++) attn_row(p, kern, r / p->s_q, r % p->s_q, w);
+#if SMLA_X86
+    *vw = 8;
+    if (isa == SMLA_ISA_AVX2 && smla_cpu_isa_emulated_bf16()) return attn_unit_avx2_emulated_bf16;
+    *vw = 16;
+    if (isa >= SMLA_ISA_AVX512BF16) return attn_unit_avx512bf16;
+    if (isa >= SMLA_ISA_AVX512) return attn_unit_avx512;
+    *vw = 8;
+    if (isa >= SMLA_ISA_AVX2) return attn_unit_avx2;
+#endif
+    (void)isa;
+    *vw = 4;
+    return attn_unit_portable;
+}
+
+static int64_t attn_len(const smla_attn_params *p, int64_t r)
+{
+    if (!p->topk_length) return p->topk;
+    const int64_t t = p->topk_length[(r / p->s_q) * p->tl_stride_b + (r % p->s_q) * p->tl_stride_s];
+    return t < 0 ? 0 : (t > p->topk ? p->topk : t);
+}
+
+/* Parts per row: rows run in rounds of nt / ks rows, each row split into ks parts of its top-k list.
+ * Time ~ rounds / ks; ks = 1 (no merge) unless splitting is faster, and each part keeps >= 256
+ * positions. */
+static int attn_split(int64_t rows, int nt, int64_t topk)
+{
+    int best = 1;
+    double best_t = (double)((rows + nt - 1) / nt);
+    for (int ks = 2; ks <= nt && ks <= 64 && topk / ks >= 256; ks++) {
+        if (nt % ks) continue;
+        const int64_t R = nt / ks;
+        const double t = (double)((rows + R - 1) / R) / ks * 1.05; /* 5%: merge and extra passes */
+        if (t < best_t) {
+            best_t = t;
+            best = ks;
+        }
+    }
+    return best;
 }
 
 static int attn_check(const smla_attn_params *p, const char *op, smla_status *st)
@@ -329,12 +348,82 @@ static int attn_run(const smla_attn_params *p, const char *op, smla_status *st)
     if (rc != SMLA_OK) return rc;
     const int64_t rows = p->b * p->s_q;
     if (rows == 0 || p->h == 0) return SMLA_OK;
-    attn_scratch w = {0};
-    rc = scratch_alloc(&w, p->h, st);
-    if (rc != SMLA_OK) return rc;
-    const attn_kernels kern = pick_kernels();
-    attn_rows(p, &kern, 0, rows, &w);
-    free(w.block);
+
+    int vw;
+    const attn_unit_fn unit = attn_pick(smla_cpu_isa(), &vw);
+    attn_ctx x;
+    x.p = p;
+    x.hp = (p->h + vw - 1) / vw * vw;
+    x.limit = p->kv.num_blocks * p->kv.block_size;
+    x.bs_shift = -1;
+    for (int s = 0; s < 62; s++)
+        if (p->kv.block_size == INT64_C(1) << s) x.bs_shift = s;
+    x.c2 = (float)((double)p->softmax_scale * ATTN_LOG2E);
+
+    /* under ~20 us of work (a (position, head) pair is ~2200 flops) one thread does it all */
+    const double work = (double)rows * (double)p->topk * (double)p->h;
+    int nt = smla_num_threads(p->num_threads, work < 512 ? 1 : rows * 64);
+    const int ks = attn_split(rows, nt, p->topk);
+    if (ks == 1 && nt > rows) nt = (int)rows;
+
+    const size_t per = scratch_bytes(x.hp); /* hp <= h rounded up to ATTN_HV_MAX */
+    char *block = malloc(64 + per * (size_t)nt);
+    if (!block)
+        return smla_fail(st, SMLA_ERR_NOMEM, "%s: cannot allocate %d thread scratch buffers for %lld heads", op,
+                         nt, (long long)p->h);
+    char *base = block + ((64 - ((uintptr_t)block & 63)) & 63);
+
+    if (ks == 1) {
+#pragma omp parallel num_threads(nt)
+        {
+            attn_scratch w;
+            scratch_carve(&w, base + per * (size_t)smla_thread_id(), x.hp);
+            attn_scratch *const one = &w;
+#pragma omp for schedule(dynamic, 1)
+            for (int64_t r = 0; r < rows; r++) {
+                unit(&x, r, 0, attn_len(p, r), &w);
+                attn_finish(p, r, &one, 1, 0, p->h);
+            }
+        }
+    } else {
+        const int64_t R = nt / ks; /* rows per round */
+        attn_scratch *ws = malloc(sizeof(attn_scratch) * (size_t)nt);
+        attn_scratch **parts = malloc(sizeof(attn_scratch *) * (size_t)nt);
+        if (!ws || !parts) {
+            free(ws);
+            free(parts);
+            free(block);
+            return smla_fail(st, SMLA_ERR_NOMEM, "%s: cannot allocate thread state", op);
+        }
+        for (int t = 0; t < nt; t++) parts[t] = &ws[t];
+#pragma omp parallel num_threads(nt)
+        {
+            const int tid = smla_thread_id(), k = tid % ks;
+            scratch_carve(&ws[tid], base + per * (size_t)tid, x.hp);
+            const int team = smla_team_size();
+            if (team < nt) { /* fewer threads than planned: whole rows, round robin */
+                for (int64_t r = tid; r < rows; r += team) {
+                    unit(&x, r, 0, attn_len(p, r), &ws[tid]);
+                    attn_finish(p, r, parts + tid, 1, 0, p->h);
+                }
+            } else {
+                for (int64_t r0 = 0; r0 < rows; r0 += R) {
+                    const int64_t r = r0 + tid / ks;
+                    if (r < rows) {
+                        const int64_t len = attn_len(p, r);
+                        unit(&x, r, len * k / ks, len * (k + 1) / ks, &ws[tid]);
+                    }
+#pragma omp barrier
+                    if (r < rows)
+                        attn_finish(p, r, parts + (tid - k), ks, p->h * k / ks, p->h * (k + 1) / ks);
+#pragma omp barrier
+                }
+            }
+        }
+        free(ws);
+        free(parts);
+    }
+    free(block);
     return SMLA_OK;
 }
 
@@ -347,3 +436,283 @@ int smla_cpu_sparse_mla_prefill(const smla_attn_params *p, smla_status *st)
 {
     return attn_run(p, "sparse_mla_prefill", st);
 }
+
+#else /* ================= ATTN_ISA_BODY: one level (macros from the including section) ================= */
+
+#define FN(name) ATTN_CAT(name, ATTN_SFX)
+#define vf FN(vf)
+#define vfu FN(vfu)
+#define vi FN(vi)
+#define vu FN(vu)
+typedef float vf __attribute__((vector_size(4 * VW)));
+typedef float vfu __attribute__((vector_size(4 * VW), aligned(4), may_alias));
+typedef int32_t vi __attribute__((vector_size(4 * VW)));
+typedef uint32_t vu __attribute__((vector_size(4 * VW)));
+#define LDV(ptr) ((vf)(*(const vfu *)(const void *)(ptr)))
+#define STV(ptr, v) (*(vfu *)(void *)(ptr) = (v))
+#define VSEL(mask, a, b) ((vf)(((vi)(a) & (mask)) | ((vi)(b) & ~(mask))))
+
+/* max(a, b) that keeps b when a is NaN */
+ATTN_INLINE vf FN(vmax)(vf a, vf b) { return VSEL(a > b, a, b); }
+
+/* 2^x for x <= 0 (or NaN): x = n + f, |f| <= 1/2, 2^f by its degree-7 Taylor polynomial (truncation
+ * < 6e-9 relative), times 2^n built from the exponent bits. x < -126 gives 2^-126, which is as good as
+ * 0 next to the running max's exp2(0) = 1; NaN stays NaN (it reaches the product). */
+ATTN_INLINE vf FN(vexp2)(vf x)
+{
+    const vf lo = VBCAST(-126.0f);
+    x = VSEL(x < lo, lo, x);
+    const vf magic = VBCAST(12582912.0f); /* 1.5 * 2^23: adding it rounds to an integer */
+    const vf n = (x + magic) - magic;
+    const vf f = x - n;
+    vf y = VBCAST(1.525273380405984e-05f);
+    y = VFMA(VBCAST(1.5403530393381606e-04f), y, f);
+    y = VFMA(VBCAST(1.3333558146428443e-03f), y, f);
+    y = VFMA(VBCAST(9.618129107628477e-03f), y, f);
+    y = VFMA(VBCAST(5.550410866482158e-02f), y, f);
+    y = VFMA(VBCAST(2.402265069591007e-01f), y, f);
+    y = VFMA(VBCAST(6.931471805599453e-01f), y, f);
+    y = VFMA(VBCAST(1.0f), y, f);
+    const vu e = ((vu)__builtin_convertvector(n, vi) + 127u) << 23;
+    return y * (vf)e;
+}
+
+/* S[t][hv..] (+)= dot(K_t, q) over d in [d0, d0 + ATTN_DB) for MT rows (576 floats apart) and NH head
+ * vectors (hp floats apart); the first block starts from 0, the last one scales by c2. */
+ATTN_INLINE void FN(score_tile)(const float *restrict qt, int64_t hp, const float *restrict k, float *restrict s,
+                                float c2, int MT, int NH, int d0)
+{
+    vf a[SC_MT1][2];
+    for (int t = 0; t < MT; t++)
+        for (int j = 0; j < NH; j++) a[t][j] = d0 == 0 ? (vf){0} : LDV(s + t * hp + j * VW);
+    for (int d = d0; d < d0 + ATTN_DB; d++) {
+        vf q[2];
+        for (int j = 0; j < NH; j++) q[j] = LDV(qt + d * hp + j * VW);
+        for (int t = 0; t < MT; t++) {
+            const vf kb = VBCAST(k[t * SMLA_D_QK + d]);
+            for (int j = 0; j < NH; j++) a[t][j] = VFMA(a[t][j], q[j], kb);
+        }
+    }
+    const vf c = VBCAST(d0 + ATTN_DB == SMLA_D_QK ? c2 : 1.0f);
+    for (int t = 0; t < MT; t++)
+        for (int j = 0; j < NH; j++) STV(s + t * hp + j * VW, a[t][j] * c);
+}
+
+#ifdef ATTN_DPBF16
+/* The same from bf16 pairs: qt2[i][h] = (q[h][2i], q[h][2i+1]), K rows as bf16 (any pointers). */
+ATTN_INLINE void FN(score_tile_bf16)(const float *restrict qt2, int64_t hp, const uint16_t *const *k,
+                                     float *restrict s, float c2, int MT, int NH, int d0)
+{
+    vf a[SC_MT1][2];
+    for (int t = 0; t < MT; t++)
+        for (int j = 0; j < NH; j++) a[t][j] = d0 == 0 ? (vf){0} : LDV(s + t * hp + j * VW);
+    for (int i = d0 / 2; i < (d0 + ATTN_DB) / 2; i++) {
+        vf q[2];
+        for (int j = 0; j < NH; j++) q[j] = LDV(qt2 + i * hp + j * VW);
+        for (int t = 0; t < MT; t++) {
+            uint32_t pair;
+            memcpy(&pair, k[t] + 2 * i, 4);
+            const vf kb = VBCAST_U32(pair);
+            for (int j = 0; j < NH; j++) a[t][j] = VDPBF16(a[t][j], q[j], kb);
+        }
+    }
+    const vf c = VBCAST(d0 + ATTN_DB == SMLA_D_QK ? c2 : 1.0f);
+    for (int t = 0; t < MT; t++)
+        for (int j = 0; j < NH; j++) STV(s + t * hp + j * VW, a[t][j] * c);
+}
+#endif
+
+/* acc[h][c..] += sum_t P[t][h] * V_t[c..] for MH heads and NC vectors of columns. */
+ATTN_INLINE void FN(pv_tile)(const float *restrict pm, int64_t hp, const float *restrict v, int n,
+                             float *restrict o, int MH, int NC)
+{
+    vf a[PV_MH][PV_NC];
+    for (int i = 0; i < MH; i++)
+        for (int j = 0; j < NC; j++) a[i][j] = LDV(o + i * SMLA_D_V + j * VW);
+    for (int t = 0; t < n; t++) {
+        vf x[PV_NC];
+        for (int j = 0; j < NC; j++) x[j] = LDV(v + t * SMLA_D_QK + j * VW);
+        for (int i = 0; i < MH; i++) {
+            const vf pb = VBCAST(pm[t * hp + i]);
+            for (int j = 0; j < NC; j++) a[i][j] = VFMA(a[i][j], pb, x[j]);
+        }
+    }
+    for (int i = 0; i < MH; i++)
+        for (int j = 0; j < NC; j++) STV(o + i * SMLA_D_V + j * VW, a[i][j]);
+}
+
+#ifndef ATTN_DPBF16
+/* Scores of the chunk's n rows for all heads. The last tile may run past n (up to ATTN_MT_MAX - 1
+ * rows): those rows hold finite leftovers and their scores are never read. */
+static void FN(chunk_scores)(const attn_ctx *x, attn_scratch *w, int n)
+{
+    const int64_t hp = x->hp;
+    int64_t hv = 0;
+    for (; hv + 2 * VW <= hp; hv += 2 * VW)
+        for (int d0 = 0; d0 < SMLA_D_QK; d0 += ATTN_DB)
+            for (int t = 0; t < n; t += SC_MT2)
+                FN(score_tile)(w->q + hv, hp, w->k + (size_t)t * SMLA_D_QK, w->s + t * hp + hv, x->c2, SC_MT2, 2,
+                               d0);
+    if (hv < hp)
+        for (int d0 = 0; d0 < SMLA_D_QK; d0 += ATTN_DB)
+            for (int t = 0; t < n; t += SC_MT1)
+                FN(score_tile)(w->q + hv, hp, w->k + (size_t)t * SMLA_D_QK, w->s + t * hp + hv, x->c2, SC_MT1, 1,
+                               d0);
+}
+#else
+static void FN(chunk_scores_bf16)(const attn_ctx *x, attn_scratch *w, const uint16_t *const *kr, int n)
+{
+    const int64_t hp = x->hp;
+    int64_t hv = 0;
+    for (; hv + 2 * VW <= hp; hv += 2 * VW)
+        for (int d0 = 0; d0 < SMLA_D_QK; d0 += ATTN_DB)
+            for (int t = 0; t < n; t += SC_MT2)
+                FN(score_tile_bf16)(w->q + hv, hp, kr + t, w->s + t * hp + hv, x->c2, SC_MT2, 2, d0);
+    if (hv < hp)
+        for (int d0 = 0; d0 < SMLA_D_QK; d0 += ATTN_DB)
+            for (int t = 0; t < n; t += SC_MT1)
+                FN(score_tile_bf16)(w->q + hv, hp, kr + t, w->s + t * hp + hv, x->c2, SC_MT1, 1, d0);
+}
+#endif
+
+ATTN_INLINE void FN(prefetch_l1)(const smla_cache *c, const uint8_t *e)
+{
+    const int entry = c->dtype == SMLA_CACHE_FP8_DS_MLA ? SMLA_FP8_ENTRY : 2 * SMLA_D_QK;
+    for (int o = 0; o < entry; o += 64) __builtin_prefetch(e + o, 0, 3);
+    __builtin_prefetch(e + entry - 1, 0, 3);
+}
+
+/* Online softmax over the chunk, head vector by head vector: new max, rescale of l and acc, and the
+ * scores turned into exp2(score - m). */
+static void FN(chunk_softmax)(const attn_ctx *x, attn_scratch *w, int n)
+{
+    const int64_t hp = x->hp;
+    for (int64_t hv = 0; hv < hp; hv += VW) {
+        float *s = w->s + hv;
+        vf cm = LDV(s);
+        for (int t = 1; t < n; t++) cm = FN(vmax)(LDV(s + t * hp), cm);
+        const vf mold = LDV(w->m + hv);
+        const vf mnew = FN(vmax)(cm, mold);
+        const vf alpha = FN(vexp2)(mold - mnew);
+        vf sum = (vf){0};
+        for (int t = 0; t < n; t++) {
+            const vf e = FN(vexp2)(LDV(s + t * hp) - mnew);
+            STV(s + t * hp, e);
+            sum += e;
+        }
+        STV(w->m + hv, mnew);
+        for (int j = 0; j < VW; j++) {
+            w->l[hv + j] = w->l[hv + j] * alpha[j] + sum[j];
+            if (alpha[j] != 1.0f) {
+                float *a = w->acc + (hv + j) * SMLA_D_V;
+                const vf al = VBCAST(alpha[j]);
+                for (int d = 0; d < SMLA_D_V; d += VW) STV(a + d, LDV(a + d) * al);
+            }
+        }
+    }
+}
+
+static void FN(chunk_pv)(const attn_ctx *x, attn_scratch *w, int n)
+{
+    const int64_t hp = x->hp;
+    /* columns outside, heads inside: a column slice of V stays in L1 while every head reads it */
+    int c = 0;
+    for (; c + PV_NC * VW <= SMLA_D_V; c += PV_NC * VW)
+        for (int64_t h0 = 0; h0 < hp; h0 += PV_MH)
+            FN(pv_tile)(w->s + h0, hp, w->k + c, n, w->acc + h0 * SMLA_D_V + c, PV_MH, PV_NC);
+    const int rest = (SMLA_D_V - c) / VW; /* fewer than PV_NC vectors of columns are left */
+    for (int64_t h0 = 0; h0 < hp && rest > 0; h0 += PV_MH) {
+        if (rest == 1) FN(pv_tile)(w->s + h0, hp, w->k + c, n, w->acc + h0 * SMLA_D_V + c, PV_MH, 1);
+        else FN(pv_tile)(w->s + h0, hp, w->k + c, n, w->acc + h0 * SMLA_D_V + c, PV_MH, 2);
+    }
+}
+
+/* One unit: row r, top-k positions [p0, p1), all heads; leaves m, l, acc, n_valid in w. */
+static void FN(attn_unit)(const attn_ctx *x, int64_t r, int64_t p0, int64_t p1, attn_scratch *w)
+{
+    const smla_attn_params *p = x->p;
+    const int64_t bi = r / p->s_q, si = r % p->s_q, h = p->h, hp = x->hp;
+    const uint16_t *q = p->q + bi * p->q_stride_b + si * p->q_stride_s;
+    const int32_t *idx = p->indices + bi * p->idx_stride_b + si * p->idx_stride_s;
+
+#ifdef ATTN_DPBF16
+    uint32_t *qt2 = (uint32_t *)(void *)w->q; /* [288][hp] bf16 pairs */
+    for (int64_t hi = 0; hi < hp; hi++)
+        for (int i = 0; i < SMLA_D_QK / 2; i++) {
+            uint32_t pair = 0;
+            if (hi < h) memcpy(&pair, q + hi * p->q_stride_h + 2 * i, 4);
+            qt2[i * hp + hi] = pair;
+        }
+#else
+    for (int64_t hi = 0; hi < hp; hi++) {
+        const uint16_t *qh = q + hi * p->q_stride_h;
+        for (int d = 0; d < SMLA_D_QK; d++) w->q[d * hp + hi] = hi < h ? smla_bf16_to_f32(qh[d]) : 0.0f;
+    }
+#endif
+    for (int64_t hi = 0; hi < hp; hi++) {
+        w->m[hi] = -INFINITY;
+        w->l[hi] = 0.0;
+    }
+    memset(w->acc, 0, sizeof(float) * (size_t)hp * SMLA_D_V);
+    w->n_valid = 0;
+
+    const int bf16_cache = p->kv.dtype == SMLA_CACHE_BF16;
+    (void)bf16_cache;
+    int64_t pos = p0;
+    int cur = 0;
+    int n = attn_next_rows(x, idx, &pos, p1, w->rows);
+    while (n > 0) {
+        const uint8_t **rows = w->rows + cur * ATTN_CH;
+        const int n_next = attn_next_rows(x, idx, &pos, p1, w->rows + (1 - cur) * ATTN_CH);
+#ifdef ATTN_DPBF16
+        const uint16_t *kr[ATTN_CH_PAD];
+        for (int t = 0; t < n; t++) {
+            if (t + ATTN_PF_ROWS < n) FN(prefetch_l1)(&p->kv, rows[t + ATTN_PF_ROWS]);
+            if (bf16_cache) { /* the scores read the cache row itself */
+                DEQUANT(&p->kv, rows[t], NULL, w->k + (size_t)t * SMLA_D_QK);
+                kr[t] = (const uint16_t *)(const void *)rows[t];
+            } else {
+                DEQUANT(&p->kv, rows[t], w->kb + (size_t)t * SMLA_D_QK, w->k + (size_t)t * SMLA_D_QK);
+                kr[t] = w->kb + (size_t)t * SMLA_D_QK;
+            }
+        }
+        static const uint16_t zero_row[SMLA_D_QK];
+        for (int t = n; t < n + ATTN_MT_MAX && t < ATTN_CH_PAD; t++) kr[t] = zero_row;
+        FN(chunk_scores_bf16)(x, w, kr, n);
+#else
+        for (int t = 0; t < n; t++) {
+            if (t + ATTN_PF_ROWS < n) FN(prefetch_l1)(&p->kv, rows[t + ATTN_PF_ROWS]);
+            DEQUANT(&p->kv, rows[t], NULL, w->k + (size_t)t * SMLA_D_QK);
+        }
+        FN(chunk_scores)(x, w, n);
+#endif
+        FN(chunk_softmax)(x, w, n);
+        FN(chunk_pv)(x, w, n);
+        w->n_valid += n;
+        n = n_next;
+        cur = 1 - cur;
+    }
+}
+
+#undef vf
+#undef vfu
+#undef vi
+#undef vu
+#undef LDV
+#undef STV
+#undef VSEL
+#undef FN
+#undef ATTN_SFX
+#undef VW
+#undef SC_MT2
+#undef SC_MT1
+#undef PV_MH
+#undef PV_NC
+#undef VFMA
+#undef VBCAST
+#undef DEQUANT
+#undef VDPBF16
+#undef VBCAST_U32
+#undef ATTN_DPBF16
+
+#endif /* ATTN_ISA_BODY */

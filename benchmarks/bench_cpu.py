@@ -1,0 +1,341 @@
+"""Benchmark the CPU sparse MLA kernels against a straightforward NumPy implementation and the machine.
+
+Measures, all in one process and one run:
+  - peak: a tight FMA loop (fp32, the widest of AVX-512F / AVX2+FMA this CPU has) in a small C file
+    compiled here with the system cc and loaded with ctypes, run on as many threads as smla uses
+    (and a vdpbf16ps loop where AVX512_BF16 exists); without a C compiler, a large NumPy float32
+    matmul stands in (said so in the output);
+  - memory bandwidth: a NumPy copy of 512 MiB (bytes read + bytes written over the time);
+  - sparse_mla_decode at h = 16, 64, 128, topk 2048, s_q 1, b = 1..32, fp8_ds_mla and bf16 caches:
+    every request owns CTX cached tokens on shuffled blocks (block_size 64, written by pack_kv) and
+    each query token picks 2048 distinct random positions of its request;
+  - sparse_mla_prefill at s_q 256, h 128, topk 2048 over a bf16 kv of 8192 rows.
+GFLOP/s counts 2 * tokens * h * topk * (576 + 512). "x numpy" is the NumPy version's time over
+smla's (gather + dequantise + float32 matmul + softmax + matmul, per query token, with NumPy's BLAS
+threads). "% peak" is smla's GFLOP/s over the FMA peak. For h = 16, "x read" is smla's time over
+the time the step's unique cache rows take to read at the copy bandwidth (the memory bound).
+Times are the best of the repeats (the machine may be shared; the load average and the busiest other
+processes before and after the run are printed and stored). Outputs are preallocated.
+
+    python benchmarks/bench_cpu.py [--quick] [--json out.json] [--threads N] [--isa avx2]
+"""
+import argparse
+import ctypes
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+import ml_dtypes
+import numpy as np
+
+import smla
+
+BF16 = ml_dtypes.bfloat16
+TOPK = 2048
+CTX = 4096
+BLOCK = 64
+SCALE = 576 ** -0.5
+
+PEAK_C = r"""
+#include <immintrin.h>
+/* n iterations of 12 independent FMA chains; returns the flops executed */
+__attribute__((target("avx2,fma"))) double fma_avx2(long n, float *sink)
+{
+    __m256 a[12], x = _mm256_set1_ps(1.0000001f), y = _mm256_set1_ps(1e-7f);
+    for (int i = 0; i < 12; i++) a[i] = _mm256_set1_ps((float)i);
+    for (long k = 0; k < n; k++)
+        for (int i = 0; i < 12; i++) a[i] = _mm256_fmadd_ps(a[i], x, y);
+    __m256 s = a[0];
+    for (int i = 1; i < 12; i++) s = _mm256_add_ps(s, a[i]);
+    *sink = s[0];
+    return (double)n * 12 * 8 * 2;
+}
+__attribute__((target("avx512f"))) double fma_avx512(long n, float *sink)
+{
+    __m512 a[16], x = _mm512_set1_ps(1.0000001f), y = _mm512_set1_ps(1e-7f);
+    for (int i = 0; i < 16; i++) a[i] = _mm512_set1_ps((float)i);
+    for (long k = 0; k < n; k++)
+        for (int i = 0; i < 16; i++) a[i] = _mm512_fmadd_ps(a[i], x, y);
+    __m512 s = a[0];
+    for (int i = 1; i < 16; i++) s = _mm512_add_ps(s, a[i]);
+    *sink = s[0];
+    return (double)n * 16 * 16 * 2;
+}
+__attribute__((target("avx512f,avx512bw,avx512bf16"))) double dpbf16(long n, float *sink)
+{
+    __m512 a[16];
+    const __m512bh x = (__m512bh)_mm512_set1_epi32(0x3f803f80), y = (__m512bh)_mm512_set1_epi32(0x33d633d6);
+    for (int i = 0; i < 16; i++) a[i] = _mm512_set1_ps((float)i);
+    for (long k = 0; k < n; k++)
+        for (int i = 0; i < 16; i++) a[i] = _mm512_dpbf16_ps(a[i], x, y);
+    __m512 s = a[0];
+    for (int i = 1; i < 16; i++) s = _mm512_add_ps(s, a[i]);
+    *sink = s[0];
+    return (double)n * 16 * 32 * 2;
+}
+int has(int which)
+{
+    __builtin_cpu_init();
+    if (which == 0) return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+    if (which == 1) return __builtin_cpu_supports("avx512f");
+    return __builtin_cpu_supports("avx512bf16") && __builtin_cpu_supports("avx512bw");
+}
+"""
+
+
+def parse():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--quick", action="store_true", help="a few shapes, fewer repeats")
+    ap.add_argument("--json", help="write the results here")
+    ap.add_argument("--threads", type=int, default=0, help="SMLA_NUM_THREADS (default: as set, else all CPUs)")
+    ap.add_argument("--isa", default="", help="SMLA_CPU_ISA for the run (default: as set, else the best)")
+    ap.add_argument("--no-numpy", action="store_true", help="skip the NumPy baseline")
+    return ap.parse_args()
+
+
+def busy_processes():
+    """Load average and the busiest other processes: the machine may be shared."""
+    try:
+        ps = subprocess.run(["ps", "-eo", "pcpu,pid,comm", "--sort=-pcpu"], capture_output=True, text=True,
+                            timeout=10).stdout.splitlines()[1:]
+    except (OSError, subprocess.SubprocessError):
+        ps = []
+    mine = str(os.getpid())
+    others = [" ".join(line.split()) for line in ps if line.split()[1:2] != [mine]]
+    return {"loadavg": [round(v, 2) for v in os.getloadavg()], "top": [p for p in others[:5]]}
+
+
+def best_of(fn, reps, warmup=1):
+    for _ in range(warmup):
+        fn()
+    ts = []
+    for _ in range(reps):
+        t = time.perf_counter()
+        fn()
+        ts.append(time.perf_counter() - t)
+    return min(ts), statistics.median(ts)
+
+
+# ---------------------------------------------------------------------------------------------
+# the machine
+# ---------------------------------------------------------------------------------------------
+
+def load_peak_lib(tmp):
+    src, lib = os.path.join(tmp, "peak.c"), os.path.join(tmp, "peak.so")
+    with open(src, "w") as f:
+        f.write(PEAK_C)
+    cc = os.environ.get("CC", "cc")
+    try:
+        subprocess.run([cc, "-O2", "-shared", "-fPIC", src, "-o", lib], check=True, capture_output=True, timeout=120)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    so = ctypes.CDLL(lib)
+    for name in ("fma_avx2", "fma_avx512", "dpbf16"):
+        getattr(so, name).restype = ctypes.c_double
+        getattr(so, name).argtypes = [ctypes.c_long, ctypes.POINTER(ctypes.c_float)]
+    return so
+
+
+def threaded_rate(fn, nthreads, n, reps=3):
+    """FLOP/s of fn(n) run on nthreads threads at once (ctypes releases the GIL)."""
+    best = 0.0
+    for _ in range(reps):
+        flops = [0.0] * nthreads
+        sinks = [ctypes.c_float() for _ in range(nthreads)]
+
+        def run(i):
+            flops[i] = fn(n, ctypes.byref(sinks[i]))
+
+        ts = [threading.Thread(target=run, args=(i,)) for i in range(nthreads)]
+        t = time.perf_counter()
+        for th in ts:
+            th.start()
+        for th in ts:
+            th.join()
+        best = max(best, sum(flops) / (time.perf_counter() - t))
+    return best
+
+
+def measure_peak(nthreads, tmp):
+    so = load_peak_lib(tmp)
+    res = {}
+    if so is not None and so.has(0):
+        if so.has(1):
+            res["fma_gflops"], res["fma_isa"] = threaded_rate(so.fma_avx512, nthreads, 20_000_000) / 1e9, "avx512f"
+        else:
+            res["fma_gflops"], res["fma_isa"] = threaded_rate(so.fma_avx2, nthreads, 30_000_000) / 1e9, "avx2+fma"
+        if so.has(2):
+            res["dpbf16_gflops"] = threaded_rate(so.dpbf16, nthreads, 20_000_000) / 1e9
+        res["peak_source"] = "C FMA loop (cc + ctypes)"
+    a = np.random.default_rng(0).standard_normal((3072, 3072), dtype=np.float32)
+    t, _ = best_of(lambda: a @ a, 3)
+    res["numpy_sgemm_gflops"] = 2 * 3072 ** 3 / t / 1e9
+    if "fma_gflops" not in res:
+        res["fma_gflops"], res["fma_isa"] = res["numpy_sgemm_gflops"], "numpy sgemm"
+        res["peak_source"] = "NumPy float32 matmul (no C compiler or no AVX2)"
+    return res
+
+
+def measure_bandwidth():
+    src = np.ones(512 << 20, np.uint8)
+    dst = np.empty_like(src)
+    t, _ = best_of(lambda: np.copyto(dst, src), 5)
+    return 2 * src.nbytes / t / 1e9
+
+
+# ---------------------------------------------------------------------------------------------
+# cases and the NumPy implementation
+# ---------------------------------------------------------------------------------------------
+
+E4M3 = np.arange(256, dtype=np.uint8).view(ml_dtypes.float8_e4m3fn).astype(np.float32)
+
+
+def decode_case(cd, b, h, rng):
+    nblk = CTX // BLOCK
+    num_blocks = b * nblk
+    cache = np.zeros(smla.kv_cache_shape(num_blocks, BLOCK, cd), np.uint8 if cd == "fp8_ds_mla" else BF16)
+    perm = rng.permutation(num_blocks).astype(np.int64)
+    pos = np.arange(CTX)
+    slots = np.concatenate([perm[r * nblk + pos // BLOCK] * BLOCK + pos % BLOCK for r in range(b)])
+    kv_c = rng.standard_normal((slots.size, 512), dtype=np.float32).astype(BF16)
+    k_pe = rng.standard_normal((slots.size, 64), dtype=np.float32).astype(BF16)
+    smla.pack_kv(kv_c, k_pe, cache, slots, kv_cache_dtype=cd)
+    idx = np.stack([slots[r * CTX + rng.choice(CTX, TOPK, replace=False)] for r in range(b)]).astype(np.int32)
+    q = rng.standard_normal((b, 1, h, 576), dtype=np.float32).astype(BF16)
+    return q, cache, idx.reshape(b, 1, TOPK)
+
+
+def numpy_rows(cache, cd, slots):
+    """float32 K rows [n, 576] of these slots (dequantised as the cache format says)."""
+    if cd == "bf16":
+        return cache.reshape(-1, 576)[slots].astype(np.float32)
+    e = cache.reshape(-1, 656)[slots]
+    scales = np.ascontiguousarray(e[:, 512:528]).view(np.float32)
+    lat = (E4M3[e[:, :512]].reshape(-1, 4, 128) * scales[:, :, None]).reshape(-1, 512)
+    pe = np.ascontiguousarray(e[:, 528:]).view(BF16).astype(np.float32)
+    return np.concatenate([lat, pe], axis=1)
+
+
+def numpy_attention(q, k, scale):
+    """q [h, 576] float32, k [n, 576] float32 -> out [h, 512], lse [h]."""
+    s = (q @ k.T) * scale
+    m = s.max(axis=1, keepdims=True)
+    p = np.exp(s - m)
+    l = p.sum(axis=1, keepdims=True)
+    return (p @ k[:, :512]) / l, (m + np.log(l))[:, 0]
+
+
+def numpy_decode(q, cache, idx, cd):
+    b, s_q = idx.shape[:2]
+    qf = q.astype(np.float32)
+    for bi in range(b):
+        for si in range(s_q):
+            numpy_attention(qf[bi, si], numpy_rows(cache, cd, idx[bi, si]), SCALE)
+
+
+def numpy_prefill(q, kv, idx):
+    qf = q.astype(np.float32)
+    for i in range(idx.shape[0]):
+        numpy_attention(qf[i], kv[idx[i]].astype(np.float32), SCALE)
+
+
+# ---------------------------------------------------------------------------------------------
+
+def main():
+    args = parse()
+    if args.threads:
+        os.environ["SMLA_NUM_THREADS"] = str(args.threads)
+    if args.isa:
+        os.environ["SMLA_CPU_ISA"] = args.isa
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    nthreads = int(os.environ.get("SMLA_NUM_THREADS", "0") or 0) or cpus
+    rng = np.random.default_rng(0)
+    reps, np_reps = (5, 1) if args.quick else (10, 2)
+
+    res = {"machine": platform.processor() or platform.machine(), "cpus": cpus, "threads": nthreads,
+           "isa": os.environ.get("SMLA_CPU_ISA", "best"), "build": smla.build_info(),
+           "busy_before": busy_processes()}
+    with tempfile.TemporaryDirectory() as tmp:
+        res["peak"] = measure_peak(nthreads, tmp)
+    res["copy_gbps"] = measure_bandwidth()
+    peak, bw = res["peak"]["fma_gflops"], res["copy_gbps"]
+    print(f"threads {nthreads} of {cpus} CPUs, SMLA_CPU_ISA={res['isa']}")
+    print(f"peak: {peak:.1f} GFLOP/s ({res['peak']['fma_isa']}, {res['peak']['peak_source']})"
+          + (f", vdpbf16ps {res['peak']['dpbf16_gflops']:.1f}" if "dpbf16_gflops" in res["peak"] else "")
+          + f"; NumPy sgemm {res['peak']['numpy_sgemm_gflops']:.1f} GFLOP/s; copy {bw:.1f} GB/s")
+    print(f"busy before: load {res['busy_before']['loadavg']}, top: {res['busy_before']['top'][:3]}")
+
+    rows = []
+    hdr = (f"{'op':8s} {'cache':10s} {'h':>4s} {'b/s_q':>6s} {'ms':>9s} {'GFLOP/s':>8s} {'% peak':>7s} "
+           f"{'numpy ms':>9s} {'x numpy':>8s} {'read ms':>8s} {'x read':>7s}")
+    print(hdr)
+
+    def report(row):
+        rows.append(row)
+        print(f"{row['op']:8s} {row['cache']:10s} {row['h']:4d} {row['tokens']:6d} {row['ms']:9.2f} "
+              f"{row['gflops']:8.1f} {row['pct_peak']:6.1f}% "
+              + (f"{row['numpy_ms']:9.1f} {row['x_numpy']:8.1f} " if "numpy_ms" in row else f"{'-':>9s} {'-':>8s} ")
+              + (f"{row['read_ms']:8.2f} {row['x_read']:7.2f}" if "read_ms" in row else ""), flush=True)
+
+    heads = (16, 128) if args.quick else (16, 64, 128)
+    batches = (1, 8) if args.quick else (1, 4, 16, 32)
+    cds = ("fp8_ds_mla",) if args.quick else ("fp8_ds_mla", "bf16")
+    for cd in cds:
+        for h in heads:
+            for b in batches:
+                q, cache, idx = decode_case(cd, b, h, rng)
+                out = np.empty((b, 1, h, 512), BF16)
+                lse = np.empty((b, 1, h), np.float32)
+                f = lambda: smla.sparse_mla_decode(q, cache, idx, softmax_scale=SCALE, kv_cache_dtype=cd,
+                                                   out=out, lse=lse)
+                t, tmed = best_of(f, reps if b * h <= 512 else max(3, reps // 2))
+                flops = 2 * b * h * TOPK * 1088
+                row = dict(op="decode", cache=cd, h=h, b=b, tokens=b, ms=t * 1e3, median_ms=tmed * 1e3,
+                           gflops=flops / t / 1e9, pct_peak=100 * flops / t / 1e9 / peak)
+                if h == 16:
+                    uniq = np.unique(idx).size * cache.shape[2] * cache.itemsize
+                    row["read_ms"] = uniq / (bw * 1e9) * 1e3
+                    row["x_read"] = t * 1e3 / row["read_ms"]
+                if not args.no_numpy:
+                    tn, _ = best_of(lambda: numpy_decode(q, cache, idx, cd), np_reps, warmup=0)
+                    row["numpy_ms"], row["x_numpy"] = tn * 1e3, tn / t
+                    time.sleep(0.3)  # let NumPy's BLAS threads go back to sleep before smla runs again
+                report(row)
+                del q, cache, idx
+
+    s_q = 64 if args.quick else 256
+    s_kv = 8192
+    kv = rng.standard_normal((s_kv, 576), dtype=np.float32).astype(BF16)
+    idx = np.stack([rng.choice(s_kv, TOPK, replace=False) for _ in range(s_q)]).astype(np.int32)
+    q = rng.standard_normal((s_q, 128, 576), dtype=np.float32).astype(BF16)
+    out, lse, ml = (np.empty((s_q, 128, 512), BF16), np.empty((s_q, 128), np.float32),
+                    np.empty((s_q, 128), np.float32))
+    f = lambda: smla.sparse_mla_prefill(q, kv, idx, softmax_scale=SCALE, out=out, lse=lse, max_logits=ml)
+    t, tmed = best_of(f, 3 if args.quick else 5)
+    flops = 2 * s_q * 128 * TOPK * 1088
+    row = dict(op="prefill", cache="bf16", h=128, b=1, tokens=s_q, ms=t * 1e3, median_ms=tmed * 1e3,
+               gflops=flops / t / 1e9, pct_peak=100 * flops / t / 1e9 / peak)
+    if not args.no_numpy:
+        tn, _ = best_of(lambda: numpy_prefill(q, kv, idx), 1, warmup=0)
+        row["numpy_ms"], row["x_numpy"] = tn * 1e3, tn / t
+    report(row)
+
+    res["rows"] = rows
+    res["busy_after"] = busy_processes()
+    print(f"busy after: load {res['busy_after']['loadavg']}, top: {res['busy_after']['top'][:3]}")
+    if args.json:
+        os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
+        with open(args.json, "w") as f:
+            json.dump(res, f, indent=1)
+        print(f"wrote {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

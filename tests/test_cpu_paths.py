@@ -1,0 +1,294 @@
+"""Every CPU instruction-set path (SMLA_CPU_ISA, csrc/cpu/cpu_features.h) against the float64 oracle,
+and the threaded paths (SMLA_NUM_THREADS) of the attention kernel.
+
+The kernels read SMLA_CPU_ISA on every call, so each test sets it for its own calls. A path this CPU
+lacks is skipped (forcing it would silently run the best level below it, which other cases already
+cover). "avx2-emulated-bf16" is a test hook: the avx512bf16 attention code (bf16 pairs for the scores)
+at AVX2 width with vdpbf16ps emulated, so that its logic runs on CPUs without AVX512_BF16.
+
+Attention is checked against the oracle with DESIGN's tolerances; pack_kv, gather_upconvert and
+convert_topk_indices must give the same bytes on every path (they run the existing byte-exact tests of
+those ops once per path, plus inputs aimed at the vector code's edge cases)."""
+import itertools
+import os
+import platform
+import sys
+
+import numpy as np
+import pytest
+
+import smla
+
+sys.path.insert(0, os.path.dirname(__file__))
+import reference as ref  # noqa: E402
+import test_convert_topk_indices as tconv  # noqa: E402
+import test_gather_upconvert as tgather  # noqa: E402
+import test_pack_kv as tpack  # noqa: E402
+import test_sparse_mla_decode as tdec  # noqa: E402
+import test_sparse_mla_prefill as tpre  # noqa: E402
+
+LEVELS = ["portable", "avx2", "avx512", "avx512bf16"]
+
+
+def _cpu_flags():
+    if platform.machine().lower() not in ("x86_64", "amd64"):
+        return set()
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    return set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return set()
+
+
+FLAGS = _cpu_flags()
+NEEDS = {
+    "portable": set(),
+    "avx2": {"avx2", "fma", "f16c"},
+    "avx2-emulated-bf16": {"avx2", "fma", "f16c"},
+    "avx512": {"avx2", "fma", "f16c", "avx512f"},
+    "avx512bf16": {"avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512_bf16"},
+}
+ATTN_PATHS = ["portable", "avx2", "avx2-emulated-bf16", "avx512", "avx512bf16"]
+MEM_PATHS = ["portable", "avx2", "avx512"]  # pack / convert reuse the avx2 code at the AVX-512 levels
+
+
+def best_level():
+    return max((lv for lv in LEVELS if NEEDS[lv] <= FLAGS), key=LEVELS.index)
+
+
+@pytest.fixture
+def path(request, monkeypatch):
+    name = request.param
+    missing = NEEDS[name] - FLAGS
+    if missing:
+        pytest.skip(f"this CPU lacks {', '.join(sorted(missing))}")
+    monkeypatch.setenv("SMLA_CPU_ISA", name)
+    return name
+
+
+def attn_paths():
+    return pytest.mark.parametrize("path", ATTN_PATHS, indirect=True)
+
+
+def mem_paths():
+    return pytest.mark.parametrize("path", MEM_PATHS, indirect=True)
+
+
+# ---------------------------------------------------------------------------------------------
+# attention: the core cases of tests/test_sparse_mla_decode.py and _prefill.py once per path
+# ---------------------------------------------------------------------------------------------
+
+DECODE_CASES = [  # cd, b, s_q, h, topk, block_size, tl_mode, sink_mode, strided_q
+    ("fp8_ds_mla", 1, 1, 128, 2048, 64, "none", "none", False),   # one row: split over threads
+    ("bf16", 1, 2, 128, 2048, 61, "rand", "mixed", True),
+    ("fp8_ds_mla", 3, 1, 16, 2048, 16, "rand", "finite", False),  # 3 rows on 2 threads: split
+    ("bf16", 4, 3, 16, 100, 16, "full", "+inf", False),
+    ("fp8_ds_mla", 2, 2, 33, 130, 64, "rand", "mixed", True),     # heads not a multiple of a vector
+    ("bf16", 5, 1, 1, 64, 1, "zero", "-inf", False),
+    ("fp8_ds_mla", 3, 2, 64, 1, 16, "none", "none", False),
+    ("fp8_ds_mla", 2, 1, 127, 300, 16, "rand", "none", False),
+    ("bf16", 6, 2, 8, 77, 16, "rand", "mixed", False),
+]
+
+
+@attn_paths()
+@pytest.mark.parametrize("cd,b,s_q,h,topk,bs,tl_mode,sink_mode,strided_q", DECODE_CASES,
+                         ids=[f"{c[0]}-b{c[1]}-sq{c[2]}-h{c[3]}-topk{c[4]}" for c in DECODE_CASES])
+def test_decode(path, cd, b, s_q, h, topk, bs, tl_mode, sink_mode, strided_q):
+    c = tdec.make_decode_case(cd, b, s_q, h, topk, bs, seed=b * 100 + h, tl_mode=tl_mode, sink_mode=sink_mode)
+    if strided_q:
+        c["q"] = tdec.strided(c["q"], np.random.default_rng(h))
+    out, lse = tdec.run_decode(c)
+    tdec.check_against_ref(c, out, lse)
+
+
+@attn_paths()
+@pytest.mark.parametrize("scale", [1e-3, 4.0])
+@pytest.mark.parametrize("cd", tdec.CACHE_DTYPES)
+def test_decode_softmax_scale(path, cd, scale):
+    tdec.test_decode_softmax_scale(cd, scale)
+
+
+@attn_paths()
+@pytest.mark.parametrize("cd", tdec.CACHE_DTYPES)
+def test_decode_single_row_is_exact(path, cd):
+    tdec.test_decode_single_row_is_exact(cd)
+
+
+@attn_paths()
+@pytest.mark.parametrize("cd", tdec.CACHE_DTYPES)
+def test_decode_all_invalid(path, cd):
+    tdec.test_decode_all_invalid(cd, "finite")
+
+
+@attn_paths()
+@pytest.mark.parametrize("cd", tdec.CACHE_DTYPES)
+def test_decode_interleaved_cache_and_out_views(path, cd):
+    tdec.test_decode_interleaved_cache_and_out_views(cd)
+
+
+PREFILL_CASES = [  # s_q, h, s_kv, topk, tl_mode, sink_mode, layout
+    (62, 128, 1840, 256, "rand", "mixed", "plain"),
+    (5, 16, 32, 2048, "none", "finite", "strided"),
+    (40, 64, 592, 128, "full", "none", "3d"),
+    (3, 3, 128, 128, "rand", "-inf", "plain"),
+]
+
+
+@attn_paths()
+@pytest.mark.parametrize("s_q,h,s_kv,topk,tl_mode,sink_mode,layout", PREFILL_CASES,
+                         ids=[f"sq{c[0]}-h{c[1]}-skv{c[2]}-topk{c[3]}" for c in PREFILL_CASES])
+def test_prefill(path, s_q, h, s_kv, topk, tl_mode, sink_mode, layout):
+    c = tpre.make_prefill_case(s_q, h, s_kv, topk, seed=s_q + h, tl_mode=tl_mode, sink_mode=sink_mode,
+                               kv_layout=layout)
+    out, lse, ml = tpre.run_prefill(c)
+    tpre.check_against_ref(c, out, lse, ml)
+
+
+# ---------------------------------------------------------------------------------------------
+# threads: every way of cutting rows and top-k lists over threads, at the best level
+# ---------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("threads", [1, 2, 3, 4, 6])
+@pytest.mark.parametrize("rows", [(1, 1), (1, 3), (5, 1)])
+@pytest.mark.parametrize("cd", tdec.CACHE_DTYPES)
+def test_decode_threads(monkeypatch, cd, rows, threads):
+    """b * s_q rows on 1..6 threads: whole rows per thread, rows split into parts merged by lse, and
+    more threads than cores."""
+    monkeypatch.setenv("SMLA_NUM_THREADS", str(threads))
+    b, s_q = rows
+    c = tdec.make_decode_case(cd, b, s_q, 32, 2048, 64, seed=threads, tl_mode="rand", sink_mode="mixed",
+                              all_invalid_frac=0.0)
+    out, lse = tdec.run_decode(c)
+    tdec.check_against_ref(c, out, lse)
+
+
+def test_split_rows_with_few_valid_indices(monkeypatch):
+    """A row split over threads where some parts see no valid index (they merge as the identity)."""
+    monkeypatch.setenv("SMLA_NUM_THREADS", "4")
+    c = tdec.make_decode_case("fp8_ds_mla", 1, 1, 16, 2048, 16, seed=9, tl_mode="none", sink_mode="finite",
+                              all_invalid_frac=0.0)
+    c["indices"][0, 0, 3:] = -1  # only the first part has valid rows
+    out, lse = tdec.run_decode(c)
+    tdec.check_against_ref(c, out, lse)
+
+
+# ---------------------------------------------------------------------------------------------
+# SMLA_CPU_ISA handling
+# ---------------------------------------------------------------------------------------------
+
+def test_unsupported_or_unknown_isa_falls_back(monkeypatch):
+    """A level the CPU lacks runs the best one below it (same bits), an unknown name the best one."""
+    c = tdec.make_decode_case("fp8_ds_mla", 2, 1, 16, 256, 16, seed=3)
+    monkeypatch.setenv("SMLA_NUM_THREADS", "1")
+    monkeypatch.setenv("SMLA_CPU_ISA", best_level())
+    want_out, want_lse = tdec.run_decode(c)
+    for name in LEVELS[LEVELS.index(best_level()):] + ["bogus", ""]:
+        monkeypatch.setenv("SMLA_CPU_ISA", name)
+        out, lse = tdec.run_decode(c)
+        ref.assert_bf16_equal(out, want_out, name=f"SMLA_CPU_ISA={name!r}")
+        np.testing.assert_array_equal(lse, want_lse)
+
+
+# ---------------------------------------------------------------------------------------------
+# pack_kv / gather_upconvert / convert_topk_indices: byte-exact on every path
+# ---------------------------------------------------------------------------------------------
+
+@mem_paths()
+def test_pack_kv(path):
+    for cd, rule, sd in itertools.product(tpack.CACHE_DTYPES, tpack.RULES, [np.int32, np.int64]):
+        tpack.test_matches_reference(cd, rule, sd)
+    for rule in tpack.RULES:
+        tpack.test_saturation_never_nan(rule)
+    tpack.test_pow2_zero_tile_and_336()
+    tpack.test_pow2_336_byte()
+    tpack.test_signed_zero_and_legacy_floor()
+    tpack.test_nan_and_inf_elements()
+    tpack.test_strided_inputs()
+
+
+@mem_paths()
+@pytest.mark.parametrize("rule", tpack.RULES)
+def test_pack_kv_every_magnitude(path, rule):
+    """Tiles from 2^-133 to the bf16 maximum (subnormal results, every scale exponent), many threads'
+    worth of tokens, and duplicate slots (the last token wins)."""
+    rng = np.random.default_rng(7)
+    t, nb, bs = 3000, 40, 64
+    mag = 2.0 ** rng.integers(-133, 128, size=(t, 4, 1))
+    x = rng.standard_normal((t, 4, 128)) * mag
+    x[rng.random(x.shape) < 0.01] = 0.0
+    kv_c = ref.bf16_rne(np.clip(x, -3.3e38, 3.3e38).reshape(t, 512))
+    k_pe = ref.rand_bf16((t, 64), rng)
+    slots = rng.integers(-5, nb * bs, t).astype(np.int64)
+    cache = tpack.new_cache(nb, bs, "fp8_ds_mla")
+    expected = tpack.pack_both(kv_c, k_pe, cache, slots, "fp8_ds_mla", rule)
+    tpack.assert_bytes_equal(cache, expected)
+
+
+@mem_paths()
+def test_gather_upconvert(path):
+    for cd in ["fp8_ds_mla", "bf16"]:
+        tgather.test_vllm_seq_starts_cases(cd)
+        for s in (False, True):
+            tgather.test_random_requests_and_invalid_entries(cd, s)
+    tgather.test_int32_extremes_never_fault()
+    tgather.test_strided_workspace_and_block_table()
+
+
+@mem_paths()
+def test_gather_every_scale(path):
+    """Rows whose tile scales are not powers of two (rounded path), subnormal / zero / huge / Inf / NaN
+    scales (scalar path) and NaN bytes: the same bits as the oracle (any NaN equals any NaN)."""
+    rng = np.random.default_rng(8)
+    nb, bs = 8, 16
+    cache = np.zeros(ref.kv_cache_shape(nb, bs, "fp8_ds_mla"), np.uint8)
+    t = nb * bs
+    cache.reshape(t, -1)[:, :512] = rng.integers(0, 256, (t, 512), dtype=np.uint8)
+    special = np.array([0.0, -0.0, 1e-45, 1e-40, 1.17549435e-38, 2.0 ** -117, 2.0 ** -118, 2.0 ** 119,
+                        2.0 ** 120, 3e38, np.inf, -np.inf, np.nan, -2.0, 1.3e-3, 7.7e-4], np.float32)
+    scales = np.where(rng.random((t, 4)) < 0.5, rng.choice(special, (t, 4)),
+                      (rng.random((t, 4)) * 2.0 ** rng.integers(-20, 20, (t, 4))).astype(np.float32))
+    cache.reshape(t, -1)[:, 512:528] = scales.astype(np.float32).view(np.uint8).reshape(t, 16)
+    cache.reshape(t, -1)[:, 528:] = rng.integers(0, 256, (t, 128), dtype=np.uint8)
+    bt = rng.permutation(nb).astype(np.int32).reshape(2, 4)
+    lens = np.array([4 * bs, 3 * bs + 5], np.int32)
+    starts = np.array([0, 4 * bs], np.int32)
+    tgather.run_both(cache, "fp8_ds_mla", int(lens.sum()), bt, lens, starts)
+
+
+@mem_paths()
+def test_convert_topk_indices(path):
+    for bs, k in itertools.product([1, 16, 64, 128], [1, 128, 384, 2048]):
+        tconv.test_paged_matches_reference(bs, k)
+    tconv.test_every_int32_value_class()
+    tconv.test_prefill_workspace_rows()
+    tconv.test_valid_prefix_counts()
+    tconv.test_out_buffers_and_in_place()
+    tconv.test_dcp_block_table_and_prefill_rows()
+
+
+@mem_paths()
+@pytest.mark.parametrize("bs", [3, 61, 1000, 1000003, 2 ** 30, 2 ** 31 - 1])
+def test_convert_division_and_overflow_edges(path, bs):
+    """Block sizes that are not powers of two (the vector path divides by a reciprocal and corrects),
+    positions on block boundaries, block ids around INT32_MAX / block_size where the slot stops
+    fitting int32, and prefill rows whose workspace row would overflow."""
+    rng = np.random.default_rng(bs % 1000)
+    r, mb, n, k = 4, 64, 12, 203
+    edge = (2 ** 31 - 1) // bs
+    bt = rng.choice(np.array([edge - 1, edge, edge + 1, 0, 1, -1, 2 ** 31 - 1, -(2 ** 31)], np.int64)
+                    .clip(-(2 ** 31), 2 ** 31 - 1), (r, mb)).astype(np.int32)
+    blocks = rng.integers(0, mb + 2, (n, k))
+    offs = rng.choice(np.array([0, 1, bs - 1, bs // 2]), (n, k))
+    tok = np.clip(blocks * bs + offs, -(2 ** 31), 2 ** 31 - 1)
+    tok[rng.random((n, k)) < 0.05] = -1
+    tok[rng.random((n, k)) < 0.02] = 2 ** 31 - 1
+    tok = tok.astype(np.int32)
+    req = rng.integers(-1, r + 1, n).astype(np.int32)
+    tconv.convert(req, bt, tok, bs)
+    pre = np.where(rng.random(n) < 0.5, rng.integers(0, 3, n), -1).astype(np.int32)
+    ws = np.array([0, 2 ** 31 - 1000, -7], np.int32)
+    tconv.convert(req, bt, tok, bs, prefill_request_ids=pre, prefill_workspace_starts=ws)

@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Whole-suite GPU validation in one call (device time is scarce): build for sm_90a + sm_80 with every
+# core, run every CUDA test in parallel pytest processes, then the quick benchmarks. Logs under $OUT.
+set -u
+cd "$(dirname "$0")/.."
+OUT=${OUT:-/tmp/smla-out}; mkdir -p "$OUT"
+export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 OMP_NUM_THREADS=2
+T0=$(date +%s); el() { echo "[$(( $(date +%s) - T0 )) s] $*"; }
+python3 setup.py build_ext --inplace -j "$(nproc)" > "$OUT/build.log" 2>&1 || { tail -40 "$OUT/build.log"; exit 1; }
+grep -iE "warning|spill" "$OUT/build.log" | grep -v "0 bytes spill" | head -5
+el build done
+P="timeout ${TL:-200} python3 -m pytest -q -rf --tb=line -p no:cacheprovider -m cuda"
+A=tests/test_cuda_attention.py
+$P $A -k "decode_grid" > "$OUT/t_attn_decode.log" 2>&1 &
+$P $A -k "not decode_grid" > "$OUT/t_attn_other.log" 2>&1 &
+$P tests/test_sparse_mla_decode.py tests/test_sparse_mla_prefill.py > "$OUT/t_ops_attn.log" 2>&1 &
+$P tests/test_cuda_memory_ops.py tests/test_pack_kv.py tests/test_unpack_kv.py tests/test_gather_upconvert.py \
+   tests/test_convert_topk_indices.py tests/test_merge_attn_states.py > "$OUT/t_mem.log" 2>&1 &
+$P tests/test_layer.py tests/test_parallel.py > "$OUT/t_layer.log" 2>&1 &
+wait
+el tests done
+for f in "$OUT"/t_*.log; do echo "== $(basename "$f"): $(tail -n 1 "$f" | cut -c1-200)"; grep -E "^FAILED" "$f" | cut -c1-220 | head -8; done
+for b in "bench_sparse_mla_decode.py --quick" "bench_sparse_mla_prefill.py --quick" "bench_memory_ops.py --quick" "bench_layer.py"; do
+  set -- $b
+  timeout "${TB:-100}" python3 "benchmarks/$1" "${@:2}" --json "$OUT/${1%.py}.json" > "$OUT/${1%.py}.log" 2>&1
+  echo "== $1 (rc $?)"; grep -v "^#" "$OUT/${1%.py}.log" | tail -n 24
+done
+el bench done
