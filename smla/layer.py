@@ -11,8 +11,8 @@ indexer's request-local top-k positions to cache slots (or prefill-workspace row
 - fp8_ds_mla cache, "split": the decode kernel for the (uniform) decodes as [b, s_q]; prefill
   requests chunk by chunk: gather_upconvert of their whole sequences into the bf16 workspace, then
   the prefill kernel over the workspace with indices converted to workspace rows.
-- "auto": "split" when num_heads >= smla.metadata.MIN_HEADS_FOR_SPLIT, else "mixed" (vLLM's rule;
-  benchmarks/bench_layer.py measures the crossover).
+- "auto": "split" when num_heads >= smla.metadata.MIN_HEADS_FOR_SPLIT, else "mixed"; measured on
+  the H200 by benchmarks/bench_layer.py, split won at every head count (so the threshold is 1).
 
 All reusable buffers (converted indices, lse scratch, prefill and decode workspaces) belong to the
 metadata builder, made once per model and shared by every layer; forward allocates only the

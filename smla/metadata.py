@@ -36,9 +36,11 @@ PREFILL_WORKSPACE_FACTOR = 5  # vLLM get_prefill_workspace_size: 5 * max_model_l
 
 # mode="auto" for fp8 caches: "split" (decode kernel for decodes, bf16 prefill kernel over an
 # upconverted workspace for prefills) from this many heads up, "mixed" (decode kernel on the fp8
-# pages for every token) below. vLLM's MIN_HEADS_FOR_BF16_PREFILL; smla's kernels need no head
-# padding, so benchmarks/bench_layer.py re-measures the crossover on the GPU.
-MIN_HEADS_FOR_SPLIT = 32
+# pages for every token) below. vLLM uses 32 (MIN_HEADS_FOR_BF16_PREFILL); on the H200
+# benchmarks/bench_layer.py measured split as fast or faster at every head count it tried
+# (h = 16, 64, 128; 1K-16K-token chunks; context 0 and 32K: mixed / split = 1.00-1.30), so split
+# is the default for every head count.
+MIN_HEADS_FOR_SPLIT = 1
 
 MODES = ("auto", "mixed", "split")
 _CACHE_ALIASES = {"bfloat16": "bf16", "auto": "bf16", "fp8": "fp8_ds_mla", "fp8_e4m3": "fp8_ds_mla"}

@@ -321,7 +321,8 @@ def test_layer_rejects_mismatched_metadata():
 def test_auto_mode_rule():
     kw = dict(kv_cache_dtype="fp8_ds_mla", block_size=64, topk=2048, max_model_len=4096, max_num_seqs=4,
               max_num_batched_tokens=64)
-    assert SparseMLAAttention(16, SCALE, **kw).mode == "mixed"
+    assert SparseMLAAttention(16, SCALE, **kw).mode == "split"  # measured on the H200: split wins at h = 16 too
+    assert SparseMLAAttention(16, SCALE, **dict(kw, mode="mixed")).mode == "mixed"
     assert SparseMLAAttention(128, SCALE, **kw).mode == "split"
     assert SparseMLAAttention(128, SCALE, **dict(kw, kv_cache_dtype="bf16")).mode == "bf16"
 

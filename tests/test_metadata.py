@@ -100,7 +100,8 @@ def test_req_id_per_token():
 
 
 def test_resolve_mode():
-    assert resolve_mode(16, "fp8_ds_mla") == "mixed"
+    assert resolve_mode(16, "fp8_ds_mla") == "split"
+    assert resolve_mode(16, "fp8_ds_mla", "mixed") == "mixed"
     assert resolve_mode(MIN_HEADS_FOR_SPLIT, "fp8_ds_mla") == "split"
     assert resolve_mode(128, "fp8_ds_mla", "mixed") == "mixed"
     assert resolve_mode(16, "fp8_ds_mla", "split") == "split"
@@ -260,7 +261,7 @@ def test_builder_random_steps(seed):
 
 
 def test_builder_mixed_mode_plans_prefill_on_demand():
-    b = make_builder(num_heads=16, mode="auto", device="cpu")
+    b = make_builder(num_heads=16, mode="mixed", device="cpu")
     assert b.mode == "mixed" and b._prefill_ws is None
     md = b.build(np.array([0, 1, 5]), np.array([3, 9]), np.zeros((2, 2), np.int32), np.arange(5))
     assert md.mode == "mixed" and md.prefill_workspace is None and md.chunks is None
