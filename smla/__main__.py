@@ -39,12 +39,12 @@ def parse(argv):
     sub = p.add_subparsers(dest="cmd", required=True)
     d = sub.add_parser("demo", help="run one mixed decode + prefill step and check it")
     d.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
-    d.add_argument("--heads", type=int, help="query heads (default: 128 on GPU, 16 on CPU)")
-    d.add_argument("--topk", type=int, help="top-k per query token (default: 2048 on GPU, 512 on CPU)")
+    d.add_argument("--heads", type=int, help="query heads (default: 128 on GPU, 64 on CPU)")
+    d.add_argument("--topk", type=int, help="top-k per query token (default: 2048)")
     d.add_argument("--decodes", type=int, help="decode requests (default: 64 on GPU, 4 on CPU)")
     d.add_argument("--prefills", type=int, help="prefill requests (default: 2 on GPU, 1 on CPU)")
     d.add_argument("--prefill-len", type=int, help="new tokens per prefill (default: 1024 on GPU, 32 on CPU)")
-    d.add_argument("--context", type=int, help="context tokens per request (default: 8192 on GPU, 2048 on CPU)")
+    d.add_argument("--context", type=int, help="context tokens per request (default: 8192 on GPU, 4096 on CPU)")
     d.add_argument("--kv-cache-dtype", choices=["fp8_ds_mla", "bf16"], default="fp8_ds_mla")
     d.add_argument("--mode", choices=["auto", "mixed", "split"], default="auto")
     d.add_argument("--block-size", type=int, default=64)
@@ -66,12 +66,12 @@ def demo(a):
         sys.exit("--device cuda: no usable CUDA GPU (or smla built without CUDA)")
     if gpu:
         import torch
-    H = a.heads or (128 if gpu else 16)
-    K = a.topk or (2048 if gpu else 512)
+    H = a.heads or (128 if gpu else 64)
+    K = a.topk or 2048
     nd = a.decodes if a.decodes is not None else (64 if gpu else 4)
     npf = a.prefills if a.prefills is not None else (2 if gpu else 1)
     plen = a.prefill_len or (1024 if gpu else 32)
-    ctx = a.context or (8192 if gpu else 2048)
+    ctx = a.context or (8192 if gpu else 4096)
     bs = a.block_size
     rng = np.random.default_rng(a.seed)
     prog = Progress(4)

@@ -178,11 +178,11 @@ smla_store_bf16x8_avx2(uint16_t *dst, __m256 v) /* v holds bf16 values: keep the
                      _mm_packus_epi32(_mm256_castsi256_si128(u), _mm256_extracti128_si256(u, 1)));
 }
 
-/* bf16 bits -> floats, 8 at a time. */
+/* bf16 bits at any byte address -> floats, 8 at a time. */
 __attribute__((target("avx2,fma,f16c"), always_inline)) static inline __m256
-smla_bf16x8_to_f32_avx2(const uint16_t *src)
+smla_bf16x8_to_f32_avx2(const void *src)
 {
-    const __m128i b = _mm_loadu_si128((const __m128i *)(const void *)src);
+    const __m128i b = _mm_loadu_si128((const __m128i *)src);
     return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(b), 16));
 }
 
@@ -194,7 +194,7 @@ smla_dequant_row_avx2(const smla_cache *c, const uint8_t *entry, uint16_t *bf16,
         if (bf16) memcpy(bf16, entry, 2 * SMLA_D_QK);
         if (f32)
             for (int i = 0; i < SMLA_D_QK; i += 8)
-                _mm256_storeu_ps(f32 + i, smla_bf16x8_to_f32_avx2((const uint16_t *)(const void *)(entry + 2 * i)));
+                _mm256_storeu_ps(f32 + i, smla_bf16x8_to_f32_avx2(entry + 2 * i));
         return;
     }
     float s[SMLA_FP8_NUM_TILES];
@@ -218,8 +218,7 @@ smla_dequant_row_avx2(const smla_cache *c, const uint8_t *entry, uint16_t *bf16,
     if (bf16) memcpy(bf16 + SMLA_D_NOPE, entry + SMLA_FP8_ROPE_OFF, 2 * SMLA_D_ROPE);
     if (f32)
         for (int i = 0; i < SMLA_D_ROPE; i += 8)
-            _mm256_storeu_ps(f32 + SMLA_D_NOPE + i,
-                             smla_bf16x8_to_f32_avx2((const uint16_t *)(const void *)(entry + SMLA_FP8_ROPE_OFF + 2 * i)));
+            _mm256_storeu_ps(f32 + SMLA_D_NOPE + i, smla_bf16x8_to_f32_avx2(entry + SMLA_FP8_ROPE_OFF + 2 * i));
 }
 
 /* AVX-512F: the same, 16 values at a time (vcvtph2ps zmm, vpmovdw for the bf16 halves). */
@@ -242,9 +241,9 @@ smla_e4m3x16_scaled_avx512(const uint8_t *x, __m512 s256, int round)
 }
 
 __attribute__((target("avx512f,avx2,fma,f16c"), always_inline)) static inline __m512
-smla_bf16x16_to_f32_avx512(const uint16_t *src)
+smla_bf16x16_to_f32_avx512(const void *src)
 {
-    const __m256i b = _mm256_loadu_si256((const __m256i *)(const void *)src);
+    const __m256i b = _mm256_loadu_si256((const __m256i *)src);
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(b), 16));
 }
 
@@ -255,7 +254,7 @@ smla_dequant_row_avx512(const smla_cache *c, const uint8_t *entry, uint16_t *bf1
         if (bf16) memcpy(bf16, entry, 2 * SMLA_D_QK);
         if (f32)
             for (int i = 0; i < SMLA_D_QK; i += 16)
-                _mm512_storeu_ps(f32 + i, smla_bf16x16_to_f32_avx512((const uint16_t *)(const void *)(entry + 2 * i)));
+                _mm512_storeu_ps(f32 + i, smla_bf16x16_to_f32_avx512(entry + 2 * i));
         return;
     }
     float s[SMLA_FP8_NUM_TILES];
@@ -281,8 +280,7 @@ smla_dequant_row_avx512(const smla_cache *c, const uint8_t *entry, uint16_t *bf1
     if (bf16) memcpy(bf16 + SMLA_D_NOPE, entry + SMLA_FP8_ROPE_OFF, 2 * SMLA_D_ROPE);
     if (f32)
         for (int i = 0; i < SMLA_D_ROPE; i += 16)
-            _mm512_storeu_ps(f32 + SMLA_D_NOPE + i,
-                             smla_bf16x16_to_f32_avx512((const uint16_t *)(const void *)(entry + SMLA_FP8_ROPE_OFF + 2 * i)));
+            _mm512_storeu_ps(f32 + SMLA_D_NOPE + i, smla_bf16x16_to_f32_avx512(entry + SMLA_FP8_ROPE_OFF + 2 * i));
 }
 #endif /* x86-64 */
 

@@ -55,8 +55,8 @@ static void pack_fp8_entry(uint8_t *entry, const uint16_t *kv_c, const uint16_t 
 
 #define PACK_AVX2 __attribute__((target(SMLA_TARGET_AVX2)))
 
-/* smla_f32_to_e4m3 on 8 lanes, branch for branch, as 8 bytes. */
-PACK_AVX2 static inline __m128i e4m3x8_avx2(__m256 f)
+/* smla_f32_to_e4m3 on 8 lanes, branch for branch; the codes in 32-bit lanes. */
+PACK_AVX2 static inline __m256i e4m3x8_avx2(__m256 f)
 {
     const __m256i u = _mm256_castps_si256(f);
     const __m256i sign = _mm256_and_si256(_mm256_srli_epi32(u, 24), _mm256_set1_epi32(0x80));
@@ -75,15 +75,15 @@ PACK_AVX2 static inline __m128i e4m3x8_avx2(__m256 f)
     code = _mm256_blendv_epi8(code, cs, sub);
     code = _mm256_blendv_epi8(code, _mm256_set1_epi32(0x7e), sat);
     code = _mm256_blendv_epi8(code, _mm256_set1_epi32(0x7f), nan);
-    code = _mm256_or_si256(code, sign);
-    const __m128i w = _mm_packus_epi32(_mm256_castsi256_si128(code), _mm256_extracti128_si256(code, 1));
-    return _mm_packus_epi16(w, w);
+    return _mm256_or_si256(code, sign);
 }
 
-PACK_AVX2 static inline __m256 bf16x8_avx2(const uint16_t *x)
+/* 32 codes (4 x 8 lanes, each < 256) as 32 bytes in order: the packs work within 128-bit lanes, so the
+ * dwords come out as c0lo c1lo c2lo c3lo | c0hi c1hi c2hi c3hi and one permute fixes that. */
+PACK_AVX2 static inline __m256i bytes32_avx2(__m256i c0, __m256i c1, __m256i c2, __m256i c3)
 {
-    return _mm256_castsi256_ps(
-        _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(const void *)x)), 16));
+    const __m256i b = _mm256_packus_epi16(_mm256_packus_epi32(c0, c1), _mm256_packus_epi32(c2, c3));
+    return _mm256_permutevar8x32_epi32(b, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
 }
 
 PACK_AVX2 static void pack_fp8_entry_avx2(uint8_t *entry, const uint16_t *kv_c, const uint16_t *k_pe, int rule)
@@ -93,29 +93,37 @@ PACK_AVX2 static void pack_fp8_entry_avx2(uint8_t *entry, const uint16_t *kv_c, 
         const uint16_t *x = kv_c + t * SMLA_FP8_TILE;
         __m256 m = _mm256_setzero_ps();
         for (int i = 0; i < SMLA_FP8_TILE; i += 8) /* maxps returns its second operand for a NaN: dropped */
-            m = _mm256_max_ps(_mm256_and_ps(bf16x8_avx2(x + i), absmask), m);
+            m = _mm256_max_ps(_mm256_and_ps(smla_bf16x8_to_f32_avx2(x + i), absmask), m);
         __m128 h = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
         h = _mm_max_ps(h, _mm_movehl_ps(h, h));
         h = _mm_max_ss(h, _mm_shuffle_ps(h, h, 1));
         const float s = tile_scale(_mm_cvtss_f32(h), rule);
         uint8_t *dst = entry + t * SMLA_FP8_TILE;
-        if ((smla_f32_to_bits(s) & 0x807fffffu) == 0 && smla_f32_to_bits(s) < 0x7f000000u) {
-            /* s = 2^k with k <= 126: x / s and x * 2^-k are the same real number (2^-k is a normal
-             * float, so no flush-to-zero mode can touch it), rounded once either way; a multiply
-             * is several times cheaper than a division */
-            const __m256 r = _mm256_set1_ps(1.0f / s);
-            for (int i = 0; i < SMLA_FP8_TILE; i += 8)
-                _mm_storel_epi64((__m128i *)(void *)(dst + i), e4m3x8_avx2(_mm256_mul_ps(bf16x8_avx2(x + i), r)));
-        } else {
-            const __m256 sv = _mm256_set1_ps(s);
-            for (int i = 0; i < SMLA_FP8_TILE; i += 8)
-                _mm_storel_epi64((__m128i *)(void *)(dst + i), e4m3x8_avx2(_mm256_div_ps(bf16x8_avx2(x + i), sv)));
+        /* s = 2^k with k <= 126: x / s and x * 2^-k are the same real number (2^-k is a normal float,
+         * so no flush-to-zero mode can touch it), rounded once either way, and a multiply is several
+         * times cheaper than a division */
+        const int pow2 = (smla_f32_to_bits(s) & 0x807fffffu) == 0 && smla_f32_to_bits(s) < 0x7f000000u;
+        const __m256 sv = _mm256_set1_ps(pow2 ? 1.0f / s : s);
+        for (int i = 0; i < SMLA_FP8_TILE; i += 32) {
+            __m256i c[4];
+            for (int j = 0; j < 4; j++) {
+                const __m256 v = smla_bf16x8_to_f32_avx2(x + i + 8 * j);
+                c[j] = e4m3x8_avx2(pow2 ? _mm256_mul_ps(v, sv) : _mm256_div_ps(v, sv));
+            }
+            _mm256_storeu_si256((__m256i *)(void *)(dst + i), bytes32_avx2(c[0], c[1], c[2], c[3]));
         }
         memcpy(entry + SMLA_FP8_SCALE_OFF + 4 * t, &s, 4);
     }
     memcpy(entry + SMLA_FP8_ROPE_OFF, k_pe, 2 * SMLA_D_ROPE);
 }
 #endif
+
+#define PACK_PF_TOKENS 4 /* tokens between the prefetch of an entry and its write */
+
+static inline int64_t slot_at(const smla_pack_kv_params *p, int64_t t)
+{
+    return p->slot_is_i64 ? ((const int64_t *)p->slot_mapping)[t] : (int64_t)((const int32_t *)p->slot_mapping)[t];
+}
 
 int smla_cpu_pack_kv(const smla_pack_kv_params *p, smla_status *st)
 {
@@ -136,11 +144,16 @@ int smla_cpu_pack_kv(const smla_pack_kv_params *p, smla_status *st)
     {
         const int64_t me = smla_thread_id(), team = smla_team_size();
         for (int64_t t = 0; t < p->num_tokens; t++) {
-            const int64_t slot = p->slot_is_i64 ? ((const int64_t *)p->slot_mapping)[t]
-                                                : (int64_t)((const int32_t *)p->slot_mapping)[t];
+            const int64_t slot = slot_at(p, t);
             if (team > 1 && (slot < 0 || (slot >> 4) % team != me)) continue;
             uint8_t *entry = smla_cache_row_mut(c, slot);
             if (!entry) continue;
+            if (t + PACK_PF_TOKENS < p->num_tokens) { /* the entry a few tokens on, if it is ours */
+                const int64_t s2 = slot_at(p, t + PACK_PF_TOKENS);
+                uint8_t *e2 = team > 1 && (s2 < 0 || (s2 >> 4) % team != me) ? NULL : smla_cache_row_mut(c, s2);
+                if (e2)
+                    for (int64_t o = 0; o < smla_cache_entry_bytes(c->dtype); o += 64) __builtin_prefetch(e2 + o, 1, 3);
+            }
             const uint16_t *kv_c = p->kv_c + t * p->kv_c_stride;
             const uint16_t *k_pe = p->k_pe + t * p->k_pe_stride;
             if (c->dtype == SMLA_CACHE_FP8_DS_MLA) {

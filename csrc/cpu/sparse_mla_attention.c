@@ -3,12 +3,13 @@
  * one block of s_kv bf16 rows.
  *
  * Work is cut into units: one query row (bi, si), all h heads, a range of its top-k positions. A unit
- * streams its valid K rows once for all heads (MQA) in chunks of ATTN_CH rows: dequantise the chunk
- * into fp32 (fp8 -> bf16_rne(e4m3 * s), exactly as unpack_kv), scores S[t][h] for all heads as one
- * small GEMM (q^T is stored [576][h], so heads are the vector lanes and K values are broadcast),
- * online softmax in the log2 domain per head (running max m, sum l in double), then acc[h][:512] +=
- * P^T V as a second small GEMM (V = the first 512 dims of K, broadcast P, vector along d). Scratch
- * per thread is O(h * 576 + ATTN_CH * 576) whatever topk is.
+ * streams its valid K rows once for all heads (MQA) in chunks of ATTN_CH rows (prefetched one chunk
+ * ahead): dequantise the chunk into fp32 (fp8 -> bf16_rne(e4m3 * s), exactly as unpack_kv), scores
+ * S[t][h] for all heads as one small GEMM (q^T is stored transposed, so heads are the vector lanes and
+ * K values are broadcast; register tiles of rows x head vectors, d in L1-sized blocks), online
+ * softmax in the log2 domain per head (running max m, sum l in double, exp2 by a polynomial), then
+ * acc[h][:512] += P^T V as a second small GEMM (V = the first 512 dims of K; tiles of heads x columns,
+ * P broadcast). Scratch per thread is O(h * 576 + ATTN_CH * 576) whatever topk is.
  *
  * Threads (OpenMP): rows are spread over threads; when there are too few rows for the threads, each
  * row's top-k list is split into parts run by different threads and merged by lse weights (as a
@@ -16,10 +17,10 @@
  * split change the rounding.
  *
  * Instruction sets (cpu_features.h): the per-unit code below ATTN_ISA_BODY is compiled once per level
- * by including this file again with the vector width, tile shape and a few primitives defined (a
+ * by including this file again with the vector width, tile shapes and a few primitives defined (a
  * #pragma GCC target region per level), and the op picks one level per call. The avx512bf16 level
- * computes the scores with vdpbf16ps on bf16 pairs of q and K (both are exact bf16 values); P * V
- * stays fp32 on every level. */
+ * computes the scores with vdpbf16ps on bf16 pairs of q and K (both are exact bf16 values, and the
+ * pair products are exact in fp32); P * V stays fp32 on every level. */
 #ifndef ATTN_ISA_BODY
 
 #include <math.h>
@@ -41,7 +42,7 @@
 #define ATTN_CH 64                    /* valid K rows per chunk */
 #define ATTN_DB 192                   /* d block of a score tile: its slice of q^T stays in L1 */
 #define ATTN_PF_ROWS 4                /* rows between the L1 prefetch and the dequantisation of a row */
-#define ATTN_MT_MAX 16                /* largest score tile (rows); chunks are zero-padded to a whole tile */
+#define ATTN_MT_MAX 16                /* largest score tile (rows): a last tile reads up to 15 rows past n */
 #define ATTN_CH_PAD (ATTN_CH + ATTN_MT_MAX)
 #define ATTN_HV_MAX 16                /* widest vector (floats) */
 #define ATTN_LOG2E 1.4426950408889634
@@ -50,13 +51,16 @@
 #define ATTN_PRAGMA(x) ATTN_PRAGMA_(x)
 #define ATTN_CAT2(a, b) a##_##b
 #define ATTN_CAT(a, b) ATTN_CAT2(a, b)
+/* Keeps p in one register across an unrolled tile (GCC otherwise may give each of a tile's rows its
+ * own pointer and run out of registers); the rows are then constant offsets from it. */
+#define ATTN_ONE_REGISTER(p) __asm__("" : "+r"(p))
 
 typedef struct {
-    float *q;           /* [576][hp] fp32 q^T, or [288][hp] bf16 pairs (avx512bf16) */
+    float *q;           /* [576][hp] fp32 q^T, or [288][hp] bf16 pairs (avx512bf16), in head blocks */
     float *k;           /* [ATTN_CH_PAD][576] fp32 K rows of the chunk, then rows a last tile may read */
-    uint16_t *kb;       /* [ATTN_CH][576] bf16 K rows (avx512bf16, fp8 cache) */
+    uint16_t *kb;       /* [ATTN_CH_PAD][576] bf16 K rows (avx512bf16), then rows a last tile may read */
     const uint8_t **rows;   /* [2][ATTN_CH] cache entries of this chunk and of the next */
-    float *s;           /* [ATTN_CH_PAD][hp] scores (log2 domain), then exp2(score - m) */
+    float *s;           /* [ATTN_CH_PAD][hp] scores (log2 domain), then exp2(score - m), in head blocks */
     float *acc;         /* [hp][512] unnormalised output, relative to m */
     float *m;           /* [hp] running max (log2 domain) */
     double *l;          /* [hp] running sum of exp2(score - m) */
@@ -78,7 +82,7 @@ static size_t scratch_bytes(int64_t hp)
 {
     const size_t H = (size_t)hp;
     return align64(H * SMLA_D_QK * sizeof(float)) + align64((size_t)ATTN_CH_PAD * SMLA_D_QK * sizeof(float)) +
-           align64((size_t)ATTN_CH * SMLA_D_QK * sizeof(uint16_t)) + align64(2 * ATTN_CH * sizeof(void *)) +
+           align64((size_t)ATTN_CH_PAD * SMLA_D_QK * sizeof(uint16_t)) + align64(2 * ATTN_CH * sizeof(void *)) +
            align64((size_t)ATTN_CH_PAD * H * sizeof(float)) + align64(H * SMLA_D_V * sizeof(float)) +
            align64(H * sizeof(float)) + align64(H * sizeof(double));
 }
@@ -88,13 +92,24 @@ static void scratch_carve(attn_scratch *w, char *b, int64_t hp)
     const size_t H = (size_t)hp;
     w->q = (float *)b;            b += align64(H * SMLA_D_QK * sizeof(float));
     w->k = (float *)b;            b += align64((size_t)ATTN_CH_PAD * SMLA_D_QK * sizeof(float));
-    w->kb = (uint16_t *)b;        b += align64((size_t)ATTN_CH * SMLA_D_QK * sizeof(uint16_t));
+    w->kb = (uint16_t *)b;        b += align64((size_t)ATTN_CH_PAD * SMLA_D_QK * sizeof(uint16_t));
     w->rows = (const uint8_t **)b; b += align64(2 * ATTN_CH * sizeof(void *));
     w->s = (float *)b;            b += align64((size_t)ATTN_CH_PAD * H * sizeof(float));
     w->acc = (float *)b;          b += align64(H * SMLA_D_V * sizeof(float));
     w->m = (float *)b;            b += align64(H * sizeof(float));
     w->l = (double *)b;
-    memset(w->k, 0, (size_t)ATTN_CH_PAD * SMLA_D_QK * sizeof(float)); /* rows past n: finite */
+    /* the rows past a full chunk that a last tile reads (their scores are never used, but keep them
+     * finite); attn_pad_rows does the same past a partial chunk */
+    memset(w->k + (size_t)ATTN_CH * SMLA_D_QK, 0, (size_t)ATTN_MT_MAX * SMLA_D_QK * sizeof(float));
+    memset(w->kb + (size_t)ATTN_CH * SMLA_D_QK, 0, (size_t)ATTN_MT_MAX * SMLA_D_QK * sizeof(uint16_t));
+}
+
+static void attn_pad_rows(attn_scratch *w, int n)
+{
+    if (n >= ATTN_CH) return;
+    const int e = n + ATTN_MT_MAX < ATTN_CH ? n + ATTN_MT_MAX : ATTN_CH;
+    memset(w->k + (size_t)n * SMLA_D_QK, 0, (size_t)(e - n) * SMLA_D_QK * sizeof(float));
+    memset(w->kb + (size_t)n * SMLA_D_QK, 0, (size_t)(e - n) * SMLA_D_QK * sizeof(uint16_t));
 }
 
 /* Entry of a valid slot (0 <= slot < limit is checked by the caller). */
@@ -364,64 +379,46 @@ static int attn_run(const smla_attn_params *p, const char *op, smla_status *st)
     const double work = (double)rows * (double)p->topk * (double)p->h;
     int nt = smla_num_threads(p->num_threads, work < 512 ? 1 : rows * 64);
     const int ks = attn_split(rows, nt, p->topk);
-    if (ks == 1 && nt > rows) nt = (int)rows;
+    if ((int64_t)nt > rows * ks) nt = (int)(rows * ks); /* one round of split rows, or one row each */
 
-    const size_t per = scratch_bytes(x.hp); /* hp <= h rounded up to ATTN_HV_MAX */
-    char *block = malloc(64 + per * (size_t)nt);
+    /* one allocation: the threads' scratch, their attn_scratch views, and pointers to those */
+    const size_t per = scratch_bytes(x.hp);
+    const size_t views = align64(sizeof(attn_scratch) * (size_t)nt + sizeof(attn_scratch *) * (size_t)nt);
+    char *block = malloc(64 + views + per * (size_t)nt);
     if (!block)
         return smla_fail(st, SMLA_ERR_NOMEM, "%s: cannot allocate %d thread scratch buffers for %lld heads", op,
                          nt, (long long)p->h);
     char *base = block + ((64 - ((uintptr_t)block & 63)) & 63);
+    attn_scratch *ws = (attn_scratch *)(void *)base;
+    attn_scratch **parts = (attn_scratch **)(void *)(ws + nt);
+    base += views;
 
-    if (ks == 1) {
 #pragma omp parallel num_threads(nt)
-        {
-            attn_scratch w;
-            scratch_carve(&w, base + per * (size_t)smla_thread_id(), x.hp);
-            attn_scratch *const one = &w;
+    {
+        const int tid = smla_thread_id(), team = smla_team_size();
+        scratch_carve(&ws[tid], base + per * (size_t)tid, x.hp);
+        parts[tid] = &ws[tid];
+        if (ks == 1 || team < nt) { /* whole rows (also when the team came out smaller than asked) */
 #pragma omp for schedule(dynamic, 1)
             for (int64_t r = 0; r < rows; r++) {
-                unit(&x, r, 0, attn_len(p, r), &w);
-                attn_finish(p, r, &one, 1, 0, p->h);
+                unit(&x, r, 0, attn_len(p, r), &ws[tid]);
+                attn_finish(p, r, parts + tid, 1, 0, p->h);
+            }
+        } else { /* rounds of nt / ks rows, each split into ks parts; a part's threads merge it */
+            const int k = tid % ks;
+            const int64_t R = nt / ks;
+#pragma omp barrier
+            for (int64_t r0 = 0; r0 < rows; r0 += R) {
+                const int64_t r = r0 + tid / ks;
+                if (r < rows) {
+                    const int64_t len = attn_len(p, r);
+                    unit(&x, r, len * k / ks, len * (k + 1) / ks, &ws[tid]);
+                }
+#pragma omp barrier
+                if (r < rows) attn_finish(p, r, parts + (tid - k), ks, p->h * k / ks, p->h * (k + 1) / ks);
+#pragma omp barrier
             }
         }
-    } else {
-        const int64_t R = nt / ks; /* rows per round */
-        attn_scratch *ws = malloc(sizeof(attn_scratch) * (size_t)nt);
-        attn_scratch **parts = malloc(sizeof(attn_scratch *) * (size_t)nt);
-        if (!ws || !parts) {
-            free(ws);
-            free(parts);
-            free(block);
-            return smla_fail(st, SMLA_ERR_NOMEM, "%s: cannot allocate thread state", op);
-        }
-        for (int t = 0; t < nt; t++) parts[t] = &ws[t];
-#pragma omp parallel num_threads(nt)
-        {
-            const int tid = smla_thread_id(), k = tid % ks;
-            scratch_carve(&ws[tid], base + per * (size_t)tid, x.hp);
-            const int team = smla_team_size();
-            if (team < nt) { /* fewer threads than planned: whole rows, round robin */
-                for (int64_t r = tid; r < rows; r += team) {
-                    unit(&x, r, 0, attn_len(p, r), &ws[tid]);
-                    attn_finish(p, r, parts + tid, 1, 0, p->h);
-                }
-            } else {
-                for (int64_t r0 = 0; r0 < rows; r0 += R) {
-                    const int64_t r = r0 + tid / ks;
-                    if (r < rows) {
-                        const int64_t len = attn_len(p, r);
-                        unit(&x, r, len * k / ks, len * (k + 1) / ks, &ws[tid]);
-                    }
-#pragma omp barrier
-                    if (r < rows)
-                        attn_finish(p, r, parts + (tid - k), ks, p->h * k / ks, p->h * (k + 1) / ks);
-#pragma omp barrier
-                }
-            }
-        }
-        free(ws);
-        free(parts);
     }
     free(block);
     return SMLA_OK;
@@ -452,6 +449,21 @@ typedef uint32_t vu __attribute__((vector_size(4 * VW)));
 #define STV(ptr, v) (*(vfu *)(void *)(ptr) = (v))
 #define VSEL(mask, a, b) ((vf)(((vi)(a) & (mask)) | ((vi)(b) & ~(mask))))
 
+/* q^T and S are stored in head blocks of 2 * VW heads (the last block may hold VW): a block is a
+ * contiguous [rows][width] array, so a score tile streams q^T and a P*V tile streams P row by row.
+ * Width of the block holding head hi, and the address of (row 0, head hi) in such an array. */
+ATTN_INLINE int64_t FN(block_width)(int64_t hp, int64_t hi)
+{
+    const int64_t h0 = hi / (2 * VW) * (2 * VW);
+    return hp - h0 < 2 * VW ? hp - h0 : 2 * VW;
+}
+
+ATTN_INLINE float *FN(block_at)(float *base, int64_t rows, int64_t hi)
+{
+    const int64_t h0 = hi / (2 * VW) * (2 * VW);
+    return base + h0 * rows + (hi - h0);
+}
+
 /* max(a, b) that keeps b when a is NaN */
 ATTN_INLINE vf FN(vmax)(vf a, vf b) { return VSEL(a > b, a, b); }
 
@@ -477,63 +489,70 @@ ATTN_INLINE vf FN(vexp2)(vf x)
     return y * (vf)e;
 }
 
-/* S[t][hv..] (+)= dot(K_t, q) over d in [d0, d0 + ATTN_DB) for MT rows (576 floats apart) and NH head
- * vectors (hp floats apart); the first block starts from 0, the last one scales by c2. */
-ATTN_INLINE void FN(score_tile)(const float *restrict qt, int64_t hp, const float *restrict k, float *restrict s,
+/* S[t][..] (+)= dot(K_t, q) over d in [d0, d0 + ATTN_DB) for MT rows (576 floats apart) and the NH head
+ * vectors of one head block (q^T and S rows are hw floats apart); the first d block starts from 0,
+ * the last one scales by c2. */
+ATTN_INLINE void FN(score_tile)(const float *restrict qt, int64_t hw, const float *restrict k, float *restrict s,
                                 float c2, int MT, int NH, int d0)
 {
     vf a[SC_MT1][2];
     for (int t = 0; t < MT; t++)
-        for (int j = 0; j < NH; j++) a[t][j] = d0 == 0 ? (vf){0} : LDV(s + t * hp + j * VW);
-    for (int d = d0; d < d0 + ATTN_DB; d++) {
+        for (int j = 0; j < NH; j++) a[t][j] = d0 == 0 ? (vf){0} : LDV(s + t * hw + j * VW);
+    const float *kd = k + d0;
+    for (int d = d0; d < d0 + ATTN_DB; d++, kd++) {
+        ATTN_ONE_REGISTER(kd);
         vf q[2];
-        for (int j = 0; j < NH; j++) q[j] = LDV(qt + d * hp + j * VW);
+        for (int j = 0; j < NH; j++) q[j] = LDV(qt + d * hw + j * VW);
         for (int t = 0; t < MT; t++) {
-            const vf kb = VBCAST(k[t * SMLA_D_QK + d]);
+            const vf kb = VBCAST(kd[t * SMLA_D_QK]);
             for (int j = 0; j < NH; j++) a[t][j] = VFMA(a[t][j], q[j], kb);
         }
     }
     const vf c = VBCAST(d0 + ATTN_DB == SMLA_D_QK ? c2 : 1.0f);
     for (int t = 0; t < MT; t++)
-        for (int j = 0; j < NH; j++) STV(s + t * hp + j * VW, a[t][j] * c);
+        for (int j = 0; j < NH; j++) STV(s + t * hw + j * VW, a[t][j] * c);
 }
 
 #ifdef ATTN_DPBF16
-/* The same from bf16 pairs: qt2[i][h] = (q[h][2i], q[h][2i+1]), K rows as bf16 (any pointers). */
-ATTN_INLINE void FN(score_tile_bf16)(const float *restrict qt2, int64_t hp, const uint16_t *const *k,
+/* The same from bf16 pairs: qt2[i][h] = (q[h][2i], q[h][2i+1]), K rows as bf16 (576 apart). */
+ATTN_INLINE void FN(score_tile_bf16)(const float *restrict qt2, int64_t hw, const uint16_t *restrict k,
                                      float *restrict s, float c2, int MT, int NH, int d0)
 {
     vf a[SC_MT1][2];
     for (int t = 0; t < MT; t++)
-        for (int j = 0; j < NH; j++) a[t][j] = d0 == 0 ? (vf){0} : LDV(s + t * hp + j * VW);
-    for (int i = d0 / 2; i < (d0 + ATTN_DB) / 2; i++) {
+        for (int j = 0; j < NH; j++) a[t][j] = d0 == 0 ? (vf){0} : LDV(s + t * hw + j * VW);
+    const uint16_t *kd = k + d0;
+    for (int i = d0 / 2; i < (d0 + ATTN_DB) / 2; i++, kd += 2) {
+        ATTN_ONE_REGISTER(kd);
         vf q[2];
-        for (int j = 0; j < NH; j++) q[j] = LDV(qt2 + i * hp + j * VW);
+        for (int j = 0; j < NH; j++) q[j] = LDV(qt2 + i * hw + j * VW);
         for (int t = 0; t < MT; t++) {
             uint32_t pair;
-            memcpy(&pair, k[t] + 2 * i, 4);
+            memcpy(&pair, kd + t * SMLA_D_QK, 4);
             const vf kb = VBCAST_U32(pair);
             for (int j = 0; j < NH; j++) a[t][j] = VDPBF16(a[t][j], q[j], kb);
         }
     }
     const vf c = VBCAST(d0 + ATTN_DB == SMLA_D_QK ? c2 : 1.0f);
     for (int t = 0; t < MT; t++)
-        for (int j = 0; j < NH; j++) STV(s + t * hp + j * VW, a[t][j] * c);
+        for (int j = 0; j < NH; j++) STV(s + t * hw + j * VW, a[t][j] * c);
 }
 #endif
 
 /* acc[h][c..] += sum_t P[t][h] * V_t[c..] for MH heads and NC vectors of columns. */
-ATTN_INLINE void FN(pv_tile)(const float *restrict pm, int64_t hp, const float *restrict v, int n,
+ATTN_INLINE void FN(pv_tile)(const float *restrict pm, int64_t hw, const float *restrict v, int n,
                              float *restrict o, int MH, int NC)
 {
     vf a[PV_MH][PV_NC];
     for (int i = 0; i < MH; i++)
         for (int j = 0; j < NC; j++) a[i][j] = LDV(o + i * SMLA_D_V + j * VW);
-    for (int t = 0; t < n; t++) {
+    const float *vt = v, *pt = pm;
+    for (int t = 0; t < n; t++, vt += SMLA_D_QK, pt += hw) {
+        ATTN_ONE_REGISTER(vt);
         vf x[PV_NC];
-        for (int j = 0; j < NC; j++) x[j] = LDV(v + t * SMLA_D_QK + j * VW);
+        for (int j = 0; j < NC; j++) x[j] = LDV(vt + j * VW);
         for (int i = 0; i < MH; i++) {
-            const vf pb = VBCAST(pm[t * hp + i]);
+            const vf pb = VBCAST(pt[i]);
             for (int j = 0; j < NC; j++) a[i][j] = VFMA(a[i][j], pb, x[j]);
         }
     }
@@ -548,30 +567,41 @@ static void FN(chunk_scores)(const attn_ctx *x, attn_scratch *w, int n)
 {
     const int64_t hp = x->hp;
     int64_t hv = 0;
-    for (; hv + 2 * VW <= hp; hv += 2 * VW)
+    for (; hv + 2 * VW <= hp; hv += 2 * VW) {
+        const float *qt = w->q + hv * SMLA_D_QK;
+        float *s = w->s + hv * ATTN_CH_PAD;
         for (int d0 = 0; d0 < SMLA_D_QK; d0 += ATTN_DB)
             for (int t = 0; t < n; t += SC_MT2)
-                FN(score_tile)(w->q + hv, hp, w->k + (size_t)t * SMLA_D_QK, w->s + t * hp + hv, x->c2, SC_MT2, 2,
-                               d0);
-    if (hv < hp)
+                FN(score_tile)(qt, 2 * VW, w->k + (size_t)t * SMLA_D_QK, s + t * 2 * VW, x->c2, SC_MT2, 2, d0);
+    }
+    if (hv < hp) {
+        const float *qt = w->q + hv * SMLA_D_QK;
+        float *s = w->s + hv * ATTN_CH_PAD;
         for (int d0 = 0; d0 < SMLA_D_QK; d0 += ATTN_DB)
             for (int t = 0; t < n; t += SC_MT1)
-                FN(score_tile)(w->q + hv, hp, w->k + (size_t)t * SMLA_D_QK, w->s + t * hp + hv, x->c2, SC_MT1, 1,
-                               d0);
+                FN(score_tile)(qt, VW, w->k + (size_t)t * SMLA_D_QK, s + t * VW, x->c2, SC_MT1, 1, d0);
+    }
 }
 #else
-static void FN(chunk_scores_bf16)(const attn_ctx *x, attn_scratch *w, const uint16_t *const *kr, int n)
+static void FN(chunk_scores_bf16)(const attn_ctx *x, attn_scratch *w, int n)
 {
     const int64_t hp = x->hp;
     int64_t hv = 0;
-    for (; hv + 2 * VW <= hp; hv += 2 * VW)
+    for (; hv + 2 * VW <= hp; hv += 2 * VW) {
+        const float *qt2 = w->q + hv * (SMLA_D_QK / 2);
+        float *s = w->s + hv * ATTN_CH_PAD;
         for (int d0 = 0; d0 < SMLA_D_QK; d0 += ATTN_DB)
             for (int t = 0; t < n; t += SC_MT2)
-                FN(score_tile_bf16)(w->q + hv, hp, kr + t, w->s + t * hp + hv, x->c2, SC_MT2, 2, d0);
-    if (hv < hp)
+                FN(score_tile_bf16)(qt2, 2 * VW, w->kb + (size_t)t * SMLA_D_QK, s + t * 2 * VW, x->c2, SC_MT2, 2,
+                                    d0);
+    }
+    if (hv < hp) {
+        const float *qt2 = w->q + hv * (SMLA_D_QK / 2);
+        float *s = w->s + hv * ATTN_CH_PAD;
         for (int d0 = 0; d0 < SMLA_D_QK; d0 += ATTN_DB)
             for (int t = 0; t < n; t += SC_MT1)
-                FN(score_tile_bf16)(w->q + hv, hp, kr + t, w->s + t * hp + hv, x->c2, SC_MT1, 1, d0);
+                FN(score_tile_bf16)(qt2, VW, w->kb + (size_t)t * SMLA_D_QK, s + t * VW, x->c2, SC_MT1, 1, d0);
+    }
 }
 #endif
 
@@ -588,16 +618,17 @@ static void FN(chunk_softmax)(const attn_ctx *x, attn_scratch *w, int n)
 {
     const int64_t hp = x->hp;
     for (int64_t hv = 0; hv < hp; hv += VW) {
-        float *s = w->s + hv;
+        const int64_t hw = FN(block_width)(hp, hv);
+        float *s = FN(block_at)(w->s, ATTN_CH_PAD, hv);
         vf cm = LDV(s);
-        for (int t = 1; t < n; t++) cm = FN(vmax)(LDV(s + t * hp), cm);
+        for (int t = 1; t < n; t++) cm = FN(vmax)(LDV(s + t * hw), cm);
         const vf mold = LDV(w->m + hv);
         const vf mnew = FN(vmax)(cm, mold);
         const vf alpha = FN(vexp2)(mold - mnew);
         vf sum = (vf){0};
         for (int t = 0; t < n; t++) {
-            const vf e = FN(vexp2)(LDV(s + t * hp) - mnew);
-            STV(s + t * hp, e);
+            const vf e = FN(vexp2)(LDV(s + t * hw) - mnew);
+            STV(s + t * hw, e);
             sum += e;
         }
         STV(w->m + hv, mnew);
@@ -615,15 +646,19 @@ static void FN(chunk_softmax)(const attn_ctx *x, attn_scratch *w, int n)
 static void FN(chunk_pv)(const attn_ctx *x, attn_scratch *w, int n)
 {
     const int64_t hp = x->hp;
-    /* columns outside, heads inside: a column slice of V stays in L1 while every head reads it */
+    /* columns outside, heads inside: a column slice of V stays in L1 while every head reads it; a
+     * tile's PV_MH heads never straddle two head blocks (PV_MH divides VW) */
     int c = 0;
     for (; c + PV_NC * VW <= SMLA_D_V; c += PV_NC * VW)
         for (int64_t h0 = 0; h0 < hp; h0 += PV_MH)
-            FN(pv_tile)(w->s + h0, hp, w->k + c, n, w->acc + h0 * SMLA_D_V + c, PV_MH, PV_NC);
+            FN(pv_tile)(FN(block_at)(w->s, ATTN_CH_PAD, h0), FN(block_width)(hp, h0), w->k + c, n,
+                        w->acc + h0 * SMLA_D_V + c, PV_MH, PV_NC);
     const int rest = (SMLA_D_V - c) / VW; /* fewer than PV_NC vectors of columns are left */
     for (int64_t h0 = 0; h0 < hp && rest > 0; h0 += PV_MH) {
-        if (rest == 1) FN(pv_tile)(w->s + h0, hp, w->k + c, n, w->acc + h0 * SMLA_D_V + c, PV_MH, 1);
-        else FN(pv_tile)(w->s + h0, hp, w->k + c, n, w->acc + h0 * SMLA_D_V + c, PV_MH, 2);
+        const float *pm = FN(block_at)(w->s, ATTN_CH_PAD, h0);
+        const int64_t hw = FN(block_width)(hp, h0);
+        if (rest == 1) FN(pv_tile)(pm, hw, w->k + c, n, w->acc + h0 * SMLA_D_V + c, PV_MH, 1);
+        else FN(pv_tile)(pm, hw, w->k + c, n, w->acc + h0 * SMLA_D_V + c, PV_MH, 2);
     }
 }
 
@@ -636,17 +671,21 @@ static void FN(attn_unit)(const attn_ctx *x, int64_t r, int64_t p0, int64_t p1, 
     const int32_t *idx = p->indices + bi * p->idx_stride_b + si * p->idx_stride_s;
 
 #ifdef ATTN_DPBF16
-    uint32_t *qt2 = (uint32_t *)(void *)w->q; /* [288][hp] bf16 pairs */
-    for (int64_t hi = 0; hi < hp; hi++)
+    for (int64_t hi = 0; hi < hp; hi++) { /* head blocks of [288][hw] bf16 pairs */
+        uint32_t *qt2 = (uint32_t *)(void *)FN(block_at)(w->q, SMLA_D_QK / 2, hi);
+        const int64_t hw = FN(block_width)(hp, hi);
         for (int i = 0; i < SMLA_D_QK / 2; i++) {
             uint32_t pair = 0;
             if (hi < h) memcpy(&pair, q + hi * p->q_stride_h + 2 * i, 4);
-            qt2[i * hp + hi] = pair;
+            qt2[i * hw] = pair;
         }
+    }
 #else
-    for (int64_t hi = 0; hi < hp; hi++) {
+    for (int64_t hi = 0; hi < hp; hi++) { /* head blocks of [576][hw] */
+        float *qt = FN(block_at)(w->q, SMLA_D_QK, hi);
+        const int64_t hw = FN(block_width)(hp, hi);
         const uint16_t *qh = q + hi * p->q_stride_h;
-        for (int d = 0; d < SMLA_D_QK; d++) w->q[d * hp + hi] = hi < h ? smla_bf16_to_f32(qh[d]) : 0.0f;
+        for (int d = 0; d < SMLA_D_QK; d++) qt[d * hw] = hi < h ? smla_bf16_to_f32(qh[d]) : 0.0f;
     }
 #endif
     for (int64_t hi = 0; hi < hp; hi++) {
@@ -656,8 +695,6 @@ static void FN(attn_unit)(const attn_ctx *x, int64_t r, int64_t p0, int64_t p1, 
     memset(w->acc, 0, sizeof(float) * (size_t)hp * SMLA_D_V);
     w->n_valid = 0;
 
-    const int bf16_cache = p->kv.dtype == SMLA_CACHE_BF16;
-    (void)bf16_cache;
     int64_t pos = p0;
     int cur = 0;
     int n = attn_next_rows(x, idx, &pos, p1, w->rows);
@@ -665,25 +702,18 @@ static void FN(attn_unit)(const attn_ctx *x, int64_t r, int64_t p0, int64_t p1, 
         const uint8_t **rows = w->rows + cur * ATTN_CH;
         const int n_next = attn_next_rows(x, idx, &pos, p1, w->rows + (1 - cur) * ATTN_CH);
 #ifdef ATTN_DPBF16
-        const uint16_t *kr[ATTN_CH_PAD];
-        for (int t = 0; t < n; t++) {
+        for (int t = 0; t < n; t++) { /* bf16 rows for the scores, fp32 for P*V */
             if (t + ATTN_PF_ROWS < n) FN(prefetch_l1)(&p->kv, rows[t + ATTN_PF_ROWS]);
-            if (bf16_cache) { /* the scores read the cache row itself */
-                DEQUANT(&p->kv, rows[t], NULL, w->k + (size_t)t * SMLA_D_QK);
-                kr[t] = (const uint16_t *)(const void *)rows[t];
-            } else {
-                DEQUANT(&p->kv, rows[t], w->kb + (size_t)t * SMLA_D_QK, w->k + (size_t)t * SMLA_D_QK);
-                kr[t] = w->kb + (size_t)t * SMLA_D_QK;
-            }
+            DEQUANT(&p->kv, rows[t], w->kb + (size_t)t * SMLA_D_QK, w->k + (size_t)t * SMLA_D_QK);
         }
-        static const uint16_t zero_row[SMLA_D_QK];
-        for (int t = n; t < n + ATTN_MT_MAX && t < ATTN_CH_PAD; t++) kr[t] = zero_row;
-        FN(chunk_scores_bf16)(x, w, kr, n);
+        attn_pad_rows(w, n);
+        FN(chunk_scores_bf16)(x, w, n);
 #else
         for (int t = 0; t < n; t++) {
             if (t + ATTN_PF_ROWS < n) FN(prefetch_l1)(&p->kv, rows[t + ATTN_PF_ROWS]);
             DEQUANT(&p->kv, rows[t], NULL, w->k + (size_t)t * SMLA_D_QK);
         }
+        attn_pad_rows(w, n);
         FN(chunk_scores)(x, w, n);
 #endif
         FN(chunk_softmax)(x, w, n);
