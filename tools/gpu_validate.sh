@@ -20,7 +20,9 @@ $P tests/test_layer.py tests/test_parallel.py > "$OUT/t_layer.log" 2>&1 &
 wait
 el tests done
 for f in "$OUT"/t_*.log; do echo "== $(basename "$f"): $(tail -n 1 "$f" | cut -c1-200)"; grep -E "^FAILED" "$f" | cut -c1-220 | head -8; done
-for b in "bench_sparse_mla_decode.py --quick" "bench_sparse_mla_prefill.py --quick" "bench_memory_ops.py --quick" "bench_layer.py"; do
+[ -n "${DEMO:-}" ] && { timeout 90 python3 -m smla demo > "$OUT/demo.log" 2>&1; echo "== demo (rc $?)"; tail -n 12 "$OUT/demo.log"; }
+IFS=';' read -r -a BENCHES <<< "${BENCHES:-bench_sparse_mla_decode.py --quick;bench_sparse_mla_prefill.py --quick;bench_memory_ops.py --quick;bench_layer.py}"
+for b in "${BENCHES[@]}"; do
   set -- $b
   timeout "${TB:-100}" python3 "benchmarks/$1" "${@:2}" --json "$OUT/${1%.py}.json" > "$OUT/${1%.py}.log" 2>&1
   echo "== $1 (rc $?)"; grep -v "^#" "$OUT/${1%.py}.log" | tail -n 24
