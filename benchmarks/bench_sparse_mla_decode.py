@@ -19,6 +19,8 @@ import statistics
 import sys
 import time
 
+from _gpu import open_gpu  # benchmarks/_gpu.py (scripts run from this folder)
+
 HBM_BYTES_PER_S = 4.3e12
 CTX = 32768
 TOPK = 2048
@@ -126,16 +128,10 @@ def baseline(torch, q, cache, idx, cd):
 def main():
     args = parse()
     os.environ["SMLA_ATTN_KERNEL"] = args.kernel
-    try:
-        import torch
-    except ImportError:
-        print("bench_sparse_mla_decode: torch is not installed; nothing to measure")
+    gpu = open_gpu("bench_sparse_mla_decode")
+    if gpu is None:
         return 0
-    import smla
-
-    if not (torch.cuda.is_available() and smla.cuda_available()):
-        print("bench_sparse_mla_decode: no usable CUDA GPU (or smla built without CUDA); nothing to measure")
-        return 0
+    torch, smla = gpu
     iters = args.iters or (15 if args.quick else 50)
     warmup = 3 if args.quick else 10
     flush = not args.no_flush

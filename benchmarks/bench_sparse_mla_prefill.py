@@ -16,6 +16,8 @@ import os
 import statistics
 import sys
 
+from _gpu import open_gpu  # benchmarks/_gpu.py (scripts run from this folder)
+
 S_Q = 4096
 TOPK = 2048
 SCALE = 576 ** -0.5
@@ -81,16 +83,10 @@ def baseline(torch, q, kv, idx, out, lse):
 def main():
     args = parse()
     os.environ["SMLA_ATTN_KERNEL"] = args.kernel
-    try:
-        import torch
-    except ImportError:
-        print("bench_sparse_mla_prefill: torch is not installed; nothing to measure")
+    gpu = open_gpu("bench_sparse_mla_prefill")
+    if gpu is None:
         return 0
-    import smla
-
-    if not (torch.cuda.is_available() and smla.cuda_available()):
-        print("bench_sparse_mla_prefill: no usable CUDA GPU (or smla built without CUDA); nothing to measure")
-        return 0
+    torch, smla = gpu
     iters = args.iters or (8 if args.quick else 20)
     warmup = 2 if args.quick else 5
     flush = not args.no_flush
