@@ -15,11 +15,10 @@ workspace are preallocated, as a serving step would.
 import argparse
 import json
 import os
-import statistics
 import sys
 import time
 
-from _gpu import open_gpu  # benchmarks/_gpu.py (scripts run from this folder)
+from _gpu import open_gpu, time_us  # benchmarks/_gpu.py (scripts run from this folder)
 
 HBM_BYTES_PER_S = 4.3e12
 CTX = 32768
@@ -53,23 +52,6 @@ def shapes(quick):
     out = [(h, s_q, b) for h in (128, 64) for s_q in (1, 2) for b in (2, 64, 128, 256)]
     out += [(h, s_q, 128) for h in (16, 32) for s_q in (1, 2)]
     return out
-
-
-def time_us(torch, fn, iters, warmup, flush):
-    scratch = torch.empty(256 << 20, dtype=torch.uint8, device="cuda") if flush else None
-    for _ in range(warmup):
-        fn()
-    evs = []
-    for _ in range(iters):
-        if scratch is not None:
-            scratch.zero_()
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        evs.append((a, b))
-    torch.cuda.synchronize()
-    return statistics.median(a.elapsed_time(b) for a, b in evs) * 1e3
 
 
 def build_cache(torch, smla, n_req, cd):

@@ -13,10 +13,9 @@ The summary line compares h = 16 with h = 64 per head (issue target: within 1.5x
 import argparse
 import json
 import os
-import statistics
 import sys
 
-from _gpu import open_gpu  # benchmarks/_gpu.py (scripts run from this folder)
+from _gpu import open_gpu, time_us  # benchmarks/_gpu.py (scripts run from this folder)
 
 S_Q = 4096
 TOPK = 2048
@@ -42,23 +41,6 @@ def shapes(quick):
     if quick:
         return [(128, 32768), (64, 32768), (16, 32768)]
     return [(h, s_kv) for s_kv in (8192, 32768, 131072) for h in (128, 64, 16)]
-
-
-def time_us(torch, fn, iters, warmup, flush):
-    scratch = torch.empty(256 << 20, dtype=torch.uint8, device="cuda") if flush else None
-    for _ in range(warmup):
-        fn()
-    evs = []
-    for _ in range(iters):
-        if scratch is not None:
-            scratch.zero_()
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        evs.append((a, b))
-    torch.cuda.synchronize()
-    return statistics.median(a.elapsed_time(b) for a, b in evs) * 1e3
 
 
 def make_indices(torch, s_kv, seed):
