@@ -5,6 +5,7 @@ Environment switches:
   SMLA_CUDA_ARCHS="90a;80" GPU targets (default: Hopper sm_90a plus portable sm_80)
   SMLA_DEBUG=1            -O0 -g with AddressSanitizer and UBSan (CPU code)
   SMLA_NVCC_JOBS=N        parallel nvcc processes (default: CPU count)
+  SMLA_PROFILE_BUILD=1    also compile the attention ablation variants (tools/ablate.py)
 """
 import os
 import shutil
@@ -79,6 +80,8 @@ class BuildExt(build_ext):
                  "-DSMLA_WITH_CUDA=1", "--expt-relaxed-constexpr", "-Xptxas=-warn-spills"] + gencode
         if DEBUG:
             flags += ["-DSMLA_DEBUG_BUILD=1"]
+        if os.environ.get("SMLA_PROFILE_BUILD", "0") not in ("0", "", "false"):
+            flags += ["-DSMLA_ATTN_ABLATION=1"]
 
         def one(src):
             obj = os.path.join(out_dir, os.path.basename(src) + ".o")

@@ -207,12 +207,27 @@ static int launch_main(const Args &a, int64_t grid, cudaStream_t s, int dev, sml
     return SMLA_OK;
 }
 
-template <bool FP8>
+template <bool FP8, int ABL = 0>
 static int launch_sm90(const Args &a, int64_t grid, cudaStream_t s, int dev, smla_status *st)
 {
+#if defined(SMLA_ATTN_ABLATION)
+    if constexpr (ABL == 0) {  // profiling builds: SMLA_ATTN_ABLATE=<bits> (read per call) picks a variant
+        const char *e = getenv("SMLA_ATTN_ABLATE");
+        switch (e ? atoi(e) : 0) {
+        case 1: return launch_sm90<FP8, 1>(a, grid, s, dev, st);
+        case 2: return launch_sm90<FP8, 2>(a, grid, s, dev, st);
+        case 4: return launch_sm90<FP8, 4>(a, grid, s, dev, st);
+        case 6: return launch_sm90<FP8, 6>(a, grid, s, dev, st);
+        case 8: return launch_sm90<FP8, 8>(a, grid, s, dev, st);
+        case 16: return launch_sm90<FP8, 16>(a, grid, s, dev, st);
+        case 7: return launch_sm90<FP8, 7>(a, grid, s, dev, st);
+        default: break;
+        }
+    }
+#endif
     constexpr int kMaxDev = 64;
     static bool configured[kMaxDev];
-    auto kern = sm90::attn_sm90_kernel<FP8>;
+    auto kern = sm90::attn_sm90_kernel<FP8, ABL>;
     if (dev < 0 || dev >= kMaxDev || !configured[dev]) {
         SMLA_CUDA_CHECK(st, cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, sm90::kSMEM));
         if (dev >= 0 && dev < kMaxDev) configured[dev] = true;

@@ -184,9 +184,14 @@ struct Fp8Batch {
 };
 #endif  // __CUDA_ARCH_FEAT_SM90_ALL
 
-template <bool FP8>
+// ABL != 0 only in profiling builds (SMLA_ATTN_ABLATION, tools/ablate.py): leave one stage out to time
+// it by difference. Bits: 1 no global K loads (zeros), 2 no S = Q K^T wgmma, 4 no P V wgmma,
+// 8 no fp8 dequant (raw bytes stored), 16 no P_lo V wgmma (bf16 P only). Results are wrong then.
+template <bool FP8, int ABL = 0>
 __global__ void __launch_bounds__(kThreads, 1) attn_sm90_kernel(const __grid_constant__ Args a)
 {
+    constexpr bool kNoLoad = (ABL & 1) != 0, kNoS = (ABL & 2) != 0, kNoPV = (ABL & 4) != 0;
+    constexpr bool kNoDq = (ABL & 8) != 0, kNoLo = (ABL & 16) != 0;
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     extern __shared__ uint8_t smem_raw[];
     const uint32_t raw_base = smem_u32(smem_raw);
@@ -279,7 +284,7 @@ __global__ void __launch_bounds__(kThreads, 1) attn_sm90_kernel(const __grid_con
                     const int idx = __shfl_sync(0xffffffffu, my_idx, k);
                     const bool ok = (j * 64 + r) < L && idx >= 0 && static_cast<int64_t>(idx) < limit;
                     const uint8_t *src = row_src(idx, ok);
-                    const int nb = ok ? 16 : 0;
+                    const int nb = (ok && !kNoLoad) ? 16 : 0;
                     for (int c = lane; c < kRowChunks; c += 32) {
                         if (a.evict_last) cp_async16_hint(blk_addr(kb, r, c), src + c * 16, nb, pol);
                         else cp_async16(blk_addr(kb, r, c), src + c * 16, nb);
@@ -320,7 +325,11 @@ __global__ void __launch_bounds__(kThreads, 1) attn_sm90_kernel(const __grid_con
                     const int pos = j * 64 + r;
                     const int idx = __shfl_sync(0xffffffffu, idx_cur, 4 * bq + k);
                     B.ok[k] = pos < L && idx >= 0 && static_cast<int64_t>(idx) < limit;
-                    if (B.ok[k]) {
+                    if constexpr (kNoLoad) {
+                        B.e[k] = make_uint4(0, 0, 0, 0);
+                        B.s[k] = 0.f;
+                        B.rope[k] = 0u;
+                    } else if (B.ok[k]) {
                         const uint8_t *src = row_src(idx, true);
                         B.e[k] = ldg_nc_v4(src + 16 * lane);
                         B.s[k] = ldg_nc_f32(src + SMLA_FP8_SCALE_OFF + 4 * (lane >> 3));
@@ -335,9 +344,15 @@ __global__ void __launch_bounds__(kThreads, 1) attn_sm90_kernel(const __grid_con
                 for (int k = 0; k < 4; ++k) {
                     const int r = pw + 4 * (4 * bq + k);
                     const uint4 z = make_uint4(0, 0, 0, 0);
-                    st_shared_v4(blk_addr(kb, r, 2 * lane), B.ok[k] ? dequant8(make_uint2(B.e[k].x, B.e[k].y), B.s[k]) : z);
-                    st_shared_v4(blk_addr(kb, r, 2 * lane + 1),
-                                 B.ok[k] ? dequant8(make_uint2(B.e[k].z, B.e[k].w), B.s[k]) : z);
+                    if constexpr (kNoDq) {
+                        st_shared_v4(blk_addr(kb, r, 2 * lane), B.ok[k] ? B.e[k] : z);
+                        st_shared_v4(blk_addr(kb, r, 2 * lane + 1), B.ok[k] ? B.e[k] : z);
+                    } else {
+                        st_shared_v4(blk_addr(kb, r, 2 * lane),
+                                     B.ok[k] ? dequant8(make_uint2(B.e[k].x, B.e[k].y), B.s[k]) : z);
+                        st_shared_v4(blk_addr(kb, r, 2 * lane + 1),
+                                     B.ok[k] ? dequant8(make_uint2(B.e[k].z, B.e[k].w), B.s[k]) : z);
+                    }
                     st_shared_u32(blk_addr(kb, r, 64 + (lane >> 2)) + 4 * (lane & 3), B.ok[k] ? B.rope[k] : 0u);
                     if (lane == 0) sValid[b * 64 + r] = B.ok[k] ? 1 : 0;
                 }
@@ -400,18 +415,23 @@ __global__ void __launch_bounds__(kThreads, 1) attn_sm90_kernel(const __grid_con
             }
             wg_commit();
         };
-        s_chain(s, 0);
-        s_chain(t, 1);
-        wg_wait0();
-        fence_regs(s);
-        fence_regs(t);
+        if constexpr (kNoS) {
 #pragma unroll
-        for (int i = 0; i < 16; ++i) s[i] += t[i];
-        s_chain(t, 2);
-        wg_wait0();
-        fence_regs(t);
+            for (int i = 0; i < 16; ++i) s[i] = 0.f;
+        } else {
+            s_chain(s, 0);
+            s_chain(t, 1);
+            wg_wait0();
+            fence_regs(s);
+            fence_regs(t);
 #pragma unroll
-        for (int i = 0; i < 16; ++i) s[i] += t[i];
+            for (int i = 0; i < 16; ++i) s[i] += t[i];
+            s_chain(t, 2);
+            wg_wait0();
+            fence_regs(t);
+#pragma unroll
+            for (int i = 0; i < 16; ++i) s[i] += t[i];
+        }
 
         // mask, scale (log2 domain), row max over this warpgroup's 32 tokens
         const int *valid = sValid + b * 64;
@@ -479,18 +499,20 @@ __global__ void __launch_bounds__(kThreads, 1) attn_sm90_kernel(const __grid_con
                 o[4 * jn + 3] *= alpha[1];
             }
         }
-        wg_fence();
+        if constexpr (!kNoPV) {
+            wg_fence();
 #pragma unroll
-        for (int kk = 0; kk < 4; ++kk) {
-            const uint32_t pa = pblk + kk * 32;
-            const uint32_t va = kb + (4 * wg) * kBlk + (16 * kk) * 128;
-            const uint64_t dv = desc(va, kBlk, 1024);
-            wgmma_n256_tb(o, desc(pa, 16, 1024), dv);
-            wgmma_n256_tb(o, desc(sPlo + kk * 32, 16, 1024), dv);
+            for (int kk = 0; kk < 4; ++kk) {
+                const uint32_t pa = pblk + kk * 32;
+                const uint32_t va = kb + (4 * wg) * kBlk + (16 * kk) * 128;
+                const uint64_t dv = desc(va, kBlk, 1024);
+                wgmma_n256_tb(o, desc(pa, 16, 1024), dv);
+                if constexpr (!kNoLo) wgmma_n256_tb(o, desc(sPlo + kk * 32, 16, 1024), dv);
+            }
+            wg_commit();
+            wg_wait0();
+            fence_regs(o);
         }
-        wg_commit();
-        wg_wait0();
-        fence_regs(o);
         mbar_arrive(bar_empty + 8 * b);
     }
 

@@ -1,12 +1,19 @@
 #!/usr/bin/env bash
-# Nsight Compute summary of the attention kernels at the issue shapes (decode h=128 b=128 s_q=2, prefill
-# h=128 s_kv=32K): one profiled launch each, speed-of-light, memory and warp-stall sections. Logs in $OUT.
+# Where the sm90 attention kernel's time goes, in one device call: a profiling build (ablation variants
+# compiled in), tools/ablate.py (time of each stage by leaving it out), then Nsight Compute's full set
+# on one launch each of decode (h=128 b=128 s_q=2, fp8) and prefill (h=128 s_kv=32K): the .ncu-rep
+# files, the details page, and the per-instruction (SASS) warp-stall samples as CSV. Output in $OUT.
 set -u
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/smla-out}; mkdir -p "$OUT"
-export PYTHONPATH=$PWD
-python3 setup.py build_ext --inplace -j "$(nproc)" > "$OUT/build.log" 2>&1 || { tail -30 "$OUT/build.log"; exit 1; }
-N="ncu --clock-control none -k regex:attn_sm90 --launch-skip 2 --launch-count 1 --section SpeedOfLight --section MemoryWorkloadAnalysis --section WarpStateStats --section Occupancy"
-$N python3 benchmarks/bench_sparse_mla_decode.py --shape 128,2,128 --no-baseline --iters 1 --quick > "$OUT/ncu_decode.txt" 2>&1
-$N python3 benchmarks/bench_sparse_mla_prefill.py --shape 128,32768 --no-baseline --iters 1 --quick > "$OUT/ncu_prefill.txt" 2>&1
-for f in "$OUT"/ncu_*.txt; do echo "== $f"; grep -E "Duration|Throughput|Pipe|Stall|Warp Cycles|Issued|Achieved Occupancy|Registers|L2 Hit|L1/TEX Hit" "$f" | head -30; done
+export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
+SMLA_PROFILE_BUILD=1 python3 setup.py build_ext --inplace -j "$(nproc)" > "$OUT/build.log" 2>&1 || { tail -30 "$OUT/build.log"; exit 1; }
+timeout 240 python3 tools/ablate.py 2>&1 | tee "$OUT/ablate.txt"
+N="ncu --clock-control none -k regex:attn_sm90 --launch-skip 2 --launch-count 1 --set full --import-source no"
+for c in "decode:bench_sparse_mla_decode.py --shape 128,2,128" "prefill:bench_sparse_mla_prefill.py --shape 128,32768"; do
+  n=${c%%:*}; set -- ${c#*:}
+  timeout 150 $N -f -o "$OUT/$n" python3 "benchmarks/$1" "${@:2}" --no-baseline --iters 1 --quick > "$OUT/ncu_$n.log" 2>&1
+  ncu -i "$OUT/$n.ncu-rep" --page details > "$OUT/${n}_details.txt" 2>&1
+  ncu -i "$OUT/$n.ncu-rep" --page source --csv --print-source sass > "$OUT/${n}_sass.csv" 2>&1
+  echo "== $n"; grep -E "Duration|Throughput|Pipe|Warp Cycles|Issued Warp|Achieved Occupancy|L2 Hit|No Eligible" "$OUT/${n}_details.txt" | head -24
+done

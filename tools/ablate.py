@@ -1,0 +1,60 @@
+"""Where the sm90 attention kernel's time goes: times each ablation variant (a profiling build,
+SMLA_PROFILE_BUILD=1, compiles them) at the issue shapes, next to the full kernel. Each variant leaves
+one stage out (cuda/attention_sm90.cuh, ABL bits): 1 global K loads, 2 the S = Q K^T wgmma, 4 the
+P V wgmma, 6 both MMA phases, 7 loads and both MMA phases, 8 the fp8 dequant, 16 the P_lo half of P V.
+Their results are wrong by design; only the times mean anything.
+
+    SMLA_PROFILE_BUILD=1 python setup.py build_ext --inplace && python tools/ablate.py
+"""
+import os
+import sys
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "benchmarks"))
+import bench_sparse_mla_decode as bd  # noqa: E402
+import bench_sparse_mla_prefill as bp  # noqa: E402
+from _gpu import open_gpu, time_us  # noqa: E402
+
+VARIANTS = [0, 1, 2, 4, 6, 7, 8, 16]
+
+
+def main():
+    os.environ["SMLA_ATTN_KERNEL"] = "sm90"
+    gpu = open_gpu("ablate")
+    if gpu is None:
+        return 0
+    torch, smla = gpu
+    print(f"{'case':<26} " + " ".join(f"{'abl' + str(v):>8}" for v in VARIANTS) + "   (us per call)")
+    dec = [(128, 2, 128), (64, 2, 128), (128, 1, 2)]
+    cache, bt = bd.build_cache(torch, smla, max(b for _, _, b in dec), "fp8_ds_mla")
+    for h, s_q, b in dec:
+        q = torch.randn((b, s_q, h, 576), device="cuda").to(torch.bfloat16)
+        idx = bd.make_indices(torch, bt, b, s_q, seed=1)
+        out = torch.empty((b, s_q, h, 512), dtype=torch.bfloat16, device="cuda")
+        lse = torch.empty((b, s_q, h), dtype=torch.float32, device="cuda")
+        ws = torch.empty(smla.sparse_mla_decode_workspace_size(b, s_q, h, bd.TOPK, "fp8_ds_mla"), dtype=torch.uint8,
+                         device="cuda")
+        row = []
+        for v in VARIANTS:
+            os.environ["SMLA_ATTN_ABLATE"] = str(v)
+            row.append(time_us(torch, lambda: smla.sparse_mla_decode(
+                q, cache, idx, softmax_scale=bd.SCALE, kv_cache_dtype="fp8_ds_mla", out=out, lse=lse, workspace=ws),
+                20, 3, True))
+        print(f"{f'decode h{h} s_q{s_q} b{b}':<26} " + " ".join(f"{t:>8.1f}" for t in row), flush=True)
+    del cache
+    torch.cuda.empty_cache()
+    for h, s_kv in [(128, 32768), (64, 32768)]:
+        kv = torch.randn((s_kv, 576), device="cuda").to(torch.bfloat16)
+        idx = bp.make_indices(torch, s_kv, seed=2)
+        q = torch.randn((bp.S_Q, h, 576), device="cuda").to(torch.bfloat16)
+        row = []
+        for v in VARIANTS:
+            os.environ["SMLA_ATTN_ABLATE"] = str(v)
+            row.append(time_us(torch, lambda: smla.sparse_mla_prefill(q, kv, idx, softmax_scale=bp.SCALE), 6, 2,
+                               True))
+        print(f"{f'prefill h{h} s_kv{s_kv}':<26} " + " ".join(f"{t:>8.1f}" for t in row), flush=True)
+    os.environ["SMLA_ATTN_ABLATE"] = "0"
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
