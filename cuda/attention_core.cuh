@@ -301,11 +301,15 @@ __global__ void __launch_bounds__(C::NT, C::MINB) attn_fwd_kernel(const __grid_c
             cp_async4(sIdxA + (slot * BN + i) * 4, ok ? idx_row + pos : idx_row, ok ? 4 : 0);
         }
     };
-    // Rows of tile j (indices in ring slot `slot`) into `dst` (row stride `stride`, `chunks` 16-B
-    // chunks per row, swizzled for bf16 tiles).
+    // Rows of tile j (indices in ring slot `slot`) into `dst` (bf16 tiles: swizzled rows of kRowBytes;
+    // fp8: raw entries of kFp8Entry bytes). A warp copies 4 rows at a time, 8 lanes per row, each lane
+    // finding its own row's address (nothing serialised across the warp); in a bf16 row, lane chunk
+    // cl = lane & 7 of each 128-byte group has one swizzled offset for all 9 groups.
     auto load_rows = [&](int j, int slot, uint32_t dst) {
+        static_assert(BN % (4 * NW) == 0, "4 rows per warp per step");
+        const int sub = lane >> 3, cl = lane & 7;
 #pragma unroll 1
-        for (int r = warp; r < BN; r += NW) {
+        for (int r = 4 * warp + sub; r < BN; r += 4 * NW) {
             const int idx = sIdx[slot * BN + r];
             const bool ok = (j * BN + r) < L && idx >= 0 && static_cast<int64_t>(idx) < limit;
             const uint8_t *src = kv_base;
@@ -317,14 +321,17 @@ __global__ void __launch_bounds__(C::NT, C::MINB) attn_fwd_kernel(const __grid_c
             const int nbytes = ok ? 16 : 0;
             if constexpr (C::FP8) {
                 const uint32_t d = dst + r * kFp8Entry;
-                for (int c = lane; c < kFp8Chunks; c += 32) {
+                for (int c = cl; c < kFp8Chunks; c += 8) {
                     if (a.evict_last) cp_async16_hint(d + c * 16, src + c * 16, nbytes, pol);
                     else cp_async16(d + c * 16, src + c * 16, nbytes);
                 }
             } else {
-                for (int c = lane; c < kRowChunks; c += 32) {
-                    if (a.evict_last) cp_async16_hint(row_chunk(dst, r, c), src + c * 16, nbytes, pol);
-                    else cp_async16(row_chunk(dst, r, c), src + c * 16, nbytes);
+                const uint32_t d = dst + r * kRowBytes + ((cl ^ (r & 7)) << 4);
+                src += cl * 16;
+#pragma unroll
+                for (int c8 = 0; c8 < kRowChunks / 8; ++c8) {
+                    if (a.evict_last) cp_async16_hint(d + c8 * 128, src + c8 * 128, nbytes, pol);
+                    else cp_async16(d + c8 * 128, src + c8 * 128, nbytes);
                 }
             }
         }

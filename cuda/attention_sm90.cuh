@@ -140,6 +140,11 @@ __device__ __forceinline__ void wgmma_n256_tb(float (&d)[128], uint64_t da, uint
 }
 #undef SMLA_F8
 
+// Sends bytes [p, p + n) (16-byte aligned, n a multiple of 16) towards L2; no completion to wait for.
+__device__ __forceinline__ void prefetch_l2_bulk(const void *p, uint32_t n)
+{
+    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(p), "r"(n) : "memory");
+}
 __device__ __forceinline__ uint2 ldg_nc_v2(const uint8_t *p)
 {
     uint2 v;
@@ -190,9 +195,9 @@ struct Fp8Batch {
 template <bool FP8, int ABL = 0>
 __global__ void __launch_bounds__(kThreads, 1) attn_sm90_kernel(const __grid_constant__ Args a)
 {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     constexpr bool kNoLoad = (ABL & 1) != 0, kNoS = (ABL & 2) != 0, kNoPV = (ABL & 4) != 0;
     constexpr bool kNoDq = (ABL & 8) != 0, kNoLo = (ABL & 16) != 0;
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     extern __shared__ uint8_t smem_raw[];
     const uint32_t raw_base = smem_u32(smem_raw);
     const uint32_t base = (raw_base + 1023u) & ~1023u;
@@ -267,70 +272,93 @@ __global__ void __launch_bounds__(kThreads, 1) attn_sm90_kernel(const __grid_con
             return kv_base + static_cast<int64_t>(blk) * p.kv.block_stride + static_cast<int64_t>(off) * p.kv.entry_stride;
         };
         if constexpr (!FP8) {
+            // Lanes 8s..8s+7 copy row r_i = 16 pw + 4 i + s (i = 0..3) of each tile: lane chunk cl = lane & 7
+            // of each of the 9 column blocks, so a lane's 9 cp.async share one swizzled offset (block c8
+            // at +c8 * kBlk in smem, +c8 * 128 B in the row). Each lane finds its own 4 rows' addresses
+            // (indices fetched a tile ahead): no per-row work is serialised across the warp.
             const uint64_t pol = a.evict_last ? policy_evict_last() : 0;
-            // lane k < 16 holds the index of row pw + 4k of the next tile to load
-            int my_idx = 0;
-            if (nt > 0 && lane < 16) {
-                const int pos = j0 * 64 + pw + 4 * lane;
-                my_idx = pos < L ? idx_row[pos] : -1;
-            }
+            const int sub = lane >> 3, cl = lane & 7;
+            auto fetch_idx = [&](int it, int (&v)[4]) {
+#pragma unroll
+                for (int i = 0; i < 4; ++i) {
+                    const int pos = (j0 + it) * 64 + 16 * pw + 4 * i + sub;
+                    v[i] = (it < nt && pos < L) ? __ldg(idx_row + pos) : -1;
+                }
+            };
+            int idx_cur[4], idx_nxt[4];
+            fetch_idx(0, idx_cur);
             for (int it = 0; it < nt; ++it) {
-                const int j = j0 + it, b = it & 1, use = it >> 1;
+                const int b = it & 1, use = it >> 1;
+                fetch_idx(it + 1, idx_nxt);
                 if (use > 0) mbar_wait(bar_empty + 8 * b, (use - 1) & 1);
                 const uint32_t kb = sK + b * kTileBytes;
-#pragma unroll 1
-                for (int k = 0; k < 16; ++k) {
-                    const int r = pw + 4 * k;
-                    const int idx = __shfl_sync(0xffffffffu, my_idx, k);
-                    const bool ok = (j * 64 + r) < L && idx >= 0 && static_cast<int64_t>(idx) < limit;
-                    const uint8_t *src = row_src(idx, ok);
+#pragma unroll
+                for (int i = 0; i < 4; ++i) {
+                    const int r = 16 * pw + 4 * i + sub;
+                    const int idx = idx_cur[i];
+                    const bool ok = idx >= 0 && static_cast<int64_t>(idx) < limit;  // -1 past L
+                    const uint8_t *src = row_src(idx, ok) + cl * 16;
                     const int nb = (ok && !kNoLoad) ? 16 : 0;
-                    for (int c = lane; c < kRowChunks; c += 32) {
-                        if (a.evict_last) cp_async16_hint(blk_addr(kb, r, c), src + c * 16, nb, pol);
-                        else cp_async16(blk_addr(kb, r, c), src + c * 16, nb);
+                    const uint32_t dst = kb + r * 128 + ((cl ^ (r & 7)) << 4);
+#pragma unroll
+                    for (int c8 = 0; c8 < 9; ++c8) {
+                        if (a.evict_last) cp_async16_hint(dst + c8 * kBlk, src + c8 * 128, nb, pol);
+                        else cp_async16(dst + c8 * kBlk, src + c8 * 128, nb);
                     }
-                    if (lane == 0) sValid[b * 64 + r] = ok ? 1 : 0;
+                    if (cl == 0) sValid[b * 64 + r] = ok ? 1 : 0;
                 }
                 cp_async_commit();
-                if (it + 1 < nt && lane < 16) {  // next tile's indices while this one lands
-                    const int pos = (j + 1) * 64 + pw + 4 * lane;
-                    my_idx = pos < L ? idx_row[pos] : -1;
-                }
+#pragma unroll
+                for (int i = 0; i < 4; ++i) idx_cur[i] = idx_nxt[i];
                 cp_async_wait_all();
                 fence_async_smem();
                 mbar_arrive(bar_full + 8 * b);
             }
         } else {
             // batches of 4 rows per warp, 4 batches per tile; batch q+1 is loaded while q is stored.
-            // The indices come one tile ahead: lane m < 16 holds the index of row pw + 4m of tile
-            // `it` (idx_cur) and of tile it + 1 (idx_nxt), so a batch's row loads never wait for an
-            // index load first.
+            // Row m of a warp's tile is row pw + 4m. Per tile, lane m < 16 turns its row's index into
+            // the entry address (ptr) and validity bit (okm, a ballot), one tile ahead, and sends the
+            // 656-byte entry to L2 with a bulk prefetch then, so that the register loads a tile later
+            // hit L2; the indices themselves are loaded two tiles ahead. No address arithmetic is
+            // serialised across the warp: a batch's row gets its address by two shuffles.
             const int nq = nt * 4;
             auto fetch_idx = [&](int it) -> int {
                 if (it >= nt || lane >= 16) return -1;
                 const int pos = (j0 + it) * 64 + pw + 4 * lane;
                 return pos < L ? __ldg(idx_row + pos) : -1;
             };
-            int idx_cur = fetch_idx(0);
-            int idx_nxt = fetch_idx(1);
+            auto locate = [&](int idx, const uint8_t *&ptr, uint32_t &okm, bool prefetch) {
+                const bool ok = idx >= 0 && static_cast<int64_t>(idx) < limit;
+                ptr = row_src(idx, ok);
+                okm = __ballot_sync(0xffffffffu, ok);
+                if (prefetch && ok && !kNoLoad) prefetch_l2_bulk(ptr, SMLA_FP8_ENTRY);
+            };
+            const uint8_t *ptr_cur, *ptr_nxt;
+            uint32_t okm_cur, okm_nxt;
+            locate(fetch_idx(0), ptr_cur, okm_cur, false);
+            locate(fetch_idx(1), ptr_nxt, okm_nxt, true);
+            int idx_nn = fetch_idx(2);
             auto load = [&](Fp8Batch &B, int q) {  // called with q = 0, 1, 2, ... in order
-                const int it = q >> 2, j = j0 + it, bq = q & 3;
+                const int it = q >> 2, bq = q & 3;
                 if (bq == 0 && it > 0) {
-                    idx_cur = idx_nxt;
-                    idx_nxt = fetch_idx(it + 1);
+                    ptr_cur = ptr_nxt;
+                    okm_cur = okm_nxt;
+                    locate(idx_nn, ptr_nxt, okm_nxt, true);
+                    idx_nn = fetch_idx(it + 2);
                 }
+                const uint64_t pc = reinterpret_cast<uint64_t>(ptr_cur);
 #pragma unroll
                 for (int k = 0; k < 4; ++k) {
-                    const int r = pw + 4 * (4 * bq + k);
-                    const int pos = j * 64 + r;
-                    const int idx = __shfl_sync(0xffffffffu, idx_cur, 4 * bq + k);
-                    B.ok[k] = pos < L && idx >= 0 && static_cast<int64_t>(idx) < limit;
+                    const int m = 4 * bq + k;
+                    const uint32_t lo = __shfl_sync(0xffffffffu, static_cast<uint32_t>(pc), m);
+                    const uint32_t hi = __shfl_sync(0xffffffffu, static_cast<uint32_t>(pc >> 32), m);
+                    const uint8_t *src = reinterpret_cast<const uint8_t *>((static_cast<uint64_t>(hi) << 32) | lo);
+                    B.ok[k] = (okm_cur >> m) & 1u;
                     if constexpr (kNoLoad) {
                         B.e[k] = make_uint4(0, 0, 0, 0);
                         B.s[k] = 0.f;
                         B.rope[k] = 0u;
                     } else if (B.ok[k]) {
-                        const uint8_t *src = row_src(idx, true);
                         B.e[k] = ldg_nc_v4(src + 16 * lane);
                         B.s[k] = ldg_nc_f32(src + SMLA_FP8_SCALE_OFF + 4 * (lane >> 3));
                         B.rope[k] = ldg_nc_u32(src + SMLA_FP8_ROPE_OFF + 4 * lane);
