@@ -191,13 +191,13 @@ struct Fp8Batch {
 
 // ABL != 0 only in profiling builds (SMLA_ATTN_ABLATION, tools/ablate.py): leave one stage out to time
 // it by difference. Bits: 1 no global K loads (zeros), 2 no S = Q K^T wgmma, 4 no P V wgmma,
-// 8 no fp8 dequant (raw bytes stored), 16 no P_lo V wgmma (bf16 P only). Results are wrong then.
+// 8 no fp8 dequant (raw bytes stored), 16 no P_lo V wgmma (bf16 P only), 32 no L2 prefetch of fp8 rows. Results are wrong then.
 template <bool FP8, int ABL = 0>
 __global__ void __launch_bounds__(kThreads, 1) attn_sm90_kernel(const __grid_constant__ Args a)
 {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     constexpr bool kNoLoad = (ABL & 1) != 0, kNoS = (ABL & 2) != 0, kNoPV = (ABL & 4) != 0;
-    constexpr bool kNoDq = (ABL & 8) != 0, kNoLo = (ABL & 16) != 0;
+    constexpr bool kNoDq = (ABL & 8) != 0, kNoLo = (ABL & 16) != 0, kNoPrefetch = (ABL & 32) != 0;
     extern __shared__ uint8_t smem_raw[];
     const uint32_t raw_base = smem_u32(smem_raw);
     const uint32_t base = (raw_base + 1023u) & ~1023u;
@@ -331,7 +331,7 @@ __global__ void __launch_bounds__(kThreads, 1) attn_sm90_kernel(const __grid_con
                 const bool ok = idx >= 0 && static_cast<int64_t>(idx) < limit;
                 ptr = row_src(idx, ok);
                 okm = __ballot_sync(0xffffffffu, ok);
-                if (prefetch && ok && !kNoLoad) prefetch_l2_bulk(ptr, SMLA_FP8_ENTRY);
+                if (prefetch && ok && !kNoLoad && !kNoPrefetch) prefetch_l2_bulk(ptr, SMLA_FP8_ENTRY);
             };
             const uint8_t *ptr_cur, *ptr_nxt;
             uint32_t okm_cur, okm_nxt;
