@@ -221,7 +221,6 @@ static int launch_sm90(const Args &a, int64_t grid, cudaStream_t s, int dev, sml
         case 8: return launch_sm90<FP8, 8>(a, grid, s, dev, st);
         case 16: return launch_sm90<FP8, 16>(a, grid, s, dev, st);
         case 7: return launch_sm90<FP8, 7>(a, grid, s, dev, st);
-        case 32: return launch_sm90<FP8, 32>(a, grid, s, dev, st);
         default: break;
         }
     }

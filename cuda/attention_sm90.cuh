@@ -90,6 +90,7 @@ __device__ __forceinline__ void setmaxnreg_dec()
 __device__ __forceinline__ void wg_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void wg_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void wg_wait0() { asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory"); }
+__device__ __forceinline__ void wg_wait1() { asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory"); }
 
 // Keeps the compiler from moving reads / writes of wgmma accumulators across the async region.
 template <int N>
@@ -140,11 +141,6 @@ __device__ __forceinline__ void wgmma_n256_tb(float (&d)[128], uint64_t da, uint
 }
 #undef SMLA_F8
 
-// Sends bytes [p, p + n) (16-byte aligned, n a multiple of 16) towards L2; no completion to wait for.
-__device__ __forceinline__ void prefetch_l2_bulk(const void *p, uint32_t n)
-{
-    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(p), "r"(n) : "memory");
-}
 __device__ __forceinline__ uint2 ldg_nc_v2(const uint8_t *p)
 {
     uint2 v;
@@ -191,13 +187,13 @@ struct Fp8Batch {
 
 // ABL != 0 only in profiling builds (SMLA_ATTN_ABLATION, tools/ablate.py): leave one stage out to time
 // it by difference. Bits: 1 no global K loads (zeros), 2 no S = Q K^T wgmma, 4 no P V wgmma,
-// 8 no fp8 dequant (raw bytes stored), 16 no P_lo V wgmma (bf16 P only), 32 no L2 prefetch of fp8 rows. Results are wrong then.
+// 8 no fp8 dequant (raw bytes stored), 16 no P_lo V wgmma (bf16 P only). Results are wrong then.
 template <bool FP8, int ABL = 0>
 __global__ void __launch_bounds__(kThreads, 1) attn_sm90_kernel(const __grid_constant__ Args a)
 {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     constexpr bool kNoLoad = (ABL & 1) != 0, kNoS = (ABL & 2) != 0, kNoPV = (ABL & 4) != 0;
-    constexpr bool kNoDq = (ABL & 8) != 0, kNoLo = (ABL & 16) != 0, kNoPrefetch = (ABL & 32) != 0;
+    constexpr bool kNoDq = (ABL & 8) != 0, kNoLo = (ABL & 16) != 0;
     extern __shared__ uint8_t smem_raw[];
     const uint32_t raw_base = smem_u32(smem_raw);
     const uint32_t base = (raw_base + 1023u) & ~1023u;
@@ -317,33 +313,32 @@ __global__ void __launch_bounds__(kThreads, 1) attn_sm90_kernel(const __grid_con
         } else {
             // batches of 4 rows per warp, 4 batches per tile; batch q+1 is loaded while q is stored.
             // Row m of a warp's tile is row pw + 4m. Per tile, lane m < 16 turns its row's index into
-            // the entry address (ptr) and validity bit (okm, a ballot), one tile ahead, and sends the
-            // 656-byte entry to L2 with a bulk prefetch then, so that the register loads a tile later
-            // hit L2; the indices themselves are loaded two tiles ahead. No address arithmetic is
-            // serialised across the warp: a batch's row gets its address by two shuffles.
+            // the entry address (ptr) and validity bit (okm, a ballot), one tile ahead; the indices
+            // themselves are loaded two tiles ahead. No address arithmetic is serialised across the
+            // warp: a batch's row gets its address by two shuffles. (A bulk L2 prefetch of the entries
+            // a tile ahead was measured: no gain.)
             const int nq = nt * 4;
             auto fetch_idx = [&](int it) -> int {
                 if (it >= nt || lane >= 16) return -1;
                 const int pos = (j0 + it) * 64 + pw + 4 * lane;
                 return pos < L ? __ldg(idx_row + pos) : -1;
             };
-            auto locate = [&](int idx, const uint8_t *&ptr, uint32_t &okm, bool prefetch) {
+            auto locate = [&](int idx, const uint8_t *&ptr, uint32_t &okm) {
                 const bool ok = idx >= 0 && static_cast<int64_t>(idx) < limit;
                 ptr = row_src(idx, ok);
                 okm = __ballot_sync(0xffffffffu, ok);
-                if (prefetch && ok && !kNoLoad && !kNoPrefetch) prefetch_l2_bulk(ptr, SMLA_FP8_ENTRY);
             };
             const uint8_t *ptr_cur, *ptr_nxt;
             uint32_t okm_cur, okm_nxt;
-            locate(fetch_idx(0), ptr_cur, okm_cur, false);
-            locate(fetch_idx(1), ptr_nxt, okm_nxt, true);
+            locate(fetch_idx(0), ptr_cur, okm_cur);
+            locate(fetch_idx(1), ptr_nxt, okm_nxt);
             int idx_nn = fetch_idx(2);
             auto load = [&](Fp8Batch &B, int q) {  // called with q = 0, 1, 2, ... in order
                 const int it = q >> 2, bq = q & 3;
                 if (bq == 0 && it > 0) {
                     ptr_cur = ptr_nxt;
                     okm_cur = okm_nxt;
-                    locate(idx_nn, ptr_nxt, okm_nxt, true);
+                    locate(idx_nn, ptr_nxt, okm_nxt);
                     idx_nn = fetch_idx(it + 2);
                 }
                 const uint64_t pc = reinterpret_cast<uint64_t>(ptr_cur);
@@ -423,38 +418,49 @@ __global__ void __launch_bounds__(kThreads, 1) attn_sm90_kernel(const __grid_con
     float m_r[2] = {-INFINITY, -INFINITY};
     double l_r[2] = {0.0, 0.0};  // row sums in double (see the portable kernel)
 
-    for (int it = 0; it < nt; ++it) {
-        const int b = it & 1, use = it >> 1;
-        const uint32_t kb = sK + b * kTileBytes;
-        mbar_wait(bar_full + 8 * b, use & 1);
-
-        // S[64 heads x 32 tokens] for tokens 32*wg .. 32*wg + 31. Accuracy: one 36-step tensor-core
-        // chain over 576 dims loses up to ~1e-6 (natural-log units) on a logit, at DESIGN's lse /
-        // max_logits tolerance; so the 576 dims are 3 chains of 192 (12 wgmma steps each), summed
-        // in fp32 with round-to-nearest: the first into s, the others into t while s is ready.
-        float s[16], t[16];
-        auto s_chain = [&](float (&d)[16], int c) {
-            wg_fence();  // d was read since its last wgmma
+    // S[64 heads x 32 tokens] for tokens 32*wg .. 32*wg + 31 of the tile in K buffer kb. Accuracy: one
+    // 36-step tensor-core chain over 576 dims loses up to ~1e-6 (natural-log units) on a logit, at
+    // DESIGN's lse / max_logits tolerance; so the 576 dims are 3 chains of 192 (12 wgmma steps each),
+    // summed in fp32 with round-to-nearest: chains 0 and 1 into s and t, issued right behind the
+    // previous tile's P V (the tensor cores go from one to the other without draining), then s += t
+    // and chain 2 into t. (A third accumulator for chain 2 would not fit the consumers' registers.)
+    float s[16], t[16];
+    auto s_chain = [&](float (&d)[16], uint32_t kb, int c) {
 #pragma unroll
-            for (int kk = 12 * c; kk < 12 * c + 12; ++kk) {
-                const uint32_t qa = sQ + (kk >> 2) * kBlk + (kk & 3) * 32;
-                const uint32_t ka = kb + (kk >> 2) * kBlk + (32 * wg) * 128 + (kk & 3) * 32;
-                wgmma_n32(d, desc(qa, 16, 1024), desc(ka, 16, 1024), kk > 12 * c);
-            }
+        for (int kk = 12 * c; kk < 12 * c + 12; ++kk) {
+            const uint32_t qa = sQ + (kk >> 2) * kBlk + (kk & 3) * 32;
+            const uint32_t ka = kb + (kk >> 2) * kBlk + (32 * wg) * 128 + (kk & 3) * 32;
+            wgmma_n32(d, desc(qa, 16, 1024), desc(ka, 16, 1024), kk > 12 * c);
+        }
+    };
+    auto issue_s = [&](uint32_t kb) {
+        if constexpr (!kNoS) {
+            wg_fence();  // s, t were read since their last wgmma
+            s_chain(s, kb, 0);
+            s_chain(t, kb, 1);
             wg_commit();
-        };
+        }
+    };
+    if (nt > 0) {
+        mbar_wait(bar_full, 0);
+        issue_s(sK);
+    }
+
+    for (int it = 0; it < nt; ++it) {
+        const int b = it & 1;
+        const uint32_t kb = sK + b * kTileBytes;
+        wg_wait0();  // S of this tile (and the previous tile's P V, already waited for)
         if constexpr (kNoS) {
 #pragma unroll
             for (int i = 0; i < 16; ++i) s[i] = 0.f;
         } else {
-            s_chain(s, 0);
-            s_chain(t, 1);
-            wg_wait0();
             fence_regs(s);
             fence_regs(t);
 #pragma unroll
             for (int i = 0; i < 16; ++i) s[i] += t[i];
-            s_chain(t, 2);
+            wg_fence();
+            s_chain(t, kb, 2);
+            wg_commit();
             wg_wait0();
             fence_regs(t);
 #pragma unroll
@@ -538,10 +544,16 @@ __global__ void __launch_bounds__(kThreads, 1) attn_sm90_kernel(const __grid_con
                 if constexpr (!kNoLo) wgmma_n256_tb(o, desc(sPlo + kk * 32, 16, 1024), dv);
             }
             wg_commit();
-            wg_wait0();
-            fence_regs(o);
         }
-        mbar_arrive(bar_empty + 8 * b);
+        if (it + 1 < nt) {
+            mbar_wait(bar_full + 8 * (b ^ 1), ((it + 1) >> 1) & 1);
+            issue_s(sK + (b ^ 1) * kTileBytes);
+            wg_wait1();  // this tile's P V (the next S may still run)
+        } else {
+            wg_wait0();
+        }
+        fence_regs(o);
+        mbar_arrive(bar_empty + 8 * b);  // K buffer b no longer read: the producer may refill it now
     }
 
     // ---- epilogue: row sums of both warpgroups, normalise, write columns 256*wg.. ----

@@ -1,7 +1,7 @@
 """Where the sm90 attention kernel's time goes: times each ablation variant (a profiling build,
 SMLA_PROFILE_BUILD=1, compiles them) at the issue shapes, next to the full kernel. Each variant leaves
 one stage out (cuda/attention_sm90.cuh, ABL bits): 1 global K loads, 2 the S = Q K^T wgmma, 4 the
-P V wgmma, 6 both MMA phases, 7 loads and both MMA phases, 8 the fp8 dequant, 16 the P_lo half of P V, 32 the L2 prefetch of fp8 rows.
+P V wgmma, 6 both MMA phases, 7 loads and both MMA phases, 8 the fp8 dequant, 16 the P_lo half of P V.
 Their results are wrong by design; only the times mean anything.
 
     SMLA_PROFILE_BUILD=1 python setup.py build_ext --inplace && python tools/ablate.py
@@ -14,7 +14,7 @@ import bench_sparse_mla_decode as bd  # noqa: E402
 import bench_sparse_mla_prefill as bp  # noqa: E402
 from _gpu import open_gpu, time_us  # noqa: E402
 
-VARIANTS = [0, 1, 2, 4, 6, 7, 8, 16, 32]
+VARIANTS = [0, 1, 2, 4, 6, 7, 8, 16]
 
 
 def main():
