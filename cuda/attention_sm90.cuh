@@ -90,7 +90,6 @@ __device__ __forceinline__ void setmaxnreg_dec()
 __device__ __forceinline__ void wg_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void wg_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void wg_wait0() { asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory"); }
-__device__ __forceinline__ void wg_wait1() { asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory"); }
 
 // Keeps the compiler from moving reads / writes of wgmma accumulators across the async region.
 template <int N>
@@ -418,49 +417,38 @@ __global__ void __launch_bounds__(kThreads, 1) attn_sm90_kernel(const __grid_con
     float m_r[2] = {-INFINITY, -INFINITY};
     double l_r[2] = {0.0, 0.0};  // row sums in double (see the portable kernel)
 
-    // S[64 heads x 32 tokens] for tokens 32*wg .. 32*wg + 31 of the tile in K buffer kb. Accuracy: one
-    // 36-step tensor-core chain over 576 dims loses up to ~1e-6 (natural-log units) on a logit, at
-    // DESIGN's lse / max_logits tolerance; so the 576 dims are 3 chains of 192 (12 wgmma steps each),
-    // summed in fp32 with round-to-nearest: chains 0 and 1 into s and t, issued right behind the
-    // previous tile's P V (the tensor cores go from one to the other without draining), then s += t
-    // and chain 2 into t. (A third accumulator for chain 2 would not fit the consumers' registers.)
-    float s[16], t[16];
-    auto s_chain = [&](float (&d)[16], uint32_t kb, int c) {
-#pragma unroll
-        for (int kk = 12 * c; kk < 12 * c + 12; ++kk) {
-            const uint32_t qa = sQ + (kk >> 2) * kBlk + (kk & 3) * 32;
-            const uint32_t ka = kb + (kk >> 2) * kBlk + (32 * wg) * 128 + (kk & 3) * 32;
-            wgmma_n32(d, desc(qa, 16, 1024), desc(ka, 16, 1024), kk > 12 * c);
-        }
-    };
-    auto issue_s = [&](uint32_t kb) {
-        if constexpr (!kNoS) {
-            wg_fence();  // s, t were read since their last wgmma
-            s_chain(s, kb, 0);
-            s_chain(t, kb, 1);
-            wg_commit();
-        }
-    };
-    if (nt > 0) {
-        mbar_wait(bar_full, 0);
-        issue_s(sK);
-    }
-
     for (int it = 0; it < nt; ++it) {
-        const int b = it & 1;
+        const int b = it & 1, use = it >> 1;
         const uint32_t kb = sK + b * kTileBytes;
-        wg_wait0();  // S of this tile (and the previous tile's P V, already waited for)
+        mbar_wait(bar_full + 8 * b, use & 1);
+
+        // S[64 heads x 32 tokens] for tokens 32*wg .. 32*wg + 31. Accuracy: one 36-step tensor-core
+        // chain over 576 dims loses up to ~1e-6 (natural-log units) on a logit, at DESIGN's lse /
+        // max_logits tolerance; so the 576 dims are 3 chains of 192 (12 wgmma steps each), summed
+        // in fp32 with round-to-nearest: the first into s, the others into t while s is ready.
+        float s[16], t[16];
+        auto s_chain = [&](float (&d)[16], int c) {
+            wg_fence();  // d was read since its last wgmma
+#pragma unroll
+            for (int kk = 12 * c; kk < 12 * c + 12; ++kk) {
+                const uint32_t qa = sQ + (kk >> 2) * kBlk + (kk & 3) * 32;
+                const uint32_t ka = kb + (kk >> 2) * kBlk + (32 * wg) * 128 + (kk & 3) * 32;
+                wgmma_n32(d, desc(qa, 16, 1024), desc(ka, 16, 1024), kk > 12 * c);
+            }
+            wg_commit();
+        };
         if constexpr (kNoS) {
 #pragma unroll
             for (int i = 0; i < 16; ++i) s[i] = 0.f;
         } else {
+            s_chain(s, 0);
+            s_chain(t, 1);
+            wg_wait0();
             fence_regs(s);
             fence_regs(t);
 #pragma unroll
             for (int i = 0; i < 16; ++i) s[i] += t[i];
-            wg_fence();
-            s_chain(t, kb, 2);
-            wg_commit();
+            s_chain(t, 2);
             wg_wait0();
             fence_regs(t);
 #pragma unroll
@@ -544,16 +532,10 @@ __global__ void __launch_bounds__(kThreads, 1) attn_sm90_kernel(const __grid_con
                 if constexpr (!kNoLo) wgmma_n256_tb(o, desc(sPlo + kk * 32, 16, 1024), dv);
             }
             wg_commit();
-        }
-        if (it + 1 < nt) {
-            mbar_wait(bar_full + 8 * (b ^ 1), ((it + 1) >> 1) & 1);
-            issue_s(sK + (b ^ 1) * kTileBytes);
-            wg_wait1();  // this tile's P V (the next S may still run)
-        } else {
             wg_wait0();
+            fence_regs(o);
         }
-        fence_regs(o);
-        mbar_arrive(bar_empty + 8 * b);  // K buffer b no longer read: the producer may refill it now
+        mbar_arrive(bar_empty + 8 * b);
     }
 
     // ---- epilogue: row sums of both warpgroups, normalise, write columns 256*wg.. ----
