@@ -227,12 +227,37 @@ static int launch_sm90(const Args &a, int64_t grid, cudaStream_t s, int dev, sml
 #endif
     constexpr int kMaxDev = 64;
     static bool configured[kMaxDev];
-    auto kern = sm90::attn_sm90_kernel<FP8, ABL>;
+    // fp8 with two head tiles: clusters of the two (FlashMLA's crossover; see attn_sm90_body)
+    const bool xo = FP8 && a.n_ht == 2;
+    void (*kern)(Args) = sm90::attn_sm90_kernel<FP8, ABL>;
+    if constexpr (FP8) {
+        if (xo) kern = sm90::attn_sm90_xo_kernel<FP8, ABL>;
+    }
     if (dev < 0 || dev >= kMaxDev || !configured[dev]) {
-        SMLA_CUDA_CHECK(st, cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, sm90::kSMEM));
+        SMLA_CUDA_CHECK(st, cudaFuncSetAttribute(sm90::attn_sm90_kernel<FP8, ABL>,
+                                                 cudaFuncAttributeMaxDynamicSharedMemorySize, sm90::kSMEM));
+        if constexpr (FP8)
+            SMLA_CUDA_CHECK(st, cudaFuncSetAttribute(sm90::attn_sm90_xo_kernel<FP8, ABL>,
+                                                     cudaFuncAttributeMaxDynamicSharedMemorySize, sm90::kSMEM));
         if (dev >= 0 && dev < kMaxDev) configured[dev] = true;
     }
-    kern<<<static_cast<unsigned>(grid), sm90::kThreads, sm90::kSMEM, s>>>(a);
+    if (xo) {
+        cudaLaunchConfig_t cfg = {};
+        cfg.gridDim = dim3(static_cast<unsigned>(grid), 1, 1);
+        cfg.blockDim = dim3(sm90::kThreads, 1, 1);
+        cfg.dynamicSmemBytes = sm90::kSMEM;
+        cfg.stream = s;
+        cudaLaunchAttribute attr[1];
+        attr[0].id = cudaLaunchAttributeClusterDimension;
+        attr[0].val.clusterDim.x = 2;
+        attr[0].val.clusterDim.y = 1;
+        attr[0].val.clusterDim.z = 1;
+        cfg.attrs = attr;
+        cfg.numAttrs = 1;
+        SMLA_CUDA_CHECK(st, cudaLaunchKernelEx(&cfg, kern, a));
+    } else {
+        kern<<<static_cast<unsigned>(grid), sm90::kThreads, sm90::kSMEM, s>>>(a);
+    }
     SMLA_CUDA_LAUNCH_CHECK(st);
     return SMLA_OK;
 }

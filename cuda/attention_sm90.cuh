@@ -1,7 +1,7 @@
 // Hopper (sm_90a) sparse MLA kernel for head tiles of 64: warp-specialised, wgmma tensor cores.
 //
 // CTA = one query row x 64 heads x one top-k split, 384 threads:
-//   WG0, WG1 (consumers, setmaxnreg 200): for each 64-token K tile both compute S = Q K^T for their
+//   WG0, WG1 (consumers, setmaxnreg 192): for each 64-token K tile both compute S = Q K^T for their
 //     own 32 tokens (wgmma m64n32k16 x 36 as 3 chains of 12 summed in fp32, for accuracy; Q and K
 //     from smem), exchange row maxima (named barrier),
 //     write P = exp2(S - m) as two bf16 terms P_hi + P_lo (split_bf16x2; P_hi into the tile's dead
@@ -9,7 +9,7 @@
 //     O[:, 256*wg : 256*wg + 256] += P_hi V + P_lo V (wgmma m64n256k16 x 8, V = K[:, :512] read
 //     N-major from smem), in 128 fp32 registers per thread. (A bf16 P alone rounds probabilities by
 //     up to 2^-9 relative: ~1e-2 absolute output error when |V| ~ 10, outside DESIGN's tolerances.)
-//   WG2 (producer, setmaxnreg 104): fills the two K buffers: bf16 rows by 16-byte cp.async (zero fill
+//   WG2 (producer, setmaxnreg 120): fills the two K buffers: bf16 rows by 16-byte cp.async (zero fill
 //     for invalid rows); fp8_ds_mla rows by 16-byte loads into registers (two 4-row batches in
 //     flight per warp) and the exact dequant bf16_rne(float(e4m3) * scale) into smem. Buffer hand-off
 //     through mbarriers (full: producer -> consumers, empty: consumers -> producer).
@@ -43,8 +43,8 @@ constexpr int kL_OFF = kMAX_OFF;
 constexpr int kSMEM_USED = kMAX_OFF + 2 * 64 * 8;
 constexpr int kSMEM = kSMEM_USED + 1024;       // slack to align the base to 1024 B
 static_assert(kSMEM <= 227 * 1024, "sm_90 opt-in shared memory per block");
-constexpr int kConsumerRegs = 200;
-constexpr int kProducerRegs = 104;
+constexpr int kConsumerRegs = 192;
+constexpr int kProducerRegs = 120;
 constexpr int kBarMax = 1, kBarP = 2, kBarL = 3, kBarQ = 4;  // named barriers of the 256 consumer threads
 
 __device__ __forceinline__ uint32_t blk_addr(uint32_t base, int row, int chunk)
@@ -71,6 +71,56 @@ __device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity)
                      : "r"(bar), "r"(parity)
                      : "memory");
     } while (!done);
+}
+// Cluster (crossover) helpers: the peer CTA's address of a local shared address, stores into the peer's
+// shared memory that complete bytes on its mbarrier, arrivals on the peer's mbarrier, cluster barrier.
+__device__ __forceinline__ uint32_t cluster_rank()
+{
+    uint32_t r;
+    asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
+    return r;
+}
+__device__ __forceinline__ uint32_t mapa(uint32_t addr, uint32_t rank)
+{
+    uint32_t r;
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(r) : "r"(addr), "r"(rank));
+    return r;
+}
+__device__ __forceinline__ void st_async_v4(uint32_t addr, uint4 v, uint32_t bar)
+{
+    asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.v4.b32 [%0], {%1, %2, %3, %4}, [%5];\n" ::"r"(addr),
+                 "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w), "r"(bar)
+                 : "memory");
+}
+__device__ __forceinline__ void st_async_u32(uint32_t addr, uint32_t v, uint32_t bar)
+{
+    asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.b32 [%0], %1, [%2];\n" ::"r"(addr), "r"(v),
+                 "r"(bar)
+                 : "memory");
+}
+__device__ __forceinline__ void mbar_arrive_remote(uint32_t bar)  // bar: a shared::cluster address
+{
+    asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];\n" ::"r"(bar) : "memory");
+}
+__device__ __forceinline__ void mbar_arrive_expect_tx(uint32_t bar, uint32_t bytes)
+{
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
+}
+// Wait with cluster-scope acquire: orders what follows after the peer's released arrivals / stores.
+__device__ __forceinline__ void mbar_wait_cluster(uint32_t bar, uint32_t parity)
+{
+    uint32_t done;
+    do {
+        asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], %2;\n"
+                     "selp.u32 %0, 1, 0, p;\n}\n"
+                     : "=r"(done)
+                     : "r"(bar), "r"(parity)
+                     : "memory");
+    } while (!done);
+}
+__device__ __forceinline__ void cluster_sync()
+{
+    asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
 }
 __device__ __forceinline__ void fence_async_smem() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
 __device__ __forceinline__ void named_sync(int id, int n)
@@ -187,9 +237,15 @@ struct Fp8Batch {
 // ABL != 0 only in profiling builds (SMLA_ATTN_ABLATION, tools/ablate.py): leave one stage out to time
 // it by difference. Bits: 1 no global K loads (zeros), 2 no S = Q K^T wgmma, 4 no P V wgmma,
 // 8 no fp8 dequant (raw bytes stored), 16 no P_lo V wgmma (bf16 P only). Results are wrong then.
-template <bool FP8, int ABL = 0>
-__global__ void __launch_bounds__(kThreads, 1) attn_sm90_kernel(const __grid_constant__ Args a)
+// XO ("crossover", FlashMLA's two-CTA dequant split; fp8 with two head tiles): the two CTAs of a
+// cluster are the two head tiles of one (query row, split) and read the same K rows; each loads and
+// dequantises half of every tile (rows 32 * rank .. + 31) and stores it into its own K buffer and, with
+// st.async, into the peer's, whose remote-ready barrier (rr) counts the bytes. The empty barriers count
+// one arrival per consumer warp of both CTAs.
+template <bool FP8, int ABL, bool XO>
+__device__ __forceinline__ void attn_sm90_body(const Args &a)
 {
+    static_assert(FP8 || !XO, "the crossover is written for the fp8 producer");
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     constexpr bool kNoLoad = (ABL & 1) != 0, kNoS = (ABL & 2) != 0, kNoPV = (ABL & 4) != 0;
     constexpr bool kNoDq = (ABL & 8) != 0, kNoLo = (ABL & 16) != 0;
@@ -203,10 +259,19 @@ __global__ void __launch_bounds__(kThreads, 1) attn_sm90_kernel(const __grid_con
     const int lane = tid & 31;
 
     int64_t bx = blockIdx.x;
-    const int sp = static_cast<int>(bx % a.n_splits);
-    bx /= a.n_splits;
-    const int ht = static_cast<int>(bx % a.n_ht);
-    const int64_t row = bx / a.n_ht;
+    int sp, ht;
+    int64_t row;
+    if constexpr (XO) {  // blockIdx.x = (row * n_splits + split) * 2 + head tile; head tile = cluster rank
+        ht = static_cast<int>(bx & 1);
+        bx >>= 1;
+        sp = static_cast<int>(bx % a.n_splits);
+        row = bx / a.n_splits;
+    } else {
+        sp = static_cast<int>(bx % a.n_splits);
+        bx /= a.n_splits;
+        ht = static_cast<int>(bx % a.n_ht);
+        row = bx / a.n_ht;
+    }
     const int64_t bi = row / p.s_q, si = row % p.s_q;
     const int h = static_cast<int>(p.h);
     const int h0 = ht * 64;
@@ -226,7 +291,7 @@ __global__ void __launch_bounds__(kThreads, 1) attn_sm90_kernel(const __grid_con
     const uint32_t sQ = base + kQ_OFF;
     const uint32_t sK = base + kK_OFF;
     const uint32_t sPlo = base + kPLO_OFF;
-    const uint32_t bar_full = base + kBAR_OFF, bar_empty = base + kBAR_OFF + 16;
+    const uint32_t bar_full = base + kBAR_OFF, bar_empty = base + kBAR_OFF + 16, bar_rr = base + kBAR_OFF + 32;
     int *sValid = reinterpret_cast<int *>(smem + kVALID_OFF);
     float *sMax = reinterpret_cast<float *>(smem + kMAX_OFF);
     double *sL = reinterpret_cast<double *>(smem + kL_OFF);
@@ -236,8 +301,12 @@ __global__ void __launch_bounds__(kThreads, 1) attn_sm90_kernel(const __grid_con
     if (tid == 0) {
         mbar_init(bar_full, 128);
         mbar_init(bar_full + 8, 128);
-        mbar_init(bar_empty, 256);
-        mbar_init(bar_empty + 8, 256);
+        mbar_init(bar_empty, XO ? 16 : 256);
+        mbar_init(bar_empty + 8, XO ? 16 : 256);
+        if constexpr (XO) {
+            mbar_init(bar_rr, 1);
+            mbar_init(bar_rr + 8, 1);
+        }
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     }
     if (nt > 0 && tid < 256) {
@@ -250,7 +319,10 @@ __global__ void __launch_bounds__(kThreads, 1) attn_sm90_kernel(const __grid_con
         }
         cp_async_commit();
     }
-    __syncthreads();  // barriers initialised
+    if constexpr (XO) cluster_sync();  // both CTAs' barriers initialised
+    else __syncthreads();              // barriers initialised
+    const uint32_t peer = XO ? (cluster_rank() ^ 1u) : 0u;
+    const uint32_t peer_base = XO ? mapa(base, peer) : 0u;  // the peer's address of our `base`
 
     const uint8_t *kv_base = static_cast<const uint8_t *>(p.kv.data);
     const uint32_t block_size = static_cast<uint32_t>(p.kv.block_size);
@@ -316,7 +388,10 @@ __global__ void __launch_bounds__(kThreads, 1) attn_sm90_kernel(const __grid_con
             // themselves are loaded two tiles ahead. No address arithmetic is serialised across the
             // warp: a batch's row gets its address by two shuffles. (A bulk L2 prefetch of the entries
             // a tile ahead was measured: no gain.)
-            const int nq = nt * 4;
+            constexpr int kNbq = XO ? 2 : 4;                     // batches per tile per warp
+            const int bq0 = XO ? 2 * static_cast<int>(peer ^ 1u) : 0;  // XO: this CTA's rows 32 * rank ..
+            constexpr uint32_t kRemoteBytes = 32 * (2 * kDqk + 4);  // per tile from the peer: rows + valid flags
+            const int nq = nt * kNbq;
             auto fetch_idx = [&](int it) -> int {
                 if (it >= nt || lane >= 16) return -1;
                 const int pos = (j0 + it) * 64 + pw + 4 * lane;
@@ -333,8 +408,8 @@ __global__ void __launch_bounds__(kThreads, 1) attn_sm90_kernel(const __grid_con
             locate(fetch_idx(1), ptr_nxt, okm_nxt);
             int idx_nn = fetch_idx(2);
             auto load = [&](Fp8Batch &B, int q) {  // called with q = 0, 1, 2, ... in order
-                const int it = q >> 2, bq = q & 3;
-                if (bq == 0 && it > 0) {
+                const int it = q / kNbq, bq = bq0 + q % kNbq;
+                if (q % kNbq == 0 && it > 0) {
                     ptr_cur = ptr_nxt;
                     okm_cur = okm_nxt;
                     locate(idx_nn, ptr_nxt, okm_nxt);
@@ -360,30 +435,50 @@ __global__ void __launch_bounds__(kThreads, 1) attn_sm90_kernel(const __grid_con
                 }
             };
             auto store = [&](const Fp8Batch &B, int q) {
-                const int it = q >> 2, bq = q & 3, b = it & 1;
+                const int it = q / kNbq, bq = bq0 + q % kNbq, b = it & 1;
                 const uint32_t kb = sK + b * kTileBytes;
+                const uint32_t rbar = peer_base + (bar_rr + 8 * b - base);  // the peer's rr[b]
 #pragma unroll
                 for (int k = 0; k < 4; ++k) {
                     const int r = pw + 4 * (4 * bq + k);
                     const uint4 z = make_uint4(0, 0, 0, 0);
+                    uint4 v0, v1;
                     if constexpr (kNoDq) {
-                        st_shared_v4(blk_addr(kb, r, 2 * lane), B.ok[k] ? B.e[k] : z);
-                        st_shared_v4(blk_addr(kb, r, 2 * lane + 1), B.ok[k] ? B.e[k] : z);
+                        v0 = v1 = B.ok[k] ? B.e[k] : z;
                     } else {
-                        st_shared_v4(blk_addr(kb, r, 2 * lane),
-                                     B.ok[k] ? dequant8(make_uint2(B.e[k].x, B.e[k].y), B.s[k]) : z);
-                        st_shared_v4(blk_addr(kb, r, 2 * lane + 1),
-                                     B.ok[k] ? dequant8(make_uint2(B.e[k].z, B.e[k].w), B.s[k]) : z);
+                        v0 = B.ok[k] ? dequant8(make_uint2(B.e[k].x, B.e[k].y), B.s[k]) : z;
+                        v1 = B.ok[k] ? dequant8(make_uint2(B.e[k].z, B.e[k].w), B.s[k]) : z;
                     }
-                    st_shared_u32(blk_addr(kb, r, 64 + (lane >> 2)) + 4 * (lane & 3), B.ok[k] ? B.rope[k] : 0u);
+                    const uint32_t a0 = blk_addr(kb, r, 2 * lane), a1 = blk_addr(kb, r, 2 * lane + 1);
+                    const uint32_t ar = blk_addr(kb, r, 64 + (lane >> 2)) + 4 * (lane & 3);
+                    const uint32_t rope = B.ok[k] ? B.rope[k] : 0u;
+                    st_shared_v4(a0, v0);
+                    st_shared_v4(a1, v1);
+                    st_shared_u32(ar, rope);
                     if (lane == 0) sValid[b * 64 + r] = B.ok[k] ? 1 : 0;
+                    if constexpr (XO) {
+                        st_async_v4(peer_base + (a0 - base), v0, rbar);
+                        st_async_v4(peer_base + (a1 - base), v1, rbar);
+                        st_async_u32(peer_base + (ar - base), rope, rbar);
+                        if (lane == 0)
+                            st_async_u32(peer_base + static_cast<uint32_t>(kVALID_OFF + 4 * (b * 64 + r)),
+                                         B.ok[k] ? 1u : 0u, rbar);
+                    }
                 }
             };
             auto stage = [&](const Fp8Batch &B, int q) {
-                const int it = q >> 2, bq = q & 3, b = it & 1, use = it >> 1;
-                if (bq == 0 && use > 0) mbar_wait(bar_empty + 8 * b, (use - 1) & 1);
+                const int it = q / kNbq, b = it & 1, use = it >> 1;
+                const bool first = q % kNbq == 0, last = q % kNbq == kNbq - 1;
+                if (first && use > 0) {
+                    // XO: the peer's consumers are done with its buffer b too (their arrivals count here)
+                    if constexpr (XO) mbar_wait_cluster(bar_empty + 8 * b, (use - 1) & 1);
+                    else mbar_wait(bar_empty + 8 * b, (use - 1) & 1);
+                }
+                // XO: our rr[b] expects the peer's half of this tile (its phase for tile it - 2 is over:
+                // our consumers waited for it before releasing buffer b)
+                if (XO && first && tid == 256) mbar_arrive_expect_tx(bar_rr + 8 * b, kRemoteBytes);
                 store(B, q);
-                if (bq == 3) {
+                if (last) {
                     fence_async_smem();
                     mbar_arrive(bar_full + 8 * b);
                 }
@@ -392,7 +487,7 @@ __global__ void __launch_bounds__(kThreads, 1) attn_sm90_kernel(const __grid_con
             if (nq > 0) load(A, 0);
 #pragma unroll 1
             for (int q = 0; q < nq; q += 2) {
-                load(Bn, q + 1);  // nq is a multiple of 4: q + 1 < nq
+                load(Bn, q + 1);  // nq is even: q + 1 < nq
                 stage(A, q);
                 if (q + 2 < nq) load(A, q + 2);
                 stage(Bn, q + 1);
@@ -421,6 +516,10 @@ __global__ void __launch_bounds__(kThreads, 1) attn_sm90_kernel(const __grid_con
         const int b = it & 1, use = it >> 1;
         const uint32_t kb = sK + b * kTileBytes;
         mbar_wait(bar_full + 8 * b, use & 1);
+        if constexpr (XO) {
+            mbar_wait(bar_rr + 8 * b, use & 1);  // the peer's half of the tile
+            fence_async_smem();
+        }
 
         // S[64 heads x 32 tokens] for tokens 32*wg .. 32*wg + 31. Accuracy: one 36-step tensor-core
         // chain over 576 dims loses up to ~1e-6 (natural-log units) on a logit, at DESIGN's lse /
@@ -535,8 +634,21 @@ __global__ void __launch_bounds__(kThreads, 1) attn_sm90_kernel(const __grid_con
             wg_wait0();
             fence_regs(o);
         }
-        mbar_arrive(bar_empty + 8 * b);
+        if constexpr (XO) {
+            __syncwarp();
+            if (lane == 0) {
+                mbar_arrive(bar_empty + 8 * b);
+                mbar_arrive_remote(peer_base + (bar_empty + 8 * b - base));
+            }
+        } else {
+            mbar_arrive(bar_empty + 8 * b);
+        }
     }
+
+    // XO: the peer may not leave while our arrivals / stores into its shared memory are in flight, nor
+    // we while its are (the producers, which have left, are not waited for: their stores completed
+    // before the consumers' last rr wait)
+    if constexpr (XO) cluster_sync();
 
     // ---- epilogue: row sums of both warpgroups, normalise, write columns 256*wg.. ----
 #pragma unroll
@@ -589,6 +701,20 @@ __global__ void __launch_bounds__(kThreads, 1) attn_sm90_kernel(const __grid_con
         }
     }
 #endif  // __CUDA_ARCH_FEAT_SM90_ALL
+}
+
+template <bool FP8, int ABL = 0>
+__global__ void __launch_bounds__(kThreads, 1) attn_sm90_kernel(const __grid_constant__ Args a)
+{
+    attn_sm90_body<FP8, ABL, false>(a);
+}
+
+// Clusters of the two head tiles of one query row (grid x even; see attn_sm90_body).
+// Launched with a cluster dimension of 2 (attention_launch.cuh).
+template <bool FP8, int ABL = 0>
+__global__ void __launch_bounds__(kThreads, 1) attn_sm90_xo_kernel(const __grid_constant__ Args a)
+{
+    attn_sm90_body<FP8, ABL, true>(a);
 }
 
 }  // namespace sm90
