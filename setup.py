@@ -63,7 +63,9 @@ class BuildExt(build_ext):
 
     def build_extension(self, ext):
         if NVCC:
-            objs = self.compile_cuda()
+            objs, rebuilt = self.compile_cuda()
+            if rebuilt:  # setuptools only compares the C sources with the library: relink by hand
+                self.force = True
             cuda_lib = os.path.join(os.path.dirname(os.path.dirname(NVCC)), "lib64")
             ext.extra_objects = objs
             ext.library_dirs = [cuda_lib]
@@ -83,19 +85,26 @@ class BuildExt(build_ext):
         if os.environ.get("SMLA_PROFILE_BUILD", "0") not in ("0", "", "false"):
             flags += ["-DSMLA_ATTN_ABLATION=1"]
 
+        # objects compiled with other flags (another SMLA_CUDA_ARCHS, SMLA_PROFILE_BUILD, ...) are stale
+        stamp = os.path.join(out_dir, "nvcc_flags.txt")
+        same_flags = os.path.exists(stamp) and open(stamp).read() == " ".join(flags)
+
         def one(src):
             obj = os.path.join(out_dir, os.path.basename(src) + ".o")
             deps = [src] + glob("cuda/*.cuh") + glob("csrc/*.h") + glob("csrc/cpu/*.h")
-            if os.path.exists(obj) and os.path.getmtime(obj) >= max(os.path.getmtime(d) for d in deps):
-                return obj
+            if same_flags and os.path.exists(obj) and os.path.getmtime(obj) >= max(os.path.getmtime(d) for d in deps):
+                return obj, False
             cmd = [NVCC] + flags + ["-c", src, "-o", obj]
             print(" ".join(cmd), flush=True)
             subprocess.check_call(cmd, cwd=ROOT)
-            return obj
+            return obj, True
 
         jobs = int(os.environ.get("SMLA_NVCC_JOBS", os.cpu_count() or 1))
         with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
-            return list(pool.map(one, cu_sources))
+            done = list(pool.map(one, cu_sources))
+        with open(stamp, "w") as f:
+            f.write(" ".join(flags))
+        return [o for o, _ in done], any(r for _, r in done)
 
 
 setup(
