@@ -9,10 +9,15 @@
 //     O[:, 256*wg : 256*wg + 256] += P_hi V + P_lo V (wgmma m64n256k16 x 8, V = K[:, :512] read
 //     N-major from smem), in 128 fp32 registers per thread. (A bf16 P alone rounds probabilities by
 //     up to 2^-9 relative: ~1e-2 absolute output error when |V| ~ 10, outside DESIGN's tolerances.)
-//   WG2 (producer, setmaxnreg 120): fills the two K buffers: bf16 rows by 16-byte cp.async (zero fill
-//     for invalid rows); fp8_ds_mla rows by 16-byte loads into registers (two 4-row batches in
-//     flight per warp) and the exact dequant bf16_rne(float(e4m3) * scale) into smem. Buffer hand-off
-//     through mbarriers (full: producer -> consumers, empty: consumers -> producer).
+//   WG2 (producer, setmaxnreg 120; 2 x 192 + 120 = 3 x 168, the launch allocation): fills the two K
+//     buffers. bf16 rows: 16-byte cp.async (zero fill for invalid rows), 8 lanes per row, each lane
+//     finding its own rows' addresses. fp8_ds_mla rows: 16-byte loads into registers (two 4-row
+//     batches in flight per warp; row addresses found a tile ahead, one lane per row) and the exact
+//     dequant bf16_rne(float(e4m3) * scale) into smem. With two head tiles (h > 64) the fp8 CTAs run
+//     as clusters of 2 that each dequantise half of every tile for both (crossover, attn_sm90_body).
+//     Buffer hand-off through mbarriers (full: producer -> consumers, empty: consumers -> producer).
+// Where the time goes (H200, tools/ablate.py, benchmarks/README.md): the consumers' chain S -> softmax
+// -> P V is serial and the two warpgroups run it in lockstep, so tensor-core time and the rest add up.
 // Shared memory (1024-byte aligned, 128-byte swizzle, the layout wgmma descriptors describe): Q and
 // each K buffer are 9 column blocks of [64 rows x 128 B]; element chunk c (8 values) of row r lives
 // at block c/8, byte r*128 + ((c%8) ^ (r%8))*16. Total ~227 KB: 1 CTA per SM.
