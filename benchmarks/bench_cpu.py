@@ -105,7 +105,7 @@ def parse():
     ap.add_argument("--quick", action="store_true", help="a few shapes, fewer repeats")
     ap.add_argument("--json", help="write the results here")
     ap.add_argument("--threads", type=int, default=0, help="SMLA_NUM_THREADS (default: as set, else all CPUs)")
-    ap.add_argument("--isa", default="", help="SMLA_CPU_ISA for the run (default: as set, else the best)")
+    ap.add_argument("--isa", default="", help="SMLA_CPU_ISA for the run (default: as set, else smla's default level)")
     ap.add_argument("--no-numpy", action="store_true", help="skip the NumPy baseline")
     return ap.parse_args()
 
@@ -357,7 +357,7 @@ def main():
     budget = 0.5 if args.quick else 1.5
 
     res = {"machine": platform.processor() or platform.machine(), "cpus": cpus, "threads": nthreads,
-           "isa": os.environ.get("SMLA_CPU_ISA", "best"), "build": smla.build_info(),
+           "isa": os.environ.get("SMLA_CPU_ISA") or f"default ({smla.build_info()['cpu_isa']})", "build": smla.build_info(),
            "busy_before": busy_processes()}
     tmp = tempfile.TemporaryDirectory()
     res["peak_before"] = measure_peak(nthreads, tmp.name)

@@ -2,6 +2,7 @@
 #define SMLA_MODULE_MAIN
 #include "binding.h"
 #include "np.h"
+#include "cpu/cpu_features.h"
 
 static PyObject *cuda_device_count(PyObject *module, PyObject *unused)
 {
@@ -35,8 +36,9 @@ static PyObject *build_info(PyObject *module, PyObject *unused)
 #else
     int debug = 0;
 #endif
-    return Py_BuildValue("{s:O,s:s,s:s,s:O,s:s}", "cuda", cuda ? Py_True : Py_False, "cuda_runtime", rt,
-                         "cuda_archs", archs, "debug", debug ? Py_True : Py_False, "compiler",
+    return Py_BuildValue("{s:O,s:s,s:s,s:O,s:s,s:s}", "cuda", cuda ? Py_True : Py_False, "cuda_runtime", rt,
+                         "cuda_archs", archs, "debug", debug ? Py_True : Py_False, "cpu_isa",
+                         smla_cpu_isa_name(smla_cpu_isa_default()), "compiler",
 #if defined(__clang__)
                          "clang " __clang_version__
 #elif defined(__GNUC__)

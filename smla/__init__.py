@@ -38,7 +38,8 @@ def cuda_available():
 
 
 def build_info():
-    """How the extension was built: CUDA or not, CUDA runtime/driver, target archs, debug, compiler."""
+    """How the extension was built: CUDA or not, CUDA runtime/driver, target archs, debug, compiler, and
+    the CPU kernels' default instruction-set level on this machine (cpu_isa; SMLA_CPU_ISA overrides it)."""
     info = dict(_C.build_info())
     info["version"] = __version__
     info["cuda_devices"] = _C.cuda_device_count()

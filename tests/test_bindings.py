@@ -61,7 +61,8 @@ def test_dlpack_matches_numpy_path():
 
 def test_build_info():
     info = smla.build_info()
-    assert set(info) >= {"cuda", "cuda_runtime", "cuda_archs", "debug", "version"}
+    assert set(info) >= {"cuda", "cuda_runtime", "cuda_archs", "debug", "version", "cpu_isa"}
+    assert info["cpu_isa"] in ("portable", "avx2", "avx512", "avx512bf16")
     assert isinstance(smla.cuda_available(), bool)
 
 

@@ -181,16 +181,38 @@ def test_split_rows_with_few_valid_indices(monkeypatch):
 # ---------------------------------------------------------------------------------------------
 
 def test_unsupported_or_unknown_isa_falls_back(monkeypatch):
-    """A level the CPU lacks runs the best one below it (same bits), an unknown name the best one."""
+    """A level the CPU lacks runs the best one it has (same bits); an unknown, empty or absent
+    SMLA_CPU_ISA runs the default level, the one smla.build_info() names."""
     c = tdec.make_decode_case("fp8_ds_mla", 2, 1, 16, 256, 16, seed=3)
     monkeypatch.setenv("SMLA_NUM_THREADS", "1")
     monkeypatch.setenv("SMLA_CPU_ISA", best_level())
     want_out, want_lse = tdec.run_decode(c)
-    for name in LEVELS[LEVELS.index(best_level()):] + ["bogus", ""]:
+    for name in LEVELS[LEVELS.index(best_level()):]:
         monkeypatch.setenv("SMLA_CPU_ISA", name)
         out, lse = tdec.run_decode(c)
         ref.assert_bf16_equal(out, want_out, name=f"SMLA_CPU_ISA={name!r}")
         np.testing.assert_array_equal(lse, want_lse)
+    default = smla.build_info()["cpu_isa"]
+    monkeypatch.setenv("SMLA_CPU_ISA", default)
+    want_out, want_lse = tdec.run_decode(c)
+    for name in ["bogus", "", None]:
+        if name is None:
+            monkeypatch.delenv("SMLA_CPU_ISA")
+        else:
+            monkeypatch.setenv("SMLA_CPU_ISA", name)
+        out, lse = tdec.run_decode(c)
+        ref.assert_bf16_equal(out, want_out, name=f"SMLA_CPU_ISA={name!r} (default {default})")
+        np.testing.assert_array_equal(lse, want_lse)
+
+
+def test_default_isa():
+    """The default level is the best one the CPU has, except that avx512bf16 gives way to avx512 where
+    vdpbf16ps is measured to be slow (csrc/cpu/cpu_features.c)."""
+    default, best = smla.build_info()["cpu_isa"], best_level()
+    if platform.machine().lower() not in ("x86_64", "amd64"):
+        assert default == "portable"
+        return
+    assert default == best or (best == "avx512bf16" and default == "avx512"), (default, best)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -6,7 +6,11 @@
  *   SMLA_ISA_AVX512       AVX-512F (+ the above)
  *   SMLA_ISA_AVX512BF16   AVX-512F + AVX512_BF16 (vdpbf16ps for the attention scores)
  *
- * The environment variable SMLA_CPU_ISA=avx512bf16|avx512|avx2|portable caps the level (read on every
+ * The default is the best level the CPU supports, except that avx512bf16 is taken only where
+ * vdpbf16ps gives at least 1.5x the flop rate of an fp32 FMA (measured once per process, well under a
+ * millisecond, cpu_features.c): its only use is the attention scores, and where the instruction is slow
+ * (one Xeon here ran it at a quarter of the FMA's instruction rate) the fp32 level is faster.
+ * The environment variable SMLA_CPU_ISA=avx512bf16|avx512|avx2|portable forces a level (read on every
  * call, so a test can switch paths inside one process); a level the CPU lacks falls back to the best
  * one below it, and an unknown value is ignored. The levels nest: each one's CPU test includes the
  * one below it. Test hook: SMLA_CPU_ISA=avx2-emulated-bf16 runs level avx2, except that the attention
@@ -30,7 +34,7 @@ enum { SMLA_ISA_PORTABLE = 0, SMLA_ISA_AVX2 = 1, SMLA_ISA_AVX512 = 2, SMLA_ISA_A
 #endif
 
 /* The best level this CPU (and OS: libgcc checks that the vector state is enabled) supports. */
-static inline int smla_cpu_isa_best(void)
+static inline int smla_cpu_isa_supported(void)
 {
 #if SMLA_X86
     __builtin_cpu_init();
@@ -50,18 +54,21 @@ static inline int smla_cpu_isa_emulated_bf16(void)
     return e && !strcmp(e, "avx2-emulated-bf16");
 }
 
-/* The level a kernel should run now: the best one, capped by SMLA_CPU_ISA. */
+/* The default level (see above; cpu_features.c) and a level's name. */
+int smla_cpu_isa_default(void);
+const char *smla_cpu_isa_name(int isa);
+
+/* The level a kernel should run now: SMLA_CPU_ISA's (as far as the CPU goes), else the default. */
 static inline int smla_cpu_isa(void)
 {
-    static const char *const names[] = {"portable", "avx2", "avx512", "avx512bf16"};
-    const int best = smla_cpu_isa_best();
     const char *e = getenv("SMLA_CPU_ISA");
     if (e && *e) {
-        for (int i = 0; i < 4; i++)
-            if (!strcmp(e, names[i])) return i < best ? i : best;
-        if (smla_cpu_isa_emulated_bf16()) return SMLA_ISA_AVX2 < best ? SMLA_ISA_AVX2 : best;
+        const int sup = smla_cpu_isa_supported();
+        for (int i = SMLA_ISA_PORTABLE; i <= SMLA_ISA_AVX512BF16; i++)
+            if (!strcmp(e, smla_cpu_isa_name(i))) return i < sup ? i : sup;
+        if (smla_cpu_isa_emulated_bf16()) return SMLA_ISA_AVX2 < sup ? SMLA_ISA_AVX2 : sup;
     }
-    return best;
+    return smla_cpu_isa_default();
 }
 
 #endif /* SMLA_CPU_FEATURES_H */
