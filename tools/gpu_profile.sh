@@ -17,5 +17,6 @@ for c in "decode:bench_sparse_mla_decode.py --shape 128,2,128" "prefill:bench_sp
   ncu -i "/tmp/$n.ncu-rep" --page details > "$OUT/${n}_details.txt" 2>&1
   ncu -i "/tmp/$n.ncu-rep" --page source --csv --print-source sass > "$OUT/${n}_sass.csv" 2>&1
   echo "== $n"; grep -E "Duration|Throughput|Pipe|Warp Cycles|Issued Warp|Achieved Occupancy|L2 Hit|No Eligible" "$OUT/${n}_details.txt" | head -24
+  python3 tools/ncu_hot.py "$OUT/${n}_sass.csv" 12
 done
 rm -f "$OUT/build.log"

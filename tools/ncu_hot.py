@@ -1,0 +1,32 @@
+"""Summarise an Nsight Compute per-instruction CSV (`ncu -i rep --page source --csv --print-source sass`,
+as tools/gpu_profile.sh writes it): warp-stall reasons over the whole kernel, then the instructions with
+the most stall samples and their two main reasons.
+
+    python tools/ncu_hot.py decode_sass.csv [N]
+"""
+import csv
+import sys
+
+
+def main():
+    path, top = sys.argv[1], int(sys.argv[2]) if len(sys.argv) > 2 else 30
+    with open(path, newline="") as f:
+        rows = list(csv.reader(f))
+    head = next(i for i, r in enumerate(rows) if r and r[0] == "Address")
+    hdr, data = rows[head], rows[head + 1:]
+    col = {n: i for i, n in enumerate(hdr)}
+    samples = col["Warp Stall Sampling (All Samples)"]
+    reasons = [n for n in hdr if n.startswith("stall_") and "Not Issued" not in n]
+    num = lambda r, c: int(r[col[c]] or 0) if isinstance(c, str) else int(r[c] or 0)  # noqa: E731
+    total = sum(num(r, samples) for r in data) or 1
+    print(f"{total} stall samples over {len(data)} instructions")
+    for name, v in sorted(((n, sum(num(r, n) for r in data)) for n in reasons), key=lambda x: -x[1])[:10]:
+        print(f"  {name[6:]:<20} {100 * v / total:5.1f}%")
+    for i, r in sorted(enumerate(data), key=lambda x: -num(x[1], samples))[:top]:
+        why = sorted(((num(r, n), n[6:]) for n in reasons), reverse=True)[:2]
+        print(f"{i:5d} {100 * num(r, samples) / total:5.1f}%  exec {r[col['Instructions Executed']]:>10}  "
+              f"{r[col['Source']].strip()[:58]:<58} {why[0][1]}:{why[0][0]} {why[1][1]}:{why[1][0]}")
+
+
+if __name__ == "__main__":
+    main()
