@@ -1,10 +1,14 @@
 #!/usr/bin/env bash
 # Whole-suite GPU validation in one call (device time is scarce): build for sm_90a + sm_80 with every
 # core, run every CUDA test in parallel pytest processes, then the quick benchmarks. Logs under $OUT.
+# Env: TL / TB time limits (tests / each benchmark), DEMO=1, BENCHES="a.py args;b.py", ABLATE=1 (a
+# profiling build, SMLA_PROFILE_BUILD=1, and tools/ablate.py after the benchmarks: where the time goes).
+# Each device call pays ~1.5-2 min of machine start: put build, tests, benchmarks and ablation in one.
 set -u
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/smla-out}; mkdir -p "$OUT"
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 OMP_NUM_THREADS=2
+[ -n "${ABLATE:-}" ] && export SMLA_PROFILE_BUILD=1
 T0=$(date +%s); el() { echo "[$(( $(date +%s) - T0 )) s] $*"; }
 python3 setup.py build_ext --inplace -j "$(nproc)" > "$OUT/build.log" 2>&1 || { tail -40 "$OUT/build.log"; exit 1; }
 grep -iE "warning|spill" "$OUT/build.log" | grep -v "0 bytes spill" | head -5
@@ -28,3 +32,4 @@ for b in "${BENCHES[@]}"; do
   echo "== $1 (rc $?)"; grep -v "^#" "$OUT/${1%.py}.log" | tail -n 24
 done
 el bench done
+[ -n "${ABLATE:-}" ] && { timeout 200 python3 tools/ablate.py > "$OUT/ablate.txt" 2>&1; echo "== ablate (rc $?)"; cat "$OUT/ablate.txt"; }
