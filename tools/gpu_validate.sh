@@ -8,7 +8,7 @@ set -u
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/smla-out}; mkdir -p "$OUT"
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 OMP_NUM_THREADS=2
-[ -n "${ABLATE:-}" ] && export SMLA_PROFILE_BUILD=1
+if [ -n "${ABLATE:-}" ]; then export SMLA_PROFILE_BUILD=1; fi
 T0=$(date +%s); el() { echo "[$(( $(date +%s) - T0 )) s] $*"; }
 python3 setup.py build_ext --inplace -j "$(nproc)" > "$OUT/build.log" 2>&1 || { tail -40 "$OUT/build.log"; exit 1; }
 grep -iE "warning|spill" "$OUT/build.log" | grep -v "0 bytes spill" | head -5
@@ -32,4 +32,6 @@ for b in "${BENCHES[@]}"; do
   echo "== $1 (rc $?)"; grep -v "^#" "$OUT/${1%.py}.log" | tail -n 24
 done
 el bench done
-[ -n "${ABLATE:-}" ] && { timeout 200 python3 tools/ablate.py > "$OUT/ablate.txt" 2>&1; echo "== ablate (rc $?)"; cat "$OUT/ablate.txt"; }
+if [ -n "${ABLATE:-}" ]; then
+  timeout 200 python3 tools/ablate.py > "$OUT/ablate.txt" 2>&1; echo "== ablate (rc $?)"; cat "$OUT/ablate.txt"
+fi
