@@ -195,6 +195,30 @@ struct Args {
     int evict_last;    // L2 evict_last hint on K rows (prefill: neighbouring rows share K)
 };
 
+// What one CTA of query row (bi, si) and top-k split sp reads: the row's indices, its top-k length L
+// (topk_length clamped to [0, topk]) and its tiles [j0, j1) of bn tokens (j1 <= j0: none).
+struct RowSlice {
+    const int32_t *idx;
+    int L, j0, j1;
+};
+__device__ __forceinline__ RowSlice row_slice(const Args &a, int64_t bi, int64_t si, int sp, int bn)
+{
+    const smla_attn_params &p = a.p;
+    const int topk = static_cast<int>(p.topk);
+    RowSlice r;
+    r.idx = p.indices + bi * p.idx_stride_b + si * p.idx_stride_s;
+    r.L = topk;
+    if (p.topk_length) {
+        const int v = p.topk_length[bi * p.tl_stride_b + si * p.tl_stride_s];
+        r.L = v < 0 ? 0 : (v > topk ? topk : v);
+    }
+    const int ntile = (r.L + bn - 1) / bn;
+    const int tps = (ntile + a.n_splits - 1) / a.n_splits;
+    r.j0 = sp * tps;
+    r.j1 = min(ntile, r.j0 + tps);
+    return r;
+}
+
 template <int HT_, int BN_, bool FP8_, int NRAW_>
 struct Cfg {
     static constexpr int HT = HT_;            // heads per CTA
@@ -250,18 +274,9 @@ __global__ void __launch_bounds__(C::NT, C::MINB) attn_fwd_kernel(const __grid_c
     const int64_t bi = row / p.s_q, si = row % p.s_q;
     const int h = static_cast<int>(p.h);
     const int h0 = ht * HT;
-    const int topk = static_cast<int>(p.topk);
-
-    const int32_t *idx_row = p.indices + bi * p.idx_stride_b + si * p.idx_stride_s;
-    int L = topk;
-    if (p.topk_length) {
-        const int v = p.topk_length[bi * p.tl_stride_b + si * p.tl_stride_s];
-        L = v < 0 ? 0 : (v > topk ? topk : v);
-    }
-    const int ntile = (L + BN - 1) / BN;
-    const int tps = (ntile + a.n_splits - 1) / a.n_splits;
-    const int j0 = sp * tps;
-    const int j1 = min(ntile, j0 + tps);
+    const RowSlice slice = row_slice(a, bi, si, sp, BN);
+    const int32_t *idx_row = slice.idx;
+    const int L = slice.L, j0 = slice.j0, j1 = slice.j1;
 
     const uint32_t sQ = smem_u32(smem + C::Q_OFF);
     const uint32_t sK = smem_u32(smem + C::K_OFF);

@@ -280,18 +280,10 @@ __device__ __forceinline__ void attn_sm90_body(const Args &a)
     const int64_t bi = row / p.s_q, si = row % p.s_q;
     const int h = static_cast<int>(p.h);
     const int h0 = ht * 64;
-    const int topk = static_cast<int>(p.topk);
-    const int32_t *idx_row = p.indices + bi * p.idx_stride_b + si * p.idx_stride_s;
-    int L = topk;
-    if (p.topk_length) {
-        const int v = p.topk_length[bi * p.tl_stride_b + si * p.tl_stride_s];
-        L = v < 0 ? 0 : (v > topk ? topk : v);
-    }
-    const int ntile = (L + 63) / 64;
-    const int tps = (ntile + a.n_splits - 1) / a.n_splits;
-    const int j0 = sp * tps;
-    const int j1 = min(ntile, j0 + tps);
-    const int nt = j1 > j0 ? j1 - j0 : 0;
+    const RowSlice slice = row_slice(a, bi, si, sp, 64);
+    const int32_t *idx_row = slice.idx;
+    const int L = slice.L, j0 = slice.j0;
+    const int nt = slice.j1 > j0 ? slice.j1 - j0 : 0;
 
     const uint32_t sQ = base + kQ_OFF;
     const uint32_t sK = base + kK_OFF;
