@@ -63,11 +63,10 @@ class BuildExt(build_ext):
 
     def build_extension(self, ext):
         if NVCC:
-            objs, rebuilt = self.compile_cuda()
-            if rebuilt:  # setuptools only compares the C sources with the library: relink by hand
-                self.force = True
+            objs = self.compile_cuda()
             cuda_lib = os.path.join(os.path.dirname(os.path.dirname(NVCC)), "lib64")
             ext.extra_objects = objs
+            ext.depends = list(ext.depends) + objs  # a rebuilt CUDA object relinks the library
             ext.library_dirs = [cuda_lib]
             ext.libraries = ["cudart_static", "rt", "pthread", "dl", "stdc++"]
         super().build_extension(ext)
@@ -93,18 +92,18 @@ class BuildExt(build_ext):
             obj = os.path.join(out_dir, os.path.basename(src) + ".o")
             deps = [src] + glob("cuda/*.cuh") + glob("csrc/*.h") + glob("csrc/cpu/*.h")
             if same_flags and os.path.exists(obj) and os.path.getmtime(obj) >= max(os.path.getmtime(d) for d in deps):
-                return obj, False
+                return obj
             cmd = [NVCC] + flags + ["-c", src, "-o", obj]
             print(" ".join(cmd), flush=True)
             subprocess.check_call(cmd, cwd=ROOT)
-            return obj, True
+            return obj
 
         jobs = int(os.environ.get("SMLA_NVCC_JOBS", os.cpu_count() or 1))
         with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
-            done = list(pool.map(one, cu_sources))
+            objs = list(pool.map(one, cu_sources))
         with open(stamp, "w") as f:
             f.write(" ".join(flags))
-        return [o for o, _ in done], any(r for _, r in done)
+        return objs
 
 
 setup(
