@@ -384,7 +384,7 @@ __device__ __forceinline__ void attn_sm90_body(const Args &a)
             // the entry address (ptr) and validity bit (okm, a ballot), one tile ahead; the indices
             // themselves are loaded two tiles ahead. No address arithmetic is serialised across the
             // warp: a batch's row gets its address by two shuffles. (A bulk L2 prefetch of the entries
-            // a tile ahead was measured: no gain.)
+            // a tile ahead was measured: no gain; benchmarks/README.md.)
             constexpr int kNbq = XO ? 2 : 4;                     // batches per tile per warp
             const int bq0 = XO ? 2 * static_cast<int>(peer ^ 1u) : 0;  // XO: this CTA's rows 32 * rank ..
             constexpr uint32_t kRemoteBytes = 32 * (2 * kDqk + 4);  // per tile from the peer: rows + valid flags

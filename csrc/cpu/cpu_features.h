@@ -9,7 +9,8 @@
  * The default is the best level the CPU supports, except that avx512bf16 is taken only where
  * vdpbf16ps gives at least 1.5x the flop rate of an fp32 FMA (measured once per process, well under a
  * millisecond, cpu_features.c): its only use is the attention scores, and where the instruction is slow
- * (one Xeon here ran it at a quarter of the FMA's instruction rate) the fp32 level is faster.
+ * (benchmarks/bench_cpu.py measured a quarter of the FMA's instruction rate on one Xeon) the fp32 level
+ * is faster there (benchmarks/README.md, CPU section).
  * The environment variable SMLA_CPU_ISA=avx512bf16|avx512|avx2|portable forces a level (read on every
  * call, so a test can switch paths inside one process); a level the CPU lacks falls back to the best
  * one below it, and an unknown value is ignored. The levels nest: each one's CPU test includes the
