@@ -1,6 +1,46 @@
-"""Shared by the GPU attention benchmarks: the start (torch and an smla with a usable CUDA GPU, or a
-clear message) and the timer."""
+"""Shared by the GPU attention benchmarks: their common options, the start (torch and an smla with a
+usable CUDA GPU, or a clear message), the timer and the JSON record."""
+import argparse
+import json
+import os
 import statistics
+
+
+def attention_parser(doc, iters_full, iters_quick, shape_help):
+    """The attention benchmarks' common options (--quick --json --iters --no-flush --no-baseline
+    --kernel --shape); the caller adds its own and parses."""
+    ap = argparse.ArgumentParser(description=doc.split("\n")[0])
+    ap.add_argument("--quick", action="store_true", help="a few shapes, fewer iterations")
+    ap.add_argument("--json", help="write the results here")
+    ap.add_argument("--iters", type=int, default=0,
+                    help=f"timed calls per shape (default {iters_full}, quick {iters_quick})")
+    ap.add_argument("--no-flush", action="store_true", help="do not flush L2 between calls")
+    ap.add_argument("--no-baseline", action="store_true", help="skip the PyTorch baseline")
+    ap.add_argument("--kernel", default="auto", choices=["auto", "portable", "sm90"],
+                    help="smla kernel family (sets SMLA_ATTN_KERNEL): sm90 = wgmma path on Hopper")
+    ap.add_argument("--shape", action="append", default=[], metavar=shape_help,
+                    help="measure this shape (repeatable) instead of the default list")
+    return ap
+
+
+def start_attention(name, args, iters_full, iters_quick):
+    """Sets SMLA_ATTN_KERNEL and opens the GPU: (torch, smla, iters) or None (message printed)."""
+    os.environ["SMLA_ATTN_KERNEL"] = args.kernel
+    gpu = open_gpu(name)
+    if gpu is None:
+        return None
+    return gpu[0], gpu[1], args.iters or (iters_quick if args.quick else iters_full)
+
+
+def write_json(path, torch, kernel, iters, results):
+    """The run's results with the device, kernel family and iteration count, when path is given."""
+    if not path:
+        return
+    dev = torch.cuda.get_device_properties(0)
+    with open(path, "w") as f:
+        json.dump(dict(device=dev.name, sms=dev.multi_processor_count, kernel=kernel, iters=iters,
+                       results=results), f, indent=1)
+    print(f"# wrote {path}")
 
 
 def open_gpu(name):

@@ -12,13 +12,10 @@ workspace are preallocated, as a serving step would.
     python benchmarks/bench_sparse_mla_decode.py [--quick] [--json out.json] [--no-baseline]
         [--shape H,S_Q,B ...] [--splits 1,4,16] [--cache-dtype bf16] [--kernel portable|sm90]
 """
-import argparse
-import json
-import os
 import sys
 import time
 
-from _gpu import open_gpu, time_us  # benchmarks/_gpu.py (scripts run from this folder)
+from _gpu import attention_parser, start_attention, time_us, write_json  # benchmarks/_gpu.py (scripts run from this folder)
 
 HBM_BYTES_PER_S = 4.3e12
 CTX = 32768
@@ -29,17 +26,8 @@ SCALE = 576 ** -0.5
 
 
 def parse():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--quick", action="store_true", help="a few shapes, fewer iterations")
-    ap.add_argument("--json", help="write the results here")
-    ap.add_argument("--iters", type=int, default=0, help="timed calls per shape (default 50, quick 15)")
-    ap.add_argument("--no-flush", action="store_true", help="do not flush L2 between calls")
-    ap.add_argument("--no-baseline", action="store_true", help="skip the PyTorch baseline")
-    ap.add_argument("--kernel", default="auto", choices=["auto", "portable", "sm90"],
-                    help="smla kernel family (sets SMLA_ATTN_KERNEL): sm90 = wgmma path on Hopper")
+    ap = attention_parser(__doc__, 50, 15, "H,S_Q,B")
     ap.add_argument("--cache-dtype", default="fp8_ds_mla", choices=["fp8_ds_mla", "bf16"])
-    ap.add_argument("--shape", action="append", default=[], metavar="H,S_Q,B",
-                    help="measure this shape (repeatable) instead of the default list")
     ap.add_argument("--splits", default="",
                     help="comma-separated split caps to sweep, e.g. 1,4,8,16: the workspace passed holds "
                          "that many splits' partials (the launcher uses min(plan, cap)); default: the plan")
@@ -109,12 +97,10 @@ def baseline(torch, q, cache, idx, cd):
 
 def main():
     args = parse()
-    os.environ["SMLA_ATTN_KERNEL"] = args.kernel
-    gpu = open_gpu("bench_sparse_mla_decode")
+    gpu = start_attention("bench_sparse_mla_decode", args, 50, 15)
     if gpu is None:
         return 0
-    torch, smla = gpu
-    iters = args.iters or (15 if args.quick else 50)
+    torch, smla, iters = gpu
     warmup = 3 if args.quick else 10
     flush = not args.no_flush
     cd = args.cache_dtype
@@ -172,10 +158,7 @@ def main():
         print(f"{h:>4} {s_q:>4} {b:>4} {cap if cap else '-':>4} {us:>9.1f} {rec['tflops']:>8.1f} {rec['unique_gbps']:>9.0f} "
               f"{rec['vs_hbm']:>6.2f} {ws_bytes / 2**20:>12.1f} {t_txt:>9} {s_txt:>8} "
               f"{rec.get('max_abs_diff', float('nan')):>8.3g}", flush=True)
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(dict(device=dev.name, sms=dev.multi_processor_count, kernel=args.kernel, iters=iters, results=results), f, indent=1)
-        print(f"# wrote {args.json}")
+    write_json(args.json, torch, args.kernel, iters, results)
     return 0
 
 

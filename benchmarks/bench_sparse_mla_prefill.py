@@ -10,12 +10,9 @@ The summary line compares h = 16 with h = 64 per head (issue target: within 1.5x
     python benchmarks/bench_sparse_mla_prefill.py [--quick] [--json out.json] [--no-baseline]
         [--shape H,S_KV ...] [--kernel portable|sm90]
 """
-import argparse
-import json
-import os
 import sys
 
-from _gpu import open_gpu, time_us  # benchmarks/_gpu.py (scripts run from this folder)
+from _gpu import attention_parser, start_attention, time_us, write_json  # benchmarks/_gpu.py (scripts run from this folder)
 
 S_Q = 4096
 TOPK = 2048
@@ -24,17 +21,7 @@ CHUNK = 256  # baseline rows per chunk
 
 
 def parse():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--quick", action="store_true", help="a few shapes, fewer iterations")
-    ap.add_argument("--json", help="write the results here")
-    ap.add_argument("--iters", type=int, default=0, help="timed calls per shape (default 20, quick 8)")
-    ap.add_argument("--no-flush", action="store_true", help="do not flush L2 between calls")
-    ap.add_argument("--no-baseline", action="store_true", help="skip the PyTorch baseline")
-    ap.add_argument("--kernel", default="auto", choices=["auto", "portable", "sm90"],
-                    help="smla kernel family (sets SMLA_ATTN_KERNEL): sm90 = wgmma path on Hopper")
-    ap.add_argument("--shape", action="append", default=[], metavar="H,S_KV",
-                    help="measure this shape (repeatable) instead of the default list")
-    return ap.parse_args()
+    return attention_parser(__doc__, 20, 8, "H,S_KV").parse_args()
 
 
 def shapes(quick):
@@ -64,12 +51,10 @@ def baseline(torch, q, kv, idx, out, lse):
 
 def main():
     args = parse()
-    os.environ["SMLA_ATTN_KERNEL"] = args.kernel
-    gpu = open_gpu("bench_sparse_mla_prefill")
+    gpu = start_attention("bench_sparse_mla_prefill", args, 20, 8)
     if gpu is None:
         return 0
-    torch, smla = gpu
-    iters = args.iters or (8 if args.quick else 20)
+    torch, smla, iters = gpu
     warmup = 2 if args.quick else 5
     flush = not args.no_flush
     dev = torch.cuda.get_device_properties(0)
@@ -123,10 +108,7 @@ def main():
         if (16, s_kv) in by and (64, s_kv) in by:
             ratio = by[(16, s_kv)]["us_per_head"] / by[(64, s_kv)]["us_per_head"]
             print(f"# s_kv {s_kv}: h=16 time per head is {ratio:.2f}x h=64's (target <= 1.5x)")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(dict(device=dev.name, sms=dev.multi_processor_count, kernel=args.kernel, iters=iters, results=results), f, indent=1)
-        print(f"# wrote {args.json}")
+    write_json(args.json, torch, args.kernel, iters, results)
     return 0
 
 

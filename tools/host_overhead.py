@@ -1,6 +1,6 @@
 """Host-side cost of one smla call on torch CUDA tensors (the Python layer + binding + launch), for the
 DLPack exchange-API fast path. Run on a GPU machine: python3 tools/host_overhead.py"""
-import time, torch, numpy as np, smla
+import time, torch, smla
 dev = "cuda"
 b, s_q, h, topk = 2, 1, 128, 2048
 cache = torch.zeros(smla.kv_cache_shape(2048, 64, "fp8_ds_mla"), dtype=torch.uint8, device=dev)
