@@ -10,6 +10,7 @@ import smla
 
 sys.path.insert(0, os.path.dirname(__file__))
 import reference as ref  # noqa: E402
+from torch_arrays import to_torch as to_cuda  # noqa: E402
 
 I32 = np.iinfo(np.int32)
 
@@ -191,12 +192,6 @@ def test_dcp_block_table_and_prefill_rows():
 
 
 # ---------------------------------------------------------------- CUDA twin, bit for bit
-
-def to_cuda(a):
-    import torch
-
-    return torch.from_numpy(np.ascontiguousarray(a)).cuda()
-
 
 @pytest.mark.cuda
 @pytest.mark.parametrize("k", [1, 384, 2048])

@@ -10,6 +10,7 @@ import smla
 
 sys.path.insert(0, os.path.dirname(__file__))
 import reference as ref  # noqa: E402
+from torch_arrays import to_torch as to_cuda  # noqa: E402
 
 CACHE_DTYPES = ["fp8_ds_mla", "bf16"]
 RULES = ["pow2", "fp32"]
@@ -235,15 +236,6 @@ def test_bad_arguments():
 
 
 # ---------------------------------------------------------------- CUDA twin, bit for bit
-
-def to_cuda(a):
-    import torch
-
-    a = np.ascontiguousarray(a)
-    if a.dtype == np.uint16:
-        return torch.from_numpy(a.view(np.int16)).cuda().view(torch.bfloat16)
-    return torch.from_numpy(a).cuda()
-
 
 def from_cuda(t, like):
     import torch

@@ -16,6 +16,7 @@ from smla.parallel import (dcp_combine, dcp_decode, dcp_global_position, dcp_loc
 
 sys.path.insert(0, os.path.dirname(__file__))
 import reference as ref  # noqa: E402
+from torch_arrays import to_torch  # noqa: E402
 
 BF16 = ml_dtypes.bfloat16
 CACHE_DTYPES = ["fp8_ds_mla", "bf16"]
@@ -151,15 +152,6 @@ def check_dcp(out, lse, d, parts, sink, name, against=("ref", "full")):
 
 
 # ---- framework plumbing for the torch variants ----
-
-def to_torch(a, device):
-    import torch
-
-    a = np.ascontiguousarray(a)
-    if a.dtype == np.dtype(BF16):
-        return torch.from_numpy(a.view(np.int16)).view(torch.bfloat16).to(device)
-    return torch.from_numpy(a).to(device)
-
 
 def to_numpy(t):
     import torch

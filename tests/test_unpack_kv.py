@@ -10,6 +10,7 @@ import smla
 
 sys.path.insert(0, os.path.dirname(__file__))
 import reference as ref  # noqa: E402
+from torch_arrays import to_torch as to_cuda  # noqa: E402
 
 CACHE_DTYPES = ["fp8_ds_mla", "bf16"]
 
@@ -101,15 +102,6 @@ def test_ml_dtypes_caches():
 
 
 # ---------------------------------------------------------------- CUDA twin, bit for bit
-
-def to_cuda(a):
-    import torch
-
-    a = np.ascontiguousarray(a)
-    if a.dtype == np.uint16:
-        return torch.from_numpy(a.view(np.int16)).cuda().view(torch.bfloat16)
-    return torch.from_numpy(a).cuda()
-
 
 @pytest.mark.cuda
 @pytest.mark.parametrize("cd", CACHE_DTYPES)
