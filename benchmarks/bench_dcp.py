@@ -60,7 +60,7 @@ def main():
     from smla.parallel import dcp_decode, dcp_local_decode, split_cache_by_owner
 
     sys.path.insert(0, os.path.join(os.path.dirname(HERE), "tests"))
-    from reference import LSE_ABS, LSE_REL, OUT_ABS, OUT_COS, OUT_REL  # DESIGN section 4 tolerances
+    from reference import LSE_ABS, LSE_REL, OUT_ABS, OUT_COS, OUT_REL  # docs/design.md section 4 tolerances
 
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     if args.cpu:
@@ -160,12 +160,12 @@ def main():
     local_ms = rank_max(timed(lambda: dcp_local_decode(*args_dcp, **kw)))
 
     def check(out, lse, comm):
-        """This rank's result against the one-GPU step, with DESIGN's tolerances widened by the bf16
+        """This rank's result against the one-GPU step, with docs/design.md's tolerances widened by the bf16
         rounding of the partial outputs (2**-8 of sum_r w_r |o_r|, summed over ranks; bf16 sums add
         `world` more such roundings) and of the one-GPU output itself (2**-8 |e|): where the ranks'
         contributions cancel, that rounding is large next to the result (see tests/test_parallel.py).
-        The angle between the results may be twice that of DESIGN's cosine tolerance (both round) plus
-        |rounding| / |expected|; lse keeps DESIGN's tolerances."""
+        The angle between the results may be twice that of docs/design.md's cosine tolerance (both round) plus
+        |rounding| / |expected|; lse keeps docs/design.md's tolerances."""
         p_out, p_lse = dcp_local_decode(*args_dcp, **kw)
         w = torch.exp(p_lse - lse)
         w = torch.where(torch.isnan(w), 0.0, w)

@@ -19,7 +19,7 @@ import time
 try:
     import smla
 except ImportError:  # run from a source tree built in place (tools/gpu_run.sh)
-    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "src"))
     import smla
 
 SCALE = 192 ** -0.5 * (0.1 * math.log(40) + 1) ** 2

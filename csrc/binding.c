@@ -7,12 +7,13 @@
 
 smla_state *smla_get_state(PyObject *module) { return (smla_state *)PyModule_GetState(module); }
 
-void smla_args_init(smla_args *A, PyObject *module, unsigned long long stream)
+int smla_args_init(smla_args *A, PyObject *module, unsigned long long stream)
 {
     memset(A, 0, sizeof *A);
     A->state = smla_get_state(module);
     A->stream_pending = stream == SMLA_STREAM_CURRENT;
     A->stream = A->stream_pending ? NULL : (void *)(uintptr_t)stream;
+    return smla_read_settings(&A->run);
 }
 
 const char *smla_dtype_name(int dtype)

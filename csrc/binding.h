@@ -51,13 +51,17 @@ typedef struct {
     int device;          /* device of the first present array, 0 until known */
     int device_id;
     const char *first;   /* name of the array that fixed the device */
+    smla_run run;        /* the environment switches of this call (csrc/settings.c) */
     int n;
     smla_arr arrs[SMLA_MAX_ARGS];
 } smla_args;
 
 smla_state *smla_get_state(PyObject *module);
 
-void smla_args_init(smla_args *A, PyObject *module, unsigned long long stream);
+/* Start a call: stream and the environment switches; -1 with ValueError for a malformed switch. */
+int smla_args_init(smla_args *A, PyObject *module, unsigned long long stream);
+/* Read the environment switches (csrc/settings.c); -1 with ValueError naming a malformed one. */
+int smla_read_settings(smla_run *r);
 /* Acquire obj as argument `name`; NULL with an exception set on failure. */
 smla_arr *smla_args_get(smla_args *A, PyObject *obj, const char *name);
 /* Same, but None gives a view with present == 0. */

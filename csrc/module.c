@@ -19,6 +19,8 @@ static PyObject *build_info(PyObject *module, PyObject *unused)
 {
     (void)module;
     (void)unused;
+    smla_run run;
+    if (smla_read_settings(&run) < 0) return NULL;
 #ifdef SMLA_WITH_CUDA
     const char *rt = smla_cuda_runtime_version();
     int cuda = 1;
@@ -36,9 +38,10 @@ static PyObject *build_info(PyObject *module, PyObject *unused)
 #else
     int debug = 0;
 #endif
-    return Py_BuildValue("{s:O,s:s,s:s,s:O,s:s,s:s}", "cuda", cuda ? Py_True : Py_False, "cuda_runtime", rt,
+    return Py_BuildValue("{s:O,s:s,s:s,s:O,s:s,s:s,s:s}", "cuda", cuda ? Py_True : Py_False, "cuda_runtime", rt,
                          "cuda_archs", archs, "debug", debug ? Py_True : Py_False, "cpu_isa",
-                         smla_cpu_isa_name(smla_cpu_isa_default()), "compiler",
+                         run.emulated_bf16 ? "avx2-emulated-bf16" : smla_cpu_isa_name(run.cpu_isa),
+                         "cpu_isa_default", smla_cpu_isa_name(smla_cpu_isa_default()), "compiler",
 #if defined(__clang__)
                          "clang " __clang_version__
 #elif defined(__GNUC__)

@@ -12,6 +12,17 @@
 extern "C" {
 #endif
 
+/* Run-time settings of one call: the binding reads the environment switches (SMLA_NUM_THREADS,
+ * SMLA_CPU_ISA, SMLA_ATTN_KERNEL, SMLA_ATTN_ABLATE) under the GIL, parses them strictly and passes them
+ * in every params struct; kernels never read the environment (another thread may be writing it). */
+typedef struct {
+    int num_threads;   /* CPU threads for this call, >= 1; 0 = OpenMP's default */
+    int cpu_isa;       /* SMLA_ISA_* level to run (csrc/cpu/cpu_features.h), within what the CPU has */
+    int emulated_bf16; /* test hook SMLA_CPU_ISA=avx2-emulated-bf16 (cpu_isa is then AVX2 or lower) */
+    int attn_kernel;   /* CUDA attention family: 0 auto, 1 portable (mma.sync), 2 sm90 (wgmma) */
+    int attn_ablate;   /* profiling builds: ablation variant bits; 0 = the full kernel */
+} smla_run;
+
 /* A paged KV cache [num_blocks, block_size, entry]; slot = block * block_size + offset. */
 typedef struct {
     void *data;           /* [num_blocks, block_size, entry] bytes (entry: 656 B fp8_ds_mla, 1152 B bf16) */
@@ -34,6 +45,7 @@ typedef struct {
     smla_cache cache;
     int scale_rule;           /* smla_scale_rule */
     void *stream;             /* cudaStream_t for CUDA launches */
+    smla_run run;             /* settings of this call */
 } smla_pack_kv_params;
 
 /* unpack_kv: out[i] = dequantised row of slot slots[i]; an invalid slot gives a zero row. */
@@ -45,6 +57,7 @@ typedef struct {
     uint16_t *out;        /* [n, 576] bf16 bits */
     int64_t out_stride;
     void *stream;
+    smla_run run;             /* settings of this call */
 } smla_unpack_kv_params;
 
 /* gather_upconvert: for request r and 0 <= i < seq_lens[r]:
@@ -64,6 +77,7 @@ typedef struct {
     const int32_t *workspace_starts;  /* [num_reqs] */
     const int32_t *seq_starts;        /* [num_reqs] or NULL (all 0) */
     void *stream;
+    smla_run run;             /* settings of this call */
 } smla_gather_upconvert_params;
 
 /* convert_topk_indices and filter_convert_dcp_indices (dcp_size >= 1 enables the DCP filter).
@@ -96,9 +110,10 @@ typedef struct {
     int dcp_interleave;
     int compact;
     void *stream;
+    smla_run run;             /* settings of this call */
 } smla_convert_indices_params;
 
-/* merge_attn_states (DESIGN section 4): lse-weighted merge of two partial attention outputs. */
+/* merge_attn_states (docs/design.md section 4): lse-weighted merge of two partial attention outputs. */
 typedef struct {
     int dtype;                     /* smla_dtype of the outputs: BF16, F16 or F32 */
     int64_t n, h, d;
@@ -115,6 +130,7 @@ typedef struct {
     float *out_lse;                /* [n, h] or NULL */
     int64_t lo_stride_n, lo_stride_h;
     void *stream;
+    smla_run run;             /* settings of this call */
 } smla_merge_attn_states_params;
 
 /* Sparse MLA attention, shared by decode (paged cache, b requests) and prefill (bf16 kv[s_kv, 576]
@@ -140,8 +156,8 @@ typedef struct {
     float softmax_scale;
     void *workspace;           /* CUDA decode split-top-k scratch or NULL (see workspace_size) */
     int64_t workspace_bytes;
-    int num_threads;           /* CPU: threads to use (0 = default) */
     void *stream;
+    smla_run run;             /* settings of this call */
 } smla_attn_params;
 
 /* ---- CPU kernels (csrc/cpu/) ---- */
@@ -163,7 +179,7 @@ int smla_cuda_sparse_mla_decode(const smla_attn_params *p, smla_status *st);
 int smla_cuda_sparse_mla_prefill(const smla_attn_params *p, smla_status *st);
 /* Bytes of scratch sparse_mla_decode wants for this shape on the current device (0 if none). */
 int64_t smla_cuda_sparse_mla_decode_workspace_size(int64_t b, int64_t s_q, int64_t h, int64_t topk,
-                                                   int cache_dtype);
+                                                   int cache_dtype, int attn_kernel);
 
 /* ---- CUDA runtime helpers (cuda/runtime.cu) ---- */
 int smla_cuda_device_count(void);                 /* 0 when no driver / GPU */

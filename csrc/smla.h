@@ -10,7 +10,7 @@
 extern "C" {
 #endif
 
-/* Model dims of DeepSeek-V3.2 MLA (DESIGN section 3). */
+/* Model dims of DeepSeek-V3.2 MLA (docs/design.md section 3). */
 #define SMLA_D_NOPE 512     /* kv_lora_rank: latent part, also d_v */
 #define SMLA_D_ROPE 64      /* rope_dim */
 #define SMLA_D_QK 576       /* d_qk = 512 + 64 */
@@ -63,7 +63,7 @@ typedef enum {
 
 typedef enum { SMLA_DEV_CPU = 1, SMLA_DEV_CUDA = 2 } smla_device;
 
-/* KV cache layouts (DESIGN section 3). */
+/* KV cache layouts (docs/design.md section 3). */
 typedef enum { SMLA_CACHE_BF16 = 0, SMLA_CACHE_FP8_DS_MLA = 1 } smla_cache_dtype;
 
 /* fp8_ds_mla writer scale rules. */

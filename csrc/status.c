@@ -1,4 +1,4 @@
-/* smla_fail: the one way C code reports an error (DESIGN section 1: never exit, abort or print). */
+/* smla_fail: the one way C code reports an error (docs/design.md section 1: never exit, abort or print). */
 #include <stdarg.h>
 #include <stdio.h>
 

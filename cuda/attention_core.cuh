@@ -10,9 +10,9 @@
 //             tile's dead RoPE columns (aliases K[:, 512:576]), P_lo into its own [HT x BN] region.
 //   PV phase: after barrier B2 every warp owns all HT rows x (512 / NW) output columns in registers
 //             and does O = O * alpha + P_hi V + P_lo V with V = K[:, :512] (ldmatrix.trans). A bf16 P
-//             alone is NOT accurate enough for DESIGN's tolerances (it rounds each probability by up
+//             alone is NOT accurate enough for docs/design.md's tolerances (it rounds each probability by up
 //             to 2^-9 relative; with |V| ~ 10 that is ~1e-2 absolute on the output).
-// lse / max_logits accuracy (DESIGN: 1e-6 absolute near 0): QK^T is summed per 64-dim group and the
+// lse / max_logits accuracy (docs/design.md: 1e-6 absolute near 0): QK^T is summed per 64-dim group and the
 // groups added in fp32 (a single 36-step tensor-core chain errs by up to ~1e-6 on a logit), row sums
 // are kept in double, and lse = m * ml_factor + ln(l) is formed in double (ml_factor = scale /
 // fl(scale * log2 e) also undoes the fp32 rounding of the log2-domain scale).
@@ -171,7 +171,7 @@ __device__ __forceinline__ uint32_t p_addr(uint32_t base, int hr, int tok)
 // p = hi + lo with hi = bf16_rne(p) and lo = bf16_rne(p - hi) (p - hi is exact in fp32): P V is done
 // as P_hi V + P_lo V, so the probabilities carry ~16 significant bits instead of bf16's 8 (a bf16 P
 // alone gives errors of ~2^-9 |V| per dominant token: up to ~1e-2 on outputs whose V entries reach
-// ~10, far outside DESIGN's 1e-3 absolute tolerance).
+// ~10, far outside docs/design.md's 1e-3 absolute tolerance).
 __device__ __forceinline__ void split_bf16x2(float a, float b, uint32_t &hi, uint32_t &lo)
 {
     hi = pack_bf16x2(a, b);
@@ -396,7 +396,7 @@ __global__ void __launch_bounds__(C::NT, C::MINB) attn_fwd_kernel(const __grid_c
         }
         // Each 64-dim group accumulates into its own partial (4 mma steps), added to acc in fp32 with
         // round-to-nearest: one 36-step tensor-core chain loses up to ~1e-6 (natural-log units) on a
-        // logit, at DESIGN's lse / max_logits tolerance.
+        // logit, at docs/design.md's lse / max_logits tolerance.
 #pragma unroll 1
         for (int kg = 0; kg < kDqk / 64; ++kg) {
             float pt[C::NTS][4];

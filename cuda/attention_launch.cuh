@@ -78,18 +78,10 @@ static Choice make_choice(int id, const DevProps &d)
     return c;
 }
 
-// Kernel family: SMLA_ATTN_KERNEL=portable (mma.sync, sm_80+), sm90 (wgmma, any h), auto (default:
-// sm90 for h > 32 on compute capability 9.0 when the sm_90a body is in the binary).
+// Kernel family (smla_run.attn_kernel, from SMLA_ATTN_KERNEL): portable (mma.sync, sm_80+), sm90
+// (wgmma, any h), auto (default: sm90 for h > 32 on compute capability 9.0 when the sm_90a body is in
+// the binary).
 enum KernelFamily { kAuto = 0, kPortable = 1, kSm90 = 2 };
-
-static KernelFamily family_from_env()
-{
-    const char *e = getenv("SMLA_ATTN_KERNEL");
-    if (!e || !*e || !strcmp(e, "auto")) return kAuto;
-    if (!strcmp(e, "portable")) return kPortable;
-    if (!strcmp(e, "sm90")) return kSm90;
-    return kAuto;
-}
 
 // True when attn_sm90_kernel<FP8> was compiled for sm_90a in this binary (a build without the sm_90a
 // target leaves an empty body, which uses almost no registers).
@@ -119,9 +111,8 @@ static bool sm90_usable(bool fp8, int dev)
 }
 
 template <bool WITH_FP8>
-static bool choose(int64_t h, bool fp8, const DevProps &d, int dev, Choice *out)
+static bool choose(int64_t h, bool fp8, KernelFamily fam, const DevProps &d, int dev, Choice *out)
 {
-    const KernelFamily fam = family_from_env();
     if (fam != kPortable && d.cc == 90 && (h > 32 || fam == kSm90) && sm90::kSMEM <= d.smem_optin &&
         sm90_usable<WITH_FP8>(fp8, dev)) {
         out->id = fp8 ? 11 : 10;
@@ -211,9 +202,8 @@ template <bool FP8, int ABL = 0>
 static int launch_sm90(const Args &a, int64_t grid, cudaStream_t s, int dev, smla_status *st)
 {
 #if defined(SMLA_ATTN_ABLATION)
-    if constexpr (ABL == 0) {  // profiling builds: SMLA_ATTN_ABLATE=<bits> (read per call) picks a variant
-        const char *e = getenv("SMLA_ATTN_ABLATE");
-        switch (e ? atoi(e) : 0) {
+    if constexpr (ABL == 0) {  // profiling builds: SMLA_ATTN_ABLATE=<bits> (run.attn_ablate) picks a variant
+        switch (a.p.run.attn_ablate) {
         case 1: return launch_sm90<FP8, 1>(a, grid, s, dev, st);
         case 2: return launch_sm90<FP8, 2>(a, grid, s, dev, st);
         case 4: return launch_sm90<FP8, 4>(a, grid, s, dev, st);
@@ -337,12 +327,12 @@ struct Launch {
 };
 
 template <bool WITH_FP8>
-static int prepare(int64_t b, int64_t s_q, int64_t h, int64_t topk, int cache_dtype, bool allow_split,
+static int prepare(int64_t b, int64_t s_q, int64_t h, int64_t topk, int cache_dtype, int family, bool allow_split,
                    Launch *L, smla_status *st)
 {
     int rc = get_props(&L->props, &L->dev, st);
     if (rc != SMLA_OK) return rc;
-    if (!choose<WITH_FP8>(h, cache_dtype == SMLA_CACHE_FP8_DS_MLA, L->props, L->dev, &L->choice))
+    if (!choose<WITH_FP8>(h, cache_dtype == SMLA_CACHE_FP8_DS_MLA, static_cast<KernelFamily>(family), L->props, L->dev, &L->choice))
         return smla_fail(st, SMLA_ERR_UNSUPPORTED, "sparse MLA: needs %d bytes of shared memory per block, device %d "
                          "allows %d", L->choice.smem, L->dev, L->props.smem_optin);
     L->rows = b * s_q;
@@ -362,7 +352,7 @@ static int run_attention(const smla_attn_params *p, bool is_decode, smla_status 
     if (p->b == 0 || p->s_q == 0) return SMLA_OK;
 
     Launch L;
-    rc = prepare<WITH_FP8>(p->b, p->s_q, p->h, p->topk, p->kv.dtype, is_decode && !p->max_logits, &L, st);
+    rc = prepare<WITH_FP8>(p->b, p->s_q, p->h, p->topk, p->kv.dtype, p->run.attn_kernel, is_decode && !p->max_logits, &L, st);
     if (rc != SMLA_OK) return rc;
 
     Args a;

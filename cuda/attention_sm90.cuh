@@ -8,7 +8,7 @@
 //     RoPE block, P_lo into a block of its own), and then each accumulates its half of the output,
 //     O[:, 256*wg : 256*wg + 256] += P_hi V + P_lo V (wgmma m64n256k16 x 8, V = K[:, :512] read
 //     N-major from smem), in 128 fp32 registers per thread. (A bf16 P alone rounds probabilities by
-//     up to 2^-9 relative: ~1e-2 absolute output error when |V| ~ 10, outside DESIGN's tolerances.)
+//     up to 2^-9 relative: ~1e-2 absolute output error when |V| ~ 10, outside docs/design.md's tolerances.)
 //   WG2 (producer, setmaxnreg 120; 2 x 192 + 120 = 3 x 168, the launch allocation): fills the two K
 //     buffers. bf16 rows: 16-byte cp.async (zero fill for invalid rows), 8 lanes per row, each lane
 //     finding its own rows' addresses. fp8_ds_mla rows: 16-byte loads into registers (two 4-row
@@ -519,7 +519,7 @@ __device__ __forceinline__ void attn_sm90_body(const Args &a)
         }
 
         // S[64 heads x 32 tokens] for tokens 32*wg .. 32*wg + 31. Accuracy: one 36-step tensor-core
-        // chain over 576 dims loses up to ~1e-6 (natural-log units) on a logit, at DESIGN's lse /
+        // chain over 576 dims loses up to ~1e-6 (natural-log units) on a logit, at docs/design.md's lse /
         // max_logits tolerance; so the 576 dims are 3 chains of 192 (12 wgmma steps each), summed
         // in fp32 with round-to-nearest: the first into s, the others into t while s is ready.
         float s[16], t[16];

@@ -1,5 +1,5 @@
 // Device helpers for the paged KV cache: slot addressing, vector / byte-wise memory access, and the
-// warp-wide dequantisation of one cache entry into a 576-value bf16 row (DESIGN section 3).
+// warp-wide dequantisation of one cache entry into a 576-value bf16 row (docs/design.md section 3).
 // Used by pack_kv, unpack_kv and gather_upconvert; the attention kernels may reuse them.
 #pragma once
 

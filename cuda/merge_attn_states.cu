@@ -1,4 +1,4 @@
-// merge_attn_states: lse-weighted merge of two partial attention results (DESIGN section 4). The float
+// merge_attn_states: lse-weighted merge of two partial attention results (docs/design.md section 4). The float
 // arithmetic (weights, exp/log, value formula) is csrc/cpu/merge_math.h, shared with the CPU kernel
 // so both give the same bits; this file only moves the data.
 //

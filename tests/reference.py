@@ -1,6 +1,6 @@
 """NumPy float64 oracle for every smla op.
 
-Written from the format definitions (DESIGN.md sections 3-4, reference/vllm-semantics.md) and the
+Written from the format definitions (docs/design.md sections 3-4) and the
 invalid-input rules in csrc/params.h, never from kernel code, so kernel tests compare against an
 independent implementation.
 
@@ -11,14 +11,14 @@ Conventions:
 - KV caches: uint8 [num_blocks, block_size, 656] for "fp8_ds_mla", uint16 [num_blocks, block_size,
   576] for "bf16". Any NumPy strides work (in-place writes use fancy indexing, never reshape).
 - Attention / merge results are float64; the kernels' bf16 / fp32 outputs are compared to them with
-  check_close and the DESIGN tolerances below.
+  check_close and the tolerances of docs/design.md below.
 - NaN bit patterns are not part of any contract (CUDA's cvt makes canonical NaNs, NumPy keeps
   payloads), so the assert_* helpers treat every NaN as equal to every other NaN.
 """
 
 import numpy as np
 
-# ---- model dims and fp8_ds_mla layout (DESIGN section 3) ----
+# ---- model dims and fp8_ds_mla layout (docs/design.md section 3) ----
 D_NOPE = 512
 D_ROPE = 64
 D_QK = 576
@@ -35,7 +35,7 @@ FLT_MIN = np.float32(np.finfo(np.float32).tiny)  # 2**-126, the legacy scale flo
 KV_CACHE_DTYPES = ("bf16", "fp8_ds_mla")
 SCALE_RULES = ("pow2", "fp32")
 
-# ---- tolerances against this oracle (DESIGN section 4; FlashMLA's test values) ----
+# ---- tolerances against this oracle (docs/design.md section 4; FlashMLA's test values) ----
 OUT_ABS = 1e-3
 OUT_REL = 2.01 / 128
 OUT_COS = 5e-6
@@ -471,11 +471,11 @@ def filter_convert_dcp_indices(req_id, block_table, topk_indices, block_size, dc
 # =============================================================================================
 
 def merge_attn_states(out_a, lse_a, out_b, lse_b):
-    """(out [..., d], lse [...]) in float64, DESIGN's formula taken literally:
+    """(out [..., d], lse [...]) in float64, docs/design.md's formula taken literally:
     M = max(la, lb) (NaN propagates); both -inf -> (out_a, -inf); else wa = exp(la-M),
     wb = exp(lb-M), out = (wa*oa + wb*ob)/(wa+wb), lse = M + log(wa+wb).
     Consequences: one +inf lse -> M = inf, inf - inf = NaN -> out and lse NaN (vLLM's kernels map
-    +inf to -inf first; DESIGN does not); any NaN lse -> NaN out and lse; one -inf side gets weight 0
+    +inf to -inf first; docs/design.md does not); any NaN lse -> NaN out and lse; one -inf side gets weight 0
     but 0 * (Inf or NaN in its out) is still NaN."""
     oa, ob = as_f64(out_a), as_f64(out_b)
     la, lb = as_f64(lse_a), as_f64(lse_b)
@@ -496,7 +496,7 @@ def merge_attn_states(out_a, lse_a, out_b, lse_b):
 
 def sparse_mla_attention(q, kv_rows, indices, limit, softmax_scale, topk_length=None,
                          attn_sink=None):
-    """Shared semantics of decode and prefill (DESIGN section 4).
+    """Shared semantics of decode and prefill (docs/design.md section 4).
 
     q [b,s_q,h,576] bf16 bits; kv_rows: a callable slots(int64 [u]) -> float64 [u,576], or an array
     of rows indexable by slot (bf16 bits or floats); indices [b,s_q,topk]; topk_length [b,s_q].
@@ -584,7 +584,7 @@ def sparse_mla_prefill_ref(q, kv, indices, softmax_scale, topk_length=None, attn
 # =============================================================================================
 
 def check_close(actual, expected, *, abs_tol, rel_tol, cos_tol=None, name="value"):
-    """DESIGN's tolerance rule. An element passes if |a-e| <= abs_tol or |a-e| <= rel_tol*|e|;
+    """docs/design.md's tolerance rule. An element passes if |a-e| <= abs_tol or |a-e| <= rel_tol*|e|;
     NaN positions and Inf positions (with their signs) must be equal; with cos_tol, 1 - cos(a, e)
     over all entries finite in both, in float64, must be <= cos_tol (two all-zero arrays: 0; one
     all-zero: 1). Inputs go through as_f64 (uint16 / bfloat16 = bf16). Raises AssertionError with
@@ -641,7 +641,7 @@ def check_close(actual, expected, *, abs_tol, rel_tol, cos_tol=None, name="value
 
 
 def check_decode(out, lse, out_ref, lse_ref, name="decode"):
-    """Decode outputs against the oracle with DESIGN's tolerances."""
+    """Decode outputs against the oracle with docs/design.md's tolerances."""
     check_close(out, out_ref, abs_tol=OUT_ABS, rel_tol=OUT_REL, cos_tol=OUT_COS, name=f"{name} out")
     check_close(lse, lse_ref, abs_tol=LSE_ABS, rel_tol=LSE_REL, name=f"{name} lse")
 

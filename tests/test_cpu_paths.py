@@ -6,7 +6,7 @@ lacks is skipped (forcing it would silently run the best level below it, which o
 cover). "avx2-emulated-bf16" is a test hook: the avx512bf16 attention code (bf16 pairs for the scores)
 at AVX2 width with vdpbf16ps emulated, so that its logic runs on CPUs without AVX512_BF16.
 
-Attention is checked against the oracle with DESIGN's tolerances; pack_kv, gather_upconvert and
+Attention is checked against the oracle with docs/design.md's tolerances; pack_kv, gather_upconvert and
 convert_topk_indices must give the same bytes on every path (they run the existing byte-exact tests of
 those ops once per path, plus inputs aimed at the vector code's edge cases)."""
 import itertools

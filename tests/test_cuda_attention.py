@@ -1,6 +1,6 @@
 """CUDA sparse MLA decode and prefill on the issue grids, against the float64 oracle and the CPU ops.
 
-Cases follow FlashMLA's recipe (tests/reference.py, DESIGN section 4): indices mix valid slots with
+Cases follow FlashMLA's recipe (tests/reference.py, docs/design.md section 4): indices mix valid slots with
 every class of invalid value, cache rows that no valid index reads hold NaN (a stray read shows),
 duplicates, all-invalid rows, topk_length and attn_sink corner values, strided q / caches / outputs.
 

@@ -118,7 +118,7 @@ class World:
 
 
 def check(out, lse, ref_out, ref_lse, prefill_kernel, name):
-    """DESIGN's tolerances for the kernel that produced each token (bool mask prefill_kernel)."""
+    """docs/design.md's tolerances for the kernel that produced each token (bool mask prefill_kernel)."""
     out, lse = rp.as_f64(out), np.asarray(lse, np.float64)
     for mask, kind in ((~prefill_kernel, "decode"), (prefill_kernel, "prefill")):
         if not mask.any():

@@ -124,7 +124,7 @@ def test_identities(dtype):
 
 @pytest.mark.parametrize("dtype", list(DTYPES))
 def test_nan_and_inf_lse_follow_design_literally(dtype):
-    """DESIGN's formula without vLLM's remapping: +inf or NaN lse -> NaN out and lse; NaN with -inf
+    """docs/design.md's formula without vLLM's remapping: +inf or NaN lse -> NaN out and lse; NaN with -inf
     is not "both empty" -> NaN; an empty side's NaN/Inf output still poisons (0 * NaN)."""
     rng = np.random.default_rng(45)
     oa, la, ob, lb = make(6, 1, 16, dtype, rng)

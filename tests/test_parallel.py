@@ -117,15 +117,15 @@ def combine_f64(parts, sink=None):
 def check_dcp(out, lse, d, parts, sink, name, against=("ref", "full")):
     """A combined DCP result is checked three ways.
 
-    1. Against the float64 combine of its own partial results, with DESIGN's tolerances: the combine
+    1. Against the float64 combine of its own partial results, with docs/design.md's tolerances: the combine
        itself is as accurate as a kernel.
-    2. Against the oracle of the unsplit step and 3. the unsplit kernel: DESIGN's tolerances widened
+    2. Against the oracle of the unsplit step and 3. the unsplit kernel: docs/design.md's tolerances widened
        by the bf16 rounding of the partial outputs. Partials are bf16 (the kernel's output type, as in
        vLLM), and where the ranks' contributions cancel, their rounding (2**-8 of each partial) is
        large next to the result: no implementation with bf16 partials meets the plain elementwise
        bound there. The cosine bound widens the same way: the angle between result and expectation
-       may be that of DESIGN's cosine tolerance (twice against the unsplit kernel, which rounds too)
-       plus |rounding| / |expected|. lse keeps DESIGN's tolerances."""
+       may be that of docs/design.md's cosine tolerance (twice against the unsplit kernel, which rounds too)
+       plus |rounding| / |expected|. lse keeps docs/design.md's tolerances."""
     sfx = "_sink" if sink is not None else ""
     c_out, c_lse, rounding = combine_f64(parts, sink)
     ref.check_decode(out, lse, c_out, c_lse, name=f"{name} vs float64 combine")

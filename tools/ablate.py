@@ -10,7 +10,7 @@ import os
 import sys
 
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
-sys.path[:0] = [ROOT, os.path.join(ROOT, "benchmarks")]  # the in-place (profiling) build, the benchmarks
+sys.path[:0] = [os.path.join(ROOT, "src"), os.path.join(ROOT, "benchmarks")]  # the in-place (profiling) build, the benchmarks
 import bench_sparse_mla_decode as bd  # noqa: E402
 import bench_sparse_mla_prefill as bp  # noqa: E402
 from _gpu import open_gpu, time_us  # noqa: E402

@@ -7,7 +7,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/smla-out}
 mkdir -p "$OUT"
-export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 SMLA_NVCC_JOBS=${SMLA_NVCC_JOBS:-$(nproc)}
+export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 SMLA_NVCC_JOBS=${SMLA_NVCC_JOBS:-$(nproc)}
 status=0
 for stage in "$@"; do
   echo "=== $stage ($(date +%T))"

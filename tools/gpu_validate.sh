@@ -7,7 +7,7 @@
 set -u
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/smla-out}; mkdir -p "$OUT"
-export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 OMP_NUM_THREADS=2
+export PYTHONPATH=$PWD/src PYTHONUNBUFFERED=1 OMP_NUM_THREADS=2
 if [ -n "${ABLATE:-}" ]; then export SMLA_PROFILE_BUILD=1; fi
 T0=$(date +%s); el() { echo "[$(( $(date +%s) - T0 )) s] $*"; }
 python3 setup.py build_ext --inplace -j "$(nproc)" > "$OUT/build.log" 2>&1 || { tail -40 "$OUT/build.log"; exit 1; }

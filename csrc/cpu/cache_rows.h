@@ -1,5 +1,5 @@
 /* Private helpers of the CPU kernels: addressing one token of a paged smla_cache and dequantising
- * it (DESIGN section 3). Shared by unpack_kv, gather_upconvert, pack_kv and the CPU attention
+ * it (docs/design.md section 3). Shared by unpack_kv, gather_upconvert, pack_kv and the CPU attention
  * kernels so that every reader produces the same bits.
  *
  * Dequant of fp8_ds_mla value i: bf16_rne(float(e4m3[i]) * scale[i / 128]) (one fp32 multiply, then
@@ -75,7 +75,7 @@ static inline void smla_dequant_row_f32(const smla_cache *c, const uint8_t *entr
     for (int i = 0; i < SMLA_D_QK; i++) out[i] = smla_bf16_to_f32(bits[i]);
 }
 
-/* ---- fast paths (DESIGN: the same bits as the scalar reference above, on every path) ----
+/* ---- fast paths (docs/design.md: the same bits as the scalar reference above, on every path) ----
  *
  * Portable: the 256 e4m3 values as a constant table of float32 bit patterns.
  * x86 (AVX2 / AVX-512F): the e4m3 byte, sign-extended to 16 bits, shifted left by 7 and with bit 14

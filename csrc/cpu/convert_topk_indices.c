@@ -1,4 +1,4 @@
-/* convert_topk_indices / filter_convert_dcp_indices on the CPU (params.h, DESIGN section 4). Per
+/* convert_topk_indices / filter_convert_dcp_indices on the CPU (params.h, docs/design.md section 4). Per
  * entry tok of row n, in int64 so that no int32 input can overflow:
  *   tok < 0                                   -> -1
  *   prefill row (p = prefill_request_ids[n] >= 0):
@@ -136,7 +136,7 @@ int smla_cpu_convert_topk_indices(const smla_convert_indices_params *p, smla_sta
                          p->dcp_size, p->dcp_rank, p->dcp_interleave);
     const int64_t num_prefills = p->prefill_workspace_starts ? p->num_prefills : 0;
     const int compact = p->dcp_size >= 1 && p->compact;
-    const int isa = smla_cpu_isa();
+    const int isa = p->run.cpu_isa;
     (void)isa;
 #if SMLA_X86
     convert_consts k;
@@ -152,7 +152,7 @@ int smla_cpu_convert_topk_indices(const smla_convert_indices_params *p, smla_sta
         k.inv_bs = 1.0 / (double)k.bs;
     }
 #endif
-    const int nt = smla_num_threads(0, p->num_tokens * p->topk / 16384); /* >= 16K entries per thread */
+    const int nt = smla_num_threads(p->run.num_threads, p->num_tokens * p->topk / 16384); /* >= 16K entries per thread */
 
 #pragma omp parallel for num_threads(nt) schedule(static)
     for (int64_t n = 0; n < p->num_tokens; n++) {

@@ -11,16 +11,14 @@
  * millisecond, cpu_features.c): its only use is the attention scores, and where the instruction is slow
  * (benchmarks/bench_cpu.py measured a quarter of the FMA's instruction rate on one Xeon) the fp32 level
  * is faster there (benchmarks/README.md, CPU section).
- * The environment variable SMLA_CPU_ISA=avx512bf16|avx512|avx2|portable forces a level (read on every
- * call, so a test can switch paths inside one process); a level the CPU lacks falls back to the best
- * one below it, and an unknown value is ignored. The levels nest: each one's CPU test includes the
- * one below it. Test hook: SMLA_CPU_ISA=avx2-emulated-bf16 runs level avx2, except that the attention
- * takes the avx512bf16 level's code with vdpbf16ps emulated (tests/test_cpu_paths.py). */
+ * The environment variable SMLA_CPU_ISA=avx512bf16|avx512|avx2|portable forces a level (the binding
+ * reads it on every call, under the GIL, csrc/settings.c, and passes the level in params.run, so a test
+ * can switch paths inside one process); a level the CPU lacks falls back to the best one below it, and
+ * an unknown value raises ValueError. The levels nest: each one's CPU test includes the one below it.
+ * Test hook: SMLA_CPU_ISA=avx2-emulated-bf16 runs level avx2, except that the attention takes the
+ * avx512bf16 level's code with vdpbf16ps emulated (run.emulated_bf16, tests/test_cpu_paths.py). */
 #ifndef SMLA_CPU_FEATURES_H
 #define SMLA_CPU_FEATURES_H
-
-#include <stdlib.h>
-#include <string.h>
 
 enum { SMLA_ISA_PORTABLE = 0, SMLA_ISA_AVX2 = 1, SMLA_ISA_AVX512 = 2, SMLA_ISA_AVX512BF16 = 3 };
 
@@ -49,27 +47,8 @@ static inline int smla_cpu_isa_supported(void)
 #endif
 }
 
-static inline int smla_cpu_isa_emulated_bf16(void)
-{
-    const char *e = getenv("SMLA_CPU_ISA");
-    return e && !strcmp(e, "avx2-emulated-bf16");
-}
-
 /* The default level (see above; cpu_features.c) and a level's name. */
 int smla_cpu_isa_default(void);
 const char *smla_cpu_isa_name(int isa);
-
-/* The level a kernel should run now: SMLA_CPU_ISA's (as far as the CPU goes), else the default. */
-static inline int smla_cpu_isa(void)
-{
-    const char *e = getenv("SMLA_CPU_ISA");
-    if (e && *e) {
-        const int sup = smla_cpu_isa_supported();
-        for (int i = SMLA_ISA_PORTABLE; i <= SMLA_ISA_AVX512BF16; i++)
-            if (!strcmp(e, smla_cpu_isa_name(i))) return i < sup ? i : sup;
-        if (smla_cpu_isa_emulated_bf16()) return SMLA_ISA_AVX2 < sup ? SMLA_ISA_AVX2 : sup;
-    }
-    return smla_cpu_isa_default();
-}
 
 #endif /* SMLA_CPU_FEATURES_H */

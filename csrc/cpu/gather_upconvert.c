@@ -87,14 +87,14 @@ int smla_cpu_gather_upconvert(const smla_gather_upconvert_params *p, smla_status
         writes += hi - lo;
     }
     if (writes == 0) return SMLA_OK;
-    const int isa = smla_cpu_isa();
+    const int isa = p->run.cpu_isa;
     dequant_fn dq = dequant_portable;
 #if SMLA_X86
     if (isa >= SMLA_ISA_AVX512) dq = dequant_avx512;
     else if (isa >= SMLA_ISA_AVX2) dq = dequant_avx2;
 #endif
     (void)isa;
-    const int nt = smla_num_threads(0, writes / 256); /* >= 256 rows (~0.3 MB) per thread */
+    const int nt = smla_num_threads(p->run.num_threads, writes / 256); /* >= 256 rows (~0.3 MB) per thread */
 
 #pragma omp parallel num_threads(nt)
     {

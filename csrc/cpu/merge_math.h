@@ -131,7 +131,7 @@ SMLA_MM_FN float smla_log_f32(float y)
 
 /* Weights and merged lse of one (token, head). Returns 0 when both states are empty
  * (la == lb == -inf): the caller then copies out_a and writes lse = -inf. Otherwise M = fmaxf(la, lb),
- * wa = e^(la-M), wb = e^(lb-M), *lse = M + log(wa + wb). DESIGN section 4 taken literally: a NaN or
+ * wa = e^(la-M), wb = e^(lb-M), *lse = M + log(wa + wb). docs/design.md section 4 taken literally: a NaN or
  * +inf lse is not remapped and makes out and lse NaN (NaN - M and inf - inf are NaN, so fmaxf
  * dropping a NaN operand changes nothing; NaN with -inf is not "both empty" either). */
 SMLA_MM_FN int smla_merge_weights(float la, float lb, float *wa, float *wb, float *lse)

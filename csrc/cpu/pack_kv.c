@@ -1,4 +1,4 @@
-/* pack_kv on the CPU: the reference writer of the KV cache (DESIGN section 3); cuda/pack_kv.cu must
+/* pack_kv on the CPU: the reference writer of the KV cache (docs/design.md section 3); cuda/pack_kv.cu must
  * give the same bytes. Per token t with a slot in [0, num_blocks*block_size) (others are skipped and
  * leave the cache untouched):
  *   bf16:        entry = kv_c[t] (512 bf16) then k_pe[t] (64 bf16), bit for bit.
@@ -137,9 +137,9 @@ int smla_cpu_pack_kv(const smla_pack_kv_params *p, smla_status *st)
         return smla_fail(st, SMLA_ERR_VALUE, "pack_kv: invalid sizes (num_tokens %lld, block_size %lld)",
                          (long long)p->num_tokens, (long long)c->block_size);
 
-    const int isa = smla_cpu_isa();
+    const int isa = p->run.cpu_isa;
     (void)isa;
-    const int nt = smla_num_threads(0, p->num_tokens / 64); /* >= 64 tokens per thread */
+    const int nt = smla_num_threads(p->run.num_threads, p->num_tokens / 64); /* >= 64 tokens per thread */
 #pragma omp parallel num_threads(nt)
     {
         const int64_t me = smla_thread_id(), team = smla_team_size();

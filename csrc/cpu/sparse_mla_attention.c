@@ -1,4 +1,4 @@
-/* CPU sparse MLA attention (DESIGN section 4). smla_cpu_sparse_mla_decode runs on a paged cache
+/* CPU sparse MLA attention (docs/design.md section 4). smla_cpu_sparse_mla_decode runs on a paged cache
  * (fp8_ds_mla or bf16); smla_cpu_sparse_mla_prefill is the same computation with b = 1 and kv seen as
  * one block of s_kv bf16 rows.
  *
@@ -294,11 +294,11 @@ static void attn_finish(const smla_attn_params *p, int64_t r, attn_scratch *cons
 typedef void (*attn_unit_fn)(const attn_ctx *x, int64_t r, int64_t p0, int64_t p1, attn_scratch *w);
 
 /* The unit function of a level and its vector width (heads are padded to a multiple of it). */
-static attn_unit_fn attn_pick(int isa, int *vw)
+static attn_unit_fn attn_pick(int isa, int emulated_bf16, int *vw)
 {
 #if SMLA_X86
     *vw = 8;
-    if (isa == SMLA_ISA_AVX2 && smla_cpu_isa_emulated_bf16()) return attn_unit_avx2_emulated_bf16;
+    if (isa == SMLA_ISA_AVX2 && emulated_bf16) return attn_unit_avx2_emulated_bf16;
     *vw = 16;
     if (isa >= SMLA_ISA_AVX512BF16) return attn_unit_avx512bf16;
     if (isa >= SMLA_ISA_AVX512) return attn_unit_avx512;
@@ -306,6 +306,7 @@ static attn_unit_fn attn_pick(int isa, int *vw)
     if (isa >= SMLA_ISA_AVX2) return attn_unit_avx2;
 #endif
     (void)isa;
+    (void)emulated_bf16;
     *vw = 4;
     return attn_unit_portable;
 }
@@ -365,7 +366,7 @@ static int attn_run(const smla_attn_params *p, const char *op, smla_status *st)
     if (rows == 0 || p->h == 0) return SMLA_OK;
 
     int vw;
-    const attn_unit_fn unit = attn_pick(smla_cpu_isa(), &vw);
+    const attn_unit_fn unit = attn_pick(p->run.cpu_isa, p->run.emulated_bf16, &vw);
     attn_ctx x;
     x.p = p;
     x.hp = (p->h + vw - 1) / vw * vw;
@@ -377,7 +378,7 @@ static int attn_run(const smla_attn_params *p, const char *op, smla_status *st)
 
     /* under ~20 us of work (a (position, head) pair is ~2200 flops) one thread does it all */
     const double work = (double)rows * (double)p->topk * (double)p->h;
-    int nt = smla_num_threads(p->num_threads, work < 512 ? 1 : rows * 64);
+    int nt = smla_num_threads(p->run.num_threads, work < 512 ? 1 : rows * 64);
     const int ks = attn_split(rows, nt, p->topk);
     if ((int64_t)nt > rows * ks) nt = (int)(rows * ks); /* one round of split rows, or one row each */
 

@@ -1,12 +1,11 @@
 /* Thread counts for the CPU kernels (OpenMP). The bindings release the GIL, so a kernel may open its
- * own parallel region. Count: the op's explicit request (p->num_threads, which the Python layer fills
- * from SMLA_NUM_THREADS) if > 0, else SMLA_NUM_THREADS, else OpenMP's default (the CPUs this process
- * may run on, or OMP_NUM_THREADS); never more than there are units of work. */
+ * own parallel region. Count: the call's request (p->run.num_threads, which the binding reads from
+ * SMLA_NUM_THREADS) if > 0, else OpenMP's default (the CPUs this process may run on, or
+ * OMP_NUM_THREADS); never more than there are units of work. */
 #ifndef SMLA_CPU_THREADS_H
 #define SMLA_CPU_THREADS_H
 
 #include <stdint.h>
-#include <stdlib.h>
 
 #ifdef _OPENMP
 #include <omp.h>
@@ -15,10 +14,6 @@
 static inline int smla_num_threads(int requested, int64_t units)
 {
     int n = requested;
-    if (n <= 0) {
-        const char *e = getenv("SMLA_NUM_THREADS");
-        n = e ? atoi(e) : 0;
-    }
 #ifdef _OPENMP
     if (n <= 0) n = omp_get_max_threads();
 #endif

@@ -63,7 +63,7 @@ void smla_attn_unsqueeze(smla_arr *a)
     a->ndim++;
 }
 
-void smla_attn_fill(smla_attn_params *p, const smla_attn_arrays *x, double softmax_scale, int num_threads,
+void smla_attn_fill(smla_attn_params *p, const smla_attn_arrays *x, double softmax_scale, const smla_run *run,
                     void *stream)
 {
     const smla_arr *q = x->q, *idx = x->indices, *tl = x->topk_length, *out = x->out, *lse = x->lse,
@@ -103,6 +103,6 @@ void smla_attn_fill(smla_attn_params *p, const smla_attn_arrays *x, double softm
     p->h = q->shape[2];
     p->topk = idx->shape[2];
     p->softmax_scale = (float)softmax_scale;
-    p->num_threads = num_threads;
+    p->run = *run;
     p->stream = stream;
 }

@@ -17,7 +17,7 @@ typedef struct {
 int smla_attn_check(smla_args *A, const smla_attn_arrays *x, int batch_dims);
 void smla_attn_unsqueeze(smla_arr *a);
 /* Copies pointers, strides and sizes (arrays in the batched layout). */
-void smla_attn_fill(smla_attn_params *p, const smla_attn_arrays *x, double softmax_scale, int num_threads,
+void smla_attn_fill(smla_attn_params *p, const smla_attn_arrays *x, double softmax_scale, const smla_run *run,
                     void *stream);
 
 #endif

@@ -61,6 +61,7 @@ static int parse_common(smla_args *A, smla_convert_indices_params *p, PyObject *
     p->out_stride = out->strides[0];
     p->valid_counts = counts->present ? counts->data : NULL;
     p->stream = A->stream;
+    p->run = A->run;
     return 0;
 }
 
@@ -73,7 +74,7 @@ PyObject *smla_op_convert_topk_indices(PyObject *module, PyObject *args)
                           &o_pstarts, &o_out, &o_counts, &stream))
         return NULL;
     smla_args A;
-    smla_args_init(&A, module, stream);
+    if (smla_args_init(&A, module, stream) < 0) return NULL;
     smla_convert_indices_params p;
     memset(&p, 0, sizeof p);
     if (parse_common(&A, &p, o_req, o_bt, o_idx, block_size, o_pids, o_pstarts, o_out, o_counts)) goto fail;
@@ -101,7 +102,7 @@ PyObject *smla_op_filter_convert_dcp_indices(PyObject *module, PyObject *args)
                             dcp_size, dcp_rank);
     if (interleave < 1) return PyErr_Format(PyExc_ValueError, "interleave: expected >= 1, got %d", interleave);
     smla_args A;
-    smla_args_init(&A, module, stream);
+    if (smla_args_init(&A, module, stream) < 0) return NULL;
     smla_convert_indices_params p;
     memset(&p, 0, sizeof p);
     if (parse_common(&A, &p, o_req, o_bt, o_idx, block_size, o_pids, o_pstarts, o_out, o_counts)) goto fail;

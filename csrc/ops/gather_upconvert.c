@@ -13,7 +13,7 @@ PyObject *smla_op_gather_upconvert(PyObject *module, PyObject *args)
         return NULL;
     static const int bf16[] = {SMLA_DT_BF16, SMLA_DT_U16};
     smla_args A;
-    smla_args_init(&A, module, stream);
+    if (smla_args_init(&A, module, stream) < 0) return NULL;
     smla_gather_upconvert_params p;
     memset(&p, 0, sizeof p);
     smla_arr *cache = smla_args_get(&A, o_cache, "kv_cache");
@@ -51,6 +51,7 @@ PyObject *smla_op_gather_upconvert(PyObject *module, PyObject *args)
     p.workspace_starts = starts->data;
     p.seq_starts = seq_starts->present ? seq_starts->data : NULL;
     p.stream = A.stream;
+    p.run = A.run;
     if (p.num_reqs > 0 && p.ws_rows > 0 && SMLA_LAUNCH(&A, gather_upconvert, &p) < 0) goto fail;
     smla_args_release(&A);
     Py_RETURN_NONE;

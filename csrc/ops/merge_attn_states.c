@@ -12,7 +12,7 @@ PyObject *smla_op_merge_attn_states(PyObject *module, PyObject *args)
     static const int out_types[] = {SMLA_DT_BF16, SMLA_DT_F16, SMLA_DT_F32};
     static const int f32[] = {SMLA_DT_F32};
     smla_args A;
-    smla_args_init(&A, module, stream);
+    if (smla_args_init(&A, module, stream) < 0) return NULL;
     smla_merge_attn_states_params p;
     memset(&p, 0, sizeof p);
     smla_arr *oa = smla_args_get(&A, o_oa, "out_a");
@@ -68,6 +68,7 @@ PyObject *smla_op_merge_attn_states(PyObject *module, PyObject *args)
     p.lo_stride_n = lse->present ? lse->strides[0] : 0;
     p.lo_stride_h = lse->present ? lse->strides[1] : 0;
     p.stream = A.stream;
+    p.run = A.run;
     if (p.n > 0 && p.h > 0 && SMLA_LAUNCH(&A, merge_attn_states, &p) < 0) goto fail;
     smla_args_release(&A);
     Py_RETURN_NONE;

@@ -21,7 +21,7 @@ PyObject *smla_op_pack_kv(PyObject *module, PyObject *args)
         return NULL;
     static const int bf16[] = {SMLA_DT_BF16, SMLA_DT_U16};
     smla_args A;
-    smla_args_init(&A, module, stream);
+    if (smla_args_init(&A, module, stream) < 0) return NULL;
     smla_pack_kv_params p;
     memset(&p, 0, sizeof p);
     smla_arr *kv_c = smla_args_get(&A, o_kv_c, "kv_c");
@@ -63,6 +63,7 @@ PyObject *smla_op_pack_kv(PyObject *module, PyObject *args)
     p.slot_is_i64 = slots->dtype == SMLA_DT_I64;
     p.num_tokens = slots->shape[0];
     p.stream = A.stream;
+    p.run = A.run;
     if (p.num_tokens > 0 && SMLA_LAUNCH(&A, pack_kv, &p) < 0) goto fail;
     smla_args_release(&A);
     Py_RETURN_NONE;

@@ -8,13 +8,12 @@ PyObject *smla_op_sparse_mla_decode(PyObject *module, PyObject *args)
     PyObject *o_q, *o_cache, *o_idx, *o_tl, *o_sink, *o_out, *o_lse, *o_ws;
     double scale;
     const char *cache_dtype;
-    int num_threads;
     unsigned long long stream;
-    if (!PyArg_ParseTuple(args, "OOOOOOOOdsiK:sparse_mla_decode", &o_q, &o_cache, &o_idx, &o_tl, &o_sink, &o_out,
-                          &o_lse, &o_ws, &scale, &cache_dtype, &num_threads, &stream))
+    if (!PyArg_ParseTuple(args, "OOOOOOOOdsK:sparse_mla_decode", &o_q, &o_cache, &o_idx, &o_tl, &o_sink, &o_out,
+                          &o_lse, &o_ws, &scale, &cache_dtype, &stream))
         return NULL;
     smla_args A;
-    smla_args_init(&A, module, stream);
+    if (smla_args_init(&A, module, stream) < 0) return NULL;
     smla_attn_params p;
     memset(&p, 0, sizeof p);
     smla_attn_arrays x;
@@ -30,7 +29,7 @@ PyObject *smla_op_sparse_mla_decode(PyObject *module, PyObject *args)
     if (cdt < 0 || smla_get_cache(cache, cdt, &p.kv) || smla_attn_check(&A, &x, 2)) goto fail;
     if (ws->present && (smla_check_contiguous(ws) || smla_check_writable(ws) || smla_check_aligned(ws, 16)))
         goto fail;
-    smla_attn_fill(&p, &x, scale, num_threads, A.stream);
+    smla_attn_fill(&p, &x, scale, &A.run, A.stream);
     if (ws->present) {
         p.workspace = ws->data;
         p.workspace_bytes = ws->itemsize;
@@ -61,9 +60,11 @@ PyObject *smla_op_sparse_mla_decode_workspace_size(PyObject *module, PyObject *a
 #ifdef SMLA_WITH_CUDA
     if (device >= 0) {
         smla_status st = {0, {0}};
+        smla_run run;
         int prev = -1;
+        if (smla_read_settings(&run) < 0) return NULL;
         if (smla_cuda_set_device(device, &prev, &st) != SMLA_OK) return smla_raise_status(smla_get_state(module), &st);
-        int64_t n = smla_cuda_sparse_mla_decode_workspace_size(b, s_q, h, topk, cdt);
+        int64_t n = smla_cuda_sparse_mla_decode_workspace_size(b, s_q, h, topk, cdt, run.attn_kernel);
         smla_cuda_restore_device(prev);
         return PyLong_FromLongLong(n);
     }

@@ -7,14 +7,13 @@ PyObject *smla_op_sparse_mla_prefill(PyObject *module, PyObject *args)
 {
     PyObject *o_q, *o_kv, *o_idx, *o_tl, *o_sink, *o_out, *o_lse, *o_ml;
     double scale;
-    int num_threads;
     unsigned long long stream;
-    if (!PyArg_ParseTuple(args, "OOOOOOOOdiK:sparse_mla_prefill", &o_q, &o_kv, &o_idx, &o_tl, &o_sink, &o_out,
-                          &o_lse, &o_ml, &scale, &num_threads, &stream))
+    if (!PyArg_ParseTuple(args, "OOOOOOOOdK:sparse_mla_prefill", &o_q, &o_kv, &o_idx, &o_tl, &o_sink, &o_out,
+                          &o_lse, &o_ml, &scale, &stream))
         return NULL;
     static const int bf16[] = {SMLA_DT_BF16, SMLA_DT_U16};
     smla_args A;
-    smla_args_init(&A, module, stream);
+    if (smla_args_init(&A, module, stream) < 0) return NULL;
     smla_attn_params p;
     memset(&p, 0, sizeof p);
     smla_attn_arrays x;
@@ -39,7 +38,7 @@ PyObject *smla_op_sparse_mla_prefill(PyObject *module, PyObject *args)
     if (smla_attn_check(&A, &x, 1)) goto fail;
     smla_arr *all[] = {x.q, x.indices, x.topk_length, x.out, x.lse, x.max_logits};
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) smla_attn_unsqueeze(all[i]);
-    smla_attn_fill(&p, &x, scale, num_threads, A.stream);
+    smla_attn_fill(&p, &x, scale, &A.run, A.stream);
     /* kv is one block of s_kv rows: slot = row */
     p.kv.data = kv->data;
     p.kv.dtype = SMLA_CACHE_BF16;

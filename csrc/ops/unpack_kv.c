@@ -12,7 +12,7 @@ PyObject *smla_op_unpack_kv(PyObject *module, PyObject *args)
         return NULL;
     static const int bf16[] = {SMLA_DT_BF16, SMLA_DT_U16};
     smla_args A;
-    smla_args_init(&A, module, stream);
+    if (smla_args_init(&A, module, stream) < 0) return NULL;
     smla_unpack_kv_params p;
     memset(&p, 0, sizeof p);
     smla_arr *cache = smla_args_get(&A, o_cache, "kv_cache");
@@ -32,6 +32,7 @@ PyObject *smla_op_unpack_kv(PyObject *module, PyObject *args)
     p.out = out->data;
     p.out_stride = out->strides[0];
     p.stream = A.stream;
+    p.run = A.run;
     if (p.n > 0 && SMLA_LAUNCH(&A, unpack_kv, &p) < 0) goto fail;
     smla_args_release(&A);
     Py_RETURN_NONE;

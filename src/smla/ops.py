@@ -1,7 +1,5 @@
-"""Public ops (DESIGN section 4): validate nothing here beyond what needs Python, allocate missing
+"""Public ops (docs/design.md section 4): validate nothing here beyond what needs Python, allocate missing
 outputs with the caller's framework, pick the launch stream, and call the C extension."""
-import os
-
 from . import _C
 from ._arrays import device, empty, is_cuda, launch_stream
 
@@ -14,10 +12,6 @@ def _cache_dtype(name):
     if name not in _ENTRY:
         raise ValueError(f'kv_cache_dtype: expected "bf16" or "fp8_ds_mla", got {name!r}')
     return name
-
-
-def _threads():
-    return int(os.environ.get("SMLA_NUM_THREADS", "0") or 0)
 
 
 def kv_cache_shape(num_blocks, block_size, kv_cache_dtype):
@@ -122,7 +116,7 @@ def sparse_mla_decode(q, kv_cache, indices, *, softmax_scale, kv_cache_dtype, to
         if size > 0:
             workspace = empty(q, (size,), "uint8")
     _C.sparse_mla_decode(q, kv_cache, indices, topk_length, attn_sink, out, lse, workspace, float(softmax_scale),
-                         cdt, _threads(), launch_stream(q, stream))
+                         cdt, launch_stream(q, stream))
     return out, lse
 
 
@@ -140,5 +134,5 @@ def sparse_mla_prefill(q, kv, indices, *, softmax_scale, topk_length=None, attn_
     if max_logits is None:
         max_logits = empty(q, (s_q, h), "float32")
     _C.sparse_mla_prefill(q, kv, indices, topk_length, attn_sink, out, lse, max_logits, float(softmax_scale),
-                          _threads(), launch_stream(q, stream))
+                          launch_stream(q, stream))
     return out, lse, max_logits

@@ -1,5 +1,5 @@
-"""Per-step batch metadata for the sparse MLA layer (DESIGN section 6), with vLLM's semantics
-(reference/vllm-semantics.md section 4).
+"""Per-step batch metadata for the sparse MLA layer (docs/design.md section 6), with vLLM's semantics
+(docs/design.md section 6).
 
 A step's batch is ordered decodes first, then prefills. `SparseMLAMetadataBuilder` is made once per
 model: it allocates every reusable buffer at construction (sized by max_num_seqs /

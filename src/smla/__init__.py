@@ -39,7 +39,8 @@ def cuda_available():
 
 def build_info():
     """How the extension was built: CUDA or not, CUDA runtime/driver, target archs, debug, compiler, and
-    the CPU kernels' default instruction-set level on this machine (cpu_isa; SMLA_CPU_ISA overrides it)."""
+    the CPU level the next op runs (cpu_isa: SMLA_CPU_ISA if set, within what the CPU has) and the
+    default level of this machine (cpu_isa_default)."""
     info = dict(_C.build_info())
     info["version"] = __version__
     info["cuda_devices"] = _C.cuda_device_count()

@@ -1,5 +1,5 @@
 """SparseMLAAttention: the layer backend a serving stack calls in place of vLLM's sparse-MLA
-backends (DESIGN section 6; shared/seeds/ for what it replaces).
+backends (docs/design.md section 6).
 
 Per step: write the step's tokens into the cache (so a token can select itself), convert the
 indexer's request-local top-k positions to cache slots (or prefill-workspace rows), then attend:
