@@ -3,9 +3,13 @@
 Environment switches:
   SMLA_CUDA=auto|0|1      build the CUDA kernels (auto: when nvcc is found)
   SMLA_CUDA_ARCHS="90a;80" GPU targets (default: Hopper sm_90a plus portable sm_80)
-  SMLA_DEBUG=1            -O0 -g with AddressSanitizer and UBSan (CPU code)
+  SMLA_DEBUG=1            -O0 -g with AddressSanitizer and UBSan (CPU code); importing such a build
+                          needs libasan preloaded (README.md, "Building")
   SMLA_NVCC_JOBS=N        parallel nvcc processes (default: CPU count)
   SMLA_PROFILE_BUILD=1    also compile the attention ablation variants (tools/ablate.py)
+
+Every configuration builds in its own folder, build/<key> (e.g. build/cpu, build/cuda-90a_80-debug), so
+a build with other switches never reuses the objects or the linked library of another one.
 """
 import os
 import shutil
@@ -16,9 +20,22 @@ from glob import glob
 
 import numpy as np
 from setuptools import Extension, setup
+from setuptools.command.build import build
 from setuptools.command.build_ext import build_ext
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
+
+
+def switch(name, default):
+    """A yes/no switch: 1/on/true/yes or 0/off/false/no (empty = default); anything else stops the build."""
+    value = os.environ.get(name, "").strip().lower()
+    if value == "":
+        return default
+    if value in ("1", "on", "true", "yes"):
+        return True
+    if value in ("0", "off", "false", "no"):
+        return False
+    sys.exit(f"{name}={os.environ[name]!r} is not a switch: use 1 or 0" + (" (or auto)" if name == "SMLA_CUDA" else ""))
 
 
 def find_nvcc():
@@ -29,18 +46,24 @@ def find_nvcc():
 
 
 def cuda_wanted():
-    mode = os.environ.get("SMLA_CUDA", "auto").lower()
-    nvcc = find_nvcc()
-    if mode in ("0", "off", "false", "no"):
+    """nvcc's path when the CUDA kernels are to be built, else None."""
+    if os.environ.get("SMLA_CUDA", "").strip().lower() in ("", "auto"):
+        return find_nvcc()
+    if not switch("SMLA_CUDA", False):
         return None
-    if mode in ("1", "on", "true", "yes") and nvcc is None:
+    nvcc = find_nvcc()
+    if nvcc is None:
         sys.exit("SMLA_CUDA=1 but nvcc was not found (set CUDA_HOME)")
     return nvcc
 
 
-DEBUG = os.environ.get("SMLA_DEBUG", "0") not in ("0", "", "false")
+DEBUG = switch("SMLA_DEBUG", False)
 NVCC = cuda_wanted()
 ARCHS = [a.strip() for a in os.environ.get("SMLA_CUDA_ARCHS", "90a;80").replace(",", ";").split(";") if a.strip()]
+PROFILE = bool(NVCC) and switch("SMLA_PROFILE_BUILD", False)
+
+# The build folder's name: every switch that changes an object file or the linked library.
+KEY = "-".join(["cuda-" + "_".join(ARCHS) if NVCC else "cpu"] + ["debug"] * DEBUG + ["profile"] * PROFILE)
 
 c_sources = sorted(glob("csrc/*.c") + glob("csrc/ops/*.c") + glob("csrc/cpu/*.c"))
 cu_sources = sorted(glob("cuda/*.cu")) if NVCC else []
@@ -58,11 +81,24 @@ if NVCC:
     macros += [("SMLA_WITH_CUDA", "1"), ("SMLA_CUDA_ARCHS", '"' + ";".join(ARCHS) + '"')]
 
 
+class Build(build):
+    """Puts the whole build (objects, linked library, wheel staging) under build/<KEY>."""
+
+    def finalize_options(self):
+        self.build_base = os.path.join(self.build_base, KEY)
+        super().finalize_options()
+
+
 class BuildExt(build_ext):
     """Compiles cuda/*.cu with nvcc (in parallel) and links them with the static CUDA runtime."""
 
     def build_extension(self, ext):
         if NVCC:
+            if not cu_sources:
+                # Linking without them would give a library that fails to import on a GPU host.
+                sys.exit("SMLA_CUDA: nvcc was found but cuda/*.cu are missing from this source tree, so the "
+                         "CUDA kernels cannot be built: use a complete checkout or sdist, or set SMLA_CUDA=0 "
+                         "for a CPU-only build")
             objs = self.compile_cuda()
             cuda_lib = os.path.join(os.path.dirname(os.path.dirname(NVCC)), "lib64")
             ext.extra_objects = objs
@@ -81,12 +117,13 @@ class BuildExt(build_ext):
                  "-DSMLA_WITH_CUDA=1", "--expt-relaxed-constexpr", "-Xptxas=-warn-spills"] + gencode
         if DEBUG:
             flags += ["-DSMLA_DEBUG_BUILD=1"]
-        if os.environ.get("SMLA_PROFILE_BUILD", "0") not in ("0", "", "false"):
+        if PROFILE:
             flags += ["-DSMLA_ATTN_ABLATION=1"]
 
-        # objects compiled with other flags (another SMLA_CUDA_ARCHS, SMLA_PROFILE_BUILD, ...) are stale
+        # objects compiled by another nvcc or with other flags (an edited setup.py) are stale
         stamp = os.path.join(out_dir, "nvcc_flags.txt")
-        same_flags = os.path.exists(stamp) and open(stamp).read() == " ".join(flags)
+        stamp_text = " ".join([NVCC] + flags)
+        same_flags = os.path.exists(stamp) and open(stamp).read() == stamp_text
 
         def one(src):
             obj = os.path.join(out_dir, os.path.basename(src) + ".o")
@@ -102,7 +139,7 @@ class BuildExt(build_ext):
         with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
             objs = list(pool.map(one, cu_sources))
         with open(stamp, "w") as f:
-            f.write(" ".join(flags))
+            f.write(stamp_text)
         return objs
 
 
@@ -118,5 +155,5 @@ setup(
             depends=glob("csrc/*.h") + glob("csrc/*/*.h") + cu_sources + glob("cuda/*.cuh"),
         )
     ],
-    cmdclass={"build_ext": BuildExt},
+    cmdclass={"build": Build, "build_ext": BuildExt},
 )

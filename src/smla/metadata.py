@@ -22,7 +22,10 @@ scratch, the decode kernel's split-top-k workspace sized for the largest step at
 the split mode's bf16 prefill workspace), so a decode step through SparseMLAAttention allocates
 nothing.
 """
+from __future__ import annotations
+
 from dataclasses import dataclass, field
+from typing import Any, Optional
 
 import numpy as np
 
@@ -45,15 +48,19 @@ MIN_HEADS_FOR_SPLIT = 1
 MODES = ("auto", "mixed", "split")
 _CACHE_ALIASES = {"bfloat16": "bf16", "auto": "bf16", "fp8": "fp8_ds_mla", "fp8_e4m3": "fp8_ds_mla"}
 
+# An array of any framework smla accepts: NumPy, or any DLPack producer (torch, CuPy, ...); host index
+# arguments may also be lists.
+Array = Any
 
-def canonical_cache_dtype(kv_cache_dtype):
+
+def canonical_cache_dtype(kv_cache_dtype: str) -> str:
     name = _CACHE_ALIASES.get(kv_cache_dtype, kv_cache_dtype)
     if name not in ("bf16", "fp8_ds_mla"):
         raise ValueError(f'kv_cache_dtype: expected "bf16" or "fp8_ds_mla", got {kv_cache_dtype!r}')
     return name
 
 
-def resolve_mode(num_heads, kv_cache_dtype, mode="auto"):
+def resolve_mode(num_heads: int, kv_cache_dtype: str, mode: str = "auto") -> str:
     """The attention plan of a layer: "bf16" (bf16 cache: prefill kernel over the paged rows; the
     fp8 mode is ignored), else "mixed" or "split"; "auto" is "split" when num_heads >=
     MIN_HEADS_FOR_SPLIT, else "mixed"."""
@@ -90,7 +97,7 @@ def _host(x, name, dtype=np.int64):
     return a.astype(dtype, copy=False)
 
 
-def req_id_per_token(query_start_loc):
+def req_id_per_token(query_start_loc: Array) -> np.ndarray:
     """int32 [qsl[-1] - qsl[0]]: token t belongs to request r where qsl[r] <= t < qsl[r+1]."""
     qsl = _host(query_start_loc, "query_start_loc").reshape(-1)
     lens = np.diff(qsl)
@@ -99,7 +106,8 @@ def req_id_per_token(query_start_loc):
     return np.repeat(np.arange(lens.shape[0], dtype=np.int32), lens)
 
 
-def split_decodes_and_prefills(query_start_loc, *, decode_threshold=1, require_uniform=False):
+def split_decodes_and_prefills(query_start_loc: Array, *, decode_threshold: int = 1,
+                               require_uniform: bool = False) -> tuple[int, int, int, int]:
     """(num_decodes, num_prefills, num_decode_tokens, num_prefill_tokens) of a batch ordered decodes
     first (vLLM's split_decodes_and_prefills). A request is a decode iff its query length <=
     decode_threshold; with require_uniform the decodes must all have the first request's length
@@ -128,7 +136,7 @@ def split_decodes_and_prefills(query_start_loc, *, decode_threshold=1, require_u
     return first, num_reqs - first, num_decode_tokens, num_tokens - num_decode_tokens
 
 
-def split_prefill_chunks(seq_lens, workspace_size, request_offset=0):
+def split_prefill_chunks(seq_lens: Array, workspace_size: int, request_offset: int = 0) -> list[tuple[int, int]]:
     """Greedy [(start, end), ...] of consecutive requests whose seq_lens sum to <= workspace_size
     (vLLM's split_prefill_chunks); every seq_len must fit on its own."""
     sl = _host(seq_lens, "seq_lens").reshape(-1)
@@ -165,7 +173,7 @@ class PrefillChunk:
     seq_lens_cpu: np.ndarray
 
     @property
-    def tokens(self):
+    def tokens(self) -> slice:
         return slice(self.token_start, self.token_end)
 
 
@@ -213,10 +221,10 @@ class SparseMLAMetadata:
     step: int = 0
 
     @property
-    def is_decode_only(self):
+    def is_decode_only(self) -> bool:
         return self.num_prefills == 0
 
-    def prefill_plan(self):
+    def prefill_plan(self) -> list[PrefillChunk]:
         """The split-mode prefill chunks, planned now if build() did not (builder of another mode)."""
         if self.chunks is None:
             self.builder.plan_prefill(self)
@@ -298,9 +306,10 @@ class SparseMLAMetadataBuilder:
     decode_threshold: vLLM's reorder threshold (query length <= it: a decode; decodes must be
     uniform, require_uniform=True as in vLLM's FlashMLA sparse backend)."""
 
-    def __init__(self, *, num_heads, block_size, topk, max_model_len, max_num_seqs,
-                 max_num_batched_tokens, kv_cache_dtype, mode="auto", decode_threshold=1,
-                 prefill_workspace_rows=None, device=None, framework=None):
+    def __init__(self, *, num_heads: int, block_size: int, topk: int, max_model_len: int, max_num_seqs: int,
+                 max_num_batched_tokens: int, kv_cache_dtype: str, mode: str = "auto", decode_threshold: int = 1,
+                 prefill_workspace_rows: Optional[int] = None, device: Any = None,
+                 framework: Optional[str] = None) -> None:
         for name, v in (("num_heads", num_heads), ("block_size", block_size), ("topk", topk),
                         ("max_model_len", max_model_len), ("max_num_seqs", max_num_seqs),
                         ("max_num_batched_tokens", max_num_batched_tokens),
@@ -395,14 +404,14 @@ class SparseMLAMetadataBuilder:
             self._allocate(x[:0] if _arrays.framework(x) in ("torch", "cupy") else
                            _ref_array(f"cuda:{_arrays.device(x)[1]}", self._framework_hint))
 
-    def prefill_workspace(self):
+    def prefill_workspace(self) -> Array:
         """The bf16 [prefill_workspace_rows, 576] split-mode workspace; allocated here on first use
         when the builder's own mode is not "split" (then the first split step allocates)."""
         if self._prefill_ws is None:
             self._prefill_ws = _arrays.empty(self._ref, (self.prefill_workspace_rows, D_QK), "bfloat16")
         return self._prefill_ws
 
-    def decode_workspace_size(self, b, s_q):
+    def decode_workspace_size(self, b: int, s_q: int) -> int:
         """Bytes the CUDA decode kernel wants for [b, s_q] on this builder's device (0 on the CPU)."""
         if self._ref is None or not self.is_cuda or b <= 0 or s_q <= 0:
             return 0
@@ -427,8 +436,9 @@ class SparseMLAMetadataBuilder:
 
     # ---- build -----------------------------------------------------------------------------
 
-    def build(self, query_start_loc, seq_lens, block_table, slot_mapping, *,
-              query_start_loc_cpu=None, seq_lens_cpu=None):
+    def build(self, query_start_loc: Array, seq_lens: Array, block_table: Array, slot_mapping: Array, *,
+              query_start_loc_cpu: Optional[Array] = None, seq_lens_cpu: Optional[Array] = None
+              ) -> SparseMLAMetadata:
         """Metadata of one step. query_start_loc [R+1] (qsl[0] = 0), seq_lens [R] (context plus this
         step's tokens), block_table [R' >= R, M <= ceil(max_model_len / block_size)], slot_mapping
         [T >= qsl[-1]] (tokens past qsl[-1] are CUDA-graph padding: they read request 0, and give
@@ -516,7 +526,7 @@ class SparseMLAMetadataBuilder:
             self.plan_prefill(md, seq_lens)
         return md
 
-    def plan_prefill(self, md, seq_lens=None):
+    def plan_prefill(self, md: SparseMLAMetadata, seq_lens: Optional[Array] = None) -> list[PrefillChunk]:
         """Fill md's split-mode prefill fields: per-token prefill request ids, chunk-relative
         workspace starts and the chunks (host work; reads seq_lens back from the device when no
         host copy was given). build() calls it in split mode; a split layer calls it through

@@ -19,6 +19,10 @@ smla ships no communication layer: `dcp_decode` uses torch.distributed on a grou
 (NCCL on GPUs; gloo works for CPU tensors). `dcp_combine` is the same combine over a list of per-rank
 results in one process (NumPy or torch), for simulations and tests.
 """
+from __future__ import annotations
+
+from typing import Any, Optional, Sequence, TypeVar
+
 import numpy as np
 import ml_dtypes
 
@@ -31,27 +35,32 @@ __all__ = [
 
 _BF16 = np.dtype(ml_dtypes.bfloat16)
 
+# NumPy arrays or torch tensors (the decode functions: any array sparse_mla_decode accepts).
+Array = Any
+# A position or count: a Python int, a NumPy array or a torch tensor; the result has the same kind.
+Pos = TypeVar("Pos")
+
 
 # =============================================================================================
 # ownership (pure integer arithmetic: Python ints, NumPy arrays or torch tensors, g >= 0)
 # =============================================================================================
 
-def dcp_owner(g, dcp_size, interleave=1):
+def dcp_owner(g: Pos, dcp_size: int, interleave: int = 1) -> Pos:
     """Rank that stores global position g: tokens go round-robin in groups of `interleave`."""
     return (g // interleave) % dcp_size
 
 
-def dcp_local_position(g, dcp_size, interleave=1):
+def dcp_local_position(g: Pos, dcp_size: int, interleave: int = 1) -> Pos:
     """Position of global position g in its owner's local sequence."""
     return (g // (dcp_size * interleave)) * interleave + g % interleave
 
 
-def dcp_global_position(local, dcp_rank, dcp_size, interleave=1):
+def dcp_global_position(local: Pos, dcp_rank: int, dcp_size: int, interleave: int = 1) -> Pos:
     """Inverse of dcp_local_position on rank dcp_rank."""
     return ((local // interleave) * dcp_size + dcp_rank) * interleave + local % interleave
 
 
-def dcp_local_seq_lens(seq_lens, dcp_size, dcp_rank, interleave=1):
+def dcp_local_seq_lens(seq_lens: Pos, dcp_size: int, dcp_rank: int, interleave: int = 1) -> Pos:
     """Tokens of sequences of length seq_lens that rank dcp_rank stores (vLLM get_dcp_local_seq_lens):
     the full rounds every rank gets, plus this rank's part of the last, partial round."""
     base = (seq_lens // (dcp_size * interleave)) * interleave
@@ -88,7 +97,7 @@ def _like(x, ref):
     return x.astype(ref.dtype)
 
 
-def dcp_global_lse(lse_all):
+def dcp_global_lse(lse_all: Array) -> tuple[Array, Array]:
     """lse_all [world, ...] f32 (NumPy or torch) -> (global lse [...], factors [world, ...]).
 
     As vLLM's _correct_attn_cp_out_kernel: NaN and +inf lse count as -inf (an empty shard); the max
@@ -137,7 +146,8 @@ def _apply_sink(out_f32, lse, attn_sink):
     return out_f32 * w[..., None]
 
 
-def dcp_combine(outs, lses, *, attn_sink=None):
+def dcp_combine(outs: Sequence[Array], lses: Sequence[Array], *, attn_sink: Optional[Array] = None
+                ) -> tuple[Array, Array]:
     """Combine the partial results of all DCP ranks in one process.
 
     outs: list of [..., d] (bf16 or f32; NumPy or torch), lses: list of [...] natural-log lse, one pair
@@ -166,9 +176,10 @@ def dcp_combine(outs, lses, *, attn_sink=None):
 # one rank's share, and the distributed step
 # =============================================================================================
 
-def dcp_local_decode(q, local_kv_cache, topk_indices, req_id, local_block_table, *, block_size,
-                     softmax_scale, kv_cache_dtype, dcp_size, dcp_rank, interleave=1, out=None,
-                     lse=None):
+def dcp_local_decode(q: Array, local_kv_cache: Array, topk_indices: Array, req_id: Array,
+                     local_block_table: Array, *, block_size: int, softmax_scale: float, kv_cache_dtype: str,
+                     dcp_size: int, dcp_rank: int, interleave: int = 1, out: Optional[Array] = None,
+                     lse: Optional[Array] = None) -> tuple[Array, Array]:
     """This rank's partial decode: keep the selected tokens it owns, map them to local slots and run
     sparse_mla_decode (no sink). q [b, s_q, h, 576]; topk_indices [b*s_q, topk] or [b, s_q, topk]
     request-local positions (-1: none); req_id [b*s_q]. Returns (out [b, s_q, h, 512] bf16,
@@ -190,9 +201,10 @@ def _local_decode(q, cache, topk_indices, req_id, block_table, block_size, softm
                              attn_sink=attn_sink, out=out, lse=lse)
 
 
-def dcp_decode(q, local_kv_cache, topk_indices, req_id, local_block_table, *, block_size, softmax_scale,
-               kv_cache_dtype, dcp_size, dcp_rank, interleave=1, group=None, attn_sink=None,
-               comm_dtype=None, out=None):
+def dcp_decode(q: Array, local_kv_cache: Array, topk_indices: Array, req_id: Array, local_block_table: Array,
+               *, block_size: int, softmax_scale: float, kv_cache_dtype: str, dcp_size: int, dcp_rank: int,
+               interleave: int = 1, group: Any = None, attn_sink: Optional[Array] = None,
+               comm_dtype: Any = None, out: Optional[Array] = None) -> tuple[Array, Array]:
     """Sparse MLA decode with the KV cache split over the ranks of a torch.distributed group.
 
     Arguments as dcp_local_decode (torch tensors on this rank's device); group: the DCP process group
@@ -248,8 +260,10 @@ def _host(x):
     return np.asarray(x)
 
 
-def split_cache_by_owner(kv_cache, block_table, seq_lens, *, dcp_size, interleave=1, ranks=None,
-                         num_blocks=None, seed=None):
+def split_cache_by_owner(kv_cache: Array, block_table: Array, seq_lens: Array, *, dcp_size: int,
+                         interleave: int = 1, ranks: Optional[Sequence[int]] = None,
+                         num_blocks: Optional[int] = None, seed: Optional[int] = None
+                         ) -> list[tuple[Array, Array, Array]]:
     """Each rank's share of a full paged cache, for tests and benchmarks.
 
     kv_cache [num_blocks, block_size, entry] (either layout: entries are copied byte for byte),
