@@ -198,7 +198,7 @@ class SparseMLAMetadata:
     decode_query_len: int       # uniform query length of the decodes (0: none)
     decode_shape: tuple         # (b, s_q) of the split-mode decode call over tokens [0, b*s_q)
     query_start_loc_cpu: np.ndarray
-    seq_lens_cpu: object        # np.ndarray when known on the host, else None
+    seq_lens_cpu: Optional[np.ndarray]  # when known on the host
     query_start_loc: object     # [R+1] int32
     seq_lens: object            # [R] int32
     block_table: object         # [R, max_blocks] int32; columns past the caller's width hold -1
@@ -208,7 +208,7 @@ class SparseMLAMetadata:
     prefill_request_ids: object = None       # [T] int32: -1 for decode tokens, p for prefill p
     prefill_seq_lens: object = None          # [P] int32
     prefill_workspace_starts: object = None  # [P] int32, chunk-relative
-    chunks: list = None
+    chunks: Optional[list] = None
     # scratch owned by the builder, shared by every layer that uses this metadata
     prefill_workspace: object = None         # [W, 576] bf16 (split mode) or None
     prefill_workspace_rows: int = 0
@@ -217,7 +217,7 @@ class SparseMLAMetadata:
     max_logits_scratch: object = None        # [T, h] f32
     decode_workspace: object = None          # uint8 [>= decode_workspace_bytes] or None
     decode_workspace_bytes: int = 0          # what this step's decode call needs (md.mode's plan)
-    builder: object = field(default=None, repr=False)
+    builder: Any = field(default=None, repr=False)  # the SparseMLAMetadataBuilder that made it
     step: int = 0
 
     @property

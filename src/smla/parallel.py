@@ -21,7 +21,7 @@ results in one process (NumPy or torch), for simulations and tests.
 """
 from __future__ import annotations
 
-from typing import Any, Optional, Sequence, TypeVar
+from typing import Any, Optional, Sequence
 
 import numpy as np
 import ml_dtypes
@@ -37,8 +37,8 @@ _BF16 = np.dtype(ml_dtypes.bfloat16)
 
 # NumPy arrays or torch tensors (the decode functions: any array sparse_mla_decode accepts).
 Array = Any
-# A position or count: a Python int, a NumPy array or a torch tensor; the result has the same kind.
-Pos = TypeVar("Pos")
+# A position or count: a Python int, a NumPy integer array or a torch tensor (results are of the same kind).
+Pos = Any
 
 
 # =============================================================================================
