@@ -503,19 +503,23 @@ static int extent(const smla_arr *a, uintptr_t *first, uintptr_t *last)
 {
     if (!a->present || is_empty(a)) return 0;
     int64_t lo = 0, hi = a->itemsize - 1;
+    const uintptr_t p = (uintptr_t)a->data;
     for (int i = 0; i < a->ndim; i++) {
         int64_t d;
         if (a->shape[i] <= 1) continue;
-        if (__builtin_mul_overflow(a->shape[i] - 1, a->strides[i], &d) ||
+        if (a->strides[i] == INT64_MIN || __builtin_mul_overflow(a->shape[i] - 1, a->strides[i], &d) ||
             __builtin_mul_overflow(d, (int64_t)a->itemsize, &d) ||
-            (d < 0 ? __builtin_add_overflow(lo, d, &lo) : __builtin_add_overflow(hi, d, &hi))) {
-            PyErr_Format(PyExc_ValueError, "%s: its strides reach outside the address space", a->name);
-            return -1;
-        }
+            (d < 0 ? __builtin_add_overflow(lo, d, &lo) : __builtin_add_overflow(hi, d, &hi)))
+            goto outside;
     }
-    *first = (uintptr_t)a->data + (uintptr_t)lo; /* wraps to data - |lo| */
-    *last = (uintptr_t)a->data + (uintptr_t)hi;
+    const uintptr_t below = (uintptr_t)0 - (uintptr_t)lo; /* |lo| */
+    if (p < below || UINTPTR_MAX - p < (uintptr_t)hi) goto outside;
+    *first = p - below;
+    *last = p + (uintptr_t)hi;
     return 1;
+outside:
+    PyErr_Format(PyExc_ValueError, "%s: its strides reach outside the address space", a->name);
+    return -1;
 }
 
 /* An array as rows of bytes from its dimension of largest |stride|: row r covers [start + r * step,

@@ -333,6 +333,14 @@ def test_merge_out_aliasing_out_a_shifted_by_one_head_raises():
     smla.merge_attn_states(first, la, ob, lb, out=second, out_lse=np.empty_like(la))
 
 
+def test_strides_beyond_the_address_space_raise():
+    """An input whose strides point below address 0 cannot be a real array (the kernel would fault)."""
+    big, ob, la, lb = merge_case()
+    bad = np.lib.stride_tricks.as_strided(la, (3, 4), (-(2**61), 4))
+    with pytest.raises(ValueError, match="lse_a: its strides reach outside the address space"):
+        smla.merge_attn_states(big, bad, ob, lb, out_lse=np.empty((3, 4), np.float32))
+
+
 def test_gather_workspace_aliasing_a_bf16_cache_raises():
     cache = np.zeros(smla.kv_cache_shape(4, 16, "bf16"), BF16)
     bt = np.array([[0, 1]], np.int32)
