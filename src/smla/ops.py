@@ -55,10 +55,9 @@ def _bool(x: Any, name: str) -> bool:
     try:
         v = operator.index(x)
     except TypeError:
-        v = None
+        raise TypeError(f"{name}: expected a bool, got {type(x).__name__}") from None
     if v not in (0, 1):
-        raise TypeError(f"{name}: expected a bool, got {x!r}" if v is not None else
-                        f"{name}: expected a bool, got {type(x).__name__}")
+        raise ValueError(f"{name}: expected a bool (or 0 / 1), got {v}")
     return bool(v)
 
 
@@ -88,7 +87,8 @@ def _shape(x: Any, name: str, ndim: int, layout: str = "") -> tuple[int, ...]:
 def _dtype_name(x: Any, name: str) -> str:
     dt = getattr(x, "dtype", None)
     if dt is None:
-        raise TypeError(f"{name}: a {type(x).__name__} has no .dtype to allocate the outputs with; pass them (out=, ...)")
+        raise TypeError(f"{name}: a {type(x).__name__} has no .dtype to allocate the outputs with; "
+                        "pass them (out=, ...)")
     s = str(dt).replace("torch.", "")
     return "bfloat16" if s in ("bfloat16", "uint16") else s
 
