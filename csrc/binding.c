@@ -1,4 +1,6 @@
 /* Array acquisition (NumPy C API and DLPack capsules) and argument validation for the bindings. */
+#include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "binding.h"
@@ -177,23 +179,42 @@ static PyObject *export_capsule(PyObject *obj, PyObject *stream)
     return cap;
 }
 
-/* The exchange API table of obj's type, cached for the last type seen (one lookup per type change). */
-static const smla_dl_exchange_api *exchange_api(smla_state *S, PyObject *obj)
+/* The exchange API table of obj's type, or NULL; one attribute lookup per change of type. The cache owns
+ * the type and the capsule that owns the table (module state, see binding.h). *cap gets a new reference
+ * to that capsule for the caller to hold while it calls through the table: a callback that runs Python
+ * could replace the cache meanwhile. */
+static const smla_dl_exchange_api *exchange_api(smla_state *S, PyObject *obj, PyObject **cap)
 {
-    PyTypeObject *t = Py_TYPE(obj);
-    if (t == S->api_type) return S->api;
+    PyObject *type = (PyObject *)Py_TYPE(obj);
+    *cap = NULL;
+    if (type == S->api_type) {
+        if (!S->api) return NULL;
+        *cap = S->api_capsule;
+        Py_INCREF(*cap);
+        return S->api;
+    }
     const smla_dl_exchange_api *api = NULL;
-    PyObject *cap = PyObject_GetAttrString((PyObject *)t, "__dlpack_c_exchange_api__");
-    if (cap && PyCapsule_IsValid(cap, "dlpack_exchange_api")) {
-        api = PyCapsule_GetPointer(cap, "dlpack_exchange_api");
+    PyObject *c = PyObject_GetAttrString(type, "__dlpack_c_exchange_api__");
+    if (c && PyCapsule_IsValid(c, "dlpack_exchange_api")) {
+        api = PyCapsule_GetPointer(c, "dlpack_exchange_api");
         if (api && (api->header.version.major != 1 || !api->dltensor_from_py_object_no_sync ||
                     !api->current_work_stream))
             api = NULL;
     }
-    Py_XDECREF(cap);
-    PyErr_Clear();
-    S->api_type = t;
+    if (!api) Py_CLEAR(c);
+    PyErr_Clear(); /* no attribute (or a broken one): not an exchange-API type */
+    PyObject *old_type = S->api_type, *old_cap = S->api_capsule;
+    Py_INCREF(type);
+    S->api_type = type;
+    S->api_capsule = c; /* the reference from the lookup */
     S->api = api;
+    if (c) {
+        *cap = c;
+        Py_INCREF(c);
+    }
+    /* last: freeing the old entries may run Python code, which may even replace the cache again */
+    Py_XDECREF(old_type);
+    Py_XDECREF(old_cap);
     return api;
 }
 
@@ -280,11 +301,14 @@ static smla_arr *acquire(smla_args *A, PyObject *obj, const char *name, int opti
     a->name = name;
     if (optional && obj == Py_None) return a;
     int rc;
+    const smla_dl_exchange_api *api;
+    PyObject *api_cap;
     if (PyArray_Check(obj))
         rc = from_numpy(A, obj, a);
-    else if (exchange_api(A->state, obj))
-        rc = from_exchange_api(A, exchange_api(A->state, obj), obj, a);
-    else if (PyObject_HasAttrString(obj, "__dlpack__")) {
+    else if ((api = exchange_api(A->state, obj, &api_cap)) != NULL) {
+        rc = from_exchange_api(A, api, obj, a);
+        Py_DECREF(api_cap);
+    } else if (PyObject_HasAttrString(obj, "__dlpack__")) {
         A->stream_pending = 0; /* no framework stream to ask: the legacy default stream */
         rc = from_dlpack(A, obj, a);
     }
@@ -311,8 +335,33 @@ static smla_arr *acquire(smla_args *A, PyObject *obj, const char *name, int opti
 smla_arr *smla_args_get(smla_args *A, PyObject *obj, const char *name) { return acquire(A, obj, name, 0); }
 smla_arr *smla_args_get_opt(smla_args *A, PyObject *obj, const char *name) { return acquire(A, obj, name, 1); }
 
+static smla_arr *mark_output(smla_arr *a)
+{
+    if (a) a->output = 1;
+    return a;
+}
+
+smla_arr *smla_args_get_out(smla_args *A, PyObject *obj, const char *name)
+{
+    return mark_output(acquire(A, obj, name, 0));
+}
+
+smla_arr *smla_args_get_out_opt(smla_args *A, PyObject *obj, const char *name)
+{
+    return mark_output(acquire(A, obj, name, 1));
+}
+
 void smla_args_release(smla_args *A)
 {
+    /* A DLPack deleter (or the last reference to an array) may run Python code, e.g. a producer written
+     * in Python, which must not start with the call's exception pending (it would become SystemError):
+     * set it aside and restore it. An error raised by a deleter itself has no caller to go to. */
+#if PY_VERSION_HEX >= 0x030C0000
+    PyObject *exc = PyErr_GetRaisedException();
+#else
+    PyObject *exc_type, *exc_value, *exc_tb;
+    PyErr_Fetch(&exc_type, &exc_value, &exc_tb);
+#endif
     for (int i = 0; i < A->n; i++) {
         smla_arr *a = &A->arrs[i];
         Py_CLEAR(a->array);
@@ -326,8 +375,14 @@ void smla_args_release(smla_args *A)
             }
             a->managed = NULL;
         }
+        if (PyErr_Occurred()) PyErr_WriteUnraisable(NULL);
     }
     A->n = 0;
+#if PY_VERSION_HEX >= 0x030C0000
+    PyErr_SetRaisedException(exc);
+#else
+    PyErr_Restore(exc_type, exc_value, exc_tb);
+#endif
 }
 
 int smla_check_dtype(const smla_arr *a, int n_allowed, const int *allowed)
@@ -432,10 +487,175 @@ int smla_check_int_index_64(const smla_arr *a)
     return smla_check_dtype(a, 2, ok);
 }
 
+int smla_check_finite(double v, const char *name)
+{
+    if (isfinite(v)) return 0;
+    char *txt = PyOS_double_to_string(v, 'r', 0, 0, NULL);
+    if (!txt) return -1;
+    PyErr_Format(PyExc_ValueError, "%s: expected a finite number, got %s", name, txt);
+    PyMem_Free(txt);
+    return -1;
+}
+
+/* First and last byte an array occupies (negative strides included). 0: no elements; -1: the strides
+ * reach outside the address space (ValueError). */
+static int extent(const smla_arr *a, uintptr_t *first, uintptr_t *last)
+{
+    if (!a->present || is_empty(a)) return 0;
+    int64_t lo = 0, hi = a->itemsize - 1;
+    const uintptr_t p = (uintptr_t)a->data;
+    for (int i = 0; i < a->ndim; i++) {
+        int64_t d;
+        if (a->shape[i] <= 1) continue;
+        if (a->strides[i] == INT64_MIN || __builtin_mul_overflow(a->shape[i] - 1, a->strides[i], &d) ||
+            __builtin_mul_overflow(d, (int64_t)a->itemsize, &d) ||
+            (d < 0 ? __builtin_add_overflow(lo, d, &lo) : __builtin_add_overflow(hi, d, &hi)))
+            goto outside;
+    }
+    const uintptr_t below = (uintptr_t)0 - (uintptr_t)lo; /* |lo| */
+    if (p < below || UINTPTR_MAX - p < (uintptr_t)hi) goto outside;
+    *first = p - below;
+    *last = p + (uintptr_t)hi;
+    return 1;
+outside:
+    PyErr_Format(PyExc_ValueError, "%s: its strides reach outside the address space", a->name);
+    return -1;
+}
+
+/* An array as rows of bytes from its dimension of largest |stride|: row r covers [start + r * step,
+ * start + r * step + width). 0 when its rows are wider than their step (they would not be disjoint). */
+static int as_rows(const smla_arr *a, int64_t *start, int64_t *step, int64_t *width, int64_t *rows)
+{
+    int outer = -1;
+    for (int i = 0; i < a->ndim; i++)
+        if (a->shape[i] > 1 && (outer < 0 || llabs(a->strides[i]) > llabs(a->strides[outer]))) outer = i;
+    int64_t lo = 0, hi = a->itemsize - 1; /* partial sums of extent()'s: no overflow */
+    for (int i = 0; i < a->ndim; i++) {
+        if (i == outer || a->shape[i] <= 1) continue;
+        const int64_t d = (a->shape[i] - 1) * a->strides[i] * a->itemsize;
+        if (d < 0) lo += d;
+        else hi += d;
+    }
+    *start = (int64_t)(intptr_t)a->data + lo;
+    *width = hi - lo + 1;
+    *rows = outer < 0 ? 1 : a->shape[outer];
+    *step = 0;
+    if (outer < 0) return 1;
+    const int64_t s = a->strides[outer] * a->itemsize;
+    if (s < 0) *start += (a->shape[outer] - 1) * s;
+    *step = llabs(s);
+    return *width <= *step;
+}
+
+/* Whether two arrays whose extents overlap still share no byte, decided exactly when both are rows of
+ * one step (e.g. two column ranges of one buffer); 0 = assume they overlap. */
+static int rows_disjoint(const smla_arr *a, const smla_arr *b)
+{
+    int64_t a0, sa, wa, na, b0, sb, wb, nb;
+    if (!as_rows(a, &a0, &sa, &wa, &na) || !as_rows(b, &b0, &sb, &wb, &nb)) return 0;
+    if (na == 1) sa = sb;
+    if (nb == 1) sb = sa;
+    if (sa != sb || sa == 0) return 0;
+    /* row i of a and row j of b meet iff delta - wa < (i - j) * s < delta + wb, delta = b0 - a0: try
+     * the smallest d = i - j above the lower bound */
+    const int64_t s = sa, delta = b0 - a0, x = delta - wa;
+    int64_t d = x / s - (x % s != 0 && x < 0) + 1;
+    if (d < 1 - nb) d = 1 - nb;
+    return !(d <= na - 1 && d * s < delta + wb);
+}
+
+/* Every element at its own address: with the dimensions of size > 1 sorted by |stride|, each stride
+ * must step over everything the smaller ones reach. This refuses stride 0 and overlapping strides (and
+ * the rare interleaved layouts that do not overlap, which no producer makes for an output). */
+static int check_distinct_elements(const smla_arr *a)
+{
+    int dims[SMLA_MAX_NDIM], n = 0;
+    for (int i = 0; i < a->ndim; i++)
+        if (a->shape[i] > 1) dims[n++] = i;
+    if (is_empty(a)) return 0;
+    for (int i = 1; i < n; i++) /* insertion sort by |stride| */
+        for (int j = i; j > 0 && llabs(a->strides[dims[j]]) < llabs(a->strides[dims[j - 1]]); j--) {
+            int t = dims[j];
+            dims[j] = dims[j - 1];
+            dims[j - 1] = t;
+        }
+    int64_t reach = 0; /* largest element offset the dimensions so far can produce */
+    for (int k = 0; k < n; k++) {
+        const int d = dims[k];
+        const int64_t s = llabs(a->strides[d]);
+        if (s == 0) {
+            PyErr_Format(PyExc_ValueError, "%s: stride 0 over dimension %d (size %lld) makes its elements "
+                         "overlap in memory; pass an array whose elements are distinct", a->name, d,
+                         (long long)a->shape[d]);
+            return -1;
+        }
+        if (s <= reach) {
+            PyErr_Format(PyExc_ValueError, "%s: its elements overlap in memory (stride %lld of dimension %d "
+                         "steps inside the span of the smaller strides); pass an array whose elements are "
+                         "distinct", a->name, (long long)a->strides[d], d);
+            return -1;
+        }
+        int64_t span;
+        if (__builtin_mul_overflow(s, a->shape[d] - 1, &span) || __builtin_add_overflow(reach, span, &reach)) {
+            PyErr_Format(PyExc_ValueError, "%s: its strides reach outside the address space", a->name);
+            return -1;
+        }
+    }
+    return 0;
+}
+
+/* The same view: same first element and element type, same shape, and the same strides over every
+ * dimension with more than one element. */
+static int same_view(const smla_arr *a, const smla_arr *b)
+{
+    if (a->data != b->data || a->dtype != b->dtype || a->ndim != b->ndim) return 0;
+    for (int i = 0; i < a->ndim; i++)
+        if (a->shape[i] != b->shape[i] || (a->shape[i] > 1 && a->strides[i] != b->strides[i])) return 0;
+    return 1;
+}
+
+int smla_check_outputs(const smla_args *A, const smla_arr *const *same, int n_same)
+{
+    uintptr_t first[SMLA_MAX_ARGS], last[SMLA_MAX_ARGS];
+    int has[SMLA_MAX_ARGS];
+    for (int i = 0; i < A->n; i++) {
+        const smla_arr *a = &A->arrs[i];
+        if ((has[i] = extent(a, &first[i], &last[i])) < 0) return -1;
+        if (a->output && has[i] && check_distinct_elements(a)) return -1;
+    }
+    /* Memory extents [first byte, last byte], refined for arrays that are rows of one step: cheap, no
+     * device access (arrays of one device share one address space), and exact for the layouts buffers
+     * are cut from (row ranges, column ranges); other interleavings count as overlapping. */
+    for (int i = 0; i < A->n; i++) {
+        const smla_arr *o = &A->arrs[i];
+        if (!o->output || !has[i]) continue;
+        for (int j = 0; j < A->n; j++) {
+            const smla_arr *x = &A->arrs[j];
+            /* two outputs are compared once, named by the later one */
+            if (j == i || !has[j] || (x->output && j > i) || last[i] < first[j] || last[j] < first[i] ||
+                rows_disjoint(o, x))
+                continue;
+            int in_place = 0;
+            for (int k = 0; k < n_same; k++)
+                if (same[2 * k] == o && same[2 * k + 1] == x) in_place = 1;
+            if (in_place && same_view(o, x)) continue;
+            if (in_place)
+                PyErr_Format(PyExc_ValueError, "%s: overlaps %s in memory; pass separate buffers, or %s itself "
+                             "(the same view) to work in place", o->name, x->name, x->name);
+            else
+                PyErr_Format(PyExc_ValueError, "%s: overlaps %s in memory; pass separate buffers", o->name,
+                             x->name);
+            return -1;
+        }
+    }
+    return 0;
+}
+
 int smla_parse_cache_dtype(const char *s)
 {
-    if (!strcmp(s, "bf16") || !strcmp(s, "bfloat16") || !strcmp(s, "auto")) return SMLA_CACHE_BF16;
-    if (!strcmp(s, "fp8_ds_mla") || !strcmp(s, "fp8") || !strcmp(s, "fp8_e4m3")) return SMLA_CACHE_FP8_DS_MLA;
+    /* canonical names only: vLLM's aliases are mapped by smla.ops.canonical_cache_dtype */
+    if (!strcmp(s, "bf16")) return SMLA_CACHE_BF16;
+    if (!strcmp(s, "fp8_ds_mla")) return SMLA_CACHE_FP8_DS_MLA;
     PyErr_Format(PyExc_ValueError, "kv_cache_dtype: expected \"bf16\" or \"fp8_ds_mla\", got \"%s\"", s);
     return -1;
 }

@@ -17,8 +17,12 @@ typedef struct {
     PyObject *cuda_error; /* smla.CudaError */
     int bf16_typenum;     /* NumPy type numbers of ml_dtypes types, -1 when unavailable */
     int e4m3_typenum;
-    PyTypeObject *api_type; /* last type asked for __dlpack_c_exchange_api__ (borrowed, compared only) */
-    const void *api;        /* its exchange API table, or NULL */
+    /* The last type asked for __dlpack_c_exchange_api__, with the capsule that owns its table. Both are
+     * strong references: a borrowed type pointer could be freed and reused by a new type, which would
+     * then be sent through the dead type's table. */
+    PyObject *api_type;
+    PyObject *api_capsule; /* NULL when the type has no usable table */
+    const void *api;       /* the table inside api_capsule, or NULL */
 } smla_state;
 
 /* stream value meaning "the current stream of the framework that owns the first CUDA array" */
@@ -37,6 +41,7 @@ typedef struct {
     int64_t shape[SMLA_MAX_NDIM];
     int64_t strides[SMLA_MAX_NDIM]; /* in elements */
     int readonly;
+    int output;            /* acquired with smla_args_get_out*: written by the op (smla_check_outputs) */
     /* ownership: a NumPy array reference, or a consumed DLPack managed tensor */
     PyObject *array;
     void *managed;
@@ -66,7 +71,20 @@ int smla_read_settings(smla_run *r);
 smla_arr *smla_args_get(smla_args *A, PyObject *obj, const char *name);
 /* Same, but None gives a view with present == 0. */
 smla_arr *smla_args_get_opt(smla_args *A, PyObject *obj, const char *name);
+/* The same two for an array the op writes (checked by smla_check_outputs). */
+smla_arr *smla_args_get_out(smla_args *A, PyObject *obj, const char *name);
+smla_arr *smla_args_get_out_opt(smla_args *A, PyObject *obj, const char *name);
+/* Release every array (DLPack deleters run here); keeps a pending exception intact. */
 void smla_args_release(smla_args *A);
+
+/* The memory rule for outputs, called by every op once its arrays are acquired and checked: an output's
+ * elements must not overlap each other (no stride 0 over a dimension of size > 1), and its memory extent
+ * must not overlap any other array of the call. `same` lists n_same (output, input) pairs, flattened,
+ * where the output may be EXACTLY the same view as the input (kernels that read each element before
+ * writing it, i.e. in place). 0, or -1 with ValueError naming both arrays. */
+int smla_check_outputs(const smla_args *A, const smla_arr *const *same, int n_same);
+/* A float argument that must be finite (softmax_scale); -1 with ValueError naming it. */
+int smla_check_finite(double v, const char *name);
 
 /* Property checks: return 0, or -1 with TypeError/ValueError set naming the argument. */
 int smla_check_dtype(const smla_arr *a, int n_allowed, const int *allowed);
@@ -80,7 +98,7 @@ int smla_check_aligned(const smla_arr *a, int bytes);
 int smla_check_int_index(const smla_arr *a);        /* int32 */
 int smla_check_int_index_64(const smla_arr *a);     /* int32 or int64 */
 
-/* Parse "bf16" / "fp8_ds_mla" (and vLLM's aliases) into smla_cache_dtype; -1 with ValueError. */
+/* Parse "bf16" / "fp8_ds_mla" into smla_cache_dtype; -1 with ValueError. */
 int smla_parse_cache_dtype(const char *s);
 /* Validate kv_cache [num_blocks, block_size, entry] for that layout and describe it. */
 int smla_get_cache(const smla_arr *a, int cache_dtype, smla_cache *c);

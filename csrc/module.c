@@ -98,21 +98,31 @@ static int module_exec(PyObject *m)
 
 static int module_traverse(PyObject *m, visitproc visit, void *arg)
 {
-    Py_VISIT(smla_get_state(m)->cuda_error);
+    smla_state *S = smla_get_state(m);
+    Py_VISIT(S->cuda_error);
+    Py_VISIT(S->api_type);
+    Py_VISIT(S->api_capsule);
     return 0;
 }
 
 static int module_clear(PyObject *m)
 {
-    Py_CLEAR(smla_get_state(m)->cuda_error);
+    smla_state *S = smla_get_state(m);
+    Py_CLEAR(S->cuda_error);
+    S->api = NULL;
+    Py_CLEAR(S->api_type);
+    Py_CLEAR(S->api_capsule);
     return 0;
 }
+
+/* Deallocation without a garbage-collector pass calls m_free, not m_clear. */
+static void module_free(void *m) { module_clear((PyObject *)m); }
 
 static PyModuleDef_Slot slots[] = {{Py_mod_exec, module_exec}, {0, NULL}};
 
 static struct PyModuleDef moduledef = {
     PyModuleDef_HEAD_INIT, "smla._C", "smla's C extension: sparse MLA kernels for CPU and CUDA.",
-    sizeof(smla_state), methods, slots, module_traverse, module_clear, NULL,
+    sizeof(smla_state), methods, slots, module_traverse, module_clear, module_free,
 };
 
 PyMODINIT_FUNC PyInit__C(void) { return PyModuleDef_Init(&moduledef); }

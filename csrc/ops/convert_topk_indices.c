@@ -15,8 +15,8 @@ static int parse_common(smla_args *A, smla_convert_indices_params *p, PyObject *
     smla_arr *idx = bt ? smla_args_get(A, o_idx, "topk_indices") : NULL;
     smla_arr *pids = idx ? smla_args_get_opt(A, o_pids, "prefill_request_ids") : NULL;
     smla_arr *pstarts = pids ? smla_args_get_opt(A, o_pstarts, "prefill_workspace_starts") : NULL;
-    smla_arr *out = pstarts ? smla_args_get(A, o_out, "out") : NULL;
-    smla_arr *counts = out ? smla_args_get_opt(A, o_counts, "valid_counts") : NULL;
+    smla_arr *out = pstarts ? smla_args_get_out(A, o_out, "out") : NULL;
+    smla_arr *counts = out ? smla_args_get_out_opt(A, o_counts, "valid_counts") : NULL;
     if (!counts) return -1;
     if (block_size <= 0) {
         PyErr_Format(PyExc_ValueError, "block_size: expected a positive integer, got %lld", block_size);
@@ -44,6 +44,9 @@ static int parse_common(smla_args *A, smla_convert_indices_params *p, PyObject *
                             smla_check_same_dim(counts, 0, idx, 0) || smla_check_contiguous(counts) ||
                             smla_check_writable(counts)))
         return -1;
+    /* in place (out is topk_indices) is allowed: the kernels read each row's entries before writing them */
+    const smla_arr *in_place[] = {out, idx};
+    if (smla_check_outputs(A, in_place, 1)) return -1;
     p->req_id = req->data;
     p->num_tokens = idx->shape[0];
     p->block_table = bt->data;

@@ -17,7 +17,7 @@ PyObject *smla_op_gather_upconvert(PyObject *module, PyObject *args)
     smla_gather_upconvert_params p;
     memset(&p, 0, sizeof p);
     smla_arr *cache = smla_args_get(&A, o_cache, "kv_cache");
-    smla_arr *ws = cache ? smla_args_get(&A, o_ws, "workspace") : NULL;
+    smla_arr *ws = cache ? smla_args_get_out(&A, o_ws, "workspace") : NULL;
     smla_arr *bt = ws ? smla_args_get(&A, o_bt, "block_table") : NULL;
     smla_arr *lens = bt ? smla_args_get(&A, o_lens, "seq_lens") : NULL;
     smla_arr *starts = lens ? smla_args_get(&A, o_starts, "workspace_starts") : NULL;
@@ -40,6 +40,7 @@ PyObject *smla_op_gather_upconvert(PyObject *module, PyObject *args)
         (smla_check_int_index(seq_starts) || smla_check_ndim(seq_starts, 1) ||
          smla_check_same_dim(seq_starts, 0, bt, 0) || smla_check_contiguous(seq_starts)))
         goto fail;
+    if (smla_check_outputs(&A, NULL, 0)) goto fail;
     p.workspace = ws->data;
     p.ws_stride = ws->strides[0];
     p.ws_rows = ws->shape[0];

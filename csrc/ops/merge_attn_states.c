@@ -19,8 +19,8 @@ PyObject *smla_op_merge_attn_states(PyObject *module, PyObject *args)
     smla_arr *la = oa ? smla_args_get(&A, o_la, "lse_a") : NULL;
     smla_arr *ob = la ? smla_args_get(&A, o_ob, "out_b") : NULL;
     smla_arr *lb = ob ? smla_args_get(&A, o_lb, "lse_b") : NULL;
-    smla_arr *out = lb ? smla_args_get(&A, o_out, "out") : NULL;
-    smla_arr *lse = out ? smla_args_get_opt(&A, o_lse, "out_lse") : NULL;
+    smla_arr *out = lb ? smla_args_get_out(&A, o_out, "out") : NULL;
+    smla_arr *lse = out ? smla_args_get_out_opt(&A, o_lse, "out_lse") : NULL;
     if (!lse) goto fail;
     if (smla_check_dtype(oa, 3, out_types) || smla_check_ndim(oa, 3) || smla_check_last_contiguous(oa)) goto fail;
     smla_arr *outs[] = {ob, out};
@@ -45,6 +45,10 @@ PyObject *smla_op_merge_attn_states(PyObject *module, PyObject *args)
             goto fail;
     }
     if (lse->present && smla_check_writable(lse)) goto fail;
+    /* out may be out_a or out_b, out_lse may be lse_a or lse_b: both kernels read each (token, head)
+     * pair's inputs before writing its outputs */
+    const smla_arr *in_place[] = {out, oa, out, ob, lse, la, lse, lb};
+    if (smla_check_outputs(&A, in_place, 4)) goto fail;
     p.dtype = oa->dtype;
     p.n = oa->shape[0];
     p.h = oa->shape[1];

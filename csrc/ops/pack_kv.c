@@ -26,7 +26,7 @@ PyObject *smla_op_pack_kv(PyObject *module, PyObject *args)
     memset(&p, 0, sizeof p);
     smla_arr *kv_c = smla_args_get(&A, o_kv_c, "kv_c");
     smla_arr *k_pe = kv_c ? smla_args_get(&A, o_k_pe, "k_pe") : NULL;
-    smla_arr *cache = k_pe ? smla_args_get(&A, o_cache, "kv_cache") : NULL;
+    smla_arr *cache = k_pe ? smla_args_get_out(&A, o_cache, "kv_cache") : NULL;
     smla_arr *slots = cache ? smla_args_get(&A, o_slots, "slot_mapping") : NULL;
     if (!slots) goto fail;
     int cdt = smla_parse_cache_dtype(cache_dtype);
@@ -55,6 +55,7 @@ PyObject *smla_op_pack_kv(PyObject *module, PyObject *args)
         goto fail;
     }
     if (A.device == SMLA_DEV_CUDA && (smla_check_aligned(kv_c, 16) || smla_check_aligned(k_pe, 4))) goto fail;
+    if (smla_check_outputs(&A, NULL, 0)) goto fail;
     p.kv_c = kv_c->data;
     p.kv_c_stride = kv_c->strides[0];
     p.k_pe = k_pe->data;

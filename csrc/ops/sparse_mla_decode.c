@@ -21,14 +21,15 @@ PyObject *smla_op_sparse_mla_decode(PyObject *module, PyObject *args)
     if (!(x.q = smla_args_get(&A, o_q, "q")) || !(cache = smla_args_get(&A, o_cache, "kv_cache")) ||
         !(x.indices = smla_args_get(&A, o_idx, "indices")) ||
         !(x.topk_length = smla_args_get_opt(&A, o_tl, "topk_length")) ||
-        !(x.attn_sink = smla_args_get_opt(&A, o_sink, "attn_sink")) || !(x.out = smla_args_get(&A, o_out, "out")) ||
-        !(x.lse = smla_args_get(&A, o_lse, "lse")) || !(x.max_logits = smla_args_get_opt(&A, Py_None, "max_logits")) ||
-        !(ws = smla_args_get_opt(&A, o_ws, "workspace")))
+        !(x.attn_sink = smla_args_get_opt(&A, o_sink, "attn_sink")) || !(x.out = smla_args_get_out(&A, o_out, "out")) ||
+        !(x.lse = smla_args_get_out(&A, o_lse, "lse")) || !(x.max_logits = smla_args_get_opt(&A, Py_None, "max_logits")) ||
+        !(ws = smla_args_get_out_opt(&A, o_ws, "workspace")))
         goto fail;
     int cdt = smla_parse_cache_dtype(cache_dtype);
     if (cdt < 0 || smla_get_cache(cache, cdt, &p.kv) || smla_attn_check(&A, &x, 2)) goto fail;
     if (ws->present && (smla_check_contiguous(ws) || smla_check_writable(ws) || smla_check_aligned(ws, 16)))
         goto fail;
+    if (smla_check_outputs(&A, NULL, 0) || smla_check_finite(scale, "softmax_scale")) goto fail;
     smla_attn_fill(&p, &x, scale, &A.run, A.stream);
     if (ws->present) {
         p.workspace = ws->data;

@@ -21,8 +21,8 @@ PyObject *smla_op_sparse_mla_prefill(PyObject *module, PyObject *args)
     if (!(x.q = smla_args_get(&A, o_q, "q")) || !(kv = smla_args_get(&A, o_kv, "kv")) ||
         !(x.indices = smla_args_get(&A, o_idx, "indices")) ||
         !(x.topk_length = smla_args_get_opt(&A, o_tl, "topk_length")) ||
-        !(x.attn_sink = smla_args_get_opt(&A, o_sink, "attn_sink")) || !(x.out = smla_args_get(&A, o_out, "out")) ||
-        !(x.lse = smla_args_get(&A, o_lse, "lse")) || !(x.max_logits = smla_args_get_opt(&A, o_ml, "max_logits")))
+        !(x.attn_sink = smla_args_get_opt(&A, o_sink, "attn_sink")) || !(x.out = smla_args_get_out(&A, o_out, "out")) ||
+        !(x.lse = smla_args_get_out(&A, o_lse, "lse")) || !(x.max_logits = smla_args_get_out_opt(&A, o_ml, "max_logits")))
         goto fail;
     /* kv [s_kv, 576] or FlashMLA's [s_kv, 1, 576] */
     if (smla_check_dtype(kv, 2, bf16)) goto fail;
@@ -35,7 +35,9 @@ PyObject *smla_op_sparse_mla_prefill(PyObject *module, PyObject *args)
     if (smla_check_ndim(kv, 2) || smla_check_dim(kv, 1, SMLA_D_QK, "d_qk") || smla_check_last_contiguous(kv))
         goto fail;
     if (A.device == SMLA_DEV_CUDA && smla_check_aligned(kv, 16)) goto fail;
-    if (smla_attn_check(&A, &x, 1)) goto fail;
+    if (smla_attn_check(&A, &x, 1) || smla_check_outputs(&A, NULL, 0) ||
+        smla_check_finite(scale, "softmax_scale"))
+        goto fail;
     smla_arr *all[] = {x.q, x.indices, x.topk_length, x.out, x.lse, x.max_logits};
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) smla_attn_unsqueeze(all[i]);
     smla_attn_fill(&p, &x, scale, &A.run, A.stream);

@@ -17,7 +17,7 @@ PyObject *smla_op_unpack_kv(PyObject *module, PyObject *args)
     memset(&p, 0, sizeof p);
     smla_arr *cache = smla_args_get(&A, o_cache, "kv_cache");
     smla_arr *slots = cache ? smla_args_get(&A, o_slots, "slots") : NULL;
-    smla_arr *out = slots ? smla_args_get(&A, o_out, "out") : NULL;
+    smla_arr *out = slots ? smla_args_get_out(&A, o_out, "out") : NULL;
     if (!out) goto fail;
     int cdt = smla_parse_cache_dtype(cache_dtype);
     if (cdt < 0 || smla_get_cache(cache, cdt, &p.cache)) goto fail;
@@ -26,6 +26,7 @@ PyObject *smla_op_unpack_kv(PyObject *module, PyObject *args)
         smla_check_dim(out, 1, SMLA_D_QK, "d_qk") || smla_check_last_contiguous(out) || smla_check_writable(out))
         goto fail;
     if (A.device == SMLA_DEV_CUDA && smla_check_aligned(out, 16)) goto fail;
+    if (smla_check_outputs(&A, NULL, 0)) goto fail;
     p.slots = slots->data;
     p.slots_is_i64 = slots->dtype == SMLA_DT_I64;
     p.n = slots->shape[0];

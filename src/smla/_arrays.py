@@ -1,7 +1,16 @@
 """Framework plumbing for the Python layer: which library owns an array, its device, the launch
 stream, and output allocation with the caller's own framework (numpy / torch / cupy)."""
+from __future__ import annotations
+
+import operator
+import weakref
+from typing import Any
+
 import numpy as np
 import ml_dtypes
+
+# What the ops take for an array: a NumPy array or any object with __dlpack__ (torch, CuPy, JAX, ...).
+Array = Any
 
 _DL_CPU, _DL_CUDA, _DL_CUDA_MANAGED = 1, 2, 13
 
@@ -26,38 +35,56 @@ def framework(x):
     return "other"
 
 
-def device(x):
+def check_array(x, name="array"):
+    """TypeError naming the argument unless x is a NumPy array or has __dlpack__ (the extension's rule)."""
+    if not (isinstance(x, np.ndarray) or hasattr(x, "__dlpack__")):
+        raise TypeError(f"{name}: expected a NumPy array or an object with __dlpack__, got {type(x).__name__}")
+
+
+def device(x, name="array"):
     """(dlpack device type, device id); NumPy arrays are (1, 0)."""
     if isinstance(x, np.ndarray):
         return (_DL_CPU, 0)
+    check_array(x, name)
     if not hasattr(x, "__dlpack_device__"):
-        raise TypeError(f"expected a NumPy array or an object with __dlpack__, got {type(x).__name__}")
+        raise TypeError(f"{name}: a {type(x).__name__} has __dlpack__ but no __dlpack_device__")
     t, i = x.__dlpack_device__()
     return (int(t), int(i))
 
 
-def is_cuda(x):
-    return device(x)[0] in (_DL_CUDA, _DL_CUDA_MANAGED)
+def is_cuda(x, name="array"):
+    return device(x, name)[0] in (_DL_CUDA, _DL_CUDA_MANAGED)
 
 
 # Passed to the extension to mean "ask the array's framework for its current stream" through the DLPack
 # C exchange API (no Python round trip); see csrc/binding.c.
 STREAM_CURRENT = 0xFFFFFFFFFFFFFFFF
-_HAS_EXCHANGE_API = {}
+# type -> has the exchange API; weak, so that it neither keeps the caller's types alive nor serves a
+# dead type's answer to a new type at the same address
+_HAS_EXCHANGE_API: weakref.WeakKeyDictionary[type, bool] = weakref.WeakKeyDictionary()
 
 
-def launch_stream(x, stream=None):
+def launch_stream(x, stream=None, name="array"):
     """The stream handle to launch on: the caller's `stream=`, else the current stream of the framework
-    that owns x (torch / cupy), else 0 (the legacy default stream)."""
+    that owns x (`name` in messages: torch / cupy), else 0 (the legacy default stream)."""
+    if type(x) is np.ndarray and stream is None:
+        return 0
+    check_array(x, name)
     if stream is not None:
-        return int(stream)
+        try:
+            s = operator.index(stream)
+        except TypeError:
+            raise TypeError(f"stream: expected an integer stream handle, got {type(stream).__name__}") from None
+        if not 0 <= s < STREAM_CURRENT:
+            raise ValueError(f"stream: expected a stream handle from 0 to 2**64 - 2, got {s}")
+        return s
     t = type(x)
     api = _HAS_EXCHANGE_API.get(t)
     if api is None:
         api = _HAS_EXCHANGE_API[t] = hasattr(t, "__dlpack_c_exchange_api__")
     if api:
         return STREAM_CURRENT
-    if isinstance(x, np.ndarray) or not is_cuda(x):
+    if isinstance(x, np.ndarray) or not is_cuda(x, name):
         return 0
     fw = framework(x)
     if fw == "torch":

@@ -30,6 +30,7 @@ from typing import Any, Optional
 import numpy as np
 
 from . import _arrays
+from .ops import canonical_cache_dtype  # the package's one alias table
 
 __all__ = ["MIN_HEADS_FOR_SPLIT", "PrefillChunk", "SparseMLAMetadata", "SparseMLAMetadataBuilder",
            "req_id_per_token", "resolve_mode", "split_decodes_and_prefills", "split_prefill_chunks"]
@@ -46,18 +47,10 @@ PREFILL_WORKSPACE_FACTOR = 5  # vLLM get_prefill_workspace_size: 5 * max_model_l
 MIN_HEADS_FOR_SPLIT = 1
 
 MODES = ("auto", "mixed", "split")
-_CACHE_ALIASES = {"bfloat16": "bf16", "auto": "bf16", "fp8": "fp8_ds_mla", "fp8_e4m3": "fp8_ds_mla"}
 
 # An array of any framework smla accepts: NumPy, or any DLPack producer (torch, CuPy, ...); host index
 # arguments may also be lists.
 Array = Any
-
-
-def canonical_cache_dtype(kv_cache_dtype: str) -> str:
-    name = _CACHE_ALIASES.get(kv_cache_dtype, kv_cache_dtype)
-    if name not in ("bf16", "fp8_ds_mla"):
-        raise ValueError(f'kv_cache_dtype: expected "bf16" or "fp8_ds_mla", got {kv_cache_dtype!r}')
-    return name
 
 
 def resolve_mode(num_heads: int, kv_cache_dtype: str, mode: str = "auto") -> str:

@@ -1,138 +1,262 @@
-"""Public ops (docs/design.md section 4): validate nothing here beyond what needs Python, allocate missing
-outputs with the caller's framework, pick the launch stream, and call the C extension."""
+"""Public ops (docs/design.md section 4): check here only what Python must read itself (an argument's
+type before its .shape, the scalars), allocate missing outputs with the caller's framework, pick the
+launch stream, and call the C extension, which validates every array. Every error names the argument."""
+from __future__ import annotations
+
+import operator
+from typing import Any, Literal, overload
+
+import numpy as np
+
 from . import _C
-from ._arrays import device, empty, is_cuda, launch_stream
+from ._arrays import Array, check_array, device, empty, is_cuda, launch_stream
+
+__all__ = ["CACHE_DTYPE_ALIASES", "canonical_cache_dtype", "convert_topk_indices", "filter_convert_dcp_indices",
+           "gather_upconvert", "kv_cache_shape", "merge_attn_states", "pack_kv", "sparse_mla_decode",
+           "sparse_mla_decode_workspace_size", "sparse_mla_prefill", "unpack_kv"]
 
 _ENTRY = {"bf16": 576, "fp8_ds_mla": 656}
-_ALIASES = {"bfloat16": "bf16", "auto": "bf16", "fp8": "fp8_ds_mla", "fp8_e4m3": "fp8_ds_mla"}
+# vLLM's names for the two layouts. The package's one alias table: metadata.py and layer.py use
+# canonical_cache_dtype, and the extension is only ever given the canonical names.
+CACHE_DTYPE_ALIASES = {"bfloat16": "bf16", "auto": "bf16", "fp8": "fp8_ds_mla", "fp8_e4m3": "fp8_ds_mla"}
+_SCALE_RULES = ("pow2", "fp32")
+_I32_MAX = 2**31 - 1
+_I64_MAX = 2**63 - 1
 
 
-def _cache_dtype(name):
-    name = _ALIASES.get(name, name)
+def canonical_cache_dtype(kv_cache_dtype: str) -> str:
+    """"bf16" or "fp8_ds_mla" for a layout name or one of vLLM's aliases ("auto", "bfloat16", "fp8",
+    "fp8_e4m3")."""
+    if not isinstance(kv_cache_dtype, str):
+        raise TypeError(f"kv_cache_dtype: expected a str, got {type(kv_cache_dtype).__name__}")
+    name = CACHE_DTYPE_ALIASES.get(kv_cache_dtype, kv_cache_dtype)
     if name not in _ENTRY:
-        raise ValueError(f'kv_cache_dtype: expected "bf16" or "fp8_ds_mla", got {name!r}')
+        raise ValueError(f'kv_cache_dtype: expected "bf16" or "fp8_ds_mla", got {kv_cache_dtype!r}')
     return name
 
 
-def kv_cache_shape(num_blocks, block_size, kv_cache_dtype):
+def _int(x: Any, name: str, lo: int, hi: int = _I64_MAX) -> int:
+    """x as a Python int in [lo, hi] (anything with __index__: int, NumPy integers, 0-d integer arrays)."""
+    try:
+        v = operator.index(x)
+    except TypeError:
+        raise TypeError(f"{name}: expected an integer, got {type(x).__name__}") from None
+    if v < lo:
+        raise ValueError(f"{name}: expected an integer >= {lo}, got {v}")
+    if v > hi:
+        raise ValueError(f"{name}: expected an integer <= {hi}, got {v}")
+    return v
+
+
+def _bool(x: Any, name: str) -> bool:
+    """A flag: bool, NumPy bool, or the integers 0 and 1."""
+    if isinstance(x, (bool, np.bool_)):
+        return bool(x)
+    try:
+        v = operator.index(x)
+    except TypeError:
+        raise TypeError(f"{name}: expected a bool, got {type(x).__name__}") from None
+    if v not in (0, 1):
+        raise ValueError(f"{name}: expected a bool (or 0 / 1), got {v}")
+    return bool(v)
+
+
+def _real(x: Any, name: str) -> float:
+    """x as a Python float (the extension rejects NaN and infinities with its own message)."""
+    if isinstance(x, (str, bytes)) or x is None:
+        raise TypeError(f"{name}: expected a real number, got {type(x).__name__}")
+    try:
+        return float(x)
+    except OverflowError:
+        raise ValueError(f"{name}: expected a finite number, got {x!r}") from None
+    except (TypeError, ValueError):
+        raise TypeError(f"{name}: expected a real number, got {type(x).__name__}") from None
+
+
+def _shape(x: Any, name: str, ndim: int, layout: str = "") -> tuple[int, ...]:
+    """x's shape, after checking that x is an array of ndim dimensions (the extension checks the rest)."""
+    check_array(x, name)
+    shape = getattr(x, "shape", None)
+    if shape is None:
+        raise TypeError(f"{name}: a {type(x).__name__} has no .shape to size the outputs by; pass them (out=, ...)")
+    if len(shape) != ndim:
+        raise ValueError(f"{name}: expected {ndim} dimensions{(' ' + layout) if layout else ''}, got {len(shape)}")
+    return tuple(int(s) for s in shape)
+
+
+def _dtype_name(x: Any, name: str) -> str:
+    dt = getattr(x, "dtype", None)
+    if dt is None:
+        raise TypeError(f"{name}: a {type(x).__name__} has no .dtype to allocate the outputs with; "
+                        "pass them (out=, ...)")
+    s = str(dt).replace("torch.", "")
+    return "bfloat16" if s in ("bfloat16", "uint16") else s
+
+
+def kv_cache_shape(num_blocks: int, block_size: int, kv_cache_dtype: str) -> tuple[int, int, int]:
     """Shape of a cache of this layout: (num_blocks, block_size, 656) uint8 for fp8_ds_mla,
     (num_blocks, block_size, 576) bfloat16 for bf16."""
-    if num_blocks < 0 or block_size < 1:
-        raise ValueError(f"kv_cache_shape: invalid num_blocks={num_blocks}, block_size={block_size}")
-    return (int(num_blocks), int(block_size), _ENTRY[_cache_dtype(kv_cache_dtype)])
+    nb = _int(num_blocks, "num_blocks", 0)
+    bs = _int(block_size, "block_size", 1)
+    return (nb, bs, _ENTRY[canonical_cache_dtype(kv_cache_dtype)])
 
 
-def pack_kv(kv_c, k_pe, kv_cache, slot_mapping, *, kv_cache_dtype, scale_rule="pow2", stream=None):
+def pack_kv(kv_c: Array, k_pe: Array, kv_cache: Array, slot_mapping: Array, *, kv_cache_dtype: str,
+            scale_rule: str = "pow2", stream: int | None = None) -> Array:
     """Write kv_c[T, 512] and k_pe[T, 64] (bf16) into kv_cache at slot_mapping[T] (negative: skipped).
     Returns kv_cache."""
-    _C.pack_kv(kv_c, k_pe, kv_cache, slot_mapping, _cache_dtype(kv_cache_dtype), scale_rule,
-               launch_stream(kv_cache, stream))
+    cdt = canonical_cache_dtype(kv_cache_dtype)
+    if not isinstance(scale_rule, str):
+        raise TypeError(f"scale_rule: expected a str, got {type(scale_rule).__name__}")
+    if scale_rule not in _SCALE_RULES:
+        raise ValueError(f'scale_rule: expected "pow2" or "fp32", got {scale_rule!r}')
+    _C.pack_kv(kv_c, k_pe, kv_cache, slot_mapping, cdt, scale_rule, launch_stream(kv_cache, stream, "kv_cache"))
     return kv_cache
 
 
-def unpack_kv(kv_cache, slots, *, kv_cache_dtype, out=None, stream=None):
+def unpack_kv(kv_cache: Array, slots: Array, *, kv_cache_dtype: str, out: Array | None = None,
+              stream: int | None = None) -> Array:
     """Dequantised rows [n, 576] bf16 of the given slots (invalid slots give zeros)."""
+    cdt = canonical_cache_dtype(kv_cache_dtype)
+    s = launch_stream(kv_cache, stream, "kv_cache")
     if out is None:
-        out = empty(kv_cache, (slots.shape[0], 576), "bfloat16")
-    _C.unpack_kv(kv_cache, slots, out, _cache_dtype(kv_cache_dtype), launch_stream(kv_cache, stream))
+        out = empty(kv_cache, (_shape(slots, "slots", 1)[0], 576), "bfloat16")
+    _C.unpack_kv(kv_cache, slots, out, cdt, s)
     return out
 
 
-def gather_upconvert(kv_cache, workspace, block_table, seq_lens, workspace_starts, *, seq_starts=None,
-                     kv_cache_dtype="fp8_ds_mla", stream=None):
+def gather_upconvert(kv_cache: Array, workspace: Array, block_table: Array, seq_lens: Array,
+                     workspace_starts: Array, *, seq_starts: Array | None = None,
+                     kv_cache_dtype: str = "fp8_ds_mla", stream: int | None = None) -> Array:
     """workspace[workspace_starts[r] + i] = dequantised token seq_starts[r] + i of request r, for
     i < seq_lens[r]. Returns workspace."""
-    _C.gather_upconvert(kv_cache, workspace, block_table, seq_lens, workspace_starts, seq_starts,
-                        _cache_dtype(kv_cache_dtype), launch_stream(kv_cache, stream))
+    cdt = canonical_cache_dtype(kv_cache_dtype)
+    _C.gather_upconvert(kv_cache, workspace, block_table, seq_lens, workspace_starts, seq_starts, cdt,
+                        launch_stream(kv_cache, stream, "kv_cache"))
     return workspace
+
+
+@overload
+def convert_topk_indices(req_id: Array, block_table: Array, topk_indices: Array, *, block_size: int,
+                         prefill_request_ids: Array | None = ..., prefill_workspace_starts: Array | None = ...,
+                         return_valid_counts: Literal[False] = ..., out: Array | None = ...,
+                         valid_counts: Array | None = ..., stream: int | None = ...) -> Array: ...
+@overload
+def convert_topk_indices(req_id: Array, block_table: Array, topk_indices: Array, *, block_size: int,
+                         prefill_request_ids: Array | None = ..., prefill_workspace_starts: Array | None = ...,
+                         return_valid_counts: Literal[True], out: Array | None = ...,
+                         valid_counts: Array | None = ..., stream: int | None = ...) -> tuple[Array, Array]: ...
+@overload
+def convert_topk_indices(req_id: Array, block_table: Array, topk_indices: Array, *, block_size: int,
+                         prefill_request_ids: Array | None = ..., prefill_workspace_starts: Array | None = ...,
+                         return_valid_counts: bool = ..., out: Array | None = ...,
+                         valid_counts: Array | None = ..., stream: int | None = ...) -> Array | tuple[Array, Array]: ...
 
 
 def convert_topk_indices(req_id, block_table, topk_indices, *, block_size, prefill_request_ids=None,
                          prefill_workspace_starts=None, return_valid_counts=False, out=None,
                          valid_counts=None, stream=None):
-    """Request-local top-k positions -> global cache slots (or prefill workspace rows); -1 = none."""
+    """Request-local top-k positions -> global cache slots (or prefill workspace rows); -1 = none.
+    out may be topk_indices itself (in place); any other overlap between the arrays raises."""
+    bs = _int(block_size, "block_size", 1)
+    return_valid_counts = _bool(return_valid_counts, "return_valid_counts")
+    s = launch_stream(topk_indices, stream, "topk_indices")
     if out is None:
-        out = empty(topk_indices, topk_indices.shape, "int32")
+        out = empty(topk_indices, _shape(topk_indices, "topk_indices", 2), "int32")
     if return_valid_counts and valid_counts is None:
-        valid_counts = empty(topk_indices, (topk_indices.shape[0],), "int32")
-    _C.convert_topk_indices(req_id, block_table, topk_indices, int(block_size), prefill_request_ids,
-                            prefill_workspace_starts, out, valid_counts, launch_stream(topk_indices, stream))
+        valid_counts = empty(topk_indices, (_shape(topk_indices, "topk_indices", 2)[0],), "int32")
+    _C.convert_topk_indices(req_id, block_table, topk_indices, bs, prefill_request_ids, prefill_workspace_starts,
+                            out, valid_counts, s)
     return (out, valid_counts) if return_valid_counts else out
 
 
-def filter_convert_dcp_indices(req_id, block_table, topk_indices, *, block_size, dcp_size, dcp_rank,
-                               interleave=1, compact=True, prefill_request_ids=None,
-                               prefill_workspace_starts=None, out=None, valid_counts=None, stream=None):
+def filter_convert_dcp_indices(req_id: Array, block_table: Array, topk_indices: Array, *, block_size: int,
+                               dcp_size: int, dcp_rank: int, interleave: int = 1, compact: bool = True,
+                               prefill_request_ids: Array | None = None,
+                               prefill_workspace_starts: Array | None = None, out: Array | None = None,
+                               valid_counts: Array | None = None, stream: int | None = None) -> tuple[Array, Array]:
     """Decode context parallelism: keep this rank's tokens (owner (g // interleave) % dcp_size), map
     them to local positions and convert; compact moves the valid ones to the front.
-    Returns (out, valid_counts)."""
+    Returns (out, valid_counts). out may be topk_indices itself (in place)."""
+    bs = _int(block_size, "block_size", 1)
+    size = _int(dcp_size, "dcp_size", 1, _I32_MAX)
+    rank = _int(dcp_rank, "dcp_rank", 0, _I32_MAX)
+    if rank >= size:
+        raise ValueError(f"dcp_rank: expected 0 <= dcp_rank < dcp_size = {size}, got {rank}")
+    il = _int(interleave, "interleave", 1, _I32_MAX)
+    compact = _bool(compact, "compact")
+    s = launch_stream(topk_indices, stream, "topk_indices")
     if out is None:
-        out = empty(topk_indices, topk_indices.shape, "int32")
+        out = empty(topk_indices, _shape(topk_indices, "topk_indices", 2), "int32")
     if valid_counts is None:
-        valid_counts = empty(topk_indices, (topk_indices.shape[0],), "int32")
-    _C.filter_convert_dcp_indices(req_id, block_table, topk_indices, int(block_size), prefill_request_ids,
-                                  prefill_workspace_starts, out, valid_counts, int(dcp_size), int(dcp_rank),
-                                  int(interleave), bool(compact), launch_stream(topk_indices, stream))
+        valid_counts = empty(topk_indices, (_shape(topk_indices, "topk_indices", 2)[0],), "int32")
+    _C.filter_convert_dcp_indices(req_id, block_table, topk_indices, bs, prefill_request_ids,
+                                  prefill_workspace_starts, out, valid_counts, size, rank, il, compact, s)
     return out, valid_counts
 
 
-def merge_attn_states(out_a, lse_a, out_b, lse_b, *, out=None, out_lse=None, stream=None):
+def merge_attn_states(out_a: Array, lse_a: Array, out_b: Array, lse_b: Array, *, out: Array | None = None,
+                      out_lse: Array | None = None, stream: int | None = None) -> tuple[Array, Array]:
     """lse-weighted merge of two partial attention results [n, h, d] (natural-log lse [n, h]).
-    Returns (out, lse); out has the inputs' dtype."""
+    Returns (out, lse); out has the inputs' dtype. out may be out_a or out_b itself, and out_lse lse_a
+    or lse_b (in place); any other overlap between the arrays raises."""
+    s = launch_stream(out_a, stream, "out_a")
     if out is None:
-        out = empty(out_a, out_a.shape, _dtype_name(out_a))
+        dt = _dtype_name(out_a, "out_a")
+        if dt not in ("bfloat16", "float16", "float32"):
+            raise TypeError(f"out_a: expected bfloat16, float16 or float32, got {dt}")
+        out = empty(out_a, _shape(out_a, "out_a", 3), dt)
     if out_lse is None:
-        out_lse = empty(out_a, lse_a.shape, "float32")
-    _C.merge_attn_states(out_a, lse_a, out_b, lse_b, out, out_lse, launch_stream(out_a, stream))
+        out_lse = empty(out_a, _shape(lse_a, "lse_a", 2), "float32")
+    _C.merge_attn_states(out_a, lse_a, out_b, lse_b, out, out_lse, s)
     return out, out_lse
 
 
-def _dtype_name(x):
-    name = str(x.dtype).replace("torch.", "")
-    return "bfloat16" if name in ("bfloat16", "uint16") else name
-
-
-def sparse_mla_decode_workspace_size(b, s_q, h, topk, kv_cache_dtype="fp8_ds_mla", *, device_id=0):
+def sparse_mla_decode_workspace_size(b: int, s_q: int, h: int, topk: int, kv_cache_dtype: str = "fp8_ds_mla", *,
+                                     device_id: int = 0) -> int:
     """Bytes of scratch sparse_mla_decode uses on CUDA for this shape (split top-k partials)."""
-    return _C.sparse_mla_decode_workspace_size(int(b), int(s_q), int(h), int(topk),
-                                               _cache_dtype(kv_cache_dtype), int(device_id))
+    return _C.sparse_mla_decode_workspace_size(_int(b, "b", 0), _int(s_q, "s_q", 0), _int(h, "h", 1, 128),
+                                               _int(topk, "topk", 1), canonical_cache_dtype(kv_cache_dtype),
+                                               _int(device_id, "device_id", 0, _I32_MAX))
 
 
-def sparse_mla_decode(q, kv_cache, indices, *, softmax_scale, kv_cache_dtype, topk_length=None,
-                      attn_sink=None, out=None, lse=None, workspace=None, stream=None):
+def sparse_mla_decode(q: Array, kv_cache: Array, indices: Array, *, softmax_scale: float, kv_cache_dtype: str,
+                      topk_length: Array | None = None, attn_sink: Array | None = None, out: Array | None = None,
+                      lse: Array | None = None, workspace: Array | None = None,
+                      stream: int | None = None) -> tuple[Array, Array]:
     """Sparse MLA over a paged cache. q [b, s_q, h, 576] bf16, indices [b, s_q, topk] int32 global slots
     (invalid ones ignored). Returns (out [b, s_q, h, 512] bf16, lse [b, s_q, h] f32, natural log)."""
-    cdt = _cache_dtype(kv_cache_dtype)
-    if len(q.shape) != 4:
-        raise ValueError(f"q: expected 4 dimensions [b, s_q, h, 576], got {len(q.shape)}")
-    b, s_q, h = (int(v) for v in q.shape[:3])
+    cdt = canonical_cache_dtype(kv_cache_dtype)
+    scale = _real(softmax_scale, "softmax_scale")
+    b, s_q, h, _ = _shape(q, "q", 4, "[b, s_q, h, 576]")
+    s = launch_stream(q, stream, "q")
     if out is None:
         out = empty(q, (b, s_q, h, 512), "bfloat16")
     if lse is None:
         lse = empty(q, (b, s_q, h), "float32")
-    if workspace is None and is_cuda(q) and len(indices.shape) == 3:
-        size = _C.sparse_mla_decode_workspace_size(b, s_q, max(1, min(h, 128)), max(1, int(indices.shape[2])),
-                                                   cdt, device(q)[1])
+    if workspace is None and is_cuda(q):
+        topk = _shape(indices, "indices", 3)[2]
+        size = _C.sparse_mla_decode_workspace_size(b, s_q, max(1, min(h, 128)), max(1, topk), cdt, device(q)[1])
         if size > 0:
             workspace = empty(q, (size,), "uint8")
-    _C.sparse_mla_decode(q, kv_cache, indices, topk_length, attn_sink, out, lse, workspace, float(softmax_scale),
-                         cdt, launch_stream(q, stream))
+    _C.sparse_mla_decode(q, kv_cache, indices, topk_length, attn_sink, out, lse, workspace, scale, cdt, s)
     return out, lse
 
 
-def sparse_mla_prefill(q, kv, indices, *, softmax_scale, topk_length=None, attn_sink=None, out=None, lse=None,
-                       max_logits=None, stream=None):
+def sparse_mla_prefill(q: Array, kv: Array, indices: Array, *, softmax_scale: float,
+                       topk_length: Array | None = None, attn_sink: Array | None = None, out: Array | None = None,
+                       lse: Array | None = None, max_logits: Array | None = None,
+                       stream: int | None = None) -> tuple[Array, Array, Array]:
     """Sparse MLA over bf16 rows. q [s_q, h, 576], kv [s_kv, 576] (or [s_kv, 1, 576]), indices [s_q, topk]
     int32 rows of kv. Returns (out [s_q, h, 512] bf16, lse [s_q, h] f32, max_logits [s_q, h] f32)."""
-    if len(q.shape) != 3:
-        raise ValueError(f"q: expected 3 dimensions [s_q, h, 576], got {len(q.shape)}")
-    s_q, h = int(q.shape[0]), int(q.shape[1])
+    scale = _real(softmax_scale, "softmax_scale")
+    s_q, h, _ = _shape(q, "q", 3, "[s_q, h, 576]")
+    s = launch_stream(q, stream, "q")
     if out is None:
         out = empty(q, (s_q, h, 512), "bfloat16")
     if lse is None:
         lse = empty(q, (s_q, h), "float32")
     if max_logits is None:
         max_logits = empty(q, (s_q, h), "float32")
-    _C.sparse_mla_prefill(q, kv, indices, topk_length, attn_sink, out, lse, max_logits, float(softmax_scale),
-                          launch_stream(q, stream))
+    _C.sparse_mla_prefill(q, kv, indices, topk_length, attn_sink, out, lse, max_logits, scale, s)
     return out, lse, max_logits
