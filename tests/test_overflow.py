@@ -208,6 +208,22 @@ def test_rows_split_over_threads_cpu(kind, monkeypatch):
     check_all(out, lse, ml, c, values, f"{kind} split")
 
 
+def test_merge_of_saturated_halves_cpu(monkeypatch):
+    """Attention over two halves of the top-k merged with merge_attn_states equals attention over the
+    whole when one half holds the saturating token: the +inf lse outweighs the other half."""
+    monkeypatch.setenv("SMLA_NUM_THREADS", "1")
+    c = make_case("pos_one_scale", seed=60)
+    n = c["idx"].shape[1]
+    whole = run_prefill_cpu(c)
+    halves = [smla.sparse_mla_prefill(c["q"], c["kv"], c["idx"][:, i * n // 2:(i + 1) * n // 2],
+                                      softmax_scale=c["scale"]) for i in range(2)]
+    assert (halves[0][1][:, ::2] == np.inf).all() != (halves[1][1][:, ::2] == np.inf).all()
+    out, lse = smla.merge_attn_states(halves[0][0], halves[0][1], halves[1][0], halves[1][1])
+    assert not np.isnan(ref.as_f64(out)).any()
+    ref.check_close(out, whole[0], abs_tol=ref.OUT_ABS, rel_tol=ref.OUT_REL, cos_tol=ref.OUT_COS, name="merged out")
+    ref.check_close(lse, whole[1], abs_tol=ref.LSE_ABS, rel_tol=ref.LSE_REL, name="merged lse")
+
+
 # ---------------------------------------------------------------------------------------------
 # CUDA (run by the GPU suite): the same cases on torch CUDA arrays, against the oracle and the CPU
 # ---------------------------------------------------------------------------------------------
