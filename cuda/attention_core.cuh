@@ -26,6 +26,7 @@
 // Output: direct (bf16 out, natural-log lse, max_logits, attn_sink) or, when the top-k is split
 // across CTAs (decode with few rows), fp32 partial O plus log2-domain lse into the caller's
 // workspace and a combine kernel that does the lse-weighted merge (empty splits are (0, -inf)).
+// Scores beyond the fp32 range saturate at +-FLT_MAX (see "Overflow" below).
 #pragma once
 
 #include <math.h>
@@ -177,6 +178,84 @@ __device__ __forceinline__ void split_bf16x2(float a, float b, uint32_t &hi, uin
     hi = pack_bf16x2(a, b);
     lo = pack_bf16x2(a - __uint_as_float(hi << 16), b - __uint_as_float(hi & 0xffff0000u));
 }
+
+// ------------------------------------------------------------------------------------------------
+// Overflow (docs/design.md section 4), shared by both kernels and the combine. A valid score (log2
+// domain) beyond the fp32 range saturates at +-FLT_MAX, so the online softmax never meets inf - inf.
+// A row whose maximum saturated at +FLT_MAX gives the mean of its saturated tokens' values (every
+// other p = ex2(s - FLT_MAX) is 0) and lse = max_logits = +inf; a row whose every valid score
+// saturated at -FLT_MAX gives the mean of them all and lse = max_logits = -inf. A thread saturates
+// its scores of a tile only when its own row maxima say it may matter (sat_needed), so a tile
+// without overflow pays a few compares per row, nothing per score.
+// ------------------------------------------------------------------------------------------------
+constexpr float kFltMax = 3.40282347e+38f;
+
+// One valid score, saturated; NaN stays NaN.
+__device__ __forceinline__ float sat_score(float x)
+{
+    return x == INFINITY ? kFltMax : (x == -INFINITY ? -kFltMax : x);
+}
+
+// mx: the max of this thread's scores of a row in this tile; m: the row's running max before it. +inf
+// shows in mx. A valid -inf matters only while the row has nothing above -FLT_MAX (so neither this
+// thread nor the row so far); next to a larger score, -inf and -FLT_MAX both weigh 0.
+__device__ __forceinline__ bool sat_needed(float mx, float m)
+{
+    return mx == INFINITY || (mx <= -kFltMax && m <= -kFltMax);
+}
+
+// Natural-log lse of a finished row (m: its log2-domain max, -inf when it had no valid index; l: its
+// sum of 2^(s - m)) and its natural-log max logit. A saturated max stands for an overflowed one.
+__device__ __forceinline__ double row_lse(float m, double l, double ml_factor)
+{
+    if (m == -INFINITY) return -INFINITY;
+    if (l != l) return l;  // a NaN score
+    if (m == kFltMax) return INFINITY;
+    if (m == -kFltMax) return -INFINITY;
+    return static_cast<double>(m) * ml_factor + log(l);
+}
+__device__ __forceinline__ float row_max_logit(float m, double ml_factor)
+{
+    if (m == kFltMax) return INFINITY;
+    if (m == -kFltMax) return -INFINITY;
+    return static_cast<float>(static_cast<double>(m) * ml_factor);  // -inf stays -inf
+}
+
+// attn_sink's factor 1 / (1 + exp(sink - lse)); sink +inf -> 0 and -inf -> 1 whatever lse (also the
+// infinite lse of a saturated row, where sink - lse would be inf - inf); NaN stays NaN.
+__device__ __forceinline__ double sink_factor(float sink, double lse)
+{
+    if (sink == INFINITY) return 0.0;
+    if (sink == -INFINITY) return 1.0;
+    return 1.0 / (1.0 + exp(static_cast<double>(sink) - lse));
+}
+
+// Split partials. A saturated split has no finite lse, and the combine needs its sign and its count
+// of saturated tokens (its row sum l: each of them weighs exactly ex2(0) = 1, any other token 0) to
+// weight all saturated tokens of the row equally across splits. Its lse_part is a "box": the bits of
+// an infinity of that sign with the count in the 22 low mantissa bits, a signalling-NaN pattern that
+// no arithmetic produces (the GPU's NaNs are quiet); counts from 2^22 - 1 on are stored as 2^22 - 1.
+// Any other non-empty split stores its lse * log2(e) clamped to the finite range (NaN stays NaN),
+// as -inf means an empty split.
+constexpr uint32_t kSatCountMax = 0x3fffffu;
+__device__ __forceinline__ float part_lse(float m, double l, double lse_d)
+{
+    if (m == -INFINITY) return -INFINITY;
+    if (l == l && (m == kFltMax || m == -kFltMax)) {
+        const uint32_t c = l < static_cast<double>(kSatCountMax) ? static_cast<uint32_t>(l) : kSatCountMax;
+        return __uint_as_float((m > 0.f ? 0x7f800000u : 0xff800000u) | c);  // l >= 1: c >= 1
+    }
+    const float v = static_cast<float>(lse_d * kLog2ed);
+    return v > kFltMax ? kFltMax : (v < -kFltMax ? -kFltMax : v);
+}
+// +1 / -1: a box of that sign; 0: any other value
+__device__ __forceinline__ int box_sign(float x)
+{
+    const uint32_t u = __float_as_uint(x);
+    if ((u & 0x7fc00000u) != 0x7f800000u || (u & kSatCountMax) == 0) return 0;
+    return (u >> 31) ? -1 : 1;
+}
+__device__ __forceinline__ float box_count(float x) { return static_cast<float>(__float_as_uint(x) & kSatCountMax); }
 
 // ------------------------------------------------------------------------------------------------
 // Kernel arguments
@@ -427,20 +506,41 @@ __global__ void __launch_bounds__(C::NT, C::MINB) attn_fwd_kernel(const __grid_c
         }
         // mask + scale (log2 domain), row max over this warp's tokens
         const int32_t *ring = sIdx + slot * BN;
+        auto valid2 = [&](int tok, bool &ok0, bool &ok1) {  // tokens tok, tok + 1 of tile j
+            const int2 iv = *reinterpret_cast<const int2 *>(ring + tok);
+            const int pos = j * BN + tok;
+            ok0 = pos < L && iv.x >= 0 && static_cast<int64_t>(iv.x) < limit;
+            ok1 = pos + 1 < L && iv.y >= 0 && static_cast<int64_t>(iv.y) < limit;
+        };
         float mx[2] = {-INFINITY, -INFINITY};
 #pragma unroll
         for (int nt = 0; nt < C::NTS; ++nt) {
-            const int tok = tok0 + nt * 8 + 2 * t4;
-            const int2 iv = *reinterpret_cast<const int2 *>(ring + tok);
-            const int pos = j * BN + tok;
-            const bool ok0 = pos < L && iv.x >= 0 && static_cast<int64_t>(iv.x) < limit;
-            const bool ok1 = pos + 1 < L && iv.y >= 0 && static_cast<int64_t>(iv.y) < limit;
+            bool ok0, ok1;
+            valid2(tok0 + nt * 8 + 2 * t4, ok0, ok1);
             acc[nt][0] = ok0 ? acc[nt][0] * a.scale_log2 : -INFINITY;
             acc[nt][1] = ok1 ? acc[nt][1] * a.scale_log2 : -INFINITY;
             acc[nt][2] = ok0 ? acc[nt][2] * a.scale_log2 : -INFINITY;
             acc[nt][3] = ok1 ? acc[nt][3] * a.scale_log2 : -INFINITY;
             mx[0] = fmaxf(mx[0], fmaxf(acc[nt][0], acc[nt][1]));
             mx[1] = fmaxf(mx[1], fmaxf(acc[nt][2], acc[nt][3]));
+        }
+        if (sat_needed(mx[0], m_r[0]) || sat_needed(mx[1], m_r[1])) {  // overflow (rare): saturate
+            mx[0] = mx[1] = -INFINITY;
+#pragma unroll
+            for (int nt = 0; nt < C::NTS; ++nt) {
+                bool ok0, ok1;
+                valid2(tok0 + nt * 8 + 2 * t4, ok0, ok1);
+                if (ok0) {
+                    acc[nt][0] = sat_score(acc[nt][0]);
+                    acc[nt][2] = sat_score(acc[nt][2]);
+                }
+                if (ok1) {
+                    acc[nt][1] = sat_score(acc[nt][1]);
+                    acc[nt][3] = sat_score(acc[nt][3]);
+                }
+                mx[0] = fmaxf(mx[0], fmaxf(acc[nt][0], acc[nt][1]));
+                mx[1] = fmaxf(mx[1], fmaxf(acc[nt][2], acc[nt][3]));
+            }
         }
 #pragma unroll
         for (int i = 0; i < 2; ++i) {
@@ -610,7 +710,7 @@ __global__ void __launch_bounds__(C::NT, C::MINB) attn_fwd_kernel(const __grid_c
             const float m = sM[rl];
             const bool none = m == -INFINITY;  // no valid index in this range
             // natural-log lse in double (an fp32 m + log2f(l) loses ~1e-6 when lse is near 0)
-            const double lse_d = none ? -INFINITY : static_cast<double>(m) * a.ml_factor + log(l);
+            const double lse_d = row_lse(m, l, a.ml_factor);
             float f = none ? 0.f : static_cast<float>(1.0 / l);
             if (split) {
                 const int64_t prow = (static_cast<int64_t>(sp) * a.rows + row) * h + hr;
@@ -621,11 +721,10 @@ __global__ void __launch_bounds__(C::NT, C::MINB) attn_fwd_kernel(const __grid_c
                         *reinterpret_cast<float2 *>(op + nt * 8) =
                             make_float2(o[mt][nt][2 * hf] * f, o[mt][nt][2 * hf + 1] * f);
                 }
-                if (warp == 0 && t4 == 0) a.lse_part[prow] = static_cast<float>(lse_d * kLog2ed);
+                if (warp == 0 && t4 == 0) a.lse_part[prow] = part_lse(m, l, lse_d);
             } else {
                 const float lse = static_cast<float>(lse_d);
-                if (p.attn_sink && !none)
-                    f *= static_cast<float>(1.0 / (1.0 + exp(static_cast<double>(p.attn_sink[hr * p.sink_stride]) - lse_d)));
+                if (p.attn_sink && !none) f *= static_cast<float>(sink_factor(p.attn_sink[hr * p.sink_stride], lse_d));
                 uint16_t *op = p.out + bi * p.out_stride_b + si * p.out_stride_s + hr * p.out_stride_h +
                                warp * C::OC + 2 * t4;
 #pragma unroll
@@ -636,7 +735,7 @@ __global__ void __launch_bounds__(C::NT, C::MINB) attn_fwd_kernel(const __grid_c
                     p.lse[bi * p.lse_stride_b + si * p.lse_stride_s + hr * p.lse_stride_h] = lse;
                     if (p.max_logits)
                         p.max_logits[bi * p.ml_stride_b + si * p.ml_stride_s + hr * p.ml_stride_h] =
-                            none ? -INFINITY : static_cast<float>(static_cast<double>(m) * a.ml_factor);
+                            row_max_logit(m, a.ml_factor);
                 }
             }
         }
@@ -644,7 +743,9 @@ __global__ void __launch_bounds__(C::NT, C::MINB) attn_fwd_kernel(const __grid_c
 }
 
 // ------------------------------------------------------------------------------------------------
-// Split-top-k combine: one warp per (row, head). out = sum_s w_s o_s / sum_s w_s, w_s = 2^(lse_s - M).
+// Split-top-k combine: one warp per (row, head). out = sum_s w_s o_s / sum_s w_s, w_s = 2^(lse_s - M);
+// when a split saturated (part_lse's boxes), the splits saturated at +FLT_MAX (else, when no split
+// has an ordinary lse, those at -FLT_MAX) count instead, w_s = their token counts.
 // ------------------------------------------------------------------------------------------------
 constexpr int kCombineWarps = 8;
 
@@ -662,11 +763,22 @@ __global__ void __launch_bounds__(kCombineWarps * 32) attn_combine_kernel(const 
     const int64_t sstride = a.rows * h;  // between splits, in (row, head) units
     const float *lp = a.lse_part + w;
 
-    float M = -INFINITY;
-    for (int s = lane; s < ns; s += 32) M = fmaxf(M, lp[s * sstride]);
+    float M = -INFINITY;  // the largest ordinary lse
+    bool pos = false, neg = false;
+    for (int s = lane; s < ns; s += 32) {
+        const float ls = lp[s * sstride];
+        const int sb = box_sign(ls);
+        if (sb == 0) M = fmaxf(M, ls);
+        pos = pos || sb > 0;
+        neg = neg || sb < 0;
+    }
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) M = fmaxf(M, __shfl_xor_sync(0xffffffffu, M, o));
-    const bool none = M == -INFINITY;
+    pos = __any_sync(0xffffffffu, pos);
+    neg = __any_sync(0xffffffffu, neg);
+    // the splits that count: 1 saturated at +FLT_MAX, 0 ordinary, -1 saturated at -FLT_MAX, 2 none
+    const int mode = pos ? 1 : (M != -INFINITY ? 0 : (neg ? -1 : 2));
+    const bool none = mode == 2;
 
     double W = 0.0;
     float acc[16];
@@ -676,7 +788,11 @@ __global__ void __launch_bounds__(kCombineWarps * 32) attn_combine_kernel(const 
         for (int s = 0; s < ns; ++s) {
             const float ls = lp[s * sstride];
             if (ls == -INFINITY) continue;  // empty split: (0, -inf), its O was not written
-            const float ws = ex2(ls - M);
+            const int sb = box_sign(ls);
+            float ws;
+            if (sb != 0) ws = sb == mode ? box_count(ls) : 0.f;
+            else if (mode == 0) ws = ex2(ls - M);
+            else ws = ls != ls ? ls : 0.f;  // outweighed by saturated splits; a NaN still poisons
             W += ws;
             const float4 *op = reinterpret_cast<const float4 *>(a.o_part + (s * sstride + w) * kDv) + lane;
 #pragma unroll
@@ -689,11 +805,10 @@ __global__ void __launch_bounds__(kCombineWarps * 32) attn_combine_kernel(const 
             }
         }
     }
-    const double lse_d = none ? -INFINITY : (static_cast<double>(M) + log2(W)) * kLn2d;
+    const double lse_d = mode == 0 ? (static_cast<double>(M) + log2(W)) * kLn2d : (mode == 1 ? INFINITY : -INFINITY);
     const float lse = static_cast<float>(lse_d);
     float f = none ? 0.f : static_cast<float>(1.0 / W);
-    if (p.attn_sink && !none)
-        f *= static_cast<float>(1.0 / (1.0 + exp(static_cast<double>(p.attn_sink[hr * p.sink_stride]) - lse_d)));
+    if (p.attn_sink && !none) f *= static_cast<float>(sink_factor(p.attn_sink[hr * p.sink_stride], lse_d));
     uint16_t *out = p.out + bi * p.out_stride_b + si * p.out_stride_s + hr * p.out_stride_h + 4 * lane;
 #pragma unroll
     for (int k = 0; k < 4; ++k) {

@@ -21,7 +21,8 @@
 // Shared memory (1024-byte aligned, 128-byte swizzle, the layout wgmma descriptors describe): Q and
 // each K buffer are 9 column blocks of [64 rows x 128 B]; element chunk c (8 values) of row r lives
 // at block c/8, byte r*128 + ((c%8) ^ (r%8))*16. Total ~227 KB: 1 CTA per SM.
-// Row sums are kept in double and lse / max_logits are formed in double (see the portable kernel).
+// Row sums are kept in double and lse / max_logits are formed in double (see the portable kernel);
+// overflowed scores saturate as there (sat_needed / sat_score, attention_core.cuh).
 // Semantics, outputs and the split-top-k partials are those of the portable kernel
 // (attention_core.cuh); it is used for h > 32 on sm_90 devices when the sm_90a body was compiled.
 #pragma once
@@ -565,6 +566,24 @@ __device__ __forceinline__ void attn_sm90_body(const Args &a)
             mx[0] = fmaxf(mx[0], fmaxf(s[4 * jn + 0], s[4 * jn + 1]));
             mx[1] = fmaxf(mx[1], fmaxf(s[4 * jn + 2], s[4 * jn + 3]));
         }
+        // overflow (rare; attention_core.cuh): saturate this thread's valid scores when its maxima say so
+        if (sat_needed(mx[0], m_r[0]) || sat_needed(mx[1], m_r[1])) {
+            mx[0] = mx[1] = -INFINITY;
+#pragma unroll
+            for (int jn = 0; jn < 4; ++jn) {
+                const int tok = 32 * wg + 8 * jn + 2 * t4;
+                if (valid[tok] != 0) {
+                    s[4 * jn + 0] = sat_score(s[4 * jn + 0]);
+                    s[4 * jn + 2] = sat_score(s[4 * jn + 2]);
+                }
+                if (valid[tok + 1] != 0) {
+                    s[4 * jn + 1] = sat_score(s[4 * jn + 1]);
+                    s[4 * jn + 3] = sat_score(s[4 * jn + 3]);
+                }
+                mx[0] = fmaxf(mx[0], fmaxf(s[4 * jn + 0], s[4 * jn + 1]));
+                mx[1] = fmaxf(mx[1], fmaxf(s[4 * jn + 2], s[4 * jn + 3]));
+            }
+        }
 #pragma unroll
         for (int i = 0; i < 2; ++i) {
             mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 1));
@@ -667,7 +686,7 @@ __device__ __forceinline__ void attn_sm90_body(const Args &a)
         const double l = sL[rl] + sL[64 + rl];
         const float m = m_r[hf];
         const bool none = m == -INFINITY;
-        const double lse_d = none ? -INFINITY : static_cast<double>(m) * a.ml_factor + log(l);
+        const double lse_d = row_lse(m, l, a.ml_factor);
         float f = none ? 0.f : static_cast<float>(1.0 / l);
         const int col0 = 256 * wg + 2 * t4;
         if (split) {
@@ -679,11 +698,10 @@ __device__ __forceinline__ void attn_sm90_body(const Args &a)
                     *reinterpret_cast<float2 *>(op + 8 * jn) =
                         make_float2(o[4 * jn + 2 * hf] * f, o[4 * jn + 2 * hf + 1] * f);
             }
-            if (wg == 0 && t4 == 0) a.lse_part[prow] = static_cast<float>(lse_d * kLog2ed);
+            if (wg == 0 && t4 == 0) a.lse_part[prow] = part_lse(m, l, lse_d);
         } else {
             const float lse = static_cast<float>(lse_d);
-            if (p.attn_sink && !none)
-                f *= static_cast<float>(1.0 / (1.0 + exp(static_cast<double>(p.attn_sink[hr * p.sink_stride]) - lse_d)));
+            if (p.attn_sink && !none) f *= static_cast<float>(sink_factor(p.attn_sink[hr * p.sink_stride], lse_d));
             uint16_t *op = p.out + bi * p.out_stride_b + si * p.out_stride_s + hr * p.out_stride_h + col0;
 #pragma unroll
             for (int jn = 0; jn < 32; ++jn)
@@ -693,7 +711,7 @@ __device__ __forceinline__ void attn_sm90_body(const Args &a)
                 p.lse[bi * p.lse_stride_b + si * p.lse_stride_s + hr * p.lse_stride_h] = lse;
                 if (p.max_logits)
                     p.max_logits[bi * p.ml_stride_b + si * p.ml_stride_s + hr * p.ml_stride_h] =
-                        none ? -INFINITY : static_cast<float>(static_cast<double>(m) * a.ml_factor);
+                        row_max_logit(m, a.ml_factor);
             }
         }
     }

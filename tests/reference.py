@@ -471,20 +471,22 @@ def filter_convert_dcp_indices(req_id, block_table, topk_indices, block_size, dc
 # =============================================================================================
 
 def merge_attn_states(out_a, lse_a, out_b, lse_b):
-    """(out [..., d], lse [...]) in float64, docs/design.md's formula taken literally:
-    M = max(la, lb) (NaN propagates); both -inf -> (out_a, -inf); else wa = exp(la-M),
-    wb = exp(lb-M), out = (wa*oa + wb*ob)/(wa+wb), lse = M + log(wa+wb).
-    Consequences: one +inf lse -> M = inf, inf - inf = NaN -> out and lse NaN (vLLM's kernels map
-    +inf to -inf first; docs/design.md does not); any NaN lse -> NaN out and lse; one -inf side gets weight 0
-    but 0 * (Inf or NaN in its out) is still NaN."""
+    """(out [..., d], lse [...]) in float64, docs/design.md's formula: M = max(la, lb) (NaN
+    propagates); both -inf -> (out_a, -inf); a +inf side (a state whose maximum score overflowed) with
+    no NaN -> weights 1 on the +inf sides and 0 on the other, lse +inf; else wa = exp(la-M),
+    wb = exp(lb-M), lse = M + log(wa+wb); out = (wa*oa + wb*ob)/(wa+wb).
+    Consequences: any NaN lse -> NaN out and lse (no remapping; vLLM's kernels map +inf to -inf, an
+    empty state, instead); a side of weight 0 still makes 0 * (Inf or NaN in its out) NaN."""
     oa, ob = as_f64(out_a), as_f64(out_b)
     la, lb = as_f64(lse_a), as_f64(lse_b)
     both = (la == -np.inf) & (lb == -np.inf)
+    sat = ((la == np.inf) | (lb == np.inf)) & ~np.isnan(la) & ~np.isnan(lb)
     with np.errstate(all="ignore"):
         m = np.maximum(la, lb)
-        wa, wb = np.exp(la - m), np.exp(lb - m)
+        wa = np.where(sat, (la == np.inf).astype(np.float64), np.exp(la - m))
+        wb = np.where(sat, (lb == np.inf).astype(np.float64), np.exp(lb - m))
         out = (wa[..., None] * oa + wb[..., None] * ob) / (wa + wb)[..., None]
-        lse = m + np.log(wa + wb)
+        lse = np.where(sat, np.inf, m + np.log(wa + wb))
     out = np.where(both[..., None], oa, out)
     lse = np.where(both, -np.inf, lse)
     return out, lse

@@ -335,9 +335,14 @@ def test_merge_identities():
     out, lse = ref.merge_attn_states(oa, ninf, ob, ninf)  # both empty: out_a, -inf
     np.testing.assert_array_equal(out, oa)
     assert (lse == -np.inf).all()
-    # literal formula: +inf or NaN lse poisons the result
-    out, lse = ref.merge_attn_states(oa[:1], np.array([[np.inf, np.nan]]), ob[:1], lb[:1])
+    # a NaN lse poisons the result, also next to +inf
+    out, lse = ref.merge_attn_states(oa[:1], np.array([[np.nan, np.nan]]), ob[:1], np.array([[1.0, np.inf]]))
     assert np.isnan(out).all() and np.isnan(lse).all()
+    # a +inf lse (a saturated state) outweighs the other side; two of them weigh equally
+    out, lse = ref.merge_attn_states(oa[:1], np.array([[np.inf, np.inf]]), ob[:1], np.array([[-np.inf, np.inf]]))
+    np.testing.assert_array_equal(out[0, 0], oa[0, 0])
+    np.testing.assert_allclose(out[0, 1], (oa[0, 1] + ob[0, 1]) / 2, rtol=1e-15)
+    assert (lse == np.inf).all()
 
 
 def test_merge_matches_attention_over_split():

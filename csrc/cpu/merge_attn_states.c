@@ -1,10 +1,11 @@
 /* merge_attn_states on the CPU (docs/design.md section 4). Per (token i, head j), in float32, with the exact
  * operation order of merge_math.h (shared with cuda/merge_attn_states.cu, so both give the same bits):
  *   la == lb == -inf (both empty): out = out_a copied bit for bit, lse = -inf
+ *   a +inf side (a saturated state) and no NaN: wa, wb = 1 on +inf sides, 0 else; lse = +inf
  *   else M = fmaxf(la, lb), wa = exp(la - M), wb = exp(lb - M)   (merge_math.h's exp, not libm's)
- *        out[k] = round_dtype((wa*oa[k] + wb*ob[k]) / (wa + wb))   (no FMA, division last)
  *        lse = M + log(wa + wb)
- * A NaN or +inf lse is not remapped (docs/design.md is literal): it makes that row's out and lse NaN.
+ *   out[k] = round_dtype((wa*oa[k] + wb*ob[k]) / (wa + wb))   (no FMA, division last)
+ * A NaN lse is not remapped (docs/design.md is literal): it makes that row's out and lse NaN.
  * round_dtype: bf16 / f16 round to nearest even; NaN keeps its sign and becomes a quiet NaN. */
 /* Bit-exactness with the CUDA twin needs every float op rounded on its own. setup.py builds with
  * -std=gnu11, where GCC's default is -ffp-contract=fast (a*b + c*d may become an FMA on FMA-capable

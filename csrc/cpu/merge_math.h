@@ -130,18 +130,26 @@ SMLA_MM_FN float smla_log_f32(float y)
 }
 
 /* Weights and merged lse of one (token, head). Returns 0 when both states are empty
- * (la == lb == -inf): the caller then copies out_a and writes lse = -inf. Otherwise M = fmaxf(la, lb),
- * wa = e^(la-M), wb = e^(lb-M), *lse = M + log(wa + wb). docs/design.md section 4 taken literally: a NaN or
- * +inf lse is not remapped and makes out and lse NaN (NaN - M and inf - inf are NaN, so fmaxf
- * dropping a NaN operand changes nothing; NaN with -inf is not "both empty" either). */
+ * (la == lb == -inf): the caller then copies out_a and writes lse = -inf. An lse of +inf is a state
+ * whose maximum score overflowed (docs/design.md section 4): it outweighs any finite or -inf one
+ * (wa, wb = 1 for a +inf side, 0 for the other; two +inf sides weigh 1 each), and lse = +inf.
+ * Otherwise M = fmaxf(la, lb), wa = e^(la-M), wb = e^(lb-M), *lse = M + log(wa + wb). A NaN lse makes
+ * out and lse NaN (NaN - M is NaN, so fmaxf dropping a NaN operand changes nothing; NaN with -inf is
+ * not "both empty", nor NaN with +inf a saturated merge). */
 SMLA_MM_FN int smla_merge_weights(float la, float lb, float *wa, float *wb, float *lse)
 {
-    const float NEG_INF = smla_mm_from_bits(0xff800000u);
+    const float NEG_INF = smla_mm_from_bits(0xff800000u), POS_INF = smla_mm_from_bits(0x7f800000u);
     if (la == NEG_INF && lb == NEG_INF) {
         *wa = 1.0f;
         *wb = 0.0f;
         *lse = NEG_INF;
         return 0;
+    }
+    if ((la == POS_INF || lb == POS_INF) && la == la && lb == lb) {
+        *wa = la == POS_INF ? 1.0f : 0.0f;
+        *wb = lb == POS_INF ? 1.0f : 0.0f;
+        *lse = POS_INF;
+        return 1;
     }
     float M = fmaxf(la, lb);
     *wa = smla_exp_f32(SMLA_MM_SUB(la, M));

@@ -20,9 +20,16 @@
  * by including this file again with the vector width, tile shapes and a few primitives defined (a
  * #pragma GCC target region per level), and the op picks one level per call. The avx512bf16 level
  * computes the scores with vdpbf16ps on bf16 pairs of q and K (both are exact bf16 values, and the
- * pair products are exact in fp32); P * V stays fp32 on every level. */
+ * pair products are exact in fp32); P * V stays fp32 on every level.
+ *
+ * Overflow (docs/design.md section 4): a score (log2 domain) beyond the fp32 range saturates at
+ * +-FLT_MAX as it is stored, so the online softmax never meets inf - inf. A row whose maximum
+ * saturated at +FLT_MAX gives the mean of its saturated tokens' values (the others weigh 0) and
+ * lse = max_logits = +inf; a row whose every valid score saturated at -FLT_MAX gives the mean of them
+ * all and lse = max_logits = -inf. */
 #ifndef ATTN_ISA_BODY
 
+#include <float.h>
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -237,6 +244,15 @@ ATTN_PRAGMA(GCC pop_options)
 
 /* ---- outputs: merge the parts of a row (ks >= 1 scratches) for heads [h0, h1) and write them ---- */
 
+/* The sink's factor 1 / (1 + exp(sink - lse)); sink +inf -> 0 and -inf -> 1 whatever lse (also an
+ * infinite lse of a saturated row, where sink - lse would be inf - inf); NaN stays NaN. */
+static double attn_sink_factor(double sink, double lse)
+{
+    if (sink == INFINITY) return 0.0;
+    if (sink == -INFINITY) return 1.0;
+    return 1.0 / (1.0 + exp(sink - lse));
+}
+
 static void attn_finish(const smla_attn_params *p, int64_t r, attn_scratch *const *parts, int ks, int64_t h0,
                         int64_t h1)
 {
@@ -265,11 +281,12 @@ static void attn_finish(const smla_attn_params *p, int64_t r, attn_scratch *cons
             if (ks == 1) wk[k] = 1.0; /* a NaN max must still reach the output */
             L += parts[k]->l[hi] * wk[k];
         }
-        const double lse2 = mx + log2(L);
-        const double lse_d = lse2 * ATTN_LN2;
+        /* a saturated maximum (scores are clamped to +-FLT_MAX) stands for an overflowed one */
+        const double sat = mx == FLT_MAX ? INFINITY : mx == -FLT_MAX ? -INFINITY : 0.0;
+        const double ml_d = sat != 0.0 ? sat : mx * ATTN_LN2;
+        const double lse_d = sat != 0.0 && L == L ? sat : (mx + log2(L)) * ATTN_LN2; /* NaN L: NaN */
         double f = 1.0 / L;
-        if (p->attn_sink) /* sink +inf -> 0, -inf -> 1 */
-            f *= 1.0 / (1.0 + exp((double)p->attn_sink[hi * p->sink_stride] - lse_d));
+        if (p->attn_sink) f *= attn_sink_factor((double)p->attn_sink[hi * p->sink_stride], lse_d);
         if (ks == 1) {
             const float ff = (float)f;
             const float *acc = parts[0]->acc + hi * SMLA_D_V;
@@ -285,7 +302,7 @@ static void attn_finish(const smla_attn_params *p, int64_t r, attn_scratch *cons
             }
         }
         *lse = (float)lse_d;
-        if (ml) *ml = (float)(mx * ATTN_LN2);
+        if (ml) *ml = (float)ml_d;
     }
 }
 
@@ -468,6 +485,14 @@ ATTN_INLINE float *FN(block_at)(float *base, int64_t rows, int64_t hi)
 /* max(a, b) that keeps b when a is NaN */
 ATTN_INLINE vf FN(vmax)(vf a, vf b) { return VSEL(a > b, a, b); }
 
+/* x clamped to [-FLT_MAX, FLT_MAX]; NaN stays NaN (overflowed scores saturate, see the top) */
+ATTN_INLINE vf FN(vsat)(vf x)
+{
+    const vf hi = VBCAST(FLT_MAX), lo = VBCAST(-FLT_MAX);
+    x = VSEL(x > hi, hi, x);
+    return VSEL(x < lo, lo, x);
+}
+
 /* 2^x for x <= 0 (or NaN): x = n + f, |f| <= 1/2, 2^f by its degree-7 Taylor polynomial (truncation
  * < 6e-9 relative), times 2^n built from the exponent bits. x < -126 gives 2^-126, which is as good as
  * 0 next to the running max's exp2(0) = 1; NaN stays NaN (it reaches the product). */
@@ -492,7 +517,7 @@ ATTN_INLINE vf FN(vexp2)(vf x)
 
 /* S[t][..] (+)= dot(K_t, q) over d in [d0, d0 + ATTN_DB) for MT rows (576 floats apart) and the NH head
  * vectors of one head block (q^T and S rows are hw floats apart); the first d block starts from 0,
- * the last one scales by c2. */
+ * the last one scales by c2 and saturates. */
 ATTN_INLINE void FN(score_tile)(const float *restrict qt, int64_t hw, const float *restrict k, float *restrict s,
                                 float c2, int MT, int NH, int d0)
 {
@@ -509,9 +534,14 @@ ATTN_INLINE void FN(score_tile)(const float *restrict qt, int64_t hw, const floa
             for (int j = 0; j < NH; j++) a[t][j] = VFMA(a[t][j], q[j], kb);
         }
     }
-    const vf c = VBCAST(d0 + ATTN_DB == SMLA_D_QK ? c2 : 1.0f);
+    if (d0 + ATTN_DB < SMLA_D_QK) { /* a partial sum */
+        for (int t = 0; t < MT; t++)
+            for (int j = 0; j < NH; j++) STV(s + t * hw + j * VW, a[t][j]);
+        return;
+    }
+    const vf c = VBCAST(c2);
     for (int t = 0; t < MT; t++)
-        for (int j = 0; j < NH; j++) STV(s + t * hw + j * VW, a[t][j] * c);
+        for (int j = 0; j < NH; j++) STV(s + t * hw + j * VW, FN(vsat)(a[t][j] * c));
 }
 
 #ifdef ATTN_DPBF16
@@ -534,9 +564,14 @@ ATTN_INLINE void FN(score_tile_bf16)(const float *restrict qt2, int64_t hw, cons
             for (int j = 0; j < NH; j++) a[t][j] = VDPBF16(a[t][j], q[j], kb);
         }
     }
-    const vf c = VBCAST(d0 + ATTN_DB == SMLA_D_QK ? c2 : 1.0f);
+    if (d0 + ATTN_DB < SMLA_D_QK) { /* a partial sum */
+        for (int t = 0; t < MT; t++)
+            for (int j = 0; j < NH; j++) STV(s + t * hw + j * VW, a[t][j]);
+        return;
+    }
+    const vf c = VBCAST(c2);
     for (int t = 0; t < MT; t++)
-        for (int j = 0; j < NH; j++) STV(s + t * hw + j * VW, a[t][j] * c);
+        for (int j = 0; j < NH; j++) STV(s + t * hw + j * VW, FN(vsat)(a[t][j] * c));
 }
 #endif
 
