@@ -47,32 +47,34 @@ def gather_upconvert(kv_cache, workspace, block_table, seq_lens, workspace_start
     return workspace
 
 
-def convert_topk_indices(req_id, block_table, topk_indices, *, block_size, prefill_request_ids=None,
-                         prefill_workspace_starts=None, return_valid_counts=False, out=None,
-                         valid_counts=None, stream=None):
-    """Request-local top-k positions -> global cache slots (or prefill workspace rows); -1 = none."""
+def convert_topk_indices(req_id, block_table, topk_indices, *, block_size, num_blocks=None,
+                         prefill_request_ids=None, prefill_workspace_starts=None, return_valid_counts=False,
+                         out=None, valid_counts=None, stream=None):
+    """Request-local top-k positions -> global cache slots (or prefill workspace rows); -1 = none.
+    num_blocks: the cache's block count; a selected token whose block id is >= it raises ValueError on
+    the CPU and gives -1 on the GPU (None: no such check)."""
     if out is None:
         out = empty(topk_indices, topk_indices.shape, "int32")
     if return_valid_counts and valid_counts is None:
         valid_counts = empty(topk_indices, (topk_indices.shape[0],), "int32")
-    _C.convert_topk_indices(req_id, block_table, topk_indices, int(block_size), prefill_request_ids,
+    _C.convert_topk_indices(req_id, block_table, topk_indices, int(block_size), num_blocks, prefill_request_ids,
                             prefill_workspace_starts, out, valid_counts, launch_stream(topk_indices, stream))
     return (out, valid_counts) if return_valid_counts else out
 
 
 def filter_convert_dcp_indices(req_id, block_table, topk_indices, *, block_size, dcp_size, dcp_rank,
-                               interleave=1, compact=True, prefill_request_ids=None,
+                               interleave=1, compact=True, num_blocks=None, prefill_request_ids=None,
                                prefill_workspace_starts=None, out=None, valid_counts=None, stream=None):
     """Decode context parallelism: keep this rank's tokens (owner (g // interleave) % dcp_size), map
-    them to local positions and convert; compact moves the valid ones to the front.
-    Returns (out, valid_counts)."""
+    them to local positions and convert; compact moves the valid ones to the front. num_blocks: this
+    rank's cache block count, as in convert_topk_indices. Returns (out, valid_counts)."""
     if out is None:
         out = empty(topk_indices, topk_indices.shape, "int32")
     if valid_counts is None:
         valid_counts = empty(topk_indices, (topk_indices.shape[0],), "int32")
-    _C.filter_convert_dcp_indices(req_id, block_table, topk_indices, int(block_size), prefill_request_ids,
-                                  prefill_workspace_starts, out, valid_counts, int(dcp_size), int(dcp_rank),
-                                  int(interleave), bool(compact), launch_stream(topk_indices, stream))
+    _C.filter_convert_dcp_indices(req_id, block_table, topk_indices, int(block_size), num_blocks,
+                                  prefill_request_ids, prefill_workspace_starts, out, valid_counts, int(dcp_size),
+                                  int(dcp_rank), int(interleave), bool(compact), launch_stream(topk_indices, stream))
     return out, valid_counts
 
 
