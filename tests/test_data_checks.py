@@ -94,7 +94,8 @@ def test_gather_valid_edges(cd):
     lens[2] = 4 * 8 - seq_starts[2]  # positions 10..31: the whole block table row
     w = int(starts[2] + lens[2])
     bt = np.concatenate([bt, [[-1, I32.max, 99, I32.min]]]).astype(np.int32)
-    lens, starts, seq_starts = (np.append(a, v).astype(np.int32) for a, v in ((lens, 0), (starts, w), (seq_starts, 32)))
+    lens, starts, seq_starts = (np.append(a, v).astype(np.int32)
+                                for a, v in ((lens, 0), (starts, w), (seq_starts, 32)))
     ws = np.full((w, 576), SENTINEL, np.uint16)
     expected = ws.copy()
     ref.gather_upconvert(cache, expected, bt, lens, starts, seq_starts, kv_cache_dtype=cd)
@@ -314,8 +315,8 @@ def test_layer_output_and_cache_shapes():
     before = world.cache.copy()
     for out in (np.zeros((2, 16 * 512), np.float32), np.zeros((2, 8, 512), BF16), np.zeros((1, 16, 512), BF16),
                 np.zeros((2, 16, 256), BF16)):  # shapes are checked whatever the dtype
-        with pytest.raises(ValueError, match=r"^out: expected \[2, 16, 512\] \(at least T = len\(md.slot_mapping\) = 2 "
-                                             r"rows\), got \["):
+        with pytest.raises(ValueError, match=r"^out: expected \[2, 16, 512\] \(at least T = "
+                                             r"len\(md.slot_mapping\) = 2 rows\), got \["):
             attn.forward(*args, out=out)
     for lse in (np.zeros((2, 8), np.float32), np.zeros(2, np.float32), np.zeros((1, 16), np.float32)):
         with pytest.raises(ValueError, match=r"^lse: expected \[2, 16\] "):

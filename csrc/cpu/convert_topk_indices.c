@@ -243,8 +243,9 @@ int smla_cpu_convert_topk_indices(const smla_convert_indices_params *p, smla_sta
         if (p->valid_counts) p->valid_counts[n] = (int32_t)count;
     }
     if (bad_row != INT64_MAX)
-        return smla_fail(st, SMLA_ERR_VALUE, "block_table: block %lld (request %lld, column %lld) is outside the cache "
-                         "of %lld blocks", (long long)bad_blk, (long long)bad_req, (long long)bad_col,
+        return smla_fail(st, SMLA_ERR_VALUE,
+                         "block_table: block %lld (request %lld, column %lld) is outside the cache of %lld blocks",
+                         (long long)bad_blk, (long long)bad_req, (long long)bad_col,
                          (long long)p->num_blocks);
     return SMLA_OK;
 }

@@ -20,7 +20,8 @@ static int parse_num_blocks(PyObject *o, int64_t *num_blocks)
     Py_DECREF(i);
     if (v == -1 && PyErr_Occurred()) return -1;
     if (overflow || v < 1) {
-        PyErr_Format(PyExc_ValueError, "num_blocks: expected the cache's block count (1 .. 2^63-1) or None, got %R", o);
+        PyErr_Format(PyExc_ValueError, "num_blocks: expected the cache's block count (1 .. 2^63-1) or None, "
+                                       "got %R", o);
         return -1;
     }
     *num_blocks = v;
