@@ -390,12 +390,12 @@ def test_cuda_gather_skips_and_zero_rows():
     table gives zero rows (the oracle's rule)."""
     cache, bt, lens, starts, seq_starts = gather_case(np.random.default_rng(22))
     bt[0, 1] = 10  # request 0's positions 8..15: zero rows 5..12
-    lens[1] = 40  # request 1: positions 9..31 of 4 blocks: past the table (and bt[1, 2] = -1)
-    starts[2] = 35  # request 2: rows 35..48 of a 43-row workspace, the tail skipped
+    seq_starts[1], lens[1] = 28, 9  # request 1: positions 28..36, column 3 is -1, column 4 past the table:
+    starts[2] = 35  # rows 20..28 zero; request 2: rows 35..48 of 43, the tail skipped; 29..34 untouched
     expected = np.full((43, 576), SENTINEL, np.uint16)
     ref.gather_upconvert(cache, expected, bt, lens, starts, seq_starts, kv_cache_dtype="fp8_ds_mla")
     ws = to_torch(np.full((43, 576), SENTINEL, np.uint16))
     smla.gather_upconvert(to_torch(cache), ws, *(to_torch(a) for a in (bt, lens, starts)),
                           seq_starts=to_torch(seq_starts))
     ref.assert_bf16_equal(host(ws), expected)
-    assert not expected[5:13].any()
+    assert not expected[5:13].any() and not expected[20:29].any() and (expected[29:35] == SENTINEL).all()

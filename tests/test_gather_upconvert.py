@@ -58,7 +58,7 @@ def test_vllm_seq_starts_cases(cd):
 
 @pytest.mark.parametrize("cd", ["fp8_ds_mla", "bf16"])
 @pytest.mark.parametrize("with_seq_starts", [False, True])
-def test_random_requests(cd, with_seq_starts):
+def test_random_requests_and_invalid_entries(cd, with_seq_starts):
     """Irregular lengths (0 and the whole block table included), rows no request writes, a workspace
     exactly big enough, and block ids outside the cache in columns no request reads (padding, allowed;
     invalid requests raise: tests/test_data_checks.py)."""
@@ -81,7 +81,7 @@ def test_random_requests(cd, with_seq_starts):
     assert (ws[lens[0]:lens[0] + 3] == SENTINEL).all()  # rows of no request keep their value
 
 
-def test_int32_extremes_raise_without_writing():
+def test_int32_extremes_never_fault():
     """Extreme lengths / starts / positions: the CPU's checks do not overflow, they raise before any
     row is written."""
     rng = np.random.default_rng(23)
