@@ -88,8 +88,9 @@ typedef struct {
  * tok < 0 -> -1. Paged row n: block_table[req_id[n], tok / block_size] * block_size + tok % block_size,
  * -1 when tok / block_size >= max_blocks, req_id[n] outside [0, num_reqs), the block id is negative
  * or the slot does not fit int32. A block id >= num_blocks (when num_blocks > 0) fails on the CPU
- * and gives -1 on the GPU (never read past the cache; reporting it would need a sync).
- * Prefill rows (prefill_request_ids[n] = p >= 0): prefill_workspace_starts[p] + tok (-1 when p >= num_prefills or it overflows int32).
+ * and gives -1 on the GPU (never read past the cache; reporting it would need a sync). Prefill rows
+ * (prefill_request_ids[n] = p >= 0): prefill_workspace_starts[p] + tok (-1 when p >= num_prefills or
+ * it overflows int32).
  * DCP: owner of g is (g / interleave) % dcp_size; other ranks' tokens -> -1; owned ones use the local
  * position (g / (dcp_size*interleave)) * interleave + g % interleave; compact moves the valid ones
  * to the front in order. valid_counts[n] = number of entries != -1. */
