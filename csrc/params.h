@@ -33,7 +33,8 @@ typedef struct {
     int64_t entry_stride; /* bytes between tokens of one block */
 } smla_cache;
 
-/* pack_kv: write T tokens into the cache; slot < 0 or slot >= num_blocks*block_size is skipped. */
+/* pack_kv: write T tokens into the cache; slot < 0 is skipped (padding). slot >= num_blocks*block_size:
+ * the CPU fails before writing anything; the GPU skips it (checking would need a sync). */
 typedef struct {
     const uint16_t *kv_c;     /* [T, 512] bf16 bits */
     int64_t kv_c_stride;
@@ -62,8 +63,11 @@ typedef struct {
 
 /* gather_upconvert: for request r and 0 <= i < seq_lens[r]:
  *   workspace[workspace_starts[r] + i] = dequant(token seq_starts[r] + i of request r).
- * Rows outside [0, ws_rows) are skipped; a token whose block is past max_blocks or whose block id is
- * outside [0, num_blocks) gives a zero row. */
+ * The CPU fails before writing anything when a request has a negative seq_lens / workspace_starts /
+ * seq_starts, rows past ws_rows, positions past max_blocks * block_size, or a block id outside
+ * [0, num_blocks) for a position it reads. The GPU cannot check without a sync: there rows outside
+ * [0, ws_rows) are skipped and a token whose position is negative or past max_blocks, or whose
+ * block id is outside [0, num_blocks), gives a zero row. */
 typedef struct {
     smla_cache cache;
     uint16_t *workspace;              /* [ws_rows, 576] bf16 bits */
@@ -83,8 +87,10 @@ typedef struct {
 /* convert_topk_indices and filter_convert_dcp_indices (dcp_size >= 1 enables the DCP filter).
  * tok < 0 -> -1. Paged row n: block_table[req_id[n], tok / block_size] * block_size + tok % block_size,
  * -1 when tok / block_size >= max_blocks, req_id[n] outside [0, num_reqs), the block id is negative
- * or the slot does not fit int32. Prefill rows (prefill_request_ids[n] = p >= 0):
- * prefill_workspace_starts[p] + tok (-1 when p >= num_prefills or it overflows int32).
+ * or the slot does not fit int32. A block id >= num_blocks (when num_blocks > 0) fails on the CPU
+ * and gives -1 on the GPU (never read past the cache; reporting it would need a sync). Prefill rows
+ * (prefill_request_ids[n] = p >= 0): prefill_workspace_starts[p] + tok (-1 when p >= num_prefills or
+ * it overflows int32).
  * DCP: owner of g is (g / interleave) % dcp_size; other ranks' tokens -> -1; owned ones use the local
  * position (g / (dcp_size*interleave)) * interleave + g % interleave; compact moves the valid ones
  * to the front in order. valid_counts[n] = number of entries != -1. */
@@ -99,6 +105,7 @@ typedef struct {
     int64_t in_stride;
     int64_t topk;
     int64_t block_size;
+    int64_t num_blocks;                      /* > 0: block ids >= it are invalid */
     const int32_t *prefill_request_ids;      /* [N] or NULL */
     const int32_t *prefill_workspace_starts; /* [num_prefills] or NULL */
     int64_t num_prefills;

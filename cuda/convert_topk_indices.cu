@@ -1,6 +1,8 @@
 // convert_topk_indices / filter_convert_dcp_indices: request-local top-k positions -> global cache
 // slots (or prefill workspace rows), per params.h and csrc/cpu/convert_topk_indices.c, whose rules
-// this file follows entry for entry (int64 arithmetic, so any int32 input is safe).
+// this file follows entry for entry (int64 arithmetic, so any int32 input is safe), except one: a
+// block id >= num_blocks (when given) is an error on the CPU and -1 here, since reporting it would
+// need a sync; the attention kernels then never read past the cache for it.
 //
 // One block per row. The row is walked in chunks of blockDim.x * 8 entries, 8 consecutive entries per
 // thread (two 16-byte accesses when aligned). Counts come from a block-wide scan of the per-thread
@@ -58,7 +60,7 @@ __device__ __forceinline__ int32_t convert_one(const smla_convert_indices_params
     }
     if (b >= p.max_blocks) return -1;
     const int64_t blk = rc.bt_row[b];
-    if (blk < 0) return -1;
+    if (blk < 0 || (p.num_blocks > 0 && blk >= p.num_blocks)) return -1;
     const int64_t slot = blk * p.block_size + off;
     return slot > INT32_MAX ? -1 : static_cast<int32_t>(slot);
 }

@@ -1,7 +1,10 @@
 // gather_upconvert: for request r and 0 <= i < seq_lens[r],
 //   workspace[workspace_starts[r] + i] = dequant(token seq_starts[r] + i of request r)
 // (rows outside [0, ws_rows) skipped; position < 0, past max_blocks or a block id outside
-// [0, num_blocks) -> zero row). Same bits as csrc/cpu/gather_upconvert.c.
+// [0, num_blocks) -> zero row). Same bits as csrc/cpu/gather_upconvert.c for valid requests; the CPU
+// rejects those cases (negative seq_lens / starts, rows past the workspace, positions past the block
+// table, blocks outside the cache) before writing, but seq_lens and the block table live on the
+// device here, so checking them would need a sync: this behaviour is documented instead.
 //
 // seq_lens live on the device, so the grid cannot depend on them: it is (request, chunk) tasks over
 // x, chunks per request fixed from ws_rows on the host, and each block walks its request's rows with

@@ -3,6 +3,10 @@
 // the latent row, lanes 0..7 the k_pe row). fp8_ds_mla tiles are 16 lanes wide, so the tile amax is a
 // 16-lane shuffle reduction. Numerics as csrc/cpu/pack_kv.c: amax = fmaxf over |x| (NaN ignored),
 // s = rule(amax / 448) with IEEE division, byte = e4m3_satfinite_rne(x / s).
+// Slots: negative ones are padding and skipped, as on the CPU. A slot >= num_blocks * block_size is
+// also skipped here (nothing is written), where the CPU raises: the slots live on the device, and
+// reporting one would need a sync (or a device flag read back later) on a path that must stay
+// asynchronous and graph-capturable. Callers on the GPU own that check (docs/design.md section 4).
 #include "cache_rows.cuh"
 
 namespace {

@@ -361,7 +361,7 @@ def gather_upconvert(kv_cache, workspace, block_table, seq_lens, workspace_start
     for r in range(num_reqs):
         if lens[r] <= 0:
             continue
-        i = np.arange(lens[r], dtype=np.int64)
+        i = np.arange(max(0, -starts[r]), min(lens[r], w - starts[r]), dtype=np.int64)  # rows in [0, w)
         rows = starts[r] + i
         keep = (rows >= 0) & (rows < w)
         if not keep.any():

@@ -120,7 +120,8 @@ def check_pack(kv_c, k_pe, slots, nb, bs, cd, rule, lib="torch", layers=2, layer
         full = random_cache(nb, bs, cd, rng, layers)
     g_full = dev(full, lib)
     cpu = full[:, layer]
-    smla.pack_kv(kv_c, k_pe, cpu, slots, kv_cache_dtype=cd, scale_rule=rule)
+    # the GPU skips slots past the cache, where the CPU raises: -1 (skipped) gives the CPU the same job
+    smla.pack_kv(kv_c, k_pe, cpu, np.where(slots >= nb * bs, -1, slots), kv_cache_dtype=cd, scale_rule=rule)
     smla.pack_kv(dev(kv_c, lib), dev(k_pe, lib), g_full[:, layer], dev(slots, lib), kv_cache_dtype=cd,
                  scale_rule=rule)
     got = host(g_full)
@@ -268,15 +269,20 @@ def test_unpack_kv_large_and_fallback(cd):
 
 # -------------------------------------------------------------------------------- gather_upconvert
 
-def check_gather(full, layer, cd, w, bt, lens, starts, seq_starts=None, lib="torch", bt_pad=0, ws_pad=0):
-    """CPU and CUDA into a sentinel-filled workspace; block table and workspace optionally strided."""
+def check_gather(full, layer, cd, w, bt, lens, starts, seq_starts=None, lib="torch", bt_pad=0, ws_pad=0,
+                 oracle=False):
+    """CPU (or, with oracle, for requests the CPU rejects: the oracle, the GPU's documented skipped /
+    zero rows) and CUDA into a sentinel-filled workspace; block table and workspace optionally strided."""
     cache = full[:, layer]
     bt_full = np.full((bt.shape[0], bt.shape[1] + bt_pad), -7, np.int32)
     bt_full[:, : bt.shape[1]] = bt
     ws_full = np.full((w, 576 + ws_pad), SENTINEL16, np.uint16)
     ws = ws_full[:, :576]
-    smla.gather_upconvert(cache, ws, bt_full[:, : bt.shape[1]], lens, starts, seq_starts=seq_starts,
-                          kv_cache_dtype=cd)
+    if oracle:
+        ref.gather_upconvert(cache, ws, bt, lens, starts, seq_starts, kv_cache_dtype=cd)
+    else:
+        smla.gather_upconvert(cache, ws, bt_full[:, : bt.shape[1]], lens, starts, seq_starts=seq_starts,
+                              kv_cache_dtype=cd)
     g_ws_full = dev(np.full((w, 576 + ws_pad), SENTINEL16, np.uint16), lib)
     g_bt = dev(bt_full, lib)[:, : bt.shape[1]]
     res = smla.gather_upconvert(dev(full, lib)[:, layer], g_ws_full[:, :576], g_bt, dev(lens, lib),
@@ -308,7 +314,7 @@ def test_gather_upconvert_requests(cd, with_seq_starts, lib):
     seq_starts = None
     if with_seq_starts:
         seq_starts = np.array([4, 0, 17, -5, 0, 3, I32_MIN, 100, 1], np.int32)
-    check_gather(full, 2, cd, w, bt, lens, starts, seq_starts, lib=lib, bt_pad=5, ws_pad=24)
+    check_gather(full, 2, cd, w, bt, lens, starts, seq_starts, lib=lib, bt_pad=5, ws_pad=24, oracle=True)
 
 
 @pytest.mark.parametrize("cd", CDS)

@@ -59,33 +59,31 @@ def test_vllm_seq_starts_cases(cd):
 @pytest.mark.parametrize("cd", ["fp8_ds_mla", "bf16"])
 @pytest.mark.parametrize("with_seq_starts", [False, True])
 def test_random_requests_and_invalid_entries(cd, with_seq_starts):
+    """Irregular lengths (0 and the whole block table included), rows no request writes, a workspace
+    exactly big enough, and block ids outside the cache in columns no request reads (padding, allowed;
+    invalid requests raise: tests/test_data_checks.py)."""
     rng = np.random.default_rng(22)
     nb, bs, r, mb = 40, 16, 9, 6
+    i32 = np.iinfo(np.int32)
     cache = packed_cache(nb, bs, cd, rng, layers=3)
     bt = rng.integers(0, nb, (r, mb)).astype(np.int32)
-    bt[1, 2] = -1  # negative block id -> zero rows
-    bt[2, 0] = nb  # past the cache -> zero rows
-    bt[3, 1] = np.iinfo(np.int32).max
-    bt[4, 3] = np.iinfo(np.int32).min
-    lens = rng.integers(0, mb * bs, r).astype(np.int32)
-    lens[5] = mb * bs + 7  # runs past max_blocks -> zero rows for the tail
+    seq_starts = rng.integers(0, bs, r).astype(np.int32) if with_seq_starts else np.zeros(r, np.int32)
+    lens = rng.integers(1, mb * bs - bs, r).astype(np.int32)
+    lens[5] = mb * bs - seq_starts[5]  # up to the end of the block table
     lens[6] = 0
-    lens[7] = -3  # nothing
-    starts = np.concatenate([[0], np.cumsum(np.maximum(lens, 0))[:-1]]).astype(np.int32)
-    w = int(np.maximum(lens, 0).sum()) - 20  # the last request's tail falls off the workspace
-    starts[1:8] += 3  # a gap of 3 rows after request 0 that no request writes
-    starts[8] = -5  # request 8's first rows fall before the workspace: skipped
-    seq_starts = None
-    if with_seq_starts:
-        seq_starts = rng.integers(0, bs, r).astype(np.int32)
-        seq_starts[0] = -2  # p < 0 for the first rows -> zero rows
-    ws = run_both(cache, cd, w, bt, lens, starts, seq_starts)
+    for q in range(r):
+        used = -(-(int(seq_starts[q]) + int(lens[q])) // bs)  # columns the request reads
+        bt[q, used:] = rng.choice([-1, nb, i32.max, i32.min], mb - used)
+    starts = np.concatenate([[0], np.cumsum(lens)[:-1]]).astype(np.int32)
+    starts[1:] += 3  # a gap of 3 rows after request 0 that no request writes
+    w = int(starts[-1] + lens[-1])
+    ws = run_both(cache, cd, w, bt, lens, starts, seq_starts if with_seq_starts else None)
     assert (ws[lens[0]:lens[0] + 3] == SENTINEL).all()  # rows of no request keep their value
 
 
 def test_int32_extremes_never_fault():
-    """Extreme lengths / starts: only in-range rows are written (checked by hand; the oracle would
-    materialise 2^31 rows)."""
+    """Extreme lengths / starts / positions: the CPU's checks do not overflow, they raise before any
+    row is written."""
     rng = np.random.default_rng(23)
     cache = packed_cache(4, 4, "fp8_ds_mla", rng)
     i32 = np.iinfo(np.int32)
@@ -94,14 +92,15 @@ def test_int32_extremes_never_fault():
     starts = np.array([i32.max - 2, i32.min, 0, 4, i32.min], np.int32)
     seq_starts = np.array([0, 0, i32.max - 1, i32.min, i32.max], np.int32)
     ws = np.full((10, 576), SENTINEL, np.uint16)
-    smla.gather_upconvert(cache, ws, bt, lens, starts, seq_starts=seq_starts)
-    # request 2: p = 2^31 - 1 + i is past max_blocks -> zero rows 0..2; request 3: rows 4..9, p < 0
-    assert not ws[0:3].any() and (ws[3] == SENTINEL).all() and not ws[4:].any()
-    # the oracle agrees on the small requests
-    small = [2, 4]
-    expected = np.full((10, 576), SENTINEL, np.uint16)
-    ref.gather_upconvert(cache, expected, bt[small], lens[small], starts[small], seq_starts[small])
-    assert np.array_equal(expected[:4], ws[:4])
+    for r, match in [(0, "workspace: request 0 writes rows 2147483645..4294967291"),
+                     (1, "workspace_starts: request 0 starts at row -2147483648"),
+                     (2, "seq_lens: request 0 reads positions 2147483646..2147483648"),
+                     (3, "seq_starts: request 0 starts at position -2147483648"),
+                     (4, "workspace_starts: request 0 starts at row -2147483648")]:
+        with pytest.raises(ValueError, match=match):
+            smla.gather_upconvert(cache, ws, bt[r:r + 1], lens[r:r + 1], starts[r:r + 1],
+                                  seq_starts=seq_starts[r:r + 1])
+        assert (ws == SENTINEL).all()
 
 
 def test_strided_workspace_and_block_table():
@@ -127,6 +126,9 @@ def test_strided_workspace_and_block_table():
 @pytest.mark.parametrize("cd", ["fp8_ds_mla", "bf16"])
 @pytest.mark.parametrize("with_seq_starts", [False, True])
 def test_cuda_matches_cpu(cd, with_seq_starts):
+    """Invalid block ids, positions past the block table, rows outside the workspace: the CPU
+    rejects these, so the GPU's documented behaviour (skipped / zero rows) is checked against the
+    oracle, which is bit for bit the CPU's dequant (run_both above)."""
     import torch
 
     rng = np.random.default_rng(25)
@@ -140,7 +142,7 @@ def test_cuda_matches_cpu(cd, with_seq_starts):
     starts[0] = -40  # rows below 0 are skipped; ranges never overlap (write order across requests is unspecified)
     seq_starts = rng.integers(-3, 2 * bs, r).astype(np.int32) if with_seq_starts else None
     cpu = np.full((w, 576), SENTINEL, np.uint16)
-    smla.gather_upconvert(cache, cpu, bt, lens, starts, seq_starts=seq_starts, kv_cache_dtype=cd)
+    ref.gather_upconvert(cache, cpu, bt, lens, starts, seq_starts, kv_cache_dtype=cd)
     gpu = to_cuda(np.full((w, 576), SENTINEL, np.uint16))
     smla.gather_upconvert(gpu_cache, gpu, to_cuda(bt), to_cuda(lens), to_cuda(starts),
                           seq_starts=None if seq_starts is None else to_cuda(seq_starts), kv_cache_dtype=cd)

@@ -9,23 +9,30 @@
  *     else tok := (g / (D*I)) * I + g % I     (position in this rank's cache)
  *   paged row: r = req_id[n], b = tok / block_size;
  *     r outside [0, num_reqs), b >= max_blocks, block_table[r, b] < 0, or slot > INT32_MAX -> -1,
+ *     block_table[r, b] >= num_blocks (when num_blocks > 0)  -> error (the GPU gives -1: params.h)
  *     else slot = block_table[r, b] * block_size + tok % block_size
  * DCP with compact: the entries != -1 move to the front in their original order, the rest is -1.
  * valid_counts[n] = number of entries != -1. out may alias topk_indices (same strides): every entry is
- * read before any entry at or after its column is written.
+ * read before any entry at or after its column is written. On an error (the first bad entry in row
+ * order is reported) out and valid_counts are partly written.
  *
  * Paths (cpu_features.h): portable is the scalar code below; AVX2 and up convert 8 entries at a time
  * for rows without DCP (integer division by block_size through a double reciprocal and a one-step
  * correction, a masked gather from the block table, overflow tests in int32); the op is memory-bound,
- * so the AVX-512 levels reuse that code. Rows are spread over threads. */
+ * so the AVX-512 levels reuse that code; with num_blocks a second copy of it also stops at the first
+ * 8 entries holding a block past the cache and leaves them to the scalar code, which reports it (the
+ * copy without the check stays as fast as before). Rows are spread over threads. */
 #include <limits.h>
 
 #include "../params.h"
 #include "cpu_features.h"
 #include "threads.h"
 
+#define OUT_OF_CACHE (-2) /* convert_one: the entry's block is past the cache (an error on the CPU) */
+
+/* One entry: a slot / workspace row, -1, or OUT_OF_CACHE with the block table column in *col. */
 static int32_t convert_one(const smla_convert_indices_params *p, int64_t tok, int64_t ws_base,
-                           const int32_t *bt_row)
+                           const int32_t *bt_row, int64_t *col)
 {
     if (tok < 0) return -1;
     if (ws_base != INT64_MIN) { /* prefill row */
@@ -42,6 +49,10 @@ static int32_t convert_one(const smla_convert_indices_params *p, int64_t tok, in
     if (b >= p->max_blocks) return -1;
     const int64_t blk = bt_row[b];
     if (blk < 0) return -1;
+    if (p->num_blocks > 0 && blk >= p->num_blocks) {
+        *col = b;
+        return OUT_OF_CACHE;
+    }
     const int64_t slot = blk * p->block_size + tok % p->block_size;
     return slot > INT32_MAX ? -1 : (int32_t)slot;
 }
@@ -55,18 +66,21 @@ typedef struct {
     int32_t max_blocks;    /* min(max_blocks, INT32_MAX) */
     int32_t blk_always;    /* blocks with blk * bs + (bs - 1) <= INT32_MAX: never overflow */
     int32_t blk_never;     /* INT32_MAX / bs: above it, blk * bs alone overflows */
+    int32_t num_blocks;    /* when checked: 0 < num_blocks <= INT32_MAX (a larger cache holds any int32 block) */
+    int checked;
     double inv_bs;
 } convert_consts;
 
-/* Entries [0, n8) of a paged row (n8 a multiple of 8); returns the count of entries != -1. */
-__attribute__((target(SMLA_TARGET_AVX2))) static int64_t convert_paged_avx2(const convert_consts *k,
-                                                                             const int32_t *in, int32_t *out,
-                                                                             int64_t n8, const int32_t *bt_row)
+/* Entries [0, *n8) of a paged row (*n8 a multiple of 8); returns the count of entries != -1. With
+ * check, 8 entries holding a block >= num_blocks are not written: *n8 becomes their start. */
+__attribute__((target(SMLA_TARGET_AVX2), always_inline)) static inline int64_t
+convert_paged_body(const convert_consts *k, const int32_t *in, int32_t *out, int64_t *n8, const int32_t *bt_row,
+                   int check)
 {
     const __m256i bs = _mm256_set1_epi32(k->bs), m1 = _mm256_set1_epi32(-1), zero = _mm256_setzero_si256();
     const __m256d inv = _mm256_set1_pd(k->inv_bs);
     int64_t count = 0;
-    for (int64_t i = 0; i < n8; i += 8) {
+    for (int64_t i = 0; i < *n8; i += 8) {
         const __m256i tok = _mm256_loadu_si256((const __m256i *)(const void *)(in + i));
         __m256i bad = _mm256_cmpgt_epi32(zero, tok);
         __m256i q, r;
@@ -88,6 +102,11 @@ __attribute__((target(SMLA_TARGET_AVX2))) static int64_t convert_paged_avx2(cons
         const __m256i blk = _mm256_mask_i32gather_epi32(m1, (const int *)bt_row, _mm256_andnot_si256(bad, q),
                                                         _mm256_andnot_si256(bad, m1), 4);
         bad = _mm256_or_si256(bad, _mm256_cmpgt_epi32(zero, blk));
+        if (check && _mm256_movemask_ps(_mm256_castsi256_ps(_mm256_andnot_si256(
+                         bad, _mm256_cmpgt_epi32(blk, _mm256_set1_epi32(k->num_blocks - 1)))))) {
+            *n8 = i;
+            break;
+        }
         /* slot = blk * bs + r must fit int32: sure below blk_always, impossible above blk_never */
         const __m256i prod = _mm256_mullo_epi32(blk, bs);
         const __m256i lim = _mm256_sub_epi32(_mm256_set1_epi32(INT32_MAX), prod);
@@ -100,6 +119,21 @@ __attribute__((target(SMLA_TARGET_AVX2))) static int64_t convert_paged_avx2(cons
         count += 8 - __builtin_popcount((unsigned)_mm256_movemask_ps(_mm256_castsi256_ps(bad)));
     }
     return count;
+}
+
+__attribute__((target(SMLA_TARGET_AVX2))) static int64_t convert_paged_avx2(const convert_consts *k,
+                                                                             const int32_t *in, int32_t *out,
+                                                                             int64_t n8, const int32_t *bt_row)
+{
+    return convert_paged_body(k, in, out, &n8, bt_row, 0);
+}
+
+__attribute__((target(SMLA_TARGET_AVX2))) static int64_t convert_paged_checked_avx2(const convert_consts *k,
+                                                                                     const int32_t *in,
+                                                                                     int32_t *out, int64_t *n8,
+                                                                                     const int32_t *bt_row)
+{
+    return convert_paged_body(k, in, out, n8, bt_row, 1);
 }
 
 /* Entries [0, n8) of a prefill row: ws_base + tok, -1 for tok < 0 or past INT32_MAX. */
@@ -150,8 +184,12 @@ int smla_cpu_convert_topk_indices(const smla_convert_indices_params *p, smla_sta
         k.blk_always = (INT32_MAX - (k.bs - 1)) / k.bs;
         k.blk_never = INT32_MAX / k.bs;
         k.inv_bs = 1.0 / (double)k.bs;
+        k.checked = p->num_blocks > 0 && p->num_blocks <= INT32_MAX;
+        k.num_blocks = k.checked ? (int32_t)p->num_blocks : 0;
     }
 #endif
+    /* the first entry, in row order, whose block is past the cache */
+    int64_t bad_row = INT64_MAX, bad_req = 0, bad_col = 0, bad_blk = 0;
     const int nt = smla_num_threads(p->run.num_threads, p->num_tokens * p->topk / 16384); /* >= 16K entries per thread */
 
 #pragma omp parallel for num_threads(nt) schedule(static)
@@ -175,12 +213,24 @@ int smla_cpu_convert_topk_indices(const smla_convert_indices_params *p, smla_sta
 #if SMLA_X86
         if (vec && !all_invalid) {
             k0 = p->topk / 8 * 8;
-            count = bt_row ? convert_paged_avx2(&k, in, out, k0, bt_row)
-                           : convert_prefill_avx2(in, out, k0, (int32_t)ws_base);
+            if (!bt_row) count = convert_prefill_avx2(in, out, k0, (int32_t)ws_base);
+            else if (k.checked) count = convert_paged_checked_avx2(&k, in, out, &k0, bt_row);
+            else count = convert_paged_avx2(&k, in, out, k0, bt_row);
         }
 #endif
         for (int64_t kk = k0; kk < p->topk; kk++) {
-            const int32_t v = all_invalid ? -1 : convert_one(p, in[kk], ws_base, bt_row);
+            int64_t col = 0;
+            const int32_t v = all_invalid ? -1 : convert_one(p, in[kk], ws_base, bt_row, &col);
+            if (v == OUT_OF_CACHE) {
+#pragma omp critical(smla_convert_out_of_cache)
+                if (n < bad_row) {
+                    bad_row = n;
+                    bad_req = r;
+                    bad_col = col;
+                    bad_blk = bt_row[col];
+                }
+                break;
+            }
             if (compact) {
                 if (v != -1) out[count++] = v;
             } else {
@@ -192,5 +242,10 @@ int smla_cpu_convert_topk_indices(const smla_convert_indices_params *p, smla_sta
             for (int64_t kk = count; kk < p->topk; kk++) out[kk] = -1;
         if (p->valid_counts) p->valid_counts[n] = (int32_t)count;
     }
+    if (bad_row != INT64_MAX)
+        return smla_fail(st, SMLA_ERR_VALUE,
+                         "block_table: block %lld (request %lld, column %lld) is outside the cache of %lld blocks",
+                         (long long)bad_blk, (long long)bad_req, (long long)bad_col,
+                         (long long)p->num_blocks);
     return SMLA_OK;
 }

@@ -1,6 +1,7 @@
 /* pack_kv on the CPU: the reference writer of the KV cache (docs/design.md section 3); cuda/pack_kv.cu must
- * give the same bytes. Per token t with a slot in [0, num_blocks*block_size) (others are skipped and
- * leave the cache untouched):
+ * give the same bytes. A negative slot is skipped (padding); a slot >= num_blocks*block_size is an
+ * error, reported before anything is written (the GPU skips it: checking there would need a sync).
+ * Per token t with a slot in [0, num_blocks*block_size):
  *   bf16:        entry = kv_c[t] (512 bf16) then k_pe[t] (64 bf16), bit for bit.
  *   fp8_ds_mla:  per tile of 128 latent values,
  *                  amax = fmaxf over fabsf(float(x))      (fmaxf drops NaN; any order gives the same)
@@ -125,6 +126,23 @@ static inline int64_t slot_at(const smla_pack_kv_params *p, int64_t t)
     return p->slot_is_i64 ? ((const int64_t *)p->slot_mapping)[t] : (int64_t)((const int32_t *)p->slot_mapping)[t];
 }
 
+/* The first token whose slot is past the cache, or -1. The maximum is a branch-free loop (it
+ * vectorises); only a bad call walks the slots a second time. */
+static int64_t first_slot_past(const smla_pack_kv_params *p, int64_t capacity)
+{
+    int64_t mx = -1;
+    if (p->slot_is_i64) {
+        const int64_t *s = p->slot_mapping;
+        for (int64_t t = 0; t < p->num_tokens; t++) mx = s[t] > mx ? s[t] : mx;
+    } else {
+        const int32_t *s = p->slot_mapping;
+        for (int64_t t = 0; t < p->num_tokens; t++) mx = s[t] > mx ? s[t] : mx;
+    }
+    if (mx < capacity) return -1;
+    for (int64_t t = 0;; t++)
+        if (slot_at(p, t) >= capacity) return t;
+}
+
 int smla_cpu_pack_kv(const smla_pack_kv_params *p, smla_status *st)
 {
     const smla_cache *c = &p->cache;
@@ -136,6 +154,11 @@ int smla_cpu_pack_kv(const smla_pack_kv_params *p, smla_status *st)
     if (p->num_tokens < 0 || c->block_size <= 0 || c->num_blocks < 0)
         return smla_fail(st, SMLA_ERR_VALUE, "pack_kv: invalid sizes (num_tokens %lld, block_size %lld)",
                          (long long)p->num_tokens, (long long)c->block_size);
+    const int64_t capacity = c->num_blocks > INT64_MAX / c->block_size ? INT64_MAX : c->num_blocks * c->block_size;
+    const int64_t bad = first_slot_past(p, capacity);
+    if (bad >= 0)
+        return smla_fail(st, SMLA_ERR_VALUE, "slot_mapping: slot %lld (token %lld) is outside the cache of %lld slots",
+                         (long long)slot_at(p, bad), (long long)bad, (long long)capacity);
 
     const int isa = p->run.cpu_isa;
     (void)isa;

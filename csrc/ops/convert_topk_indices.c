@@ -5,6 +5,29 @@
 
 #include "../binding.h"
 
+/* num_blocks: None (no check, 0) or the cache's block count, >= 1. Returns 0 or -1 with an exception. */
+static int parse_num_blocks(PyObject *o, int64_t *num_blocks)
+{
+    *num_blocks = 0;
+    if (o == Py_None) return 0;
+    PyObject *i = PyNumber_Index(o);
+    if (!i) {
+        PyErr_Format(PyExc_TypeError, "num_blocks: expected None or an integer, got %.100s", Py_TYPE(o)->tp_name);
+        return -1;
+    }
+    int overflow;
+    const long long v = PyLong_AsLongLongAndOverflow(i, &overflow);
+    Py_DECREF(i);
+    if (v == -1 && PyErr_Occurred()) return -1;
+    if (overflow || v < 1) {
+        PyErr_Format(PyExc_ValueError, "num_blocks: expected the cache's block count (1 .. 2^63-1) or None, "
+                                       "got %R", o);
+        return -1;
+    }
+    *num_blocks = v;
+    return 0;
+}
+
 /* Shared argument handling; fills p, returns 0 or -1 with an exception set. */
 static int parse_common(smla_args *A, smla_convert_indices_params *p, PyObject *o_req, PyObject *o_bt,
                         PyObject *o_idx, long long block_size, PyObject *o_pids, PyObject *o_pstarts,
@@ -70,17 +93,19 @@ static int parse_common(smla_args *A, smla_convert_indices_params *p, PyObject *
 
 PyObject *smla_op_convert_topk_indices(PyObject *module, PyObject *args)
 {
-    PyObject *o_req, *o_bt, *o_idx, *o_pids, *o_pstarts, *o_out, *o_counts;
+    PyObject *o_req, *o_bt, *o_idx, *o_nb, *o_pids, *o_pstarts, *o_out, *o_counts;
     long long block_size;
     unsigned long long stream;
-    if (!PyArg_ParseTuple(args, "OOOLOOOOK:convert_topk_indices", &o_req, &o_bt, &o_idx, &block_size, &o_pids,
-                          &o_pstarts, &o_out, &o_counts, &stream))
+    if (!PyArg_ParseTuple(args, "OOOLOOOOOK:convert_topk_indices", &o_req, &o_bt, &o_idx, &block_size, &o_nb,
+                          &o_pids, &o_pstarts, &o_out, &o_counts, &stream))
         return NULL;
     smla_args A;
     if (smla_args_init(&A, module, stream) < 0) return NULL;
     smla_convert_indices_params p;
     memset(&p, 0, sizeof p);
-    if (parse_common(&A, &p, o_req, o_bt, o_idx, block_size, o_pids, o_pstarts, o_out, o_counts)) goto fail;
+    if (parse_common(&A, &p, o_req, o_bt, o_idx, block_size, o_pids, o_pstarts, o_out, o_counts) ||
+        parse_num_blocks(o_nb, &p.num_blocks))
+        goto fail;
     if (p.num_tokens > 0 && SMLA_LAUNCH(&A, convert_topk_indices, &p) < 0) goto fail;
     smla_args_release(&A);
     Py_RETURN_NONE;
@@ -91,13 +116,13 @@ fail:
 
 PyObject *smla_op_filter_convert_dcp_indices(PyObject *module, PyObject *args)
 {
-    PyObject *o_req, *o_bt, *o_idx, *o_pids, *o_pstarts, *o_out, *o_counts;
+    PyObject *o_req, *o_bt, *o_idx, *o_nb, *o_pids, *o_pstarts, *o_out, *o_counts;
     long long block_size;
     int dcp_size, dcp_rank, interleave, compact;
     unsigned long long stream;
-    if (!PyArg_ParseTuple(args, "OOOLOOOOiiipK:filter_convert_dcp_indices", &o_req, &o_bt, &o_idx, &block_size,
-                          &o_pids, &o_pstarts, &o_out, &o_counts, &dcp_size, &dcp_rank, &interleave, &compact,
-                          &stream))
+    if (!PyArg_ParseTuple(args, "OOOLOOOOOiiipK:filter_convert_dcp_indices", &o_req, &o_bt, &o_idx, &block_size,
+                          &o_nb, &o_pids, &o_pstarts, &o_out, &o_counts, &dcp_size, &dcp_rank, &interleave,
+                          &compact, &stream))
         return NULL;
     if (dcp_size < 1) return PyErr_Format(PyExc_ValueError, "dcp_size: expected >= 1, got %d", dcp_size);
     if (dcp_rank < 0 || dcp_rank >= dcp_size)
@@ -108,7 +133,9 @@ PyObject *smla_op_filter_convert_dcp_indices(PyObject *module, PyObject *args)
     if (smla_args_init(&A, module, stream) < 0) return NULL;
     smla_convert_indices_params p;
     memset(&p, 0, sizeof p);
-    if (parse_common(&A, &p, o_req, o_bt, o_idx, block_size, o_pids, o_pstarts, o_out, o_counts)) goto fail;
+    if (parse_common(&A, &p, o_req, o_bt, o_idx, block_size, o_pids, o_pstarts, o_out, o_counts) ||
+        parse_num_blocks(o_nb, &p.num_blocks))
+        goto fail;
     p.dcp_size = dcp_size;
     p.dcp_rank = dcp_rank;
     p.dcp_interleave = interleave;

@@ -53,7 +53,8 @@ PyObject *smla_op_gather_upconvert(PyObject *module, PyObject *args)
     p.seq_starts = seq_starts->present ? seq_starts->data : NULL;
     p.stream = A.stream;
     p.run = A.run;
-    if (p.num_reqs > 0 && p.ws_rows > 0 && SMLA_LAUNCH(&A, gather_upconvert, &p) < 0) goto fail;
+    /* launched with ws_rows = 0 too: the CPU kernel rejects requests that need rows */
+    if (p.num_reqs > 0 && SMLA_LAUNCH(&A, gather_upconvert, &p) < 0) goto fail;
     smla_args_release(&A);
     Py_RETURN_NONE;
 fail:

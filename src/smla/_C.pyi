@@ -16,10 +16,10 @@ def gather_upconvert(kv_cache: _Array, workspace: _Array, block_table: _Array, s
                      workspace_starts: _Array, seq_starts: _Array | None, kv_cache_dtype: str, stream: int,
                      /) -> None: ...
 def convert_topk_indices(req_id: _Array, block_table: _Array, topk_indices: _Array, block_size: int,
-                         prefill_request_ids: _Array | None, prefill_workspace_starts: _Array | None,
+                         num_blocks: int | None, prefill_request_ids: _Array | None, prefill_workspace_starts: _Array | None,
                          out: _Array, valid_counts: _Array | None, stream: int, /) -> None: ...
 def filter_convert_dcp_indices(req_id: _Array, block_table: _Array, topk_indices: _Array, block_size: int,
-                               prefill_request_ids: _Array | None, prefill_workspace_starts: _Array | None,
+                               num_blocks: int | None, prefill_request_ids: _Array | None, prefill_workspace_starts: _Array | None,
                                out: _Array, valid_counts: _Array | None, dcp_size: int, dcp_rank: int,
                                interleave: int, compact: bool, stream: int, /) -> None: ...
 def merge_attn_states(out_a: _Array, lse_a: _Array, out_b: _Array, lse_b: _Array, out: _Array,

@@ -19,13 +19,25 @@ metadata builder, made once per model and shared by every layer; forward allocat
 outputs it is not given. A decode step with out= given allocates nothing and synchronises nothing,
 so it can be captured in a CUDA graph (capture after one eager step, replay after each build()).
 """
+from typing import Any
+
 from . import _arrays
-from .metadata import canonical_cache_dtype, resolve_mode
+from .metadata import SparseMLAMetadata, canonical_cache_dtype, resolve_mode
 from .ops import convert_topk_indices, gather_upconvert, pack_kv, sparse_mla_decode, sparse_mla_prefill
 
 __all__ = ["SparseMLAAttention"]
 
 D_QK, D_V = 576, 512
+_ENTRY = {"fp8_ds_mla": 656, "bf16": 576}  # cache entry size in elements of its dtype (uint8 / bf16)
+
+Array = Any  # a NumPy, torch or CuPy array (smla accepts any DLPack producer)
+
+
+def _shape(x, name):
+    shape = getattr(x, "shape", None)
+    if shape is None:
+        raise TypeError(f"{name}: expected an array, got {type(x).__name__}")
+    return tuple(int(s) for s in shape)
 
 
 def _strides_elems(x):
@@ -53,8 +65,8 @@ class SparseMLAAttention:
     DeepSeek-V3.2, 192**-0.5 * mscale**2, not 576**-0.5). The size arguments must match the
     SparseMLAMetadataBuilder the step's metadata comes from."""
 
-    def __init__(self, num_heads, softmax_scale, *, kv_cache_dtype, block_size, topk, max_model_len,
-                 max_num_seqs, max_num_batched_tokens, mode="auto"):
+    def __init__(self, num_heads: int, softmax_scale: float, *, kv_cache_dtype: str, block_size: int, topk: int,
+                 max_model_len: int, max_num_seqs: int, max_num_batched_tokens: int, mode: str = "auto") -> None:
         if not 1 <= int(num_heads) <= 128:
             raise ValueError(f"num_heads: expected 1..128, got {num_heads}")
         self.num_heads = int(num_heads)
@@ -71,7 +83,8 @@ class SparseMLAAttention:
         return (f"SparseMLAAttention(num_heads={self.num_heads}, kv_cache_dtype={self.kv_cache_dtype!r}, "
                 f"topk={self.topk}, block_size={self.block_size}, mode={self.mode!r})")
 
-    def _check(self, md, q, kv_c, k_pe, topk_indices, T):
+    def _check(self, md, q, kv_c, k_pe, kv_cache, topk_indices, T, out, lse):
+        """Everything forward can check before it writes anything (the cache is written first)."""
         for name, mine in (("num_heads", self.num_heads), ("topk", self.topk),
                            ("block_size", self.block_size), ("kv_cache_dtype", self.kv_cache_dtype)):
             if getattr(md, name) != mine:
@@ -80,20 +93,37 @@ class SparseMLAAttention:
             raise RuntimeError("stale metadata: its builder has built another step since")
         for name, x, tail in (("q", q, (self.num_heads, D_QK)), ("kv_c", kv_c, (512,)),
                               ("k_pe", k_pe, (64,)), ("topk_indices", topk_indices, (self.topk,))):
-            shape = tuple(int(s) for s in x.shape)
+            shape = _shape(x, name)
             if shape[1:] != tail or shape[0] < T:
                 raise ValueError(f"{name}: expected [{T}, {', '.join(map(str, tail))}] "
                                  f"(T = len(md.slot_mapping)), got {list(shape)}")
+        # outputs: shapes only (the kernels check dtypes); at least T rows, only the first T are written
+        for name, x, tail in (("out", out, (self.num_heads, D_V)), ("lse", lse, (self.num_heads,))):
+            if x is None:
+                continue
+            shape = _shape(x, name)
+            if shape[1:] != tail or shape[0] < T:
+                raise ValueError(f"{name}: expected [{T}, {', '.join(map(str, tail))}] (at least T = "
+                                 f"len(md.slot_mapping) = {T} rows), got {list(shape)}")
+        # the cache: the converted indices are slots of this block size, checked against its block count
+        shape, entry = _shape(kv_cache, "kv_cache"), _ENTRY[self.kv_cache_dtype]
+        if len(shape) != 3 or shape[0] < 1 or shape[1:] != (self.block_size, entry):
+            raise ValueError(f"kv_cache: expected [num_blocks >= 1, {self.block_size}, {entry}] (the layer's "
+                             f"block_size and the {self.kv_cache_dtype} entry), got {list(shape)}")
 
-    def forward(self, q, kv_c, k_pe, kv_cache, topk_indices, md, out=None, return_lse=False, lse=None):
+    def forward(self, q: Array, kv_c: Array, k_pe: Array, kv_cache: Array, topk_indices: Array,
+                md: SparseMLAMetadata, out: Array | None = None, return_lse: bool = False,
+                lse: Array | None = None) -> Array | tuple[Array, Array]:
         """q [T, h, 576] bf16, kv_c [T, 512], k_pe [T, 64] (this step's latent and rope keys),
         kv_cache (written in place), topk_indices [T, topk] int32 request-local positions (-1: none),
         md from SparseMLAMetadataBuilder.build. Inputs may be longer than T = len(md.slot_mapping)
         (CUDA-graph padding); only their first T rows are used. Returns out [T, h, 512] bf16 (the
         given out, whose first T rows are written), and lse [T, h] f32 (natural log) with
-        return_lse=True."""
+        return_lse=True. kv_cache must be [num_blocks, block_size, entry] of the layer's layout; on
+        the CPU, slots or block-table entries past it raise ValueError (the GPU cannot check without a
+        sync: it skips such writes and never reads past the cache)."""
         T = int(md.num_padded_tokens)
-        self._check(md, q, kv_c, k_pe, topk_indices, T)
+        self._check(md, q, kv_c, k_pe, kv_cache, topk_indices, T, out, lse if return_lse else None)
         h = self.num_heads
         if out is None:
             out = _arrays.empty(q, (T, h, D_V), "bfloat16")
@@ -111,7 +141,7 @@ class SparseMLAAttention:
         chunks = md.prefill_plan() if split else []
         idx = convert_topk_indices(
             md.req_id_per_token, md.block_table, topk_indices[:T], block_size=self.block_size,
-            prefill_request_ids=md.prefill_request_ids if split else None,
+            num_blocks=int(kv_cache.shape[0]), prefill_request_ids=md.prefill_request_ids if split else None,
             prefill_workspace_starts=md.prefill_workspace_starts if split else None, out=md.indices)
 
         if self.mode == "bf16":

@@ -138,25 +138,30 @@ def gather_upconvert(kv_cache: Array, workspace: Array, block_table: Array, seq_
 
 @overload
 def convert_topk_indices(req_id: Array, block_table: Array, topk_indices: Array, *, block_size: int,
-                         prefill_request_ids: Array | None = ..., prefill_workspace_starts: Array | None = ...,
+                         num_blocks: int | None = ..., prefill_request_ids: Array | None = ...,
+                         prefill_workspace_starts: Array | None = ...,
                          return_valid_counts: Literal[False] = ..., out: Array | None = ...,
                          valid_counts: Array | None = ..., stream: int | None = ...) -> Array: ...
 @overload
 def convert_topk_indices(req_id: Array, block_table: Array, topk_indices: Array, *, block_size: int,
-                         prefill_request_ids: Array | None = ..., prefill_workspace_starts: Array | None = ...,
+                         num_blocks: int | None = ..., prefill_request_ids: Array | None = ...,
+                         prefill_workspace_starts: Array | None = ...,
                          return_valid_counts: Literal[True], out: Array | None = ...,
                          valid_counts: Array | None = ..., stream: int | None = ...) -> tuple[Array, Array]: ...
 @overload
 def convert_topk_indices(req_id: Array, block_table: Array, topk_indices: Array, *, block_size: int,
-                         prefill_request_ids: Array | None = ..., prefill_workspace_starts: Array | None = ...,
+                         num_blocks: int | None = ..., prefill_request_ids: Array | None = ...,
+                         prefill_workspace_starts: Array | None = ...,
                          return_valid_counts: bool = ..., out: Array | None = ...,
                          valid_counts: Array | None = ..., stream: int | None = ...) -> Array | tuple[Array, Array]: ...
 
 
-def convert_topk_indices(req_id, block_table, topk_indices, *, block_size, prefill_request_ids=None,
-                         prefill_workspace_starts=None, return_valid_counts=False, out=None,
-                         valid_counts=None, stream=None):
+def convert_topk_indices(req_id, block_table, topk_indices, *, block_size, num_blocks=None,
+                         prefill_request_ids=None, prefill_workspace_starts=None, return_valid_counts=False,
+                         out=None, valid_counts=None, stream=None):
     """Request-local top-k positions -> global cache slots (or prefill workspace rows); -1 = none.
+    num_blocks: the cache's block count; a selected token whose block id is >= it raises ValueError on
+    the CPU and gives -1 on the GPU (None: no such check).
     out may be topk_indices itself (in place); any other overlap between the arrays raises."""
     bs = _int(block_size, "block_size", 1)
     return_valid_counts = _bool(return_valid_counts, "return_valid_counts")
@@ -165,19 +170,20 @@ def convert_topk_indices(req_id, block_table, topk_indices, *, block_size, prefi
         out = empty(topk_indices, _shape(topk_indices, "topk_indices", 2), "int32")
     if return_valid_counts and valid_counts is None:
         valid_counts = empty(topk_indices, (_shape(topk_indices, "topk_indices", 2)[0],), "int32")
-    _C.convert_topk_indices(req_id, block_table, topk_indices, bs, prefill_request_ids, prefill_workspace_starts,
-                            out, valid_counts, s)
+    _C.convert_topk_indices(req_id, block_table, topk_indices, bs, num_blocks, prefill_request_ids,
+                            prefill_workspace_starts, out, valid_counts, s)
     return (out, valid_counts) if return_valid_counts else out
 
 
 def filter_convert_dcp_indices(req_id: Array, block_table: Array, topk_indices: Array, *, block_size: int,
                                dcp_size: int, dcp_rank: int, interleave: int = 1, compact: bool = True,
-                               prefill_request_ids: Array | None = None,
+                               num_blocks: int | None = None, prefill_request_ids: Array | None = None,
                                prefill_workspace_starts: Array | None = None, out: Array | None = None,
                                valid_counts: Array | None = None, stream: int | None = None) -> tuple[Array, Array]:
     """Decode context parallelism: keep this rank's tokens (owner (g // interleave) % dcp_size), map
-    them to local positions and convert; compact moves the valid ones to the front.
-    Returns (out, valid_counts). out may be topk_indices itself (in place)."""
+    them to local positions and convert; compact moves the valid ones to the front. num_blocks: this
+    rank's cache block count, as in convert_topk_indices. Returns (out, valid_counts). out may be
+    topk_indices itself (in place)."""
     bs = _int(block_size, "block_size", 1)
     size = _int(dcp_size, "dcp_size", 1, _I32_MAX)
     rank = _int(dcp_rank, "dcp_rank", 0, _I32_MAX)
@@ -190,7 +196,7 @@ def filter_convert_dcp_indices(req_id: Array, block_table: Array, topk_indices: 
         out = empty(topk_indices, _shape(topk_indices, "topk_indices", 2), "int32")
     if valid_counts is None:
         valid_counts = empty(topk_indices, (_shape(topk_indices, "topk_indices", 2)[0],), "int32")
-    _C.filter_convert_dcp_indices(req_id, block_table, topk_indices, bs, prefill_request_ids,
+    _C.filter_convert_dcp_indices(req_id, block_table, topk_indices, bs, num_blocks, prefill_request_ids,
                                   prefill_workspace_starts, out, valid_counts, size, rank, il, compact, s)
     return out, valid_counts
 
