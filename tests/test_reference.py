@@ -105,7 +105,7 @@ def test_as_bf16_bits_accepts_both_and_refuses_floats():
     a = np.array([1.5, -2.0], BF16)
     assert ref.as_bf16_bits(a).dtype == np.uint16
     assert ref.as_bf16_bits(a).base is not None  # a view, not a copy
-    with pytest.raises(TypeError):
+    with pytest.raises(TypeError, match=r"expected bf16 bits .* got float32"):
         ref.as_bf16_bits(np.zeros(2, np.float32))
 
 
@@ -499,7 +499,7 @@ def test_check_close_rules():
 def test_assert_bf16_equal():
     a = np.array([0x3F80, 0x7FC0, 0x7F80], np.uint16)
     ref.assert_bf16_equal(a, np.array([0x3F80, 0xFFFF, 0x7F80], np.uint16))
-    with pytest.raises(AssertionError):
+    with pytest.raises(AssertionError, match=r"1 of 3 bf16 values differ; first at \(2,\): actual 0x7f80"):
         ref.assert_bf16_equal(a, np.array([0x3F80, 0x7FC0, 0x7F81], np.uint16))
 
 
