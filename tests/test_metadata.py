@@ -93,7 +93,8 @@ def test_split_prefill_chunks_offset_and_too_long():
 
 def test_req_id_per_token():
     np.testing.assert_array_equal(req_id_per_token([0, 2, 2, 5]), [0, 0, 2, 2, 2])
-    assert req_id_per_token(np.array([0])).shape == (0,)
+    empty = req_id_per_token(np.array([0]))
+    assert empty.shape == (0,) and empty.dtype == np.int32
     assert req_id_per_token([0, 3]).dtype == np.int32
     with pytest.raises(ValueError, match=r"^query_start_loc: .*non-decreasing"):
         req_id_per_token([0, 3, 2])
@@ -300,4 +301,9 @@ def test_builder_empty_step():
     md = b.build(np.array([0], np.int32), np.zeros(0, np.int32), np.zeros((0, 4), np.int32),
                  np.zeros(0, np.int64))
     assert (md.num_reqs, md.num_padded_tokens, md.num_decodes, md.num_prefills) == (0, 0, 0, 0)
-    assert md.req_id_per_token.shape == (0,)
+    assert md.decode_shape == (0, 0) and md.chunks == []
+    for name, shape in [("req_id_per_token", (0,)), ("slot_mapping", (0,)), ("seq_lens", (0,)),
+                        ("query_start_loc", (1,)), ("block_table", (0, 32)), ("indices", (0, 32))]:
+        a = getattr(md, name)
+        assert a.shape == shape and a.dtype == np.int32, (name, a.shape, a.dtype)
+    assert md.query_start_loc[0] == 0
