@@ -12,6 +12,7 @@ test_attention_paths_compute_differently shows that the levels really run differ
 pack_kv, gather_upconvert and convert_topk_indices must give the same bytes on every path (they run
 the existing byte-exact tests of those ops once per path, plus inputs aimed at the vector code's edge
 cases)."""
+import functools
 import itertools
 import os
 import platform
@@ -184,6 +185,7 @@ def test_split_rows_with_few_valid_indices(monkeypatch):
 # SMLA_CPU_ISA handling
 # ---------------------------------------------------------------------------------------------
 
+@functools.lru_cache(maxsize=None)
 def _isa_case():
     """A prefill case whose outputs show each level's arithmetic: many query rows and heads (so that
     some out element lands on a different side of a bf16 rounding), a small scale (a flat softmax:
@@ -192,14 +194,23 @@ def _isa_case():
                                   scale=1e-3)
 
 
-ISA_CASE = {}
-
-
+@functools.lru_cache(maxsize=None)
 def _isa_ref():
-    if not ISA_CASE:
-        c = _isa_case()
-        ISA_CASE["case"], ISA_CASE["ref"] = c, tpre.ref_prefill(c)
-    return ISA_CASE["case"], ISA_CASE["ref"]
+    return tpre.ref_prefill(_isa_case())
+
+
+def _isa_bits(monkeypatch, value, check=False):
+    """out, lse and max_logits bits of _isa_case() with SMLA_CPU_ISA = value (None: unset), on one
+    thread; with check, also against the oracle."""
+    if value is None:
+        monkeypatch.delenv("SMLA_CPU_ISA", raising=False)
+    else:
+        monkeypatch.setenv("SMLA_CPU_ISA", value)
+    monkeypatch.setenv("SMLA_NUM_THREADS", "1")
+    out, lse, ml = tpre.run_prefill(_isa_case())
+    if check:
+        ref.check_prefill(out, lse, ml, *_isa_ref(), name=f"SMLA_CPU_ISA={value}")
+    return [out.view(np.uint16), lse.view(np.uint32), ml.view(np.uint32)]
 
 
 # Pairs of paths whose arithmetic differs, so that on _isa_case() some output bits must differ:
@@ -226,21 +237,13 @@ def test_attention_paths_compute_differently(monkeypatch, a, b):
         missing = NEEDS[name] - FLAGS
         if missing:
             pytest.skip(f"this CPU lacks {', '.join(sorted(missing))} (needed by {name})")
-    c, (out_ref, lse_ref, ml_ref) = _isa_ref()
-    monkeypatch.setenv("SMLA_NUM_THREADS", "1")
     bits = {}
     for name in (a, b):
-        monkeypatch.setenv("SMLA_CPU_ISA", name)
+        bits[name] = _isa_bits(monkeypatch, name, check=True)
         assert smla.build_info()["cpu_isa"] == name
-        out, lse, ml = tpre.run_prefill(c)
-        ref.check_prefill(out, lse, ml, out_ref, lse_ref, ml_ref, name=f"SMLA_CPU_ISA={name}")
-        bits[name] = [out.view(np.uint16), lse.view(np.uint32), ml.view(np.uint32)]
     differ = [int((x != y).sum()) for x, y in zip(bits[a], bits[b])]
     assert sum(differ) > 0, (f"SMLA_CPU_ISA={a} and {b} gave the same bits in out, lse and max_logits: "
                              "one of them did not run its own code")
-
-
-BF16_PAIR_PATHS = ["avx2-emulated-bf16", "avx512bf16"]
 
 
 @pytest.mark.parametrize("path", ATTN_PATHS, indirect=True)
@@ -271,10 +274,9 @@ def test_bf16_subnormal_inputs(request, path):
 # the CPU lacks runs the best one below it
 # ---------------------------------------------------------------------------------------------
 
-def _decode_once(out=None):
+def _decode_once(out):
     c = tdec.make_decode_case("fp8_ds_mla", 2, 1, 16, 256, 16, seed=3)
-    kw = {} if out is None else dict(out=out)
-    return tdec.run_decode(c, **kw)
+    return tdec.run_decode(c, out=out)
 
 
 @pytest.mark.parametrize("value", ["bogus", "AVX2", "Portable", " avx2", "avx2 ", "avx-512", "avx512_bf16",
@@ -293,15 +295,15 @@ def test_unknown_isa_raises(monkeypatch, value):
 
 @pytest.mark.parametrize("value", [None, "", "default"])
 def test_default_isa_spellings(monkeypatch, value):
-    """Unset, empty and "default" all run the default level."""
-    if value is None:
-        monkeypatch.delenv("SMLA_CPU_ISA", raising=False)
-    else:
-        monkeypatch.setenv("SMLA_CPU_ISA", value)
+    """Unset, empty and "default" all run the default level: build_info() names it and the op gives
+    the bits of that level asked for by name."""
+    default = smla.build_info()["cpu_isa_default"]
+    want = _isa_bits(monkeypatch, default)
+    got = _isa_bits(monkeypatch, value)
     info = smla.build_info()
-    assert info["cpu_isa"] == info["cpu_isa_default"]
-    out, lse = _decode_once()
-    assert out.shape == (2, 1, 16, 512) and np.isfinite(lse[lse != -np.inf]).all()
+    assert info["cpu_isa"] == info["cpu_isa_default"] == default
+    for x, y, what in zip(got, want, ["out", "lse", "max_logits"]):
+        np.testing.assert_array_equal(x, y, err_msg=f"{what}: SMLA_CPU_ISA={value!r} vs {default!r}")
 
 
 @pytest.mark.parametrize("name", ["avx2", "avx2-emulated-bf16", "avx512", "avx512bf16"])
@@ -312,14 +314,11 @@ def test_missing_level_runs_the_best_below(monkeypatch, name):
     if NEEDS[name] <= FLAGS:
         pytest.skip(f"this CPU has every feature {name} needs: there is no level to fall back from")
     best = best_level()
-    monkeypatch.setenv("SMLA_NUM_THREADS", "1")
-    monkeypatch.setenv("SMLA_CPU_ISA", best)
-    want_out, want_lse = _decode_once()
-    monkeypatch.setenv("SMLA_CPU_ISA", name)
+    want = _isa_bits(monkeypatch, best)
+    got = _isa_bits(monkeypatch, name)
     assert smla.build_info()["cpu_isa"] == best
-    out, lse = _decode_once()
-    ref.assert_bf16_equal(out, want_out, name=f"SMLA_CPU_ISA={name} on a CPU whose best level is {best}")
-    np.testing.assert_array_equal(lse, want_lse)
+    for x, y, what in zip(got, want, ["out", "lse", "max_logits"]):
+        np.testing.assert_array_equal(x, y, err_msg=f"{what}: SMLA_CPU_ISA={name} on a CPU whose best level is {best}")
 
 
 def test_default_isa(monkeypatch):
