@@ -59,10 +59,14 @@ def test_dlpack_matches_numpy_path():
     assert np.array_equal(a.view(np.uint16), b)
 
 
-def test_build_info():
+def test_build_info(monkeypatch):
+    monkeypatch.delenv("SMLA_CPU_ISA", raising=False)
     info = smla.build_info()
-    assert set(info) >= {"cuda", "cuda_runtime", "cuda_archs", "debug", "version", "cpu_isa"}
-    assert info["cpu_isa"] in ("portable", "avx2", "avx512", "avx512bf16")
+    assert set(info) >= {"cuda", "cuda_runtime", "cuda_archs", "debug", "version", "cpu_isa", "cpu_isa_default"}
+    assert info["cpu_isa_default"] in ("portable", "avx2", "avx512", "avx512bf16")
+    assert info["cpu_isa"] == info["cpu_isa_default"]  # unset: the default level runs
+    monkeypatch.setenv("SMLA_CPU_ISA", "portable")  # every CPU has it
+    assert smla.build_info()["cpu_isa"] == "portable"
     assert isinstance(smla.cuda_available(), bool)
 
 
@@ -163,22 +167,53 @@ def test_cuda_arrays_without_cuda_raise_cleanly():
         _unpack(slots=FakeCuda(np.arange(4, dtype=np.int32)))
 
 
-def test_torch_cpu_tensors_through_the_exchange_api():
-    """torch publishes the DLPack C exchange API: its CPU tensors take that path and match NumPy."""
+def _torch_pack_unpack(torch, kv_c, k_pe, wrap=lambda t: t):
+    """pack_kv then unpack_kv on torch CPU tensors (each passed through wrap); returns the cache and
+    the unpacked rows as NumPy."""
+    t_cache = torch.zeros(smla.kv_cache_shape(4, 16, "fp8_ds_mla"), dtype=torch.uint8)
+    t_kv_c = torch.from_numpy(kv_c.view(np.uint16).astype(np.int16)).view(torch.bfloat16)
+    t_k_pe = torch.from_numpy(k_pe.view(np.uint16).astype(np.int16)).view(torch.bfloat16)
+    smla.pack_kv(wrap(t_kv_c), wrap(t_k_pe), wrap(t_cache), wrap(torch.arange(20, dtype=torch.int32)),
+                 kv_cache_dtype="fp8_ds_mla")
+    out = torch.empty((20, 576), dtype=torch.bfloat16)
+    res = smla.unpack_kv(wrap(t_cache), wrap(torch.arange(20, dtype=torch.int64)), kv_cache_dtype="fp8_ds_mla",
+                         out=wrap(out))
+    assert res is not None
+    return t_cache.numpy(), out.view(torch.int16).numpy().view(np.uint16)
+
+
+def test_torch_cpu_tensors_through_the_exchange_api(monkeypatch):
+    """torch publishes the DLPack C exchange API on its tensor type: its CPU tensors take that path
+    (torch's Python-level __dlpack__ is never called) and match NumPy; the same tensors behind a
+    plain __dlpack__ producer take the capsule path and match too."""
     torch = pytest.importorskip("torch")
+    if not hasattr(type(torch.empty(1)), "__dlpack_c_exchange_api__"):
+        pytest.skip(f"torch {torch.__version__} does not publish __dlpack_c_exchange_api__")
     rng = np.random.default_rng(2)
     cache = fp8_cache()
     kv_c = rng.standard_normal((20, 512)).astype(BF16)
     k_pe = rng.standard_normal((20, 64)).astype(BF16)
     smla.pack_kv(kv_c, k_pe, cache, np.arange(20, dtype=np.int32), kv_cache_dtype="fp8_ds_mla")
-    t_cache = torch.zeros(cache.shape, dtype=torch.uint8)
-    t_kv_c = torch.from_numpy(kv_c.view(np.uint16).astype(np.int16)).view(torch.bfloat16)
-    t_k_pe = torch.from_numpy(k_pe.view(np.uint16).astype(np.int16)).view(torch.bfloat16)
-    smla.pack_kv(t_kv_c, t_k_pe, t_cache, torch.arange(20, dtype=torch.int32), kv_cache_dtype="fp8_ds_mla")
-    assert np.array_equal(t_cache.numpy(), cache)
-    out = smla.unpack_kv(t_cache, torch.arange(20, dtype=torch.int64), kv_cache_dtype="fp8_ds_mla")
-    assert out.dtype == torch.bfloat16
-    ref = smla.unpack_kv(cache, np.arange(20, dtype=np.int32), kv_cache_dtype="fp8_ds_mla")
-    assert np.array_equal(out.view(torch.int16).numpy().view(np.uint16), ref.view(np.uint16))
-    with pytest.raises(TypeError, match="slots: expected int32 or int64, got float32"):
-        smla.unpack_kv(t_cache, torch.zeros(3), kv_cache_dtype="fp8_ds_mla")
+    want = smla.unpack_kv(cache, np.arange(20, dtype=np.int32), kv_cache_dtype="fp8_ds_mla").view(np.uint16)
+
+    exported = []
+    plain = torch.Tensor.__dlpack__
+
+    def counting(self, *a, **kw):
+        exported.append(tuple(self.shape))
+        return plain(self, *a, **kw)
+
+    monkeypatch.setattr(torch.Tensor, "__dlpack__", counting)
+    got_cache, got = _torch_pack_unpack(torch, kv_c, k_pe)
+    assert exported == [], f"torch tensors went through __dlpack__ (shapes {exported}), not the exchange API"
+    assert np.array_equal(got_cache, cache) and np.array_equal(got, want)
+
+    got_cache, got = _torch_pack_unpack(torch, kv_c, k_pe, wrap=Producer)
+    assert len(exported) == 7  # each of the 4 + 3 arrays once, through the capsule path
+    assert np.array_equal(got_cache, cache) and np.array_equal(got, want)
+
+    out = smla.unpack_kv(torch.from_numpy(cache), torch.arange(20, dtype=torch.int64), kv_cache_dtype="fp8_ds_mla")
+    assert isinstance(out, torch.Tensor) and out.dtype == torch.bfloat16
+    assert np.array_equal(out.view(torch.int16).numpy().view(np.uint16), want)
+    with pytest.raises(TypeError, match="^slots: expected int32 or int64, got float32"):
+        smla.unpack_kv(torch.from_numpy(cache), torch.zeros(3), kv_cache_dtype="fp8_ds_mla")

@@ -115,15 +115,15 @@ def test_out_buffers_and_in_place():
 def test_bad_arguments():
     rng = np.random.default_rng(35)
     req, bt, tok = paged_case(rng, n=4, k=8)
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match=r"^req_id: "):
         smla.convert_topk_indices(req[:3], bt, tok, block_size=64)
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match=r"^block_size: "):
         smla.convert_topk_indices(req, bt, tok, block_size=0)
-    with pytest.raises((TypeError, ValueError)):
+    with pytest.raises(TypeError, match=r"^topk_indices: "):
         smla.convert_topk_indices(req, bt, tok.astype(np.int64), block_size=64)
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match=r"^dcp_rank: "):
         smla.filter_convert_dcp_indices(req, bt, tok, block_size=64, dcp_size=2, dcp_rank=2)
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match=r"^interleave: "):
         smla.filter_convert_dcp_indices(req, bt, tok, block_size=64, dcp_size=2, dcp_rank=0, interleave=0)
 
 

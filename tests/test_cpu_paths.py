@@ -1,14 +1,18 @@
 """Every CPU instruction-set path (SMLA_CPU_ISA, csrc/cpu/cpu_features.h) against the float64 oracle,
 and the threaded paths (SMLA_NUM_THREADS) of the attention kernel.
 
-The kernels read SMLA_CPU_ISA on every call, so each test sets it for its own calls. A path this CPU
-lacks is skipped (forcing it would silently run the best level below it, which other cases already
-cover). "avx2-emulated-bf16" is a test hook: the avx512bf16 attention code (bf16 pairs for the scores)
-at AVX2 width with vdpbf16ps emulated, so that its logic runs on CPUs without AVX512_BF16.
+The binding reads SMLA_CPU_ISA at every call, so each test sets it for its own calls, and the `path`
+fixture checks that smla.build_info() reports the level the next op runs. A path this CPU lacks is
+skipped (forcing it runs the best level below it, which test_missing_level_runs_the_best_below
+checks). "avx2-emulated-bf16" is a test hook: the avx512bf16 attention code (bf16 pairs for the
+scores) at AVX2 width with vdpbf16ps emulated, so that its logic runs on CPUs without AVX512_BF16.
 
-Attention is checked against the oracle with docs/design.md's tolerances; pack_kv, gather_upconvert and
-convert_topk_indices must give the same bytes on every path (they run the existing byte-exact tests of
-those ops once per path, plus inputs aimed at the vector code's edge cases)."""
+Attention is checked against the oracle with docs/design.md's tolerances, and
+test_attention_paths_compute_differently shows that the levels really run different code;
+pack_kv, gather_upconvert and convert_topk_indices must give the same bytes on every path (they run
+the existing byte-exact tests of those ops once per path, plus inputs aimed at the vector code's edge
+cases)."""
+import functools
 import itertools
 import os
 import platform
@@ -66,6 +70,7 @@ def path(request, monkeypatch):
     if missing:
         pytest.skip(f"this CPU lacks {', '.join(sorted(missing))}")
     monkeypatch.setenv("SMLA_CPU_ISA", name)
+    assert smla.build_info()["cpu_isa"] == name, "build_info() must name the level the next op runs"
     return name
 
 
@@ -180,35 +185,148 @@ def test_split_rows_with_few_valid_indices(monkeypatch):
 # SMLA_CPU_ISA handling
 # ---------------------------------------------------------------------------------------------
 
-def test_unsupported_or_unknown_isa_falls_back(monkeypatch):
-    """A level the CPU lacks runs the best one it has (same bits); an unknown, empty or absent
-    SMLA_CPU_ISA runs the default level, the one smla.build_info() names."""
-    c = tdec.make_decode_case("fp8_ds_mla", 2, 1, 16, 256, 16, seed=3)
+@functools.lru_cache(maxsize=None)
+def _isa_case():
+    """A prefill case whose outputs show each level's arithmetic: many query rows and heads (so that
+    some out element lands on a different side of a bf16 rounding), a small scale (a flat softmax:
+    every P value is a full fp32 number) and max_logits, which is one fp32 score."""
+    return tpre.make_prefill_case(64, 128, 64, 64, seed=3, tl_mode="none", sink_mode="none", all_invalid_frac=0.0,
+                                  scale=1e-3)
+
+
+@functools.lru_cache(maxsize=None)
+def _isa_ref():
+    return tpre.ref_prefill(_isa_case())
+
+
+def _isa_bits(monkeypatch, value, check=False):
+    """out, lse and max_logits bits of _isa_case() with SMLA_CPU_ISA = value (None: unset), on one
+    thread; with check, also against the oracle."""
+    if value is None:
+        monkeypatch.delenv("SMLA_CPU_ISA", raising=False)
+    else:
+        monkeypatch.setenv("SMLA_CPU_ISA", value)
     monkeypatch.setenv("SMLA_NUM_THREADS", "1")
-    monkeypatch.setenv("SMLA_CPU_ISA", best_level())
-    want_out, want_lse = tdec.run_decode(c)
-    for name in LEVELS[LEVELS.index(best_level()):]:
-        monkeypatch.setenv("SMLA_CPU_ISA", name)
-        out, lse = tdec.run_decode(c)
-        ref.assert_bf16_equal(out, want_out, name=f"SMLA_CPU_ISA={name!r}")
-        np.testing.assert_array_equal(lse, want_lse)
-    default = smla.build_info()["cpu_isa"]
-    monkeypatch.setenv("SMLA_CPU_ISA", default)
-    want_out, want_lse = tdec.run_decode(c)
-    for name in ["bogus", "", None]:
-        if name is None:
-            monkeypatch.delenv("SMLA_CPU_ISA")
-        else:
-            monkeypatch.setenv("SMLA_CPU_ISA", name)
-        out, lse = tdec.run_decode(c)
-        ref.assert_bf16_equal(out, want_out, name=f"SMLA_CPU_ISA={name!r} (default {default})")
-        np.testing.assert_array_equal(lse, want_lse)
+    out, lse, ml = tpre.run_prefill(_isa_case())
+    if check:
+        ref.check_prefill(out, lse, ml, *_isa_ref(), name=f"SMLA_CPU_ISA={value}")
+    return [out.view(np.uint16), lse.view(np.uint32), ml.view(np.uint32)]
 
 
-def test_default_isa():
+# Pairs of paths whose arithmetic differs, so that on _isa_case() some output bits must differ:
+DIFFERENT_PATHS = [
+    # separate multiply and add (baseline x86-64 has no FMA) vs FMA: the exp2 polynomial and P*V round
+    # differently (the scores do not: bf16 products are exact in fp32 and both sum them in d order)
+    ("portable", "avx2"),
+    ("portable", "avx512"),
+    # scores summed one product at a time in d order vs by bf16 pairs (odd element first), so each
+    # score, hence max_logits, rounds differently
+    ("avx2", "avx2-emulated-bf16"),
+    ("avx512", "avx512bf16"),
+]
+# avx2 and avx512 are not in the list: they sum every score and every P*V column in the same order
+# (one head per vector lane, d or t sequential), so their bits agree and only build_info() tells
+# them apart. Threads do not matter either: top-k 64 is never split, each row is one thread's.
+
+
+@pytest.mark.parametrize("a,b", DIFFERENT_PATHS, ids=[f"{a}-vs-{b}" for a, b in DIFFERENT_PATHS])
+def test_attention_paths_compute_differently(monkeypatch, a, b):
+    """SMLA_CPU_ISA really switches the attention kernel: two paths whose arithmetic differs give
+    different bits somewhere on a large case, and each stays within the oracle's tolerance."""
+    for name in (a, b):
+        missing = NEEDS[name] - FLAGS
+        if missing:
+            pytest.skip(f"this CPU lacks {', '.join(sorted(missing))} (needed by {name})")
+    bits = {}
+    for name in (a, b):
+        bits[name] = _isa_bits(monkeypatch, name, check=True)
+        assert smla.build_info()["cpu_isa"] == name
+    differ = [int((x != y).sum()) for x, y in zip(bits[a], bits[b])]
+    assert sum(differ) > 0, (f"SMLA_CPU_ISA={a} and {b} gave the same bits in out, lse and max_logits: "
+                             "one of them did not run its own code")
+
+
+@pytest.mark.parametrize("path", ATTN_PATHS, indirect=True)
+def test_bf16_subnormal_inputs(request, path):
+    """q or K elements that are bf16 subnormals (below 2^-126) are values like any other: next to a
+    large partner their product is of order 1 and moves the score. vdpbf16ps treats subnormal
+    inputs as zero (DAZ, whatever MXCSR says), so the avx512bf16 level drops those products."""
+    if path == "avx512bf16":
+        request.applymarker(pytest.mark.xfail(
+            strict=True, reason="vdpbf16ps flushes bf16 subnormal inputs to zero (DAZ): the avx512bf16 "
+                                "level drops their products from the scores"))
+    c = tpre.make_prefill_case(8, 16, 128, 64, seed=13, tl_mode="none", sink_mode="none", all_invalid_frac=0.0)
+    rng = np.random.default_rng(13)
+    q, kv = c["q"].view(np.uint16), c["kv"].view(np.uint16)
+    live = kv[:, 0] != 0x7FC0  # rows some index reads (the others are NaN)
+    n = int(live.sum())
+    # dim 575: q subnormal (2^-127 .. 2^-126), K about +-2^126; dim 574: the other way round
+    q[..., 575] = rng.integers(0x0040, 0x0080, q.shape[:-1])
+    kv[live, 575] = rng.choice(np.array([0x7E80, 0xFE80, 0x7EC0, 0xFEC0], np.uint16), n)
+    q[..., 574] = rng.choice(np.array([0x7E80, 0xFE80], np.uint16), q.shape[:-1])
+    kv[live, 574] = rng.integers(0x0040, 0x0080, n) | rng.choice(np.array([0, 0x8000]), n)
+    out, lse, ml = tpre.run_prefill(c)
+    tpre.check_against_ref(c, out, lse, ml)
+
+
+# ---------------------------------------------------------------------------------------------
+# SMLA_CPU_ISA parsing: unknown values raise, empty / "default" run the default level, a level
+# the CPU lacks runs the best one below it
+# ---------------------------------------------------------------------------------------------
+
+def _decode_once(out):
+    c = tdec.make_decode_case("fp8_ds_mla", 2, 1, 16, 256, 16, seed=3)
+    return tdec.run_decode(c, out=out)
+
+
+@pytest.mark.parametrize("value", ["bogus", "AVX2", "Portable", " avx2", "avx2 ", "avx-512", "avx512_bf16",
+                                   "avx2,avx512", "0", "1", "none", "auto", "avx2-emulated", "default "])
+def test_unknown_isa_raises(monkeypatch, value):
+    """An unknown or misspelt SMLA_CPU_ISA is an error naming the variable, at every op and at
+    build_info(), and the op writes nothing (the variable is read before any work)."""
+    monkeypatch.setenv("SMLA_CPU_ISA", value)
+    with pytest.raises(ValueError, match=r"^SMLA_CPU_ISA: "):
+        smla.build_info()
+    out = np.full((2, 1, 16, 512), 7.0, tdec.BF16)
+    with pytest.raises(ValueError, match=r"^SMLA_CPU_ISA: "):
+        _decode_once(out=out)
+    assert (out.astype(np.float32) == 7.0).all()
+
+
+@pytest.mark.parametrize("value", [None, "", "default"])
+def test_default_isa_spellings(monkeypatch, value):
+    """Unset, empty and "default" all run the default level: build_info() names it and the op gives
+    the bits of that level asked for by name."""
+    default = smla.build_info()["cpu_isa_default"]
+    want = _isa_bits(monkeypatch, default)
+    got = _isa_bits(monkeypatch, value)
+    info = smla.build_info()
+    assert info["cpu_isa"] == info["cpu_isa_default"] == default
+    for x, y, what in zip(got, want, ["out", "lse", "max_logits"]):
+        np.testing.assert_array_equal(x, y, err_msg=f"{what}: SMLA_CPU_ISA={value!r} vs {default!r}")
+
+
+@pytest.mark.parametrize("name", ["avx2", "avx2-emulated-bf16", "avx512", "avx512bf16"])
+def test_missing_level_runs_the_best_below(monkeypatch, name):
+    """A level this CPU lacks runs the best level it has (the levels nest, so that is the best one
+    below the level asked for; the test hook falls back like avx2): build_info() names that level and
+    the op gives its bits."""
+    if NEEDS[name] <= FLAGS:
+        pytest.skip(f"this CPU has every feature {name} needs: there is no level to fall back from")
+    best = best_level()
+    want = _isa_bits(monkeypatch, best)
+    got = _isa_bits(monkeypatch, name)
+    assert smla.build_info()["cpu_isa"] == best
+    for x, y, what in zip(got, want, ["out", "lse", "max_logits"]):
+        np.testing.assert_array_equal(x, y, err_msg=f"{what}: SMLA_CPU_ISA={name} on a CPU whose best level is {best}")
+
+
+def test_default_isa(monkeypatch):
     """The default level is the best one the CPU has, except that avx512bf16 gives way to avx512 where
-    vdpbf16ps is measured to be slow (csrc/cpu/cpu_features.c)."""
-    default, best = smla.build_info()["cpu_isa"], best_level()
+    vdpbf16ps is measured to be slow (csrc/cpu/cpu_features.c); SMLA_CPU_ISA does not change it."""
+    default, best = smla.build_info()["cpu_isa_default"], best_level()
+    monkeypatch.setenv("SMLA_CPU_ISA", "portable")
+    assert smla.build_info()["cpu_isa_default"] == default
     if platform.machine().lower() not in ("x86_64", "amd64"):
         assert default == "portable"
         return

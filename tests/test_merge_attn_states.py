@@ -165,12 +165,12 @@ def test_in_place_and_no_lse_out():
 def test_bad_arguments():
     rng = np.random.default_rng(47)
     oa, la, ob, lb = make(2, 2, 8, "float32", rng)
-    with pytest.raises(TypeError):
+    with pytest.raises(TypeError, match=r"^out_b: "):
         smla.merge_attn_states(oa, la, ob.astype(np.float16), lb)
     o64 = oa.astype(np.float64)
-    with pytest.raises(TypeError):
+    with pytest.raises(TypeError, match=r"^out_a: "):
         smla.merge_attn_states(o64, la, o64, lb, out=np.empty_like(o64))
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match=r"^lse_a: "):
         smla.merge_attn_states(oa, la[:1], ob, lb)
 
 

@@ -93,9 +93,10 @@ def test_split_prefill_chunks_offset_and_too_long():
 
 def test_req_id_per_token():
     np.testing.assert_array_equal(req_id_per_token([0, 2, 2, 5]), [0, 0, 2, 2, 2])
-    assert req_id_per_token(np.array([0])).shape == (0,)
+    empty = req_id_per_token(np.array([0]))
+    assert empty.shape == (0,) and empty.dtype == np.int32
     assert req_id_per_token([0, 3]).dtype == np.int32
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match=r"^query_start_loc: .*non-decreasing"):
         req_id_per_token([0, 3, 2])
 
 
@@ -107,9 +108,9 @@ def test_resolve_mode():
     assert resolve_mode(16, "fp8_ds_mla", "split") == "split"
     assert resolve_mode(128, "bf16", "split") == "bf16"
     assert resolve_mode(128, "auto") == "bf16"
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match=r"^mode: .*'fast'"):
         resolve_mode(16, "fp8_ds_mla", "fast")
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match=r"^kv_cache_dtype: .*'int8'"):
         resolve_mode(16, "int8")
 
 
@@ -176,7 +177,17 @@ def test_builder_padded_decode_step():
     np.testing.assert_array_equal(md.slot_mapping, slots)
 
 
-@pytest.mark.parametrize("bad", ["reqs", "tokens", "seq_lens", "short_seq", "width", "slots"])
+BUILDER_REJECTS = {  # the bad argument each case names, and what the message says about it
+    "reqs": r"^query_start_loc: 17 requests exceed max_num_seqs",
+    "tokens": r"^slot_mapping: 300 tokens exceed max_num_batched_tokens",
+    "seq_lens": r"^seq_lens: expected \[2\]",
+    "short_seq": r"^seq_lens: .*query length <= seq_len",
+    "width": r"^block_table: .*\(2, 33\)",
+    "slots": r"^slot_mapping: expected \[T >= 3\]",
+}
+
+
+@pytest.mark.parametrize("bad", list(BUILDER_REJECTS))
 def test_builder_rejects(bad):
     b = make_builder()
     qsl, sl = np.array([0, 1, 3]), np.array([4, 5])
@@ -194,7 +205,7 @@ def test_builder_rejects(bad):
         bt = np.zeros((2, 33), np.int32)
     elif bad == "slots":
         slots = np.arange(2)
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match=BUILDER_REJECTS[bad]):
         b.build(qsl, sl, bt, slots)
 
 
@@ -290,4 +301,9 @@ def test_builder_empty_step():
     md = b.build(np.array([0], np.int32), np.zeros(0, np.int32), np.zeros((0, 4), np.int32),
                  np.zeros(0, np.int64))
     assert (md.num_reqs, md.num_padded_tokens, md.num_decodes, md.num_prefills) == (0, 0, 0, 0)
-    assert md.req_id_per_token.shape == (0,)
+    assert md.decode_shape == (0, 0) and md.chunks == []
+    for name, shape in [("req_id_per_token", (0,)), ("slot_mapping", (0,)), ("seq_lens", (0,)),
+                        ("query_start_loc", (1,)), ("block_table", (0, 32)), ("indices", (0, 32))]:
+        a = getattr(md, name)
+        assert a.shape == shape and a.dtype == np.int32, (name, a.shape, a.dtype)
+    assert md.query_start_loc[0] == 0

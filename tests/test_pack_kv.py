@@ -224,13 +224,14 @@ def test_bad_arguments():
     cache = new_cache(2, 2, "fp8_ds_mla")
     kv_c, k_pe = np.zeros((2, 512), np.uint16), np.zeros((2, 64), np.uint16)
     slots = np.zeros(2, np.int32)
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match=r"^scale_rule: "):
         smla.pack_kv(kv_c, k_pe, cache, slots, kv_cache_dtype="fp8_ds_mla", scale_rule="e8m0")
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match=r"^kv_cache_dtype: "):
         smla.pack_kv(kv_c, k_pe, cache, slots, kv_cache_dtype="int4")
-    with pytest.raises((TypeError, ValueError)):
+    with pytest.raises(TypeError, match=r"^kv_c: "):
         smla.pack_kv(kv_c.astype(np.float32), k_pe, cache, slots, kv_cache_dtype="fp8_ds_mla")
-    with pytest.raises(ValueError):
+    # token counts that disagree: either argument may lead the message, both are named
+    with pytest.raises(ValueError, match=r"^(slot_mapping|kv_c): .*\b(kv_c|slot_mapping)\b"):
         smla.pack_kv(kv_c[:1], k_pe, cache, slots, kv_cache_dtype="fp8_ds_mla")
 
 

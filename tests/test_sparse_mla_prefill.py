@@ -17,7 +17,8 @@ import smla
 sys.path.insert(0, os.path.dirname(__file__))
 import reference as ref  # noqa: E402
 from test_sparse_mla_decode import (  # noqa: E402
-    SINK_MODES, TL_MODES, from_torch, make_sink, rand_q, strided, to_torch)
+    SINK_MODES, TL_MODES, from_torch, make_sink, rand_q, run_decode, strided, to_torch)
+from test_sparse_mla_decode import check_against_ref as check_decode_against_ref  # noqa: E402
 
 BF16 = ml_dtypes.bfloat16
 SCALE = 576 ** -0.5
@@ -223,13 +224,16 @@ def test_prefill_single_row_is_exact():
 
 
 def test_prefill_matches_decode():
-    """Prefill is decode with b = 1 over one block of s_kv bf16 rows: same bits."""
+    """Prefill is decode with b = 1 over one block of s_kv bf16 rows: the same bits from both ops, and
+    both within the oracle's tolerance (a bug the two share fails there)."""
     c = make_prefill_case(30, 64, 700, 256, seed=17)
     out, lse, ml = run_prefill(c)
+    check_against_ref(c, out, lse, ml)
     kv = c["kv"].reshape(1, -1, 576)
-    out_d, lse_d = smla.sparse_mla_decode(c["q"][None], kv, c["indices"][None], softmax_scale=c["softmax_scale"],
-                                          kv_cache_dtype="bf16", topk_length=c["topk_length"][None],
-                                          attn_sink=c["attn_sink"])
+    dc = dict(q=c["q"][None], kv_cache=kv, indices=c["indices"][None], topk_length=c["topk_length"][None],
+              attn_sink=c["attn_sink"], softmax_scale=c["softmax_scale"], kv_cache_dtype="bf16")
+    out_d, lse_d = run_decode(dc)
+    check_decode_against_ref(dc, out_d, lse_d)
     ref.assert_bf16_equal(out_d[0], out)
     np.testing.assert_array_equal(lse_d[0], lse)
 

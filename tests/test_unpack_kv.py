@@ -83,10 +83,21 @@ def test_out_buffer_strided_and_zero_rows():
     assert (big[1::2] == 0x1234).all() and (big[:, :8] == 0x1234).all() and (big[:, 584:] == 0x1234).all()
 
 
-def test_no_slots():
-    cache = random_cache(2, 4, "bf16", np.random.default_rng(14))
-    out = smla.unpack_kv(cache, np.zeros(0, np.int32), kv_cache_dtype="bf16")
-    assert out.shape == (0, 576)
+@pytest.mark.parametrize("cd", CACHE_DTYPES)
+@pytest.mark.parametrize("slot_dtype", [np.int32, np.int64])
+@pytest.mark.parametrize("num_blocks", [2, 0])
+def test_no_slots(cd, slot_dtype, num_blocks):
+    """No slot (also from an empty cache): an empty bf16 [0, 576] result; a given out= (a zero-length
+    view of a larger buffer) comes back as-is and nothing of the buffer is written."""
+    cache = random_cache(max(num_blocks, 1), 4, cd, np.random.default_rng(14))[:num_blocks]
+    slots = np.zeros(0, slot_dtype)
+    out = smla.unpack_kv(cache, slots, kv_cache_dtype=cd)
+    assert out.shape == (0, 576) and out.dtype == ml_dtypes.bfloat16
+    big = np.full((3, 576), 0x1234, np.uint16)
+    for view in (big[:0], big[1:1], big[2:2]):
+        assert view.size == 0
+        assert smla.unpack_kv(cache, slots, kv_cache_dtype=cd, out=view) is view
+    assert (big == 0x1234).all()
 
 
 def test_ml_dtypes_caches():
