@@ -1,6 +1,8 @@
 /* Array acquisition (NumPy C API and DLPack capsules) and argument validation for the bindings. */
 #include <math.h>
 #include <stdlib.h>
+#include <float.h>
+#include <math.h>
 #include <string.h>
 
 #include "binding.h"
@@ -487,12 +489,14 @@ int smla_check_int_index_64(const smla_arr *a)
     return smla_check_dtype(a, 2, ok);
 }
 
-int smla_check_finite(double v, const char *name)
+int smla_check_softmax_scale(double v)
 {
-    if (isfinite(v)) return 0;
+    /* the kernels work in the log2 domain: softmax_scale * log2(e) must be a finite float */
+    if (isfinite(v) && fabs(v) * 1.4426950408889634 <= (double)FLT_MAX) return 0;
     char *txt = PyOS_double_to_string(v, 'r', 0, 0, NULL);
     if (!txt) return -1;
-    PyErr_Format(PyExc_ValueError, "%s: expected a finite number, got %s", name, txt);
+    PyErr_Format(PyExc_ValueError, "softmax_scale: expected a finite number of magnitude at most 2.35e38 "
+                 "(FLT_MAX / log2(e)), got %s", txt);
     PyMem_Free(txt);
     return -1;
 }

@@ -83,8 +83,8 @@ void smla_args_release(smla_args *A);
  * where the output may be EXACTLY the same view as the input (kernels that read each element before
  * writing it, i.e. in place). 0, or -1 with ValueError naming both arrays. */
 int smla_check_outputs(const smla_args *A, const smla_arr *const *same, int n_same);
-/* A float argument that must be finite (softmax_scale); -1 with ValueError naming it. */
-int smla_check_finite(double v, const char *name);
+/* softmax_scale: finite, and finite once multiplied by log2(e) in fp32; -1 with ValueError. */
+int smla_check_softmax_scale(double v);
 
 /* Property checks: return 0, or -1 with TypeError/ValueError set naming the argument. */
 int smla_check_dtype(const smla_arr *a, int n_allowed, const int *allowed);

@@ -215,12 +215,15 @@ def test_python_deleter_runs_without_the_pending_error():
 # softmax_scale
 # ---------------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("scale,text", [(float("nan"), "nan"), (float("inf"), "inf"), (-float("inf"), "-inf")])
+@pytest.mark.parametrize("scale,text", [(float("nan"), "nan"), (float("inf"), "inf"), (-float("inf"), "-inf"),
+                                        (3e38, "3e\\+38"), (-2.4e38, "-2.4e\\+38")])
 def test_softmax_scale_must_be_finite(scale, text):
+    """Non-finite scales, and finite ones whose log2-domain value scale * log2(e) overflows fp32 (the
+    kernels' 0 * inf would be NaN), raise."""
     rng = np.random.default_rng(0)
     q = rng.standard_normal((1, 2, 4, 576)).astype(BF16)
     idx = rng.integers(0, 64, (1, 2, 8)).astype(np.int32)
-    msg = f"softmax_scale: expected a finite number, got {text}$"
+    msg = f"softmax_scale: expected a finite number of magnitude at most 2.35e38 .*, got {text}$"
     with pytest.raises(ValueError, match=msg):
         smla.sparse_mla_decode(q, fp8_cache(), idx, softmax_scale=scale, kv_cache_dtype="fp8_ds_mla")
     with pytest.raises(ValueError, match=msg):
@@ -228,6 +231,17 @@ def test_softmax_scale_must_be_finite(scale, text):
     with pytest.raises(ValueError, match=msg):  # the extension checks it itself
         smla._C.sparse_mla_prefill(q[0], np.zeros((64, 576), BF16), idx[0], None, None,
                                    np.empty((2, 4, 512), BF16), np.empty((2, 4), np.float32), None, scale, 0)
+
+
+def test_softmax_scale_largest_allowed():
+    """The largest magnitude the log2 domain holds still runs (and gives no NaN)."""
+    rng = np.random.default_rng(1)
+    q = rng.standard_normal((2, 4, 576)).astype(BF16)
+    idx = rng.integers(0, 64, (2, 8)).astype(np.int32)
+    kv = rng.standard_normal((64, 576)).astype(BF16)
+    for scale in (2.35e38, -2.35e38):
+        out, lse, ml = smla.sparse_mla_prefill(q, kv, idx, softmax_scale=scale)
+        assert not np.isnan(out.astype(np.float32)).any() and not np.isnan(lse).any()
 
 
 # ---------------------------------------------------------------------------------------------

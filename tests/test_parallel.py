@@ -347,9 +347,9 @@ def test_combine_bf16_bits_and_f32_outputs():
 
 def test_combine_rejects_mismatched_lists():
     outs, lses = random_parts(np.random.default_rng(0), 2)
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match=r"^dcp_combine: expected one lse per output, got 2 outputs, 1 lses"):
         dcp_combine(outs, lses[:1])
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match=r"^dcp_combine: expected one lse per output, got 0 outputs"):
         dcp_combine([], [])
 
 
@@ -401,7 +401,7 @@ def test_split_cache_by_owner(n, interleave, cd):
     only = split_cache_by_owner(d.cache, d.bt, d.seq_lens, dcp_size=n, interleave=interleave, seed=5,
                                 ranks=[n - 1], num_blocks=64)
     assert len(only) == 1 and only[0][0].shape[0] == 64
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match=r"^split_cache_by_owner: rank 0 needs \d+ blocks, num_blocks=1"):
         split_cache_by_owner(d.cache, d.bt, d.seq_lens, dcp_size=1, num_blocks=1)
 
 
@@ -431,7 +431,7 @@ def _gloo_worker(rank, world, interleave, store, outdir):
         out_bf, _ = dcp_decode(*args, **kw, comm_dtype=torch.bfloat16, out=buf)
         assert out_bf is buf
         np.save(os.path.join(outdir, f"outbf{rank}.npy"), to_numpy(out_bf).view(np.uint16))
-        with pytest.raises(ValueError):
+        with pytest.raises(ValueError, match=r"^dcp_decode: dcp_size="):
             dcp_decode(*args, **{**kw, "dcp_rank": (rank + 1) % world})
     finally:
         dist.destroy_process_group()

@@ -29,7 +29,7 @@ PyObject *smla_op_sparse_mla_decode(PyObject *module, PyObject *args)
     if (cdt < 0 || smla_get_cache(cache, cdt, &p.kv) || smla_attn_check(&A, &x, 2)) goto fail;
     if (ws->present && (smla_check_contiguous(ws) || smla_check_writable(ws) || smla_check_aligned(ws, 16)))
         goto fail;
-    if (smla_check_outputs(&A, NULL, 0) || smla_check_finite(scale, "softmax_scale")) goto fail;
+    if (smla_check_outputs(&A, NULL, 0) || smla_check_softmax_scale(scale)) goto fail;
     smla_attn_fill(&p, &x, scale, &A.run, A.stream);
     if (ws->present) {
         p.workspace = ws->data;

@@ -36,7 +36,7 @@ PyObject *smla_op_sparse_mla_prefill(PyObject *module, PyObject *args)
         goto fail;
     if (A.device == SMLA_DEV_CUDA && smla_check_aligned(kv, 16)) goto fail;
     if (smla_attn_check(&A, &x, 1) || smla_check_outputs(&A, NULL, 0) ||
-        smla_check_finite(scale, "softmax_scale"))
+        smla_check_softmax_scale(scale))
         goto fail;
     smla_arr *all[] = {x.q, x.indices, x.topk_length, x.out, x.lse, x.max_logits};
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) smla_attn_unsqueeze(all[i]);

@@ -194,7 +194,8 @@ def _local_decode(q, cache, topk_indices, req_id, block_table, block_size, softm
     topk = int(topk_indices.shape[-1])
     idx, counts = filter_convert_dcp_indices(
         req_id, block_table, topk_indices.reshape(b * s_q, topk), block_size=block_size,
-        dcp_size=dcp_size, dcp_rank=dcp_rank, interleave=interleave, compact=True)
+        dcp_size=dcp_size, dcp_rank=dcp_rank, interleave=interleave, compact=True,
+        num_blocks=int(cache.shape[0]))
     # Compaction puts the owned tokens first, so the count doubles as topk_length: kernels skip the tail.
     return sparse_mla_decode(q, cache, idx.reshape(b, s_q, topk), softmax_scale=softmax_scale,
                              kv_cache_dtype=kv_cache_dtype, topk_length=counts.reshape(b, s_q),
