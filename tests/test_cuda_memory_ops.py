@@ -352,7 +352,7 @@ def test_gather_upconvert_large(cd, lens):
 
 
 def test_gather_upconvert_byte_fallback():
-    """One cache block at an odd block stride (byte-wise reads) into a one-row workspace."""
+    """One cache block at an odd block stride (byte-wise reads) into a workspace that fits the request."""
     import torch
 
     rng = np.random.default_rng(34)
@@ -361,9 +361,9 @@ def test_gather_upconvert_byte_fallback():
     g = torch.as_strided(dev(flat), (1, 64, 656), (64 * 656 + 7, 656, 1))
     bt = np.array([[0]], np.int32)
     lens, starts, ss = (np.array([v], np.int32) for v in (5, 0, 40))
-    ws = np.zeros((1, 576), np.uint16)
+    ws = np.zeros((5, 576), np.uint16)
     smla.gather_upconvert(cpu, ws, bt, lens, starts, seq_starts=ss, kv_cache_dtype="fp8_ds_mla")
-    g_ws = dev(np.zeros((1, 576), np.uint16))
+    g_ws = dev(np.zeros((5, 576), np.uint16))
     smla.gather_upconvert(g, g_ws, dev(bt), dev(lens), dev(starts), seq_starts=dev(ss), kv_cache_dtype="fp8_ds_mla")
     ref.assert_bf16_equal(host(g_ws), ws)
 

@@ -227,6 +227,29 @@ def test_convert_unselected_or_prefill_entries_do_not_raise(isa):
     np.testing.assert_array_equal(counts, e_counts)
 
 
+@pytest.mark.parametrize("dcp", [None, (1, 0, 1, True), (2, 1, 2, False)])
+def test_convert_prefill_rows_any_value(isa, dcp):
+    """Prefill rows may map to any int32 value, negative ones included (workspace_starts + tok): none
+    of them may be taken for the "block past the cache" mark (a prefill row with value -2 crashed)."""
+    rng = np.random.default_rng(11)
+    req, bt, tok = convert_case(rng, n=6, k=100, mb=4)
+    pids = np.array([-1, 0, 1, -1, 1, 0], np.int32)
+    starts = np.array([-5, -200], np.int32)
+    tok[1, :8] = np.arange(8)  # -5 .. 2: -2 among them
+    tok[4, :8] = np.arange(196, 204)
+    kw = dict(block_size=64, num_blocks=34, prefill_request_ids=pids, prefill_workspace_starts=starts)
+    if dcp is None:
+        out, counts = smla.convert_topk_indices(req, bt, tok, return_valid_counts=True, **kw)
+        e_out, e_counts = ref.convert_topk_indices(req, bt, tok, 64, pids, starts)
+    else:
+        size, rank, il, compact = dcp
+        out, counts = smla.filter_convert_dcp_indices(req, bt, tok, dcp_size=size, dcp_rank=rank, interleave=il,
+                                                      compact=compact, **kw)
+        e_out, e_counts = ref.filter_convert_dcp_indices(req, bt, tok, 64, size, rank, il, compact, pids, starts)
+    np.testing.assert_array_equal(out, e_out)
+    np.testing.assert_array_equal(counts, e_counts)
+
+
 @pytest.mark.parametrize("compact", [True, False])
 def test_filter_convert_dcp_block_past_cache_raises(compact):
     rng = np.random.default_rng(11)

@@ -28,9 +28,9 @@
 #include "cpu_features.h"
 #include "threads.h"
 
-#define OUT_OF_CACHE (-2) /* convert_one: the entry's block is past the cache (an error on the CPU) */
-
-/* One entry: a slot / workspace row, -1, or OUT_OF_CACHE with the block table column in *col. */
+/* One entry: a slot / workspace row, or -1. A block past the cache (an error on the CPU) sets *col to
+ * its block table column (callers start it at -1): no return value can mark it, since a prefill row
+ * may map to any int32 value. */
 static int32_t convert_one(const smla_convert_indices_params *p, int64_t tok, int64_t ws_base,
                            const int32_t *bt_row, int64_t *col)
 {
@@ -51,7 +51,7 @@ static int32_t convert_one(const smla_convert_indices_params *p, int64_t tok, in
     if (blk < 0) return -1;
     if (p->num_blocks > 0 && blk >= p->num_blocks) {
         *col = b;
-        return OUT_OF_CACHE;
+        return -1;
     }
     const int64_t slot = blk * p->block_size + tok % p->block_size;
     return slot > INT32_MAX ? -1 : (int32_t)slot;
@@ -219,9 +219,9 @@ int smla_cpu_convert_topk_indices(const smla_convert_indices_params *p, smla_sta
         }
 #endif
         for (int64_t kk = k0; kk < p->topk; kk++) {
-            int64_t col = 0;
+            int64_t col = -1;
             const int32_t v = all_invalid ? -1 : convert_one(p, in[kk], ws_base, bt_row, &col);
-            if (v == OUT_OF_CACHE) {
+            if (col >= 0) {
 #pragma omp critical(smla_convert_out_of_cache)
                 if (n < bad_row) {
                     bad_row = n;
