@@ -712,3 +712,11 @@ def test_build_info_cpu_isa_follows_the_switch(monkeypatch):
         assert smla.build_info()["cpu_isa"] == "avx2-emulated-bf16"
     monkeypatch.setenv("SMLA_CPU_ISA", "")
     assert smla.build_info()["cpu_isa"] == default
+
+
+@pytest.mark.skipif(smla.cuda_available(), reason="checks the machine without a usable GPU")
+def test_decode_workspace_size_without_gpu():
+    """No usable GPU (a CUDA build on a machine without a driver included): no CUDA decode can run, so
+    no workspace, as in a build without CUDA (it raised CudaError from cudaGetDevice before)."""
+    assert smla.sparse_mla_decode_workspace_size(128, 2, 128, 2048, "fp8_ds_mla") == 0
+    assert smla.sparse_mla_decode_workspace_size(1, 1, 16, 64, "bf16", device_id=3) == 0

@@ -59,7 +59,8 @@ PyObject *smla_op_sparse_mla_decode_workspace_size(PyObject *module, PyObject *a
         return PyErr_Format(PyExc_ValueError, "sparse_mla_decode_workspace_size: invalid shape b=%lld s_q=%lld "
                             "h=%lld topk=%lld", b, s_q, h, topk);
 #ifdef SMLA_WITH_CUDA
-    if (device >= 0) {
+    /* no usable GPU (no driver): no CUDA decode can run, as in a build without CUDA */
+    if (device >= 0 && smla_cuda_device_count() > 0) {
         smla_status st = {0, {0}};
         smla_run run;
         int prev = -1;

@@ -220,7 +220,8 @@ def merge_attn_states(out_a: Array, lse_a: Array, out_b: Array, lse_b: Array, *,
 
 def sparse_mla_decode_workspace_size(b: int, s_q: int, h: int, topk: int, kv_cache_dtype: str = "fp8_ds_mla", *,
                                      device_id: int = 0) -> int:
-    """Bytes of scratch sparse_mla_decode uses on CUDA for this shape (split top-k partials)."""
+    """Bytes of scratch sparse_mla_decode uses on CUDA for this shape (split top-k partials); 0 where no
+    CUDA decode can run (smla built without CUDA, or no usable GPU)."""
     return _C.sparse_mla_decode_workspace_size(_int(b, "b", 0), _int(s_q, "s_q", 0), _int(h, "h", 1, 128),
                                                _int(topk, "topk", 1), canonical_cache_dtype(kv_cache_dtype),
                                                _int(device_id, "device_id", 0, _I32_MAX))
