@@ -15,7 +15,7 @@ import smla
 
 sys.path.insert(0, os.path.dirname(__file__))
 import reference as ref  # noqa: E402
-from test_layer import SCALE, World, build, make  # noqa: E402
+from test_layer import World, build, make  # noqa: E402
 from torch_arrays import to_torch  # noqa: E402
 
 BF16 = ml_dtypes.bfloat16
