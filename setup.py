@@ -65,8 +65,16 @@ PROFILE = bool(NVCC) and switch("SMLA_PROFILE_BUILD", False)
 # The build folder's name: every switch that changes an object file or the linked library.
 KEY = "-".join(["cuda-" + "_".join(ARCHS) if NVCC else "cpu"] + ["debug"] * DEBUG + ["profile"] * PROFILE)
 
-c_sources = sorted(glob("csrc/*.c") + glob("csrc/ops/*.c") + glob("csrc/cpu/*.c"))
-cu_sources = sorted(glob("cuda/*.cu")) if NVCC else []
+# csrc/core (plain C rules shared with cuda/), csrc/python (the only users of Python.h), csrc/cpu (kernels)
+c_sources = sorted(glob("csrc/**/*.c", recursive=True))
+cu_sources = sorted(glob("cuda/**/*.cu", recursive=True)) if NVCC else []
+# The wgmma kernels (cuda/attention/sm90/) exist only as sm_90a code: they are compiled for that target
+# alone, and only when it is among the archs; SMLA_HAVE_SM90 tells the launcher they were built.
+SM90_DIR = os.path.join("cuda", "attention", "sm90") + os.sep
+HAVE_SM90 = "90a" in ARCHS
+if not HAVE_SM90:
+    cu_sources = [s for s in cu_sources if not s.startswith(SM90_DIR)]
+header_deps = glob("csrc/**/*.h", recursive=True) + glob("cuda/**/*.cuh", recursive=True)
 
 cflags = ["-std=gnu11", "-Wall", "-Wextra", "-ffp-contract=off", "-fopenmp", "-fvisibility=hidden"]
 ldflags = ["-fopenmp"]
@@ -96,7 +104,7 @@ class BuildExt(build_ext):
         if NVCC:
             if not cu_sources:
                 # Linking without them would give a library that fails to import on a GPU host.
-                sys.exit("SMLA_CUDA: nvcc was found but cuda/*.cu are missing from this source tree, so the "
+                sys.exit("SMLA_CUDA: nvcc was found but cuda/**/*.cu are missing from this source tree, so the "
                          "CUDA kernels cannot be built: use a complete checkout or sdist, or set SMLA_CUDA=0 "
                          "for a CPU-only build")
             objs = self.compile_cuda()
@@ -113,8 +121,10 @@ class BuildExt(build_ext):
         gencode = []
         for a in ARCHS:
             gencode += [f"-gencode=arch=compute_{a},code=sm_{a}"]
-        flags = ["-std=c++17", "-O3", "-lineinfo", "-Xcompiler", "-fPIC,-fvisibility=hidden", "-Icsrc",
-                 "-DSMLA_WITH_CUDA=1", "--expt-relaxed-constexpr", "-Xptxas=-warn-spills"] + gencode
+        flags = ["-std=c++17", "-O3", "-lineinfo", "-Xcompiler", "-fPIC,-fvisibility=hidden", "-Icsrc", "-Icuda",
+                 "-DSMLA_WITH_CUDA=1", "--expt-relaxed-constexpr", "-Xptxas=-warn-spills"]
+        if HAVE_SM90:
+            flags += ["-DSMLA_HAVE_SM90=1"]
         if DEBUG:
             flags += ["-DSMLA_DEBUG_BUILD=1"]
         if PROFILE:
@@ -122,15 +132,17 @@ class BuildExt(build_ext):
 
         # objects compiled by another nvcc or with other flags (an edited setup.py) are stale
         stamp = os.path.join(out_dir, "nvcc_flags.txt")
-        stamp_text = " ".join([NVCC] + flags)
+        stamp_text = " ".join([NVCC] + flags + gencode)
         same_flags = os.path.exists(stamp) and open(stamp).read() == stamp_text
 
         def one(src):
-            obj = os.path.join(out_dir, os.path.basename(src) + ".o")
-            deps = [src] + glob("cuda/*.cuh") + glob("csrc/*.h") + glob("csrc/cpu/*.h")
+            # cuda/attention/sm90/fp8.cu -> attention_sm90_fp8.cu.o (names repeat across folders)
+            obj = os.path.join(out_dir, os.path.relpath(src, "cuda").replace(os.sep, "_") + ".o")
+            deps = [src] + header_deps
             if same_flags and os.path.exists(obj) and os.path.getmtime(obj) >= max(os.path.getmtime(d) for d in deps):
                 return obj
-            cmd = [NVCC] + flags + ["-c", src, "-o", obj]
+            arch = ["-gencode=arch=compute_90a,code=sm_90a"] if src.startswith(SM90_DIR) else gencode
+            cmd = [NVCC] + flags + arch + ["-c", src, "-o", obj]
             print(" ".join(cmd), flush=True)
             subprocess.check_call(cmd, cwd=ROOT)
             return obj
@@ -152,7 +164,7 @@ setup(
             define_macros=macros,
             extra_compile_args=cflags,
             extra_link_args=ldflags,
-            depends=glob("csrc/*.h") + glob("csrc/*/*.h") + cu_sources + glob("cuda/*.cuh"),
+            depends=header_deps + cu_sources,
         )
     ],
     cmdclass={"build": Build, "build_ext": BuildExt},

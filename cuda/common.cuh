@@ -6,7 +6,7 @@
 #include <cuda_fp8.h>
 #include <stdint.h>
 
-#include "../csrc/params.h"
+#include "core/params.h"
 
 // Records the failing call, file:line and device in st and returns from the launcher.
 #define SMLA_CUDA_CHECK(st, call)                                                             \
@@ -50,6 +50,31 @@ __device__ __forceinline__ float smla_dev_e4m3_to_f32(uint8_t b)
 __device__ __forceinline__ uint8_t smla_dev_f32_to_e4m3(float f)
 {
     return static_cast<uint8_t>(__nv_cvt_float_to_fp8(f, __NV_SATFINITE, __NV_E4M3));
+}
+
+// Two bf16 (low half first) from two floats, each RNE, in one cvt.rn.bf16x2.f32 (NaN -> 0x7fff). The
+// only GPU packer: the memory ops and both attention kernels use it.
+__device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi)
+{
+    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<uint32_t *>(&v);
+}
+
+// The fp8_ds_mla read rule on the GPU (docs/design.md section 3), the one definition every kernel uses:
+// two e4m3 bytes (low byte first) times the tile scale -> two bf16 (low first), bf16_rne(float(e4m3) * s).
+// e4m3 -> f16 -> f32 is exact, the product is one fp32 rounding, the bf16 conversion one RNE.
+__device__ __forceinline__ uint32_t dequant_e4m3x2(uint32_t two, float s)
+{
+    __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(two & 0xffffu), __NV_E4M3);
+    float2 f = __half22float2(*reinterpret_cast<__half2 *>(&h));
+    return pack_bf16x2(__fmul_rn(f.x, s), __fmul_rn(f.y, s));
+}
+
+// 8 e4m3 values (two words, low byte first) times s -> 8 bf16.
+__device__ __forceinline__ uint4 dequant8(uint2 e, float s)
+{
+    return make_uint4(dequant_e4m3x2(e.x, s), dequant_e4m3x2(e.x >> 16, s), dequant_e4m3x2(e.y, s),
+                      dequant_e4m3x2(e.y >> 16, s));
 }
 
 // Smallest power of two >= x for finite positive x; Inf stays Inf (matches smla_pow2_ceil).

@@ -1,7 +1,7 @@
 """NumPy float64 oracle for every smla op.
 
 Written from the format definitions (docs/design.md sections 3-4) and the
-invalid-input rules in csrc/params.h, never from kernel code, so kernel tests compare against an
+invalid-input rules in csrc/core/params.h, never from kernel code, so kernel tests compare against an
 independent implementation.
 
 Conventions:

@@ -1,6 +1,6 @@
 """smla.merge_attn_states against the float64 oracle (tests/reference.py) and CUDA against CPU.
 
-Tolerances are derived from the kernel's arithmetic (csrc/cpu/merge_math.h): exp and log within 2 ulp,
+Tolerances are derived from the kernel's arithmetic (csrc/core/merge_math.h): exp and log within 2 ulp,
 so the float32 value before the final rounding is within 8 * 2^-24 * S of the exact one, where
 S = (wa|oa| + wb|ob|) / (wa + wb); the output then adds half an ulp of its dtype. lse = M + log(wa + wb)
 with log(wa + wb) in [0, ln 2]: within 4e-7 plus one float32 ulp of lse."""

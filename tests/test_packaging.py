@@ -74,7 +74,7 @@ def source_copy(tmp_path_factory):
 def test_sdist_has_every_source_without_nvcc(source_copy, tmp_path):
     files, pkg_info = _members(_sdist(source_copy, tmp_path))
     expected = {"LICENSE", "README.md", "setup.py", "pyproject.toml", "MANIFEST.in", "src/smla/py.typed",
-                "cuda/runtime.cu", "csrc/cpu/threads.h", "csrc/ops/attention.h", "tests/conftest.py",
+                "cuda/runtime.cu", "csrc/cpu/threads.h", "csrc/python/ops/attention.h", "tests/conftest.py",
                 "tests/reference.py", "tests/torch_arrays.py", "docs/design.md"}
     for tree in _TREES:
         for d, dirs, names in os.walk(os.path.join(source_copy, tree)):
@@ -155,10 +155,12 @@ def test_each_build_configuration_has_its_own_build_folder(source_copy, fake_too
         commands = _fake_build(source_copy, fake_tools, **config)
         libs.append(_linked(commands))
         assert libs[-1] is not None, f"{config}: nothing was linked"
-        assert any(" -c csrc/module.c " in c for c in commands), f"{config}: module.c was not compiled"
+        assert any(" -c csrc/python/module.c " in c for c in commands), f"{config}: module.c was not compiled"
         nvcc = [c for c in commands if "/cuda/bin/nvcc " in c]
-        assert len(nvcc) == (len(glob.glob(os.path.join(source_copy, "cuda", "*.cu"))) if "SMLA_CUDA_ARCHS" in config
-                             else 0), config
+        cu = glob.glob(os.path.join(source_copy, "cuda", "**", "*.cu"), recursive=True)
+        if "90a" not in config.get("SMLA_CUDA_ARCHS", ""):  # the wgmma kernels are sm_90a code only
+            cu = [f for f in cu if os.sep + os.path.join("attention", "sm90") + os.sep not in f]
+        assert len(nvcc) == (len(cu) if "SMLA_CUDA_ARCHS" in config else 0), config
         c_compiles = [c for c in commands if " -c csrc/" in c and c not in nvcc]
         assert all(("-fsanitize=address" in c) == ("SMLA_DEBUG" in config) for c in c_compiles), config
     assert len({os.path.dirname(os.path.dirname(p)) for p in libs}) == len(configs), libs
@@ -175,19 +177,20 @@ def test_a_bad_build_switch_stops_the_build(source_copy, fake_tools):
 
 
 def test_cuda_build_without_cuda_sources_stops(tmp_path, fake_tools):
-    """A tree without cuda/*.cu (an sdist made without nvcc, before MANIFEST.in) must not build a library
+    """A tree without cuda/**/*.cu (an sdist made without nvcc, before MANIFEST.in) must not build a library
     that fails to import on a GPU host (undefined smla_cuda_* symbols)."""
     if not HAVE_SOURCE:
         pytest.skip("needs the source tree (setup.py)")
     src = _copy_source(tmp_path / "smla")
-    for name in os.listdir(os.path.join(src, "cuda")):
-        if name.endswith(".cu"):
-            os.remove(os.path.join(src, "cuda", name))
+    for folder, _, names in os.walk(os.path.join(src, "cuda")):
+        for name in names:
+            if name.endswith(".cu"):
+                os.remove(os.path.join(folder, name))
     env = _env(SMLA_CUDA="1", CUDA_HOME=fake_tools[1], CC=fake_tools[0], SMLA_FAKE_TOOL_LOG=str(fake_tools[2]))
     env.pop("LDSHARED", None)
     r = _run(["setup.py", "build_ext"], src, env)
     assert r.returncode != 0, r.stdout[-2000:]
-    assert "cuda/*.cu are missing" in r.stderr
+    assert "cuda/**/*.cu are missing" in r.stderr
     assert "SMLA_CUDA=0" in r.stderr
 
 

@@ -13,7 +13,7 @@
 #include <stdint.h>
 #include <string.h>
 
-#include "../params.h"
+#include "core/params.h"
 #include "numerics.h"
 
 /* Bytes of one entry for a cache dtype; 0 for an unknown dtype. */

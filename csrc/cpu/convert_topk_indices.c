@@ -24,7 +24,7 @@
  * copy without the check stays as fast as before). Rows are spread over threads. */
 #include <limits.h>
 
-#include "../params.h"
+#include "core/params.h"
 #include "cpu_features.h"
 #include "threads.h"
 

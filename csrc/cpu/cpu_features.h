@@ -12,7 +12,7 @@
  * (benchmarks/bench_cpu.py measured a quarter of the FMA's instruction rate on one Xeon) the fp32 level
  * is faster there (benchmarks/README.md, CPU section).
  * The environment variable SMLA_CPU_ISA=avx512bf16|avx512|avx2|portable forces a level (the binding
- * reads it on every call, under the GIL, csrc/settings.c, and passes the level in params.run, so a test
+ * reads it on every call, under the GIL, csrc/python/settings.c, and passes the level in params.run, so a test
  * can switch paths inside one process); a level the CPU lacks falls back to the best one below it, and
  * an unknown value raises ValueError. The levels nest: each one's CPU test includes the one below it.
  * Test hook: SMLA_CPU_ISA=avx2-emulated-bf16 runs level avx2, except that the attention takes the

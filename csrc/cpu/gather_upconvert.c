@@ -8,13 +8,13 @@
  * workspace_starts / seq_starts, rows past the workspace, positions past the block table's
  * max_blocks * block_size and block ids outside [0, num_blocks) for the positions a request reads are
  * errors here. The GPU cannot check without a sync: there such rows are skipped (outside the
- * workspace) or zero (position or block out of range), as cuda/gather_upconvert.cu says.
+ * workspace) or zero (position or block out of range), as cuda/memory/gather_upconvert.cu says.
  *
  * Threads split the range of workspace rows that some request writes; each thread walks every request
  * in order over its own rows, so a row written twice is still written last by the later request. */
 #include <string.h>
 
-#include "../params.h"
+#include "core/params.h"
 #include "cache_rows.h"
 #include "cpu_features.h"
 #include "threads.h"

@@ -1,5 +1,5 @@
 /* merge_attn_states on the CPU (docs/design.md section 4). Per (token i, head j), in float32, with the exact
- * operation order of merge_math.h (shared with cuda/merge_attn_states.cu, so both give the same bits):
+ * operation order of core/merge_math.h (shared with cuda/memory/merge_attn_states.cu, so both give the same bits):
  *   la == lb == -inf (both empty): out = out_a copied bit for bit, lse = -inf
  *   a +inf side (a saturated state) and no NaN: wa, wb = 1 on +inf sides, 0 else; lse = +inf
  *   else M = fmaxf(la, lb), wa = exp(la - M), wb = exp(lb - M)   (merge_math.h's exp, not libm's)
@@ -17,9 +17,9 @@
 #include <math.h>
 #include <string.h>
 
-#include "../params.h"
+#include "core/params.h"
 #include "numerics.h"
-#include "merge_math.h"
+#include "core/merge_math.h"
 
 /* IEEE binary16 <-> float32, written from the format definition. */
 static inline float f16_to_f32(uint16_t h)

@@ -1,4 +1,4 @@
-/* pack_kv on the CPU: the reference writer of the KV cache (docs/design.md section 3); cuda/pack_kv.cu must
+/* pack_kv on the CPU: the reference writer of the KV cache (docs/design.md section 3); cuda/memory/pack_kv.cu must
  * give the same bytes. A negative slot is skipped (padding); a slot >= num_blocks*block_size is an
  * error, reported before anything is written (the GPU skips it: checking there would need a sync).
  * Per token t with a slot in [0, num_blocks*block_size):
@@ -21,7 +21,7 @@
 #include <math.h>
 #include <string.h>
 
-#include "../params.h"
+#include "core/params.h"
 #include "numerics.h"
 #include "cache_rows.h"
 #include "cpu_features.h"

@@ -35,7 +35,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../params.h"
+#include "core/params.h"
 #include "numerics.h"
 #include "cache_rows.h"
 #include "cpu_features.h"

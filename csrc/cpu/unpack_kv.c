@@ -1,9 +1,9 @@
 /* unpack_kv on the CPU: out[i] = dequantised entry of slots[i] (cache_rows.h: bf16_rne(float(e4m3) *
  * scale) for the fp8 latent part, bit copies otherwise); a slot outside [0, num_blocks*block_size)
- * gives a row of +0.0. cuda/unpack_kv.cu must give the same bits. */
+ * gives a row of +0.0. cuda/memory/unpack_kv.cu must give the same bits. */
 #include <string.h>
 
-#include "../params.h"
+#include "core/params.h"
 #include "cache_rows.h"
 
 int smla_cpu_unpack_kv(const smla_unpack_kv_params *p, smla_status *st)

@@ -57,7 +57,7 @@ def is_cuda(x, name="array"):
 
 
 # Passed to the extension to mean "ask the array's framework for its current stream" through the DLPack
-# C exchange API (no Python round trip); see csrc/binding.c.
+# C exchange API (no Python round trip); see csrc/python/binding.c.
 STREAM_CURRENT = 0xFFFFFFFFFFFFFFFF
 # type -> has the exchange API; weak, so that it neither keeps the caller's types alive nor serves a
 # dead type's answer to a new type at the same address

@@ -1,13 +1,13 @@
 /* Binding helpers: turn Python arrays (NumPy, or any DLPack producer on CPU or CUDA) into plain views,
  * validate them one property at a time (each message names the argument), and run a kernel with the
- * GIL released. Used by csrc/ops/; no arithmetic on data here. */
+ * GIL released. Used by csrc/python/ops/; no arithmetic on data here. */
 #ifndef SMLA_BINDING_H
 #define SMLA_BINDING_H
 
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 
-#include "params.h"
+#include "core/params.h"
 
 #define SMLA_MAX_NDIM 8
 #define SMLA_MAX_ARGS 16
@@ -56,7 +56,7 @@ typedef struct {
     int device;          /* device of the first present array, 0 until known */
     int device_id;
     const char *first;   /* name of the array that fixed the device */
-    smla_run run;        /* the environment switches of this call (csrc/settings.c) */
+    smla_run run;        /* the environment switches of this call (csrc/python/settings.c) */
     int n;
     smla_arr arrs[SMLA_MAX_ARGS];
 } smla_args;
@@ -65,7 +65,7 @@ smla_state *smla_get_state(PyObject *module);
 
 /* Start a call: stream and the environment switches; -1 with ValueError for a malformed switch. */
 int smla_args_init(smla_args *A, PyObject *module, unsigned long long stream);
-/* Read the environment switches (csrc/settings.c); -1 with ValueError naming a malformed one. */
+/* Read the environment switches (csrc/python/settings.c); -1 with ValueError naming a malformed one. */
 int smla_read_settings(smla_run *r);
 /* Acquire obj as argument `name`; NULL with an exception set on failure. */
 smla_arr *smla_args_get(smla_args *A, PyObject *obj, const char *name);
@@ -139,7 +139,7 @@ void smla_device_exit(smla_args *A, int prev);
         rc_;                                                                           \
     })
 
-/* The module's functions (csrc/ops/<op>.c). */
+/* The module's functions (csrc/python/ops/<op>.c). */
 #define SMLA_OPS(X)                   \
     X(pack_kv)                        \
     X(unpack_kv)                      \

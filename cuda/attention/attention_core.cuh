@@ -131,21 +131,6 @@ __device__ __forceinline__ float ex2(float x)
     return y;
 }
 
-__device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi)
-{
-    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-    return *reinterpret_cast<uint32_t *>(&v);
-}
-
-// Two e4m3 bytes (low byte first) times scale -> two bf16 (low first): bf16_rne(float(e4m3) * s).
-// e4m3 -> f16 -> f32 is exact, the product is one fp32 rounding, the bf16 conversion one RNE.
-__device__ __forceinline__ uint32_t dequant_e4m3x2(uint32_t two, float s)
-{
-    __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(two & 0xffffu), __NV_E4M3);
-    float2 f = __half22float2(*reinterpret_cast<__half2 *>(&h));
-    return pack_bf16x2(__fmul_rn(f.x, s), __fmul_rn(f.y, s));
-}
-
 // ------------------------------------------------------------------------------------------------
 // Shared-memory layout helpers. Q and K rows are 1152 B = 72 chunks of 16 B; chunk c of row r lives
 // at chunk c ^ (r & 7) (XOR swizzle inside each 128-byte group), so that ldmatrix reading 8

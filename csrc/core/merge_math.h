@@ -7,8 +7,8 @@
  *
  * Accuracy: smla_exp_f32 / smla_log_f32 are within a few ulp of the exact functions over the whole
  * float range (the merge only needs ~1e-6 relative). */
-#ifndef SMLA_CPU_MERGE_MATH_H
-#define SMLA_CPU_MERGE_MATH_H
+#ifndef SMLA_CORE_MERGE_MATH_H
+#define SMLA_CORE_MERGE_MATH_H
 
 #include <stdint.h>
 #include <string.h>
@@ -164,4 +164,4 @@ SMLA_MM_FN float smla_merge_value(float wa, float oa, float wb, float ob)
     return SMLA_MM_DIV(SMLA_MM_ADD(SMLA_MM_MUL(wa, oa), SMLA_MM_MUL(wb, ob)), SMLA_MM_ADD(wa, wb));
 }
 
-#endif /* SMLA_CPU_MERGE_MATH_H */
+#endif /* SMLA_CORE_MERGE_MATH_H */

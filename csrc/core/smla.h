@@ -21,6 +21,17 @@ extern "C" {
 #define SMLA_FP8_TILE 128   /* latent values per fp32 scale */
 #define SMLA_FP8_NUM_TILES 4
 
+/* Limits, one owner each: the checks at the edge (csrc/python) and the kernels use these names, and the
+ * Python layer reads them from the extension (smla._C.MAX_HEADS). */
+#define SMLA_MAX_HEADS 128  /* query heads per call: 1..128 (no padding; the model has 128) */
+
+/* A function the CPU code and the CUDA kernels share (rules written once: csrc/core/). */
+#if defined(__CUDACC__)
+#define SMLA_HD static __host__ __device__ __forceinline__
+#else
+#define SMLA_HD static inline
+#endif
+
 /* Status codes: C never exits or prints; it fills a status and the binding raises. */
 typedef enum {
     SMLA_OK = 0,
@@ -38,7 +49,7 @@ typedef struct {
     char msg[SMLA_MSG_LEN];
 } smla_status;
 
-/* Fills st (code + printf-style message) and returns code. Defined in csrc/status.c. */
+/* Fills st (code + printf-style message) and returns code. Defined in csrc/core/status.c. */
 int smla_fail(smla_status *st, int code, const char *fmt, ...)
 #if defined(__GNUC__)
     __attribute__((format(printf, 3, 4)))

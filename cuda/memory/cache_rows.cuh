@@ -111,35 +111,6 @@ template <bool V> __device__ __forceinline__ void st16_u16(uint16_t *p, uint4 v)
     }
 }
 
-// ---- number formats ----
-// Two bf16 (low half first) from two floats, each RNE (cvt.rn.bf16x2.f32: NaN -> 0x7fff).
-__device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi)
-{
-    return static_cast<uint32_t>(smla_dev_f32_to_bf16(lo)) | (static_cast<uint32_t>(smla_dev_f32_to_bf16(hi)) << 16);
-}
-
-// 4 e4m3 bytes (low byte first) -> 4 floats, exact.
-__device__ __forceinline__ void e4m3x4_to_f32(uint32_t w, float f[4])
-{
-    __half2_raw lo = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(w & 0xffffu), __NV_E4M3);
-    __half2_raw hi = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(w >> 16), __NV_E4M3);
-    const float2 a = __half22float2(__half2(lo));
-    const float2 b = __half22float2(__half2(hi));
-    f[0] = a.x; f[1] = a.y; f[2] = b.x; f[3] = b.y;
-}
-
-// 8 e4m3 values times scale s -> 8 bf16 (bf16_rne(float(e4m3) * s), one fp32 multiply each).
-__device__ __forceinline__ uint4 dequant8(uint2 q, float s)
-{
-    float a[4], b[4];
-    e4m3x4_to_f32(q.x, a);
-    e4m3x4_to_f32(q.y, b);
-    return make_uint4(pack_bf16x2(__fmul_rn(a[0], s), __fmul_rn(a[1], s)),
-                      pack_bf16x2(__fmul_rn(a[2], s), __fmul_rn(a[3], s)),
-                      pack_bf16x2(__fmul_rn(b[0], s), __fmul_rn(b[1], s)),
-                      pack_bf16x2(__fmul_rn(b[2], s), __fmul_rn(b[3], s)));
-}
-
 // ---- one cache entry -> one 576-value bf16 row, by one warp ----
 // Lane l owns output bytes [16l, 16l+16) and [512+16l, 512+16l+16) of the latent part (values 8l.. and
 // 256+8l..), and lanes 0..7 the 16-byte pieces of k_pe; so every warp-wide access is contiguous.

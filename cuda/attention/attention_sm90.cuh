@@ -223,13 +223,6 @@ __device__ __forceinline__ float ldg_nc_f32(const uint8_t *p)
     return v;
 }
 
-// 8 e4m3 values times s -> 8 bf16, exactly as the CPU path.
-__device__ __forceinline__ uint4 dequant8(uint2 e, float s)
-{
-    return make_uint4(dequant_e4m3x2(e.x, s), dequant_e4m3x2(e.x >> 16, s), dequant_e4m3x2(e.y, s),
-                      dequant_e4m3x2(e.y >> 16, s));
-}
-
 // One warp's share of an fp8 tile: 4 rows (r = warp + 4 * (4 * batch + k)); lane l holds latent
 // values 16l..16l+15 (scale tile l/8) and bytes 4l..4l+3 of the row's k_pe.
 struct Fp8Batch {

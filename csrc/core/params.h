@@ -1,4 +1,4 @@
-/* POD parameter structs, one per op family, filled by the bindings (csrc/ops/) and read by the CPU
+/* POD parameter structs, one per op family, filled by the bindings (csrc/python/ops/) and read by the CPU
  * kernels (csrc/cpu/) and the CUDA launchers (cuda/). Shapes are in the comment beside each pointer.
  * Strides are int64 in elements of the pointed-to type, except the KV cache, whose strides are in
  * bytes (its fp8_ds_mla entry mixes e4m3, fp32 and bf16, so bytes are its only common unit).

@@ -1,5 +1,5 @@
 // merge_attn_states: lse-weighted merge of two partial attention results (docs/design.md section 4). The float
-// arithmetic (weights, exp/log, value formula) is csrc/cpu/merge_math.h, shared with the CPU kernel
+// arithmetic (weights, exp/log, value formula) is csrc/core/merge_math.h, shared with the CPU kernel
 // so both give the same bits; this file only moves the data.
 //
 // A block holds blockDim.y (token, head) pairs with blockDim.x threads each; a thread handles 16
@@ -8,7 +8,7 @@
 #include <cuda_fp16.h>
 
 #include "cache_rows.cuh"
-#include "../csrc/cpu/merge_math.h"
+#include "core/merge_math.h"
 
 namespace {
 
