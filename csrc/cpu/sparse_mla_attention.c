@@ -35,6 +35,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/attention_math.h"
 #include "core/params.h"
 #include "numerics.h"
 #include "cache_rows.h"
@@ -52,8 +53,6 @@
 #define ATTN_MT_MAX 16                /* largest score tile (rows): a last tile reads up to 15 rows past n */
 #define ATTN_CH_PAD (ATTN_CH + ATTN_MT_MAX)
 #define ATTN_HV_MAX 16                /* widest vector (floats) */
-#define ATTN_LOG2E 1.4426950408889634
-#define ATTN_LN2 0.6931471805599453
 #define ATTN_PRAGMA_(x) _Pragma(#x)
 #define ATTN_PRAGMA(x) ATTN_PRAGMA_(x)
 #define ATTN_CAT2(a, b) a##_##b
@@ -244,19 +243,11 @@ ATTN_PRAGMA(GCC pop_options)
 
 /* ---- outputs: merge the parts of a row (ks >= 1 scratches) for heads [h0, h1) and write them ---- */
 
-/* The sink's factor 1 / (1 + exp(sink - lse)); sink +inf -> 0 and -inf -> 1 whatever lse (also an
- * infinite lse of a saturated row, where sink - lse would be inf - inf); NaN stays NaN. */
-static double attn_sink_factor(double sink, double lse)
-{
-    if (sink == INFINITY) return 0.0;
-    if (sink == -INFINITY) return 1.0;
-    return 1.0 / (1.0 + exp(sink - lse));
-}
-
 static void attn_finish(const smla_attn_params *p, int64_t r, attn_scratch *const *parts, int ks, int64_t h0,
                         int64_t h1)
 {
     const int64_t bi = r / p->s_q, si = r % p->s_q;
+    const double to_ln = smla_attn_to_ln(p->softmax_scale, smla_attn_scale_log2(p->softmax_scale));
     int64_t n_valid = 0;
     for (int k = 0; k < ks; k++) n_valid += parts[k]->n_valid;
     for (int64_t hi = h0; hi < h1; hi++) {
@@ -281,12 +272,10 @@ static void attn_finish(const smla_attn_params *p, int64_t r, attn_scratch *cons
             if (ks == 1) wk[k] = 1.0; /* a NaN max must still reach the output */
             L += parts[k]->l[hi] * wk[k];
         }
-        /* a saturated maximum (scores are clamped to +-FLT_MAX) stands for an overflowed one */
-        const double sat = mx == FLT_MAX ? INFINITY : mx == -FLT_MAX ? -INFINITY : 0.0;
-        const double ml_d = sat != 0.0 ? sat : mx * ATTN_LN2;
-        const double lse_d = sat != 0.0 && L == L ? sat : (mx + log2(L)) * ATTN_LN2; /* NaN L: NaN */
+        const double ml_d = smla_row_max_logit(mx, to_ln);
+        const double lse_d = smla_row_lse(mx, L, to_ln);
         double f = 1.0 / L;
-        if (p->attn_sink) f *= attn_sink_factor((double)p->attn_sink[hi * p->sink_stride], lse_d);
+        if (p->attn_sink) f *= smla_sink_factor((double)p->attn_sink[hi * p->sink_stride], lse_d);
         if (ks == 1) {
             const float ff = (float)f;
             const float *acc = parts[0]->acc + hi * SMLA_D_V;
@@ -391,7 +380,7 @@ static int attn_run(const smla_attn_params *p, const char *op, smla_status *st)
     x.bs_shift = -1;
     for (int s = 0; s < 62; s++)
         if (p->kv.block_size == INT64_C(1) << s) x.bs_shift = s;
-    x.c2 = (float)((double)p->softmax_scale * ATTN_LOG2E);
+    x.c2 = smla_attn_scale_log2(p->softmax_scale);
 
     /* under ~20 us of work (a (position, head) pair is ~2200 flops) one thread does it all */
     const double work = (double)rows * (double)p->topk * (double)p->h;
