@@ -21,7 +21,6 @@ _ENTRY = {"bf16": _C.D_QK, "fp8_ds_mla": _C.FP8_ENTRY_BYTES}
 # vLLM's names for the two layouts. The package's one alias table: metadata.py and layer.py use
 # canonical_cache_dtype, and the extension is only ever given the canonical names.
 CACHE_DTYPE_ALIASES = {"bfloat16": "bf16", "auto": "bf16", "fp8": "fp8_ds_mla", "fp8_e4m3": "fp8_ds_mla"}
-_SCALE_RULES = ("pow2", "fp32")
 _I32_MAX = 2**31 - 1
 _I64_MAX = 2**63 - 1
 
@@ -106,12 +105,8 @@ def kv_cache_shape(num_blocks: int, block_size: int, kv_cache_dtype: str) -> tup
 def pack_kv(kv_c: Array, k_pe: Array, kv_cache: Array, slot_mapping: Array, *, kv_cache_dtype: str,
             scale_rule: str = "pow2", stream: int | None = None) -> Array:
     """Write kv_c[T, 512] and k_pe[T, 64] (bf16) into kv_cache at slot_mapping[T] (negative: skipped).
-    Returns kv_cache."""
+    scale_rule: "pow2" or "fp32" (docs/design.md section 3; the extension checks it). Returns kv_cache."""
     cdt = canonical_cache_dtype(kv_cache_dtype)
-    if not isinstance(scale_rule, str):
-        raise TypeError(f"scale_rule: expected a str, got {type(scale_rule).__name__}")
-    if scale_rule not in _SCALE_RULES:
-        raise ValueError(f'scale_rule: expected "pow2" or "fp32", got {scale_rule!r}')
     _C.pack_kv(kv_c=kv_c, k_pe=k_pe, kv_cache=kv_cache, slot_mapping=slot_mapping, kv_cache_dtype=cdt,
                scale_rule=scale_rule, stream=launch_stream(kv_cache, stream, "kv_cache"))
     return kv_cache
