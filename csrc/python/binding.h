@@ -73,7 +73,7 @@ int smla_args_init(smla_args *A, PyObject *module, unsigned long long stream);
 /* Read the environment switches (csrc/python/settings.c); -1 with ValueError naming a malformed one. */
 int smla_read_settings(smla_run *r);
 /* Acquire obj as argument `name`; with optional, None gives a view with present == 0; output: the op
-writes it (checked by smla_check_outputs). NULL with an exception set on failure. */
+ * writes it (checked by smla_check_outputs). NULL with an exception set on failure. */
 smla_arr *smla_args_get(smla_args *A, PyObject *obj, const char *name, int optional, int output);
 /* The same for a parsed argument (optional when its kind is SMLA_KW_OBJ_OPT): one the op reads, or writes. */
 static inline smla_arr *smla_args_in(smla_args *A, const smla_kwarg *v)

@@ -44,8 +44,6 @@ typedef struct {
     const smla_kw_spec *args;
 } smla_kw_fn;
 
-#define SMLA_KW_MAX 16
-
 /* One parsed argument. */
 typedef struct {
     PyObject *obj;    /* borrowed: the caller's object, or None for an absent optional one */
