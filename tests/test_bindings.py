@@ -217,3 +217,107 @@ def test_torch_cpu_tensors_through_the_exchange_api(monkeypatch):
     assert np.array_equal(out.view(torch.int16).numpy().view(np.uint16), want)
     with pytest.raises(TypeError, match="^slots: expected int32 or int64, got float32"):
         smla.unpack_kv(torch.from_numpy(cache), torch.zeros(3), kv_cache_dtype="fp8_ds_mla")
+
+
+# ---------------------------------------------------------------------------------------------
+# the raw bindings: keyword arguments only, as src/smla/_C.pyi lists them
+# ---------------------------------------------------------------------------------------------
+
+def _stub_signatures():
+    """function name -> (required keyword names, optional keyword names), read from src/smla/_C.pyi."""
+    import ast
+    import pathlib
+
+    tree = ast.parse(pathlib.Path(smla.__file__).with_name("_C.pyi").read_text())
+    sigs = {}
+    for node in tree.body:
+        if isinstance(node, ast.FunctionDef) and node.args.kwonlyargs:
+            names = [a.arg for a in node.args.kwonlyargs]
+            sigs[node.name] = ([n for n, d in zip(names, node.args.kw_defaults) if d is None],
+                               [n for n, d in zip(names, node.args.kw_defaults) if d is not None])
+    return sigs
+
+
+STUB = _stub_signatures()
+
+
+@pytest.mark.parametrize("fn", sorted(STUB))
+def test_raw_bindings_take_the_keywords_of_the_stub(fn):
+    """Every keyword of the stub is known to the C table, the required ones are exactly the stub's, and
+    a positional, unknown or missing argument is a TypeError naming the function and the argument."""
+    from smla import _C
+
+    f = getattr(_C, fn)
+    required, optional = STUB[fn]
+    assert required
+    with pytest.raises(TypeError, match=rf"^{fn}\(\) takes keyword arguments only \(1 positional given\)$"):
+        f(1)
+    # names are matched before anything is converted: an unknown one is reported whatever the others are
+    with pytest.raises(TypeError, match=rf"^{fn}\(\) got an unexpected keyword argument 'bogus'$"):
+        f(**{n: object() for n in required + optional}, bogus=1)
+    for missing in required:
+        with pytest.raises(TypeError, match=rf"^{fn}\(\) missing required keyword argument '{missing}'$"):
+            f(**{n: object() for n in required if n != missing})
+
+
+def test_raw_binding_scalars_name_themselves():
+    from smla import _C
+
+    ws = dict(b=1, s_q=1, h=4, topk=8, kv_cache_dtype="bf16", device=0)
+    assert _C.sparse_mla_decode_workspace_size(**ws) == 0 or smla.cuda_available()
+    cases = [(dict(h=_C.MAX_HEADS + 1), ValueError, f"h: expected 1 to {_C.MAX_HEADS} heads, got {_C.MAX_HEADS + 1}"),
+             (dict(h=0), ValueError, "h: expected 1 to"), (dict(topk=0), ValueError, "topk: expected topk >= 1"),
+             (dict(topk=_C.MAX_TOPK + 1), ValueError, "topk: expected at most"),
+             (dict(b=-1), ValueError, "b: expected an integer >= 0, got -1"),
+             (dict(b=2**64), ValueError, "b: expected an integer from"), (dict(s_q=1.0), TypeError, "s_q: expected an integer, got float"),
+             (dict(device=2**31), ValueError, "device: expected an integer from -2147483648 to 2147483647"),
+             (dict(kv_cache_dtype=None), TypeError, "kv_cache_dtype: expected a str, got NoneType"),
+             (dict(kv_cache_dtype="bf\0"), ValueError, "kv_cache_dtype: expected a str without NUL characters"),
+             (dict(kv_cache_dtype="fp8"), ValueError, 'kv_cache_dtype: expected "bf16" or "fp8_ds_mla", got "fp8"')]
+    for change, exc, msg in cases:
+        with pytest.raises(exc, match="^" + msg.replace("(", r"\(").replace(")", r"\)")):
+            _C.sparse_mla_decode_workspace_size(**{**ws, **change})
+    cache = fp8_cache()
+    args = dict(kv_cache=cache, slots=np.arange(2, dtype=np.int32), out=np.empty((2, 576), BF16),
+                kv_cache_dtype="fp8_ds_mla")
+    _C.unpack_kv(**args)  # stream left out: the current stream (nothing to ask for NumPy arrays)
+    with pytest.raises(ValueError, match=r"^stream: expected a stream handle from 0 to 2\*\*64 - 1$"):
+        _C.unpack_kv(**args, stream=-1)
+    with pytest.raises(TypeError, match="^stream: expected an integer stream handle, got str$"):
+        _C.unpack_kv(**args, stream="0")
+    _C.unpack_kv(**args, stream=np.uint64(2**64 - 1))  # anything with __index__
+    with pytest.raises(TypeError, match="^softmax_scale: expected a real number, got str$"):
+        _C.sparse_mla_prefill(q=np.zeros((1, 4, 576), BF16), kv=np.zeros((4, 576), BF16),
+                              indices=np.zeros((1, 2), np.int32), out=np.empty((1, 4, 512), BF16),
+                              lse=np.empty((1, 4), np.float32), softmax_scale="0.1")
+    conv = dict(req_id=np.zeros(2, np.int32), block_table=np.zeros((1, 2), np.int32),
+                topk_indices=np.zeros((2, 4), np.int32), block_size=16, out=np.empty((2, 4), np.int32),
+                dcp_size=2, dcp_rank=0, interleave=1, compact=True)
+    _C.filter_convert_dcp_indices(**{**conv, "compact": 0})
+    with pytest.raises(ValueError, match=r"^compact: expected an integer from 0 to 1, got 2$"):
+        _C.filter_convert_dcp_indices(**{**conv, "compact": 2})
+    for name, value, msg in [("dcp_size", 0, "dcp_size: expected >= 1, got 0"),
+                             ("dcp_rank", 2, "dcp_rank: expected 0 <= dcp_rank < dcp_size = 2, got 2"),
+                             ("interleave", 0, "interleave: expected >= 1, got 0"),
+                             ("block_size", 0, "block_size: expected a positive integer, got 0")]:
+        with pytest.raises(ValueError, match=f"^{msg}$"):
+            _C.filter_convert_dcp_indices(**{**conv, name: value})
+
+
+def test_limits_come_from_the_extension():
+    from smla import _C
+
+    assert (_C.MAX_HEADS, _C.D_NOPE, _C.D_ROPE, _C.D_QK, _C.D_V, _C.FP8_ENTRY_BYTES) == (128, 512, 64, 576, 512, 656)
+    assert (smla.D_NOPE, smla.D_ROPE, smla.D_QK, smla.D_V) == (_C.D_NOPE, _C.D_ROPE, _C.D_QK, _C.D_V)
+    assert smla.kv_cache_shape(1, 1, "fp8_ds_mla")[2] == _C.FP8_ENTRY_BYTES
+    rng = np.random.default_rng(3)
+    h = _C.MAX_HEADS + 1  # refused on the CPU as on CUDA (design.md section 4: h is 1..128)
+    with pytest.raises(ValueError, match=f"^q: expected 1 to 128 heads, got {h}$"):
+        smla.sparse_mla_decode(rng.standard_normal((1, 1, h, 576)).astype(BF16), fp8_cache(),
+                               np.zeros((1, 1, 4), np.int32), softmax_scale=0.1, kv_cache_dtype="fp8_ds_mla")
+    with pytest.raises(ValueError, match=f"^q: expected 1 to 128 heads, got {h}$"):
+        smla.sparse_mla_prefill(rng.standard_normal((1, h, 576)).astype(BF16), np.zeros((4, 576), BF16),
+                                np.zeros((1, 4), np.int32), softmax_scale=0.1)
+    out, lse = smla.sparse_mla_decode(rng.standard_normal((1, 1, 128, 576)).astype(BF16), fp8_cache(),
+                                      np.zeros((1, 1, 4), np.int32), softmax_scale=0.1, kv_cache_dtype="fp8_ds_mla")
+    assert out.shape == (1, 1, 128, 512) and np.isfinite(lse).all()

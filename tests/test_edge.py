@@ -84,7 +84,7 @@ EXCHANGE_API_TYPES = """
     def probe(T):
         n = len(calls)
         try:
-            _C.unpack_kv(T(), slots, out, "fp8_ds_mla", 0)
+            _C.unpack_kv(kv_cache=T(), slots=slots, out=out, kv_cache_dtype="fp8_ds_mla", stream=0)
         except BufferError as e:
             assert "kv_cache" in str(e), e
         return calls[n:]
@@ -229,8 +229,8 @@ def test_softmax_scale_must_be_finite(scale, text):
     with pytest.raises(ValueError, match=msg):
         smla.sparse_mla_prefill(q[0], np.zeros((64, 576), BF16), idx[0], softmax_scale=scale)
     with pytest.raises(ValueError, match=msg):  # the extension checks it itself
-        smla._C.sparse_mla_prefill(q[0], np.zeros((64, 576), BF16), idx[0], None, None,
-                                   np.empty((2, 4, 512), BF16), np.empty((2, 4), np.float32), None, scale, 0)
+        smla._C.sparse_mla_prefill(q=q[0], kv=np.zeros((64, 576), BF16), indices=idx[0], out=np.empty((2, 4, 512), BF16),
+                                   lse=np.empty((2, 4), np.float32), softmax_scale=scale)
 
 
 def test_softmax_scale_largest_allowed():
@@ -619,7 +619,8 @@ def test_one_kv_cache_dtype_alias_table():
         smla.pack_kv(kv_c, k_pe, cache, np.arange(2, dtype=np.int32), kv_cache_dtype=alias)
     assert smla.kv_cache_shape(1, 2, "auto") == smla.kv_cache_shape(1, 2, "bfloat16") == (1, 2, 576)
     with pytest.raises(ValueError, match='kv_cache_dtype: expected "bf16" or "fp8_ds_mla", got "fp8"'):
-        smla._C.unpack_kv(cache, np.arange(2, dtype=np.int32), np.empty((2, 576), BF16), "fp8", 0)
+        smla._C.unpack_kv(kv_cache=cache, slots=np.arange(2, dtype=np.int32), out=np.empty((2, 576), BF16),
+                          kv_cache_dtype="fp8")
     assert smla.metadata.resolve_mode(16, "fp8_e4m3") == "split"
     with pytest.raises(TypeError, match="kv_cache_dtype: expected a str, got list"):
         smla.metadata.resolve_mode(16, ["bf16"])

@@ -157,7 +157,7 @@ def test_in_place_and_no_lse_out():
     smla.merge_attn_states(a, la, ob, lb, out=a)  # out aliases out_a
     assert np.array_equal(a, out)
     b = np.empty_like(oa)
-    smla._C.merge_attn_states(oa, la, ob, lb, b, None, 0)  # the kernel without an lse output
+    smla._C.merge_attn_states(out_a=oa, lse_a=la, out_b=ob, lse_b=lb, out=b)  # the kernel without an lse output
     assert np.array_equal(b, out)
     check(out, lse, oa, la, ob, lb, "float32")
 

@@ -24,6 +24,7 @@ extern "C" {
 /* Limits, one owner each: the checks at the edge (csrc/python) and the kernels use these names, and the
  * Python layer reads them from the extension (smla._C.MAX_HEADS). */
 #define SMLA_MAX_HEADS 128  /* query heads per call: 1..128 (no padding; the model has 128) */
+#define SMLA_MAX_TOPK (INT32_MAX / 2) /* indices per query token: 1..2^30 - 1 (int32 positions, with room) */
 
 /* A function the CPU code and the CUDA kernels share (rules written once: csrc/core/). */
 #if defined(__CUDACC__)

@@ -156,18 +156,9 @@ __attribute__((target(SMLA_TARGET_AVX2))) static int64_t convert_prefill_avx2(co
 }
 #endif
 
+/* p passed smla_check_convert_topk_indices (core/checks.c) */
 int smla_cpu_convert_topk_indices(const smla_convert_indices_params *p, smla_status *st)
 {
-    if (p->num_tokens < 0 || p->topk < 0 || p->num_reqs < 0 || p->max_blocks < 0 || p->block_size <= 0)
-        return smla_fail(st, SMLA_ERR_VALUE,
-                         "convert_topk_indices: invalid sizes (num_tokens %lld, topk %lld, num_reqs %lld, "
-                         "max_blocks %lld, block_size %lld)", (long long)p->num_tokens, (long long)p->topk,
-                         (long long)p->num_reqs, (long long)p->max_blocks, (long long)p->block_size);
-    if (p->dcp_size < 0 || (p->dcp_size >= 1 && (p->dcp_rank < 0 || p->dcp_rank >= p->dcp_size ||
-                                                 p->dcp_interleave < 1)))
-        return smla_fail(st, SMLA_ERR_VALUE,
-                         "convert_topk_indices: invalid DCP setting (dcp_size %d, dcp_rank %d, interleave %d)",
-                         p->dcp_size, p->dcp_rank, p->dcp_interleave);
     const int64_t num_prefills = p->prefill_workspace_starts ? p->num_prefills : 0;
     const int compact = p->dcp_size >= 1 && p->compact;
     const int isa = p->run.cpu_isa;

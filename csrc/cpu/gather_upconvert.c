@@ -94,17 +94,9 @@ static int check_requests(const smla_gather_upconvert_params *p, smla_status *st
     return SMLA_OK;
 }
 
+/* p passed smla_check_gather_upconvert (core/checks.c); the values of its requests are checked here */
 int smla_cpu_gather_upconvert(const smla_gather_upconvert_params *p, smla_status *st)
 {
-    const smla_cache *c = &p->cache;
-    if (smla_cache_entry_bytes(c->dtype) == 0)
-        return smla_fail(st, SMLA_ERR_VALUE, "gather_upconvert: unknown kv_cache_dtype code %d", c->dtype);
-    if (p->num_reqs < 0 || p->max_blocks < 0 || p->ws_rows < 0 || c->block_size <= 0 || c->num_blocks < 0)
-        return smla_fail(st, SMLA_ERR_VALUE,
-                         "gather_upconvert: invalid sizes (num_reqs %lld, max_blocks %lld, ws_rows %lld, "
-                         "block_size %lld)", (long long)p->num_reqs, (long long)p->max_blocks,
-                         (long long)p->ws_rows, (long long)c->block_size);
-
     if (check_requests(p, st) != SMLA_OK) return st->code;
 
     /* the workspace rows some request writes: [row_lo, row_hi), and how many writes there are */

@@ -63,13 +63,10 @@ static inline void store(int dtype, void *base, int64_t idx, float v)
     else ((uint16_t *)base)[idx] = f32_to_f16(v);
 }
 
+/* p passed smla_check_merge_attn_states (core/checks.c) */
 int smla_cpu_merge_attn_states(const smla_merge_attn_states_params *p, smla_status *st)
 {
-    if (p->dtype != SMLA_DT_BF16 && p->dtype != SMLA_DT_F16 && p->dtype != SMLA_DT_F32)
-        return smla_fail(st, SMLA_ERR_TYPE, "merge_attn_states: unsupported output dtype code %d", p->dtype);
-    if (p->n < 0 || p->h < 0 || p->d < 0)
-        return smla_fail(st, SMLA_ERR_VALUE, "merge_attn_states: invalid shape (%lld, %lld, %lld)",
-                         (long long)p->n, (long long)p->h, (long long)p->d);
+    (void)st;
     const size_t esize = p->dtype == SMLA_DT_F32 ? 4 : 2;
 
     for (int64_t i = 0; i < p->n; i++) {

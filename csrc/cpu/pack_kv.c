@@ -143,17 +143,10 @@ static int64_t first_slot_past(const smla_pack_kv_params *p, int64_t capacity)
         if (slot_at(p, t) >= capacity) return t;
 }
 
+/* p passed smla_check_pack_kv (core/checks.c); slots past the cache are checked here, before any write */
 int smla_cpu_pack_kv(const smla_pack_kv_params *p, smla_status *st)
 {
     const smla_cache *c = &p->cache;
-    if (smla_cache_entry_bytes(c->dtype) == 0)
-        return smla_fail(st, SMLA_ERR_VALUE, "pack_kv: unknown kv_cache_dtype code %d", c->dtype);
-    if (c->dtype == SMLA_CACHE_FP8_DS_MLA && p->scale_rule != SMLA_SCALE_POW2 &&
-        p->scale_rule != SMLA_SCALE_FP32)
-        return smla_fail(st, SMLA_ERR_VALUE, "pack_kv: unknown scale_rule code %d", p->scale_rule);
-    if (p->num_tokens < 0 || c->block_size <= 0 || c->num_blocks < 0)
-        return smla_fail(st, SMLA_ERR_VALUE, "pack_kv: invalid sizes (num_tokens %lld, block_size %lld)",
-                         (long long)p->num_tokens, (long long)c->block_size);
     const int64_t capacity = c->num_blocks > INT64_MAX / c->block_size ? INT64_MAX : c->num_blocks * c->block_size;
     const int64_t bad = first_slot_past(p, capacity);
     if (bad >= 0)

@@ -343,31 +343,9 @@ static int attn_split(int64_t rows, int nt, int64_t topk)
     return best;
 }
 
-static int attn_check(const smla_attn_params *p, const char *op, smla_status *st)
-{
-    if (p->b < 0 || p->s_q < 0 || p->h < 0 || p->topk < 0)
-        return smla_fail(st, SMLA_ERR_VALUE, "%s: negative shape (b=%lld, s_q=%lld, h=%lld, topk=%lld)", op,
-                         (long long)p->b, (long long)p->s_q, (long long)p->h, (long long)p->topk);
-    if (p->h > (int64_t)1 << 20)
-        return smla_fail(st, SMLA_ERR_VALUE, "%s: h=%lld is too large", op, (long long)p->h);
-    if (p->kv.dtype != SMLA_CACHE_BF16 && p->kv.dtype != SMLA_CACHE_FP8_DS_MLA)
-        return smla_fail(st, SMLA_ERR_VALUE, "%s: unknown kv cache dtype %d", op, p->kv.dtype);
-    if (p->kv.num_blocks < 0 || p->kv.block_size < 0 ||
-        (p->kv.block_size > 0 && p->kv.num_blocks > INT64_MAX / p->kv.block_size))
-        return smla_fail(st, SMLA_ERR_VALUE, "%s: bad kv cache shape (%lld blocks of %lld)", op,
-                         (long long)p->kv.num_blocks, (long long)p->kv.block_size);
-    if (p->b * p->s_q * p->h == 0) return SMLA_OK;
-    if (!p->q || !p->out || !p->lse || (p->topk > 0 && !p->indices))
-        return smla_fail(st, SMLA_ERR_VALUE, "%s: q, indices, out and lse must not be NULL", op);
-    if (p->kv.num_blocks * p->kv.block_size > 0 && !p->kv.data)
-        return smla_fail(st, SMLA_ERR_VALUE, "%s: kv cache data is NULL", op);
-    return SMLA_OK;
-}
-
+/* p passed smla_check_sparse_mla_decode / _prefill (core/checks.c) */
 static int attn_run(const smla_attn_params *p, const char *op, smla_status *st)
 {
-    int rc = attn_check(p, op, st);
-    if (rc != SMLA_OK) return rc;
     const int64_t rows = p->b * p->s_q;
     if (rows == 0 || p->h == 0) return SMLA_OK;
 

@@ -6,15 +6,11 @@
 #include "core/params.h"
 #include "cache_rows.h"
 
+/* p passed smla_check_unpack_kv (core/checks.c) */
 int smla_cpu_unpack_kv(const smla_unpack_kv_params *p, smla_status *st)
 {
+    (void)st;
     const smla_cache *c = &p->cache;
-    if (smla_cache_entry_bytes(c->dtype) == 0)
-        return smla_fail(st, SMLA_ERR_VALUE, "unpack_kv: unknown kv_cache_dtype code %d", c->dtype);
-    if (p->n < 0 || c->block_size <= 0 || c->num_blocks < 0)
-        return smla_fail(st, SMLA_ERR_VALUE, "unpack_kv: invalid sizes (n %lld, block_size %lld)",
-                         (long long)p->n, (long long)c->block_size);
-
     for (int64_t i = 0; i < p->n; i++) {
         int64_t slot = p->slots_is_i64 ? ((const int64_t *)p->slots)[i]
                                        : (int64_t)((const int32_t *)p->slots)[i];

@@ -1,8 +1,5 @@
 /* Array acquisition (NumPy C API and DLPack capsules) and argument validation for the bindings. */
-#include <math.h>
 #include <stdlib.h>
-#include <float.h>
-#include <math.h>
 #include <string.h>
 
 #include "binding.h"
@@ -334,23 +331,11 @@ static smla_arr *acquire(smla_args *A, PyObject *obj, const char *name, int opti
     return a;
 }
 
-smla_arr *smla_args_get(smla_args *A, PyObject *obj, const char *name) { return acquire(A, obj, name, 0); }
-smla_arr *smla_args_get_opt(smla_args *A, PyObject *obj, const char *name) { return acquire(A, obj, name, 1); }
-
-static smla_arr *mark_output(smla_arr *a)
+smla_arr *smla_args_get(smla_args *A, PyObject *obj, const char *name, int optional, int output)
 {
-    if (a) a->output = 1;
+    smla_arr *a = acquire(A, obj, name, optional);
+    if (a) a->output = output;
     return a;
-}
-
-smla_arr *smla_args_get_out(smla_args *A, PyObject *obj, const char *name)
-{
-    return mark_output(acquire(A, obj, name, 0));
-}
-
-smla_arr *smla_args_get_out_opt(smla_args *A, PyObject *obj, const char *name)
-{
-    return mark_output(acquire(A, obj, name, 1));
 }
 
 void smla_args_release(smla_args *A)
@@ -461,22 +446,6 @@ int smla_check_writable(const smla_arr *a)
     return -1;
 }
 
-int smla_check_aligned(const smla_arr *a, int bytes)
-{
-    if (is_empty(a)) return 0;
-    if ((uintptr_t)a->data % (uintptr_t)bytes == 0) {
-        int ok = 1;
-        for (int i = 0; i < a->ndim - 1; i++)
-            if (a->shape[i] > 1 && (a->strides[i] * a->itemsize) % bytes) ok = 0;
-        if (ok) return 0;
-        PyErr_Format(PyExc_ValueError, "%s: row strides must be multiples of %d bytes for vector access",
-                     a->name, bytes);
-        return -1;
-    }
-    PyErr_Format(PyExc_ValueError, "%s: data pointer must be %d-byte aligned", a->name, bytes);
-    return -1;
-}
-
 int smla_check_int_index(const smla_arr *a)
 {
     static const int ok[] = {SMLA_DT_I32};
@@ -487,18 +456,6 @@ int smla_check_int_index_64(const smla_arr *a)
 {
     static const int ok[] = {SMLA_DT_I32, SMLA_DT_I64};
     return smla_check_dtype(a, 2, ok);
-}
-
-int smla_check_softmax_scale(double v)
-{
-    /* the kernels work in the log2 domain: softmax_scale * log2(e) must be a finite float */
-    if (isfinite(v) && fabs(v) * 1.4426950408889634 <= (double)FLT_MAX) return 0;
-    char *txt = PyOS_double_to_string(v, 'r', 0, 0, NULL);
-    if (!txt) return -1;
-    PyErr_Format(PyExc_ValueError, "softmax_scale: expected a finite number of magnitude at most 2.35e38 "
-                 "(FLT_MAX / log2(e)), got %s", txt);
-    PyMem_Free(txt);
-    return -1;
 }
 
 /* First and last byte an array occupies (negative strides included). 0: no elements; -1: the strides
@@ -675,7 +632,6 @@ int smla_get_cache(const smla_arr *a, int cache_dtype, smla_cache *c)
                        fp8 ? "fp8_ds_mla entry bytes" : "bf16 entry of 576 values"))
         return -1;
     if (smla_check_last_contiguous(a)) return -1;
-    if (smla_check_aligned(a, 16)) return -1;
     if (a->strides[0] < 0 || a->strides[1] < 0) {
         PyErr_Format(PyExc_ValueError, "%s: negative strides are not supported", a->name);
         return -1;

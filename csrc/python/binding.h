@@ -1,13 +1,17 @@
-/* Binding helpers: turn Python arrays (NumPy, or any DLPack producer on CPU or CUDA) into plain views,
- * validate them one property at a time (each message names the argument), and run a kernel with the
- * GIL released. Used by csrc/python/ops/; no arithmetic on data here. */
+/* Binding helpers: parse keyword arguments (kwargs.h), turn Python arrays (NumPy, or any DLPack producer
+ * on CPU or CUDA) into plain views, validate each view one property at a time (dtype, shape, strides,
+ * writability, overlap; each message names the argument), check the filled params with the op's rules
+ * (core/checks.h) and run a kernel with the GIL released. Used by csrc/python/ops/; no arithmetic on
+ * data here. */
 #ifndef SMLA_BINDING_H
 #define SMLA_BINDING_H
 
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 
+#include "core/checks.h"
 #include "core/params.h"
+#include "kwargs.h"
 
 #define SMLA_MAX_NDIM 8
 #define SMLA_MAX_ARGS 16
@@ -23,6 +27,7 @@ typedef struct {
     PyObject *api_type;
     PyObject *api_capsule; /* NULL when the type has no usable table */
     const void *api;       /* the table inside api_capsule, or NULL */
+    PyObject *names[SMLA_N_COUNT]; /* the interned argument names (kwargs.h) */
 } smla_state;
 
 /* stream value meaning "the current stream of the framework that owns the first CUDA array" */
@@ -67,13 +72,18 @@ smla_state *smla_get_state(PyObject *module);
 int smla_args_init(smla_args *A, PyObject *module, unsigned long long stream);
 /* Read the environment switches (csrc/python/settings.c); -1 with ValueError naming a malformed one. */
 int smla_read_settings(smla_run *r);
-/* Acquire obj as argument `name`; NULL with an exception set on failure. */
-smla_arr *smla_args_get(smla_args *A, PyObject *obj, const char *name);
-/* Same, but None gives a view with present == 0. */
-smla_arr *smla_args_get_opt(smla_args *A, PyObject *obj, const char *name);
-/* The same two for an array the op writes (checked by smla_check_outputs). */
-smla_arr *smla_args_get_out(smla_args *A, PyObject *obj, const char *name);
-smla_arr *smla_args_get_out_opt(smla_args *A, PyObject *obj, const char *name);
+/* Acquire obj as argument `name`; with optional, None gives a view with present == 0; output: the op
+ * writes it (checked by smla_check_outputs). NULL with an exception set on failure. */
+smla_arr *smla_args_get(smla_args *A, PyObject *obj, const char *name, int optional, int output);
+/* The same for a parsed argument (optional when its kind is SMLA_KW_OBJ_OPT): one the op reads, or writes. */
+static inline smla_arr *smla_args_in(smla_args *A, const smla_kwarg *v)
+{
+    return smla_args_get(A, v->obj, v->name, v->kind == SMLA_KW_OBJ_OPT, 0);
+}
+static inline smla_arr *smla_args_out(smla_args *A, const smla_kwarg *v)
+{
+    return smla_args_get(A, v->obj, v->name, v->kind == SMLA_KW_OBJ_OPT, 1);
+}
 /* Release every array (DLPack deleters run here); keeps a pending exception intact. */
 void smla_args_release(smla_args *A);
 
@@ -83,8 +93,6 @@ void smla_args_release(smla_args *A);
  * where the output may be EXACTLY the same view as the input (kernels that read each element before
  * writing it, i.e. in place). 0, or -1 with ValueError naming both arrays. */
 int smla_check_outputs(const smla_args *A, const smla_arr *const *same, int n_same);
-/* softmax_scale: finite, and finite once multiplied by log2(e) in fp32; -1 with ValueError. */
-int smla_check_softmax_scale(double v);
 
 /* Property checks: return 0, or -1 with TypeError/ValueError set naming the argument. */
 int smla_check_dtype(const smla_arr *a, int n_allowed, const int *allowed);
@@ -94,13 +102,13 @@ int smla_check_same_dim(const smla_arr *a, int dim, const smla_arr *b, int bdim)
 int smla_check_last_contiguous(const smla_arr *a);
 int smla_check_contiguous(const smla_arr *a);
 int smla_check_writable(const smla_arr *a);
-int smla_check_aligned(const smla_arr *a, int bytes);
 int smla_check_int_index(const smla_arr *a);        /* int32 */
 int smla_check_int_index_64(const smla_arr *a);     /* int32 or int64 */
 
 /* Parse "bf16" / "fp8_ds_mla" into smla_cache_dtype; -1 with ValueError. */
 int smla_parse_cache_dtype(const char *s);
-/* Validate kv_cache [num_blocks, block_size, entry] for that layout and describe it. */
+/* Validate the array kv_cache [num_blocks, block_size, entry] for that layout and describe it (its
+ * params rules, alignment included, are core/checks.c's). */
 int smla_get_cache(const smla_arr *a, int cache_dtype, smla_cache *c);
 
 /* Raise the exception that matches st->code. Always returns NULL. */
@@ -117,6 +125,16 @@ void smla_device_exit(smla_args *A, int prev);
 #define SMLA_CUDA_CALL(op, p, st) \
     smla_fail((st), SMLA_ERR_UNSUPPORTED, "%s: smla was built without CUDA support", #op)
 #endif
+
+/* The params rules of op (core/checks.h) for the device of the arguments; 0, or -1 with the exception
+ * of the status (ValueError, TypeError, ...) set. */
+#define SMLA_CHECK(A, op, p)                                                                   \
+    __extension__({                                                                            \
+        smla_status st_ = {0, {0}};                                                            \
+        int rc_ = smla_check_##op((p), (A)->device == SMLA_DEV_CUDA, &st_) != SMLA_OK;          \
+        if (rc_) smla_raise_status((A)->state, &st_);                                          \
+        -rc_;                                                                                  \
+    })
 
 /* Run op on the device of the arguments with the GIL released; evaluates to 0 or -1 (exception set). */
 #define SMLA_LAUNCH(A, op, p)                                                          \
@@ -151,7 +169,8 @@ void smla_device_exit(smla_args *A, int prev);
     X(sparse_mla_decode_workspace_size) \
     X(sparse_mla_prefill)
 
-#define SMLA_DECLARE_OP(name) PyObject *smla_op_##name(PyObject *module, PyObject *args);
+#define SMLA_DECLARE_OP(name) \
+    PyObject *smla_op_##name(PyObject *module, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames);
 SMLA_OPS(SMLA_DECLARE_OP)
 
 #endif /* SMLA_BINDING_H */

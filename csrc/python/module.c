@@ -52,7 +52,8 @@ static PyObject *build_info(PyObject *module, PyObject *unused)
     );
 }
 
-#define SMLA_METHOD(name) {#name, (PyCFunction)smla_op_##name, METH_VARARGS, NULL},
+/* Every op takes keyword arguments only (kwargs.h; src/smla/_C.pyi lists them). */
+#define SMLA_METHOD(name) {#name, (PyCFunction)(void (*)(void))smla_op_##name, METH_FASTCALL | METH_KEYWORDS, NULL},
 static PyMethodDef methods[] = {
     SMLA_OPS(SMLA_METHOD)
     {"cuda_device_count", cuda_device_count, METH_NOARGS, "Number of usable CUDA devices (0 without a driver)."},
@@ -88,6 +89,15 @@ static int module_exec(PyObject *m)
         Py_DECREF(S->cuda_error);
         return -1;
     }
+    for (int i = 0; i < SMLA_N_COUNT; i++)
+        if (!(S->names[i] = PyUnicode_InternFromString(smla_arg_names[i]))) return -1;
+    /* the limits and sizes the Python layer uses, from their one definition (core/smla.h) */
+    if (PyModule_AddIntConstant(m, "MAX_HEADS", SMLA_MAX_HEADS) < 0 ||
+        PyModule_AddIntConstant(m, "MAX_TOPK", SMLA_MAX_TOPK) < 0 ||
+        PyModule_AddIntConstant(m, "D_NOPE", SMLA_D_NOPE) < 0 || PyModule_AddIntConstant(m, "D_ROPE", SMLA_D_ROPE) < 0 ||
+        PyModule_AddIntConstant(m, "D_QK", SMLA_D_QK) < 0 || PyModule_AddIntConstant(m, "D_V", SMLA_D_V) < 0 ||
+        PyModule_AddIntConstant(m, "FP8_ENTRY_BYTES", SMLA_FP8_ENTRY) < 0)
+        return -1;
     PyObject *ml = PyImport_ImportModule("ml_dtypes");
     if (!ml) PyErr_Clear();
     S->bf16_typenum = ml_dtypes_typenum(ml, "bfloat16");
@@ -112,6 +122,7 @@ static int module_clear(PyObject *m)
     S->api = NULL;
     Py_CLEAR(S->api_type);
     Py_CLEAR(S->api_capsule);
+    for (int i = 0; i < SMLA_N_COUNT; i++) Py_CLEAR(S->names[i]);
     return 0;
 }
 

@@ -166,26 +166,13 @@ __global__ void __launch_bounds__(kMaxThreads) convert_kernel(smla_convert_indic
 
 } // namespace
 
+// p passed smla_check_convert_topk_indices (csrc/core/checks.c); what is left is this launch's grid
 extern "C" int smla_cuda_convert_topk_indices(const smla_convert_indices_params *p, smla_status *st)
 {
-    if (p->num_tokens < 0 || p->topk < 0 || p->num_reqs < 0 || p->max_blocks < 0 || p->block_size <= 0)
-        return smla_fail(st, SMLA_ERR_VALUE,
-                         "convert_topk_indices: invalid sizes (num_tokens %lld, topk %lld, num_reqs %lld, "
-                         "max_blocks %lld, block_size %lld)", static_cast<long long>(p->num_tokens),
-                         static_cast<long long>(p->topk), static_cast<long long>(p->num_reqs),
-                         static_cast<long long>(p->max_blocks), static_cast<long long>(p->block_size));
-    if (p->dcp_size < 0 || (p->dcp_size >= 1 && (p->dcp_rank < 0 || p->dcp_rank >= p->dcp_size ||
-                                                 p->dcp_interleave < 1)))
-        return smla_fail(st, SMLA_ERR_VALUE,
-                         "convert_topk_indices: invalid DCP setting (dcp_size %d, dcp_rank %d, interleave %d)",
-                         p->dcp_size, p->dcp_rank, p->dcp_interleave);
     if (p->num_tokens == 0) return SMLA_OK;
     if (p->num_tokens > 0x7fffffffLL)
-        return smla_fail(st, SMLA_ERR_VALUE, "convert_topk_indices: %lld rows exceed one CUDA grid",
+        return smla_fail(st, SMLA_ERR_VALUE, "topk_indices: %lld rows exceed one CUDA grid",
                          static_cast<long long>(p->num_tokens));
-    if (p->topk > 0x7fffffffLL)
-        return smla_fail(st, SMLA_ERR_VALUE, "convert_topk_indices: topk %lld does not fit int32 counts",
-                         static_cast<long long>(p->topk));
     // enough threads for one chunk to cover the row when it is short, whole warps
     int threads = static_cast<int>(smla_ceil_div(p->topk < 1 ? 1 : p->topk, kPerThread));
     threads = threads > kMaxThreads ? kMaxThreads : static_cast<int>(smla_ceil_div(threads, kWarp)) * kWarp;

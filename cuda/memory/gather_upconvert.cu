@@ -72,17 +72,10 @@ template <int DT> void launch_dt(const smla_gather_upconvert_params &p, bool vin
 
 } // namespace
 
+// p passed smla_check_gather_upconvert (csrc/core/checks.c)
 extern "C" int smla_cuda_gather_upconvert(const smla_gather_upconvert_params *p, smla_status *st)
 {
     const smla_cache &c = p->cache;
-    if (c.dtype != SMLA_CACHE_FP8_DS_MLA && c.dtype != SMLA_CACHE_BF16)
-        return smla_fail(st, SMLA_ERR_VALUE, "gather_upconvert: unknown kv_cache_dtype code %d", c.dtype);
-    if (p->num_reqs < 0 || p->max_blocks < 0 || p->ws_rows < 0 || c.block_size <= 0 || c.num_blocks < 0)
-        return smla_fail(st, SMLA_ERR_VALUE,
-                         "gather_upconvert: invalid sizes (num_reqs %lld, max_blocks %lld, ws_rows %lld, "
-                         "block_size %lld)", static_cast<long long>(p->num_reqs),
-                         static_cast<long long>(p->max_blocks), static_cast<long long>(p->ws_rows),
-                         static_cast<long long>(c.block_size));
     if (p->num_reqs == 0 || p->ws_rows == 0) return SMLA_OK;
     // A request writes at most ws_rows rows: give each enough chunks to spread the whole workspace
     // over the GPU, but keep the total number of (mostly idle) tasks bounded when requests are many.

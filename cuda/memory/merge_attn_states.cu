@@ -120,13 +120,9 @@ template <int DT> void launch_dt(const smla_merge_attn_states_params &p, bool ve
 
 } // namespace
 
+// p passed smla_check_merge_attn_states (csrc/core/checks.c)
 extern "C" int smla_cuda_merge_attn_states(const smla_merge_attn_states_params *p, smla_status *st)
 {
-    if (p->dtype != SMLA_DT_BF16 && p->dtype != SMLA_DT_F16 && p->dtype != SMLA_DT_F32)
-        return smla_fail(st, SMLA_ERR_TYPE, "merge_attn_states: unsupported output dtype code %d", p->dtype);
-    if (p->n < 0 || p->h < 0 || p->d < 0)
-        return smla_fail(st, SMLA_ERR_VALUE, "merge_attn_states: invalid shape (%lld, %lld, %lld)",
-                         static_cast<long long>(p->n), static_cast<long long>(p->h), static_cast<long long>(p->d));
     const int64_t npairs = p->n * p->h;
     if (npairs == 0) return SMLA_OK;
     const int64_t esize = p->dtype == SMLA_DT_F32 ? 4 : 2;

@@ -148,20 +148,14 @@ template <bool VIN, bool VOUT> void launch_slots(const smla_pack_kv_params &p, b
 
 } // namespace
 
+// p passed smla_check_pack_kv (csrc/core/checks.c); what is left is this launch's grid
 extern "C" int smla_cuda_pack_kv(const smla_pack_kv_params *p, smla_status *st)
 {
     const smla_cache &c = p->cache;
-    if (c.dtype != SMLA_CACHE_FP8_DS_MLA && c.dtype != SMLA_CACHE_BF16)
-        return smla_fail(st, SMLA_ERR_VALUE, "pack_kv: unknown kv_cache_dtype code %d", c.dtype);
-    if (c.dtype == SMLA_CACHE_FP8_DS_MLA && p->scale_rule != SMLA_SCALE_POW2 && p->scale_rule != SMLA_SCALE_FP32)
-        return smla_fail(st, SMLA_ERR_VALUE, "pack_kv: unknown scale_rule code %d", p->scale_rule);
-    if (p->num_tokens < 0 || c.block_size <= 0 || c.num_blocks < 0)
-        return smla_fail(st, SMLA_ERR_VALUE, "pack_kv: invalid sizes (num_tokens %lld, block_size %lld)",
-                         static_cast<long long>(p->num_tokens), static_cast<long long>(c.block_size));
     if (p->num_tokens == 0 || c.num_blocks == 0) return SMLA_OK;
     const int64_t nblk = smla_ceil_div(p->num_tokens, kWarpsPerBlock);
     if (nblk > 0x7fffffffLL)
-        return smla_fail(st, SMLA_ERR_VALUE, "pack_kv: %lld tokens exceed one CUDA grid",
+        return smla_fail(st, SMLA_ERR_VALUE, "slot_mapping: %lld tokens exceed one CUDA grid",
                          static_cast<long long>(p->num_tokens));
     const bool vin = aligned16(p->kv_c, 2 * p->kv_c_stride);
     const bool rope_vec = aligned16(p->k_pe, 2 * p->k_pe_stride);

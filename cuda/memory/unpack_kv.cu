@@ -46,18 +46,14 @@ template <bool VIN, bool VOUT> void launch(const smla_unpack_kv_params &p, dim3 
 
 } // namespace
 
+// p passed smla_check_unpack_kv (csrc/core/checks.c); what is left is this launch's grid
 extern "C" int smla_cuda_unpack_kv(const smla_unpack_kv_params *p, smla_status *st)
 {
     const smla_cache &c = p->cache;
-    if (c.dtype != SMLA_CACHE_FP8_DS_MLA && c.dtype != SMLA_CACHE_BF16)
-        return smla_fail(st, SMLA_ERR_VALUE, "unpack_kv: unknown kv_cache_dtype code %d", c.dtype);
-    if (p->n < 0 || c.block_size <= 0 || c.num_blocks < 0)
-        return smla_fail(st, SMLA_ERR_VALUE, "unpack_kv: invalid sizes (n %lld, block_size %lld)",
-                         static_cast<long long>(p->n), static_cast<long long>(c.block_size));
     if (p->n == 0) return SMLA_OK;
     const int64_t nblk = smla_ceil_div(p->n, kWarpsPerBlock * kRowsPerWarp);
     if (nblk > 0x7fffffffLL)
-        return smla_fail(st, SMLA_ERR_VALUE, "unpack_kv: %lld rows exceed one CUDA grid",
+        return smla_fail(st, SMLA_ERR_VALUE, "slots: %lld rows exceed one CUDA grid",
                          static_cast<long long>(p->n));
     const bool vin = aligned16(c.data, c.block_stride, c.entry_stride);
     const bool vout = aligned16(p->out, 2 * p->out_stride);

@@ -1,6 +1,8 @@
 """Public ops (docs/design.md section 4): check here only what Python must read itself (an argument's
 type before its .shape, the scalars), allocate missing outputs with the caller's framework, pick the
-launch stream, and call the C extension, which validates every array. Every error names the argument."""
+launch stream, and call the C extension by keyword (src/smla/_C.pyi), which validates every array and
+the rules of each op. Every error names the argument. The limits and sizes come from the extension
+(_C.MAX_HEADS, _C.D_QK, ...), which defines them once (csrc/core/smla.h)."""
 from __future__ import annotations
 
 import operator
@@ -15,11 +17,10 @@ __all__ = ["CACHE_DTYPE_ALIASES", "canonical_cache_dtype", "convert_topk_indices
            "gather_upconvert", "kv_cache_shape", "merge_attn_states", "pack_kv", "sparse_mla_decode",
            "sparse_mla_decode_workspace_size", "sparse_mla_prefill", "unpack_kv"]
 
-_ENTRY = {"bf16": 576, "fp8_ds_mla": 656}
+_ENTRY = {"bf16": _C.D_QK, "fp8_ds_mla": _C.FP8_ENTRY_BYTES}
 # vLLM's names for the two layouts. The package's one alias table: metadata.py and layer.py use
 # canonical_cache_dtype, and the extension is only ever given the canonical names.
 CACHE_DTYPE_ALIASES = {"bfloat16": "bf16", "auto": "bf16", "fp8": "fp8_ds_mla", "fp8_e4m3": "fp8_ds_mla"}
-_SCALE_RULES = ("pow2", "fp32")
 _I32_MAX = 2**31 - 1
 _I64_MAX = 2**63 - 1
 
@@ -104,13 +105,10 @@ def kv_cache_shape(num_blocks: int, block_size: int, kv_cache_dtype: str) -> tup
 def pack_kv(kv_c: Array, k_pe: Array, kv_cache: Array, slot_mapping: Array, *, kv_cache_dtype: str,
             scale_rule: str = "pow2", stream: int | None = None) -> Array:
     """Write kv_c[T, 512] and k_pe[T, 64] (bf16) into kv_cache at slot_mapping[T] (negative: skipped).
-    Returns kv_cache."""
+    scale_rule: "pow2" or "fp32" (docs/design.md section 3; the extension checks it). Returns kv_cache."""
     cdt = canonical_cache_dtype(kv_cache_dtype)
-    if not isinstance(scale_rule, str):
-        raise TypeError(f"scale_rule: expected a str, got {type(scale_rule).__name__}")
-    if scale_rule not in _SCALE_RULES:
-        raise ValueError(f'scale_rule: expected "pow2" or "fp32", got {scale_rule!r}')
-    _C.pack_kv(kv_c, k_pe, kv_cache, slot_mapping, cdt, scale_rule, launch_stream(kv_cache, stream, "kv_cache"))
+    _C.pack_kv(kv_c=kv_c, k_pe=k_pe, kv_cache=kv_cache, slot_mapping=slot_mapping, kv_cache_dtype=cdt,
+               scale_rule=scale_rule, stream=launch_stream(kv_cache, stream, "kv_cache"))
     return kv_cache
 
 
@@ -120,8 +118,8 @@ def unpack_kv(kv_cache: Array, slots: Array, *, kv_cache_dtype: str, out: Array 
     cdt = canonical_cache_dtype(kv_cache_dtype)
     s = launch_stream(kv_cache, stream, "kv_cache")
     if out is None:
-        out = empty(kv_cache, (_shape(slots, "slots", 1)[0], 576), "bfloat16")
-    _C.unpack_kv(kv_cache, slots, out, cdt, s)
+        out = empty(kv_cache, (_shape(slots, "slots", 1)[0], _C.D_QK), "bfloat16")
+    _C.unpack_kv(kv_cache=kv_cache, slots=slots, out=out, kv_cache_dtype=cdt, stream=s)
     return out
 
 
@@ -131,8 +129,9 @@ def gather_upconvert(kv_cache: Array, workspace: Array, block_table: Array, seq_
     """workspace[workspace_starts[r] + i] = dequantised token seq_starts[r] + i of request r, for
     i < seq_lens[r]. Returns workspace."""
     cdt = canonical_cache_dtype(kv_cache_dtype)
-    _C.gather_upconvert(kv_cache, workspace, block_table, seq_lens, workspace_starts, seq_starts, cdt,
-                        launch_stream(kv_cache, stream, "kv_cache"))
+    _C.gather_upconvert(kv_cache=kv_cache, workspace=workspace, block_table=block_table, seq_lens=seq_lens,
+                        workspace_starts=workspace_starts, seq_starts=seq_starts, kv_cache_dtype=cdt,
+                        stream=launch_stream(kv_cache, stream, "kv_cache"))
     return workspace
 
 
@@ -170,8 +169,10 @@ def convert_topk_indices(req_id, block_table, topk_indices, *, block_size, num_b
         out = empty(topk_indices, _shape(topk_indices, "topk_indices", 2), "int32")
     if return_valid_counts and valid_counts is None:
         valid_counts = empty(topk_indices, (_shape(topk_indices, "topk_indices", 2)[0],), "int32")
-    _C.convert_topk_indices(req_id, block_table, topk_indices, bs, num_blocks, prefill_request_ids,
-                            prefill_workspace_starts, out, valid_counts, s)
+    _C.convert_topk_indices(req_id=req_id, block_table=block_table, topk_indices=topk_indices, block_size=bs,
+                            num_blocks=num_blocks, prefill_request_ids=prefill_request_ids,
+                            prefill_workspace_starts=prefill_workspace_starts, out=out, valid_counts=valid_counts,
+                            stream=s)
     return (out, valid_counts) if return_valid_counts else out
 
 
@@ -196,8 +197,11 @@ def filter_convert_dcp_indices(req_id: Array, block_table: Array, topk_indices: 
         out = empty(topk_indices, _shape(topk_indices, "topk_indices", 2), "int32")
     if valid_counts is None:
         valid_counts = empty(topk_indices, (_shape(topk_indices, "topk_indices", 2)[0],), "int32")
-    _C.filter_convert_dcp_indices(req_id, block_table, topk_indices, bs, num_blocks, prefill_request_ids,
-                                  prefill_workspace_starts, out, valid_counts, size, rank, il, compact, s)
+    _C.filter_convert_dcp_indices(req_id=req_id, block_table=block_table, topk_indices=topk_indices, block_size=bs,
+                                  num_blocks=num_blocks, prefill_request_ids=prefill_request_ids,
+                                  prefill_workspace_starts=prefill_workspace_starts, out=out,
+                                  valid_counts=valid_counts, stream=s, dcp_size=size, dcp_rank=rank, interleave=il,
+                                  compact=compact)
     return out, valid_counts
 
 
@@ -214,7 +218,7 @@ def merge_attn_states(out_a: Array, lse_a: Array, out_b: Array, lse_b: Array, *,
         out = empty(out_a, _shape(out_a, "out_a", 3), dt)
     if out_lse is None:
         out_lse = empty(out_a, _shape(lse_a, "lse_a", 2), "float32")
-    _C.merge_attn_states(out_a, lse_a, out_b, lse_b, out, out_lse, s)
+    _C.merge_attn_states(out_a=out_a, lse_a=lse_a, out_b=out_b, lse_b=lse_b, out=out, out_lse=out_lse, stream=s)
     return out, out_lse
 
 
@@ -222,9 +226,10 @@ def sparse_mla_decode_workspace_size(b: int, s_q: int, h: int, topk: int, kv_cac
                                      device_id: int = 0) -> int:
     """Bytes of scratch sparse_mla_decode uses on CUDA for this shape (split top-k partials); 0 where no
     CUDA decode can run (smla built without CUDA, or no usable GPU)."""
-    return _C.sparse_mla_decode_workspace_size(_int(b, "b", 0), _int(s_q, "s_q", 0), _int(h, "h", 1, 128),
-                                               _int(topk, "topk", 1), canonical_cache_dtype(kv_cache_dtype),
-                                               _int(device_id, "device_id", 0, _I32_MAX))
+    return _C.sparse_mla_decode_workspace_size(b=_int(b, "b", 0), s_q=_int(s_q, "s_q", 0),
+                                               h=_int(h, "h", 1, _C.MAX_HEADS), topk=_int(topk, "topk", 1, _C.MAX_TOPK),
+                                               kv_cache_dtype=canonical_cache_dtype(kv_cache_dtype),
+                                               device=_int(device_id, "device_id", 0, _I32_MAX))
 
 
 def sparse_mla_decode(q: Array, kv_cache: Array, indices: Array, *, softmax_scale: float, kv_cache_dtype: str,
@@ -238,15 +243,18 @@ def sparse_mla_decode(q: Array, kv_cache: Array, indices: Array, *, softmax_scal
     b, s_q, h, _ = _shape(q, "q", 4, "[b, s_q, h, 576]")
     s = launch_stream(q, stream, "q")
     if out is None:
-        out = empty(q, (b, s_q, h, 512), "bfloat16")
+        out = empty(q, (b, s_q, h, _C.D_V), "bfloat16")
     if lse is None:
         lse = empty(q, (b, s_q, h), "float32")
     if workspace is None and is_cuda(q):
-        topk = _shape(indices, "indices", 3)[2]
-        size = _C.sparse_mla_decode_workspace_size(b, s_q, max(1, min(h, 128)), max(1, topk), cdt, device(q)[1])
+        # a shape out of range gets the extension's message naming q / indices below, not one naming h / topk
+        topk = min(max(1, _shape(indices, "indices", 3)[2]), _C.MAX_TOPK)
+        size = _C.sparse_mla_decode_workspace_size(b=b, s_q=s_q, h=min(max(1, h), _C.MAX_HEADS), topk=topk,
+                                                   kv_cache_dtype=cdt, device=device(q)[1])
         if size > 0:
             workspace = empty(q, (size,), "uint8")
-    _C.sparse_mla_decode(q, kv_cache, indices, topk_length, attn_sink, out, lse, workspace, scale, cdt, s)
+    _C.sparse_mla_decode(q=q, kv_cache=kv_cache, indices=indices, topk_length=topk_length, attn_sink=attn_sink,
+                         out=out, lse=lse, workspace=workspace, softmax_scale=scale, kv_cache_dtype=cdt, stream=s)
     return out, lse
 
 
@@ -260,10 +268,11 @@ def sparse_mla_prefill(q: Array, kv: Array, indices: Array, *, softmax_scale: fl
     s_q, h, _ = _shape(q, "q", 3, "[s_q, h, 576]")
     s = launch_stream(q, stream, "q")
     if out is None:
-        out = empty(q, (s_q, h, 512), "bfloat16")
+        out = empty(q, (s_q, h, _C.D_V), "bfloat16")
     if lse is None:
         lse = empty(q, (s_q, h), "float32")
     if max_logits is None:
         max_logits = empty(q, (s_q, h), "float32")
-    _C.sparse_mla_prefill(q, kv, indices, topk_length, attn_sink, out, lse, max_logits, scale, s)
+    _C.sparse_mla_prefill(q=q, kv=kv, indices=indices, topk_length=topk_length, attn_sink=attn_sink, out=out, lse=lse,
+                          max_logits=max_logits, softmax_scale=scale, stream=s)
     return out, lse, max_logits

@@ -12,12 +12,12 @@ typedef struct {
     smla_arr *q, *indices, *topk_length, *attn_sink, *out, *lse, *max_logits;
 } smla_attn_arrays;
 
-/* Checks dtypes, shapes (batch_dims = 2 for decode, 1 for prefill), contiguity, writability and
- * CUDA alignment of every array. */
-int smla_attn_check(smla_args *A, const smla_attn_arrays *x, int batch_dims);
+/* Checks the dtypes, shapes (batch_dims = 2 for decode, 1 for prefill), contiguity and writability of
+ * every array (the limits on h and topk, and alignment, are core/checks.c's). */
+int smla_attn_check(const smla_attn_arrays *x, int batch_dims);
 void smla_attn_unsqueeze(smla_arr *a);
-/* Copies pointers, strides and sizes (arrays in the batched layout). */
-void smla_attn_fill(smla_attn_params *p, const smla_attn_arrays *x, double softmax_scale, const smla_run *run,
-                    void *stream);
+/* Checks softmax_scale (core/checks.h: before it becomes a float) and copies pointers, strides, sizes
+ * (arrays in the batched layout), the stream and the settings of the call; 0, or -1 with ValueError. */
+int smla_attn_fill(smla_args *A, smla_attn_params *p, const smla_attn_arrays *x, double softmax_scale);
 
 #endif

@@ -5,7 +5,32 @@
 
 #include "../binding.h"
 
-/* num_blocks: None (no check, 0) or the cache's block count, >= 1. Returns 0 or -1 with an exception. */
+/* The arguments of both ops; the DCP ones only in filter_convert_dcp_indices's table. */
+enum {
+    REQ_ID, BLOCK_TABLE, TOPK_INDICES, BLOCK_SIZE, NUM_BLOCKS, PREFILL_REQUEST_IDS, PREFILL_WORKSPACE_STARTS, OUT,
+    VALID_COUNTS, STREAM, NARGS_CONVERT, DCP_SIZE = NARGS_CONVERT, DCP_RANK, INTERLEAVE, COMPACT, NARGS
+};
+static const smla_kw_spec args_spec[NARGS] = {
+    [REQ_ID] = {SMLA_N_req_id, SMLA_KW_OBJ},
+    [BLOCK_TABLE] = {SMLA_N_block_table, SMLA_KW_OBJ},
+    [TOPK_INDICES] = {SMLA_N_topk_indices, SMLA_KW_OBJ},
+    [BLOCK_SIZE] = {SMLA_N_block_size, SMLA_KW_INT64},
+    [NUM_BLOCKS] = {SMLA_N_num_blocks, SMLA_KW_OBJ_OPT},
+    [PREFILL_REQUEST_IDS] = {SMLA_N_prefill_request_ids, SMLA_KW_OBJ_OPT},
+    [PREFILL_WORKSPACE_STARTS] = {SMLA_N_prefill_workspace_starts, SMLA_KW_OBJ_OPT},
+    [OUT] = {SMLA_N_out, SMLA_KW_OBJ},
+    [VALID_COUNTS] = {SMLA_N_valid_counts, SMLA_KW_OBJ_OPT},
+    [STREAM] = {SMLA_N_stream, SMLA_KW_STREAM},
+    [DCP_SIZE] = {SMLA_N_dcp_size, SMLA_KW_INT},
+    [DCP_RANK] = {SMLA_N_dcp_rank, SMLA_KW_INT},
+    [INTERLEAVE] = {SMLA_N_interleave, SMLA_KW_INT},
+    [COMPACT] = {SMLA_N_compact, SMLA_KW_BOOL},
+};
+static const smla_kw_fn convert_spec = {"convert_topk_indices", NARGS_CONVERT, args_spec};
+static const smla_kw_fn dcp_spec = {"filter_convert_dcp_indices", NARGS, args_spec};
+
+/* num_blocks: None (no check, 0) or the cache's block count, >= 1 (0 would mean "no check" to the
+ * kernels). Returns 0 or -1 with an exception. */
 static int parse_num_blocks(PyObject *o, int64_t *num_blocks)
 {
     *num_blocks = 0;
@@ -28,23 +53,17 @@ static int parse_num_blocks(PyObject *o, int64_t *num_blocks)
     return 0;
 }
 
-/* Shared argument handling; fills p, returns 0 or -1 with an exception set. */
-static int parse_common(smla_args *A, smla_convert_indices_params *p, PyObject *o_req, PyObject *o_bt,
-                        PyObject *o_idx, long long block_size, PyObject *o_pids, PyObject *o_pstarts,
-                        PyObject *o_out, PyObject *o_counts)
+/* Acquires and checks the arrays of both ops and fills p; 0, or -1 with an exception set. */
+static int parse_common(smla_args *A, smla_convert_indices_params *p, const smla_kwarg *v)
 {
-    smla_arr *req = smla_args_get(A, o_req, "req_id");
-    smla_arr *bt = req ? smla_args_get(A, o_bt, "block_table") : NULL;
-    smla_arr *idx = bt ? smla_args_get(A, o_idx, "topk_indices") : NULL;
-    smla_arr *pids = idx ? smla_args_get_opt(A, o_pids, "prefill_request_ids") : NULL;
-    smla_arr *pstarts = pids ? smla_args_get_opt(A, o_pstarts, "prefill_workspace_starts") : NULL;
-    smla_arr *out = pstarts ? smla_args_get_out(A, o_out, "out") : NULL;
-    smla_arr *counts = out ? smla_args_get_out_opt(A, o_counts, "valid_counts") : NULL;
+    smla_arr *req = smla_args_in(A, &v[REQ_ID]);
+    smla_arr *bt = req ? smla_args_in(A, &v[BLOCK_TABLE]) : NULL;
+    smla_arr *idx = bt ? smla_args_in(A, &v[TOPK_INDICES]) : NULL;
+    smla_arr *pids = idx ? smla_args_in(A, &v[PREFILL_REQUEST_IDS]) : NULL;
+    smla_arr *pstarts = pids ? smla_args_in(A, &v[PREFILL_WORKSPACE_STARTS]) : NULL;
+    smla_arr *out = pstarts ? smla_args_out(A, &v[OUT]) : NULL;
+    smla_arr *counts = out ? smla_args_out(A, &v[VALID_COUNTS]) : NULL;
     if (!counts) return -1;
-    if (block_size <= 0) {
-        PyErr_Format(PyExc_ValueError, "block_size: expected a positive integer, got %lld", block_size);
-        return -1;
-    }
     if (smla_check_int_index(req) || smla_check_ndim(req, 1) || smla_check_contiguous(req)) return -1;
     if (smla_check_int_index(bt) || smla_check_ndim(bt, 2) || smla_check_last_contiguous(bt)) return -1;
     if (smla_check_int_index(idx) || smla_check_ndim(idx, 2) || smla_check_last_contiguous(idx)) return -1;
@@ -69,7 +88,7 @@ static int parse_common(smla_args *A, smla_convert_indices_params *p, PyObject *
         return -1;
     /* in place (out is topk_indices) is allowed: the kernels read each row's entries before writing them */
     const smla_arr *in_place[] = {out, idx};
-    if (smla_check_outputs(A, in_place, 1)) return -1;
+    if (smla_check_outputs(A, in_place, 1) || parse_num_blocks(v[NUM_BLOCKS].obj, &p->num_blocks)) return -1;
     p->req_id = req->data;
     p->num_tokens = idx->shape[0];
     p->block_table = bt->data;
@@ -79,7 +98,7 @@ static int parse_common(smla_args *A, smla_convert_indices_params *p, PyObject *
     p->topk_indices = idx->data;
     p->in_stride = idx->strides[0];
     p->topk = idx->shape[1];
-    p->block_size = block_size;
+    p->block_size = v[BLOCK_SIZE].i;
     p->prefill_request_ids = pids->present ? pids->data : NULL;
     p->prefill_workspace_starts = pstarts->present ? pstarts->data : NULL;
     p->num_prefills = pstarts->present ? pstarts->shape[0] : 0;
@@ -91,21 +110,16 @@ static int parse_common(smla_args *A, smla_convert_indices_params *p, PyObject *
     return 0;
 }
 
-PyObject *smla_op_convert_topk_indices(PyObject *module, PyObject *args)
+PyObject *smla_op_convert_topk_indices(PyObject *module, PyObject *const *args, Py_ssize_t nargs,
+                                       PyObject *kwnames)
 {
-    PyObject *o_req, *o_bt, *o_idx, *o_nb, *o_pids, *o_pstarts, *o_out, *o_counts;
-    long long block_size;
-    unsigned long long stream;
-    if (!PyArg_ParseTuple(args, "OOOLOOOOOK:convert_topk_indices", &o_req, &o_bt, &o_idx, &block_size, &o_nb,
-                          &o_pids, &o_pstarts, &o_out, &o_counts, &stream))
-        return NULL;
+    smla_kwarg v[NARGS_CONVERT];
+    if (smla_kw_parse(module, &convert_spec, args, nargs, kwnames, v) < 0) return NULL;
     smla_args A;
-    if (smla_args_init(&A, module, stream) < 0) return NULL;
+    if (smla_args_init(&A, module, v[STREAM].stream) < 0) return NULL;
     smla_convert_indices_params p;
     memset(&p, 0, sizeof p);
-    if (parse_common(&A, &p, o_req, o_bt, o_idx, block_size, o_pids, o_pstarts, o_out, o_counts) ||
-        parse_num_blocks(o_nb, &p.num_blocks))
-        goto fail;
+    if (parse_common(&A, &p, v) || SMLA_CHECK(&A, convert_topk_indices, &p) < 0) goto fail;
     if (p.num_tokens > 0 && SMLA_LAUNCH(&A, convert_topk_indices, &p) < 0) goto fail;
     smla_args_release(&A);
     Py_RETURN_NONE;
@@ -114,32 +128,21 @@ fail:
     return NULL;
 }
 
-PyObject *smla_op_filter_convert_dcp_indices(PyObject *module, PyObject *args)
+PyObject *smla_op_filter_convert_dcp_indices(PyObject *module, PyObject *const *args, Py_ssize_t nargs,
+                                             PyObject *kwnames)
 {
-    PyObject *o_req, *o_bt, *o_idx, *o_nb, *o_pids, *o_pstarts, *o_out, *o_counts;
-    long long block_size;
-    int dcp_size, dcp_rank, interleave, compact;
-    unsigned long long stream;
-    if (!PyArg_ParseTuple(args, "OOOLOOOOOiiipK:filter_convert_dcp_indices", &o_req, &o_bt, &o_idx, &block_size,
-                          &o_nb, &o_pids, &o_pstarts, &o_out, &o_counts, &dcp_size, &dcp_rank, &interleave,
-                          &compact, &stream))
-        return NULL;
-    if (dcp_size < 1) return PyErr_Format(PyExc_ValueError, "dcp_size: expected >= 1, got %d", dcp_size);
-    if (dcp_rank < 0 || dcp_rank >= dcp_size)
-        return PyErr_Format(PyExc_ValueError, "dcp_rank: expected 0 <= dcp_rank < dcp_size = %d, got %d",
-                            dcp_size, dcp_rank);
-    if (interleave < 1) return PyErr_Format(PyExc_ValueError, "interleave: expected >= 1, got %d", interleave);
+    smla_kwarg v[NARGS];
+    if (smla_kw_parse(module, &dcp_spec, args, nargs, kwnames, v) < 0) return NULL;
     smla_args A;
-    if (smla_args_init(&A, module, stream) < 0) return NULL;
+    if (smla_args_init(&A, module, v[STREAM].stream) < 0) return NULL;
     smla_convert_indices_params p;
     memset(&p, 0, sizeof p);
-    if (parse_common(&A, &p, o_req, o_bt, o_idx, block_size, o_pids, o_pstarts, o_out, o_counts) ||
-        parse_num_blocks(o_nb, &p.num_blocks))
-        goto fail;
-    p.dcp_size = dcp_size;
-    p.dcp_rank = dcp_rank;
-    p.dcp_interleave = interleave;
-    p.compact = compact;
+    if (parse_common(&A, &p, v)) goto fail;
+    p.dcp_size = (int)v[DCP_SIZE].i;
+    p.dcp_rank = (int)v[DCP_RANK].i;
+    p.dcp_interleave = (int)v[INTERLEAVE].i;
+    p.compact = (int)v[COMPACT].i;
+    if (SMLA_CHECK(&A, filter_convert_dcp_indices, &p) < 0) goto fail;
     if (p.num_tokens > 0 && SMLA_LAUNCH(&A, convert_topk_indices, &p) < 0) goto fail;
     smla_args_release(&A);
     Py_RETURN_NONE;

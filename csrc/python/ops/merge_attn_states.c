@@ -3,24 +3,34 @@
 
 #include "../binding.h"
 
-PyObject *smla_op_merge_attn_states(PyObject *module, PyObject *args)
+enum { OUT_A, LSE_A, OUT_B, LSE_B, OUT, OUT_LSE, STREAM, NARGS };
+static const smla_kw_spec args_spec[NARGS] = {
+    [OUT_A] = {SMLA_N_out_a, SMLA_KW_OBJ},
+    [LSE_A] = {SMLA_N_lse_a, SMLA_KW_OBJ},
+    [OUT_B] = {SMLA_N_out_b, SMLA_KW_OBJ},
+    [LSE_B] = {SMLA_N_lse_b, SMLA_KW_OBJ},
+    [OUT] = {SMLA_N_out, SMLA_KW_OBJ},
+    [OUT_LSE] = {SMLA_N_out_lse, SMLA_KW_OBJ_OPT},
+    [STREAM] = {SMLA_N_stream, SMLA_KW_STREAM},
+};
+static const smla_kw_fn spec = {"merge_attn_states", NARGS, args_spec};
+
+PyObject *smla_op_merge_attn_states(PyObject *module, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
 {
-    PyObject *o_oa, *o_la, *o_ob, *o_lb, *o_out, *o_lse;
-    unsigned long long stream;
-    if (!PyArg_ParseTuple(args, "OOOOOOK:merge_attn_states", &o_oa, &o_la, &o_ob, &o_lb, &o_out, &o_lse, &stream))
-        return NULL;
+    smla_kwarg v[NARGS];
+    if (smla_kw_parse(module, &spec, args, nargs, kwnames, v) < 0) return NULL;
     static const int out_types[] = {SMLA_DT_BF16, SMLA_DT_F16, SMLA_DT_F32};
     static const int f32[] = {SMLA_DT_F32};
     smla_args A;
-    if (smla_args_init(&A, module, stream) < 0) return NULL;
+    if (smla_args_init(&A, module, v[STREAM].stream) < 0) return NULL;
     smla_merge_attn_states_params p;
     memset(&p, 0, sizeof p);
-    smla_arr *oa = smla_args_get(&A, o_oa, "out_a");
-    smla_arr *la = oa ? smla_args_get(&A, o_la, "lse_a") : NULL;
-    smla_arr *ob = la ? smla_args_get(&A, o_ob, "out_b") : NULL;
-    smla_arr *lb = ob ? smla_args_get(&A, o_lb, "lse_b") : NULL;
-    smla_arr *out = lb ? smla_args_get_out(&A, o_out, "out") : NULL;
-    smla_arr *lse = out ? smla_args_get_out_opt(&A, o_lse, "out_lse") : NULL;
+    smla_arr *oa = smla_args_in(&A, &v[OUT_A]);
+    smla_arr *la = oa ? smla_args_in(&A, &v[LSE_A]) : NULL;
+    smla_arr *ob = la ? smla_args_in(&A, &v[OUT_B]) : NULL;
+    smla_arr *lb = ob ? smla_args_in(&A, &v[LSE_B]) : NULL;
+    smla_arr *out = lb ? smla_args_out(&A, &v[OUT]) : NULL;
+    smla_arr *lse = out ? smla_args_out(&A, &v[OUT_LSE]) : NULL;
     if (!lse) goto fail;
     if (smla_check_dtype(oa, 3, out_types) || smla_check_ndim(oa, 3) || smla_check_last_contiguous(oa)) goto fail;
     smla_arr *outs[] = {ob, out};
@@ -73,6 +83,7 @@ PyObject *smla_op_merge_attn_states(PyObject *module, PyObject *args)
     p.lo_stride_h = lse->present ? lse->strides[1] : 0;
     p.stream = A.stream;
     p.run = A.run;
+    if (SMLA_CHECK(&A, merge_attn_states, &p) < 0) goto fail;
     if (p.n > 0 && p.h > 0 && SMLA_LAUNCH(&A, merge_attn_states, &p) < 0) goto fail;
     smla_args_release(&A);
     Py_RETURN_NONE;

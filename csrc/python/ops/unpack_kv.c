@@ -3,29 +3,35 @@
 
 #include "../binding.h"
 
-PyObject *smla_op_unpack_kv(PyObject *module, PyObject *args)
+enum { KV_CACHE, SLOTS, OUT, KV_CACHE_DTYPE, STREAM, NARGS };
+static const smla_kw_spec args_spec[NARGS] = {
+    [KV_CACHE] = {SMLA_N_kv_cache, SMLA_KW_OBJ},
+    [SLOTS] = {SMLA_N_slots, SMLA_KW_OBJ},
+    [OUT] = {SMLA_N_out, SMLA_KW_OBJ},
+    [KV_CACHE_DTYPE] = {SMLA_N_kv_cache_dtype, SMLA_KW_STR},
+    [STREAM] = {SMLA_N_stream, SMLA_KW_STREAM},
+};
+static const smla_kw_fn spec = {"unpack_kv", NARGS, args_spec};
+
+PyObject *smla_op_unpack_kv(PyObject *module, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
 {
-    PyObject *o_cache, *o_slots, *o_out;
-    const char *cache_dtype;
-    unsigned long long stream;
-    if (!PyArg_ParseTuple(args, "OOOsK:unpack_kv", &o_cache, &o_slots, &o_out, &cache_dtype, &stream))
-        return NULL;
+    smla_kwarg v[NARGS];
+    if (smla_kw_parse(module, &spec, args, nargs, kwnames, v) < 0) return NULL;
     static const int bf16[] = {SMLA_DT_BF16, SMLA_DT_U16};
     smla_args A;
-    if (smla_args_init(&A, module, stream) < 0) return NULL;
+    if (smla_args_init(&A, module, v[STREAM].stream) < 0) return NULL;
     smla_unpack_kv_params p;
     memset(&p, 0, sizeof p);
-    smla_arr *cache = smla_args_get(&A, o_cache, "kv_cache");
-    smla_arr *slots = cache ? smla_args_get(&A, o_slots, "slots") : NULL;
-    smla_arr *out = slots ? smla_args_get_out(&A, o_out, "out") : NULL;
+    smla_arr *cache = smla_args_in(&A, &v[KV_CACHE]);
+    smla_arr *slots = cache ? smla_args_in(&A, &v[SLOTS]) : NULL;
+    smla_arr *out = slots ? smla_args_out(&A, &v[OUT]) : NULL;
     if (!out) goto fail;
-    int cdt = smla_parse_cache_dtype(cache_dtype);
+    int cdt = smla_parse_cache_dtype(v[KV_CACHE_DTYPE].s);
     if (cdt < 0 || smla_get_cache(cache, cdt, &p.cache)) goto fail;
     if (smla_check_int_index_64(slots) || smla_check_ndim(slots, 1) || smla_check_contiguous(slots)) goto fail;
     if (smla_check_dtype(out, 2, bf16) || smla_check_ndim(out, 2) || smla_check_same_dim(out, 0, slots, 0) ||
         smla_check_dim(out, 1, SMLA_D_QK, "d_qk") || smla_check_last_contiguous(out) || smla_check_writable(out))
         goto fail;
-    if (A.device == SMLA_DEV_CUDA && smla_check_aligned(out, 16)) goto fail;
     if (smla_check_outputs(&A, NULL, 0)) goto fail;
     p.slots = slots->data;
     p.slots_is_i64 = slots->dtype == SMLA_DT_I64;
@@ -34,6 +40,7 @@ PyObject *smla_op_unpack_kv(PyObject *module, PyObject *args)
     p.out_stride = out->strides[0];
     p.stream = A.stream;
     p.run = A.run;
+    if (SMLA_CHECK(&A, unpack_kv, &p) < 0) goto fail;
     if (p.n > 0 && SMLA_LAUNCH(&A, unpack_kv, &p) < 0) goto fail;
     smla_args_release(&A);
     Py_RETURN_NONE;
