@@ -350,8 +350,11 @@ def test_layer_rejects_mismatched_metadata():
         attn.forward(*args, None)
     with pytest.raises(ValueError, match=r"^topk_indices: expected \[2, 32\]"):
         attn.forward(*args[:4], st["topk"][:, :16], md)
-    with pytest.raises(ValueError, match=r"^q: expected 3 dimensions"):
+    with pytest.raises(ValueError, match=r"^q: expected \[2, 16, 576\] \(at least T = len\(md.slot_mapping\) = 2 "
+                                         r"rows\), got \[16, 576\]"):
         attn.forward(st["q"][0], *args[1:], md)
+    with pytest.raises(ValueError, match=r"^kv_cache: expected \[num_blocks >= 1, 16, 656\].*got \[\]"):
+        attn.forward(*args[:3], world.cache[0, 0, 0, ...], st["topk"], md)  # 0-d
     with pytest.raises(TypeError, match=r"^kv_c: expected a NumPy array"):
         attn.forward(st["q"], None, *args[2:], md)
     with pytest.raises(ValueError, match=r"^kv_cache: expected \[num_blocks >= 1, 16, 656\]"):

@@ -144,7 +144,8 @@ def test_config_validated_once():
     with pytest.raises(TypeError):
         SparseMLAConfig(64, "fp8_ds_mla", 16, 32, 512, 16, 256)  # keywords only: eight numbers in a row mix up
     assert cfg.differences(cfg) == ""
-    assert cfg.differences(dataclasses.replace(cfg, topk=64, mode="mixed")) == "topk: 32 vs 64, mode: 'split' vs 'mixed'"
+    other = dataclasses.replace(cfg, topk=64, mode="mixed")
+    assert cfg.differences(other) == "topk: 32 vs 64, mode: 'split' vs 'mixed'"
 
 
 CONFIG_REJECTS = [  # (field, value, exception, message)
@@ -187,7 +188,8 @@ def test_builder_from_config():
         SparseMLAMetadataBuilder.from_config(CONFIG)
     for kw, exc, msg in ((dict(decode_threshold=0), ValueError, r"^decode_threshold: expected an integer >= 1"),
                          (dict(decode_threshold="1"), TypeError, r"^decode_threshold: expected an integer"),
-                         (dict(prefill_workspace_rows=0), ValueError, r"^prefill_workspace_rows: expected an integer >= 1")):
+                         (dict(prefill_workspace_rows=0), ValueError,
+                          r"^prefill_workspace_rows: expected an integer >= 1")):
         with pytest.raises(exc, match=msg):
             SparseMLAMetadataBuilder.from_config(cfg, **kw)
 

@@ -76,7 +76,7 @@ from .ops import (
 )
 
 from . import metadata
-from .config import D_NOPE, D_QK, D_ROPE, D_V, MAX_HEADS, SparseMLAConfig
+from .config import D_NOPE, D_QK, D_ROPE, D_V, MAX_HEADS, SparseMLAConfig  # noqa: F401  (public constants)
 from .layer import SparseMLAAttention
 from .metadata import (
     SparseMLAMetadata,

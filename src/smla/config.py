@@ -6,12 +6,13 @@ The layer's widths and head limit are defined here too, once for the Python laye
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
+from typing import Any
 
 from . import _C
 from .ops import _I32_MAX, _int, canonical_cache_dtype
 
 __all__ = ["D_NOPE", "D_QK", "D_ROPE", "D_V", "MAX_HEADS", "MIN_HEADS_FOR_SPLIT", "MODES", "SparseMLAConfig",
-           "resolve_mode"]
+           "expect_config", "resolve_mode"]
 
 # The extension's head limit (SMLA_MAX_HEADS in csrc/core/smla.h); 128 for an extension built before
 # it exported the constant.
@@ -87,3 +88,10 @@ class SparseMLAConfig:
         """"name: mine vs other's, ..." over the fields where the two differ (for messages)."""
         return ", ".join(f"{f.name}: {getattr(self, f.name)!r} vs {getattr(other, f.name)!r}"
                          for f in fields(self) if getattr(self, f.name) != getattr(other, f.name))
+
+
+def expect_config(config: Any) -> SparseMLAConfig:
+    """config, checked to be a SparseMLAConfig (the from_config constructors)."""
+    if not isinstance(config, SparseMLAConfig):
+        raise TypeError(f"config: expected a SparseMLAConfig, got {type(config).__name__}")
+    return config

@@ -24,14 +24,20 @@ step, replay after each build()).
 from typing import Any
 
 from . import _arrays
-from .config import D_NOPE, D_QK, D_ROPE, D_V, SparseMLAConfig
+from .config import D_NOPE, D_QK, D_ROPE, D_V, SparseMLAConfig, expect_config
 from .metadata import SparseMLAMetadata
-from .ops import (_real, _shape, convert_topk_indices, gather_upconvert, kv_cache_shape, pack_kv,
+from .ops import (_real, convert_topk_indices, gather_upconvert, kv_cache_shape, pack_kv,
                   sparse_mla_decode, sparse_mla_prefill)
 
 __all__ = ["SparseMLAAttention", "SparseMLAConfig"]
 
 Array = Any  # a NumPy, torch or CuPy array (smla accepts any DLPack producer)
+
+
+def _shape(x, name):
+    """x's shape, after the package's check that x is an array (messages give the whole expected shape)."""
+    _arrays.check_array(x, name)
+    return tuple(int(s) for s in x.shape)
 
 
 def _strides_elems(x):
@@ -70,10 +76,8 @@ class SparseMLAAttention:
     @classmethod
     def from_config(cls, config: SparseMLAConfig, softmax_scale: float) -> "SparseMLAAttention":
         """A layer of the model whose builder is SparseMLAMetadataBuilder.from_config(config, ...)."""
-        if not isinstance(config, SparseMLAConfig):
-            raise TypeError(f"config: expected a SparseMLAConfig, got {type(config).__name__}")
         layer = cls.__new__(cls)
-        layer._setup(config, softmax_scale)
+        layer._setup(expect_config(config), softmax_scale)
         return layer
 
     def _setup(self, config, softmax_scale):
@@ -106,15 +110,15 @@ class SparseMLAAttention:
                               ("lse", lse, (h,))):
             if x is None and name in ("out", "lse"):
                 continue  # allocated by forward
-            shape = _shape(x, name, 1 + len(tail), f"[T, {', '.join(map(str, tail))}]")
+            shape = _shape(x, name)
             # inputs and outputs: at least T rows, only the first T are read or written
             if shape[1:] != tail or shape[0] < T:
                 raise ValueError(f"{name}: expected [{T}, {', '.join(map(str, tail))}] (at least T = "
                                  f"len(md.slot_mapping) = {T} rows), got {list(shape)}")
         # the cache: the converted indices are slots of this block size, checked against its block count
-        shape = _shape(kv_cache, "kv_cache", 3, "[num_blocks, block_size, entry]")
-        want = kv_cache_shape(shape[0], cfg.block_size, cfg.kv_cache_dtype)
-        if shape[0] < 1 or shape != want:
+        shape = _shape(kv_cache, "kv_cache")
+        want = kv_cache_shape(shape[0] if shape else 0, cfg.block_size, cfg.kv_cache_dtype)
+        if shape != want or want[0] < 1:
             raise ValueError(f"kv_cache: expected [num_blocks >= 1, {want[1]}, {want[2]}] (the layer's "
                              f"block_size and the {cfg.kv_cache_dtype} entry), got {list(shape)}")
         return T

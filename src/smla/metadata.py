@@ -32,7 +32,7 @@ import numpy as np
 
 from . import _arrays
 from ._arrays import host_ints as _host
-from .config import D_QK, MIN_HEADS_FOR_SPLIT, SparseMLAConfig, resolve_mode
+from .config import D_QK, MIN_HEADS_FOR_SPLIT, SparseMLAConfig, expect_config, resolve_mode
 from .ops import _I32_MAX, _int, _shape, sparse_mla_decode_workspace_size
 
 __all__ = ["MIN_HEADS_FOR_SPLIT", "PrefillChunk", "SparseMLAConfig", "SparseMLAMetadata",
@@ -284,10 +284,8 @@ class SparseMLAMetadataBuilder:
                     prefill_workspace_rows: Optional[int] = None, device: Any = None,
                     framework: Optional[str] = None) -> SparseMLAMetadataBuilder:
         """The builder of a model whose layers are made with SparseMLAAttention.from_config(config, ...)."""
-        if not isinstance(config, SparseMLAConfig):
-            raise TypeError(f"config: expected a SparseMLAConfig, got {type(config).__name__}")
         builder = cls.__new__(cls)
-        builder._setup(config, decode_threshold, prefill_workspace_rows, device, framework)
+        builder._setup(expect_config(config), decode_threshold, prefill_workspace_rows, device, framework)
         return builder
 
     def _setup(self, config, decode_threshold, prefill_workspace_rows, device, framework):
