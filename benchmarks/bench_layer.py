@@ -4,7 +4,7 @@
    / gather_upconvert / attention kernels / rest (Python, launch gaps; measured as total minus the
    parts), plus build() host time and the decode step replayed from a CUDA graph.
 2. mixed vs split for one prefill chunk of 1K-16K new tokens (context before it: --contexts) at
-   h = 16, 64, 128: the measurement behind smla.metadata.MIN_HEADS_FOR_SPLIT (mode="auto").
+   h = 16, 64, 128: the measurement behind smla.config.MIN_HEADS_FOR_SPLIT (mode="auto").
 
 Prints tables and writes JSON (--json, default $OUT/bench_layer.json or ./bench_layer.json).
 Without a usable GPU (or torch) it says so and exits 0.
@@ -149,18 +149,19 @@ class Step:
         cols = torch.arange(topk, device=dev)[None, :]
         self.topk = torch.where(cols <= p[:, None], idx, torch.full_like(idx, -1))
 
-    def builder_args(self, h, topk, bs, kv_dtype, mode, dev):
-        return dict(num_heads=h, block_size=bs, topk=topk, max_model_len=self.max_len, max_num_seqs=self.R,
-                    max_num_batched_tokens=self.T, kv_cache_dtype=kv_dtype, mode=mode, device=dev)
+    def config(self, h, topk, bs, kv_dtype, mode):
+        return smla.SparseMLAConfig(num_heads=h, kv_cache_dtype=kv_dtype, block_size=bs, topk=topk,
+                                    max_model_len=self.max_len, max_num_seqs=self.R,
+                                    max_num_batched_tokens=self.T, mode=mode)
 
 
 def run_step(torch, timer, step, h, topk, bs, kv_dtype, mode, dev, a, graph=False):
     from smla.layer import SparseMLAAttention
     from smla.metadata import SparseMLAMetadataBuilder
 
-    bargs = step.builder_args(h, topk, bs, kv_dtype, mode, dev)
-    builder = SparseMLAMetadataBuilder(**bargs)
-    attn = SparseMLAAttention(h, SCALE, **{k: v for k, v in bargs.items() if k not in ("num_heads", "device")})
+    cfg = step.config(h, topk, bs, kv_dtype, mode)
+    builder = SparseMLAMetadataBuilder.from_config(cfg, device=dev)
+    attn = SparseMLAAttention.from_config(cfg, SCALE)
     args = (step.dev["qsl"], step.dev["seq_lens"], step.dev["block_table"], step.dev["slot_mapping"])
     md = builder.build(*args, query_start_loc_cpu=step.host["qsl"], seq_lens_cpu=step.host["seq_lens"])
     torch.cuda.synchronize()

@@ -344,7 +344,7 @@ def test_layer_output_and_cache_shapes():
     for lse in (np.zeros((2, 8), np.float32), np.zeros(2, np.float32), np.zeros((1, 16), np.float32)):
         with pytest.raises(ValueError, match=r"^lse: expected \[2, 16\] "):
             attn.forward(*args, return_lse=True, lse=lse)
-    with pytest.raises(TypeError, match=r"^out: expected an array, got list"):
+    with pytest.raises(TypeError, match=r"^out: expected a NumPy array or an object with __dlpack__, got list"):
         attn.forward(*args, out=[[0.0]])
     for cache in (world.cache[:, :8], world.cache[..., :576], world.cache[0], world.cache[:0],
                   np.zeros((7, 16, 576), BF16)):  # another block size, a bf16 entry, 2-d, no blocks

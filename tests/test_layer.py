@@ -12,7 +12,7 @@ import pytest
 import reference as rp
 import smla
 from smla.layer import SparseMLAAttention
-from smla.metadata import SparseMLAMetadataBuilder
+from smla.metadata import SparseMLAConfig, SparseMLAMetadataBuilder
 
 BF16 = ml_dtypes.bfloat16
 SCALE = 192 ** -0.5 * (0.1 * math.log(40) + 1) ** 2  # DeepSeek-V3.2's model scale (YaRN mscale)
@@ -225,21 +225,51 @@ def test_split_and_mixed_agree_and_chunking():
                    rel_tol=rp.PREFILL_OUT_REL, cos_tol=rp.PREFILL_OUT_COS, name="mixed vs split")
 
 
-def test_split_layer_with_mixed_builder():
-    """A split layer plans the prefill chunks itself from metadata built in mixed mode."""
+def test_one_config_for_builder_and_layer():
+    """A stack makes one SparseMLAConfig and hands it to the builder and every layer."""
     rng = np.random.default_rng(3)
     world = World(rng, "fp8_ds_mla", max_reqs=3)
     world.write_context(0, 100)
     world.write_context(2, 50)
-    builder, _ = make(world, 16, 32, "mixed")
-    attn = SparseMLAAttention(16, SCALE, kv_cache_dtype="fp8_ds_mla", block_size=16, topk=32,
-                              max_model_len=512, max_num_seqs=3, max_num_batched_tokens=256, mode="split")
+    cfg = SparseMLAConfig(num_heads=16, kv_cache_dtype="fp8", block_size=16, topk=32, max_model_len=512,
+                          max_num_seqs=3, max_num_batched_tokens=256)
+    builder = SparseMLAMetadataBuilder.from_config(cfg, prefill_workspace_rows=60)
+    layers = [SparseMLAAttention.from_config(builder.config, SCALE), SparseMLAAttention.from_config(cfg, SCALE)]
+    assert all(layer.config is cfg and layer.mode == "split" for layer in layers) and builder.config is cfg
     st = world.step([(0, 1), (1, 13), (2, 4)], 16, 32)
     md = build(builder, st)
-    assert md.chunks is None
+    assert md.config is cfg and [(c.req_start, c.req_end) for c in md.chunks] == [(0, 1), (1, 2)]
+    for layer in layers:  # the second layer rewrites the same tokens and recomputes the same step
+        out, lse = layer.forward(st["q"], st["kv_c"], st["k_pe"], world.cache, st["topk"], md, return_lse=True)
+        check(out, lse, *world.expected(st), prefill_kernel_mask(layer, md, st["T"], world.cache), "from_config")
+    with pytest.raises(TypeError, match=r"^config: expected a SparseMLAConfig, got dict"):
+        SparseMLAAttention.from_config(dict(num_heads=16), SCALE)
+    with pytest.raises(TypeError, match=r"^softmax_scale: expected a real number, got str"):
+        SparseMLAAttention.from_config(cfg, "0.1")
+
+
+def test_forward_does_no_host_work(monkeypatch):
+    """build() plans everything (the split mode's prefill chunks too), so forward never reads an
+    array back to the host: with every host-copy and planning function made to raise, forward of a
+    split step with two workspace chunks still matches the oracle. The metadata holds no builder."""
+    rng = np.random.default_rng(12)
+    world = World(rng, "fp8_ds_mla", max_reqs=4)
+    for r in range(4):
+        world.write_context(r, 40 * r)
+    builder, attn = make(world, 16, 32, "split", ws_rows=150)
+    st = world.step([(0, 1), (1, 1), (2, 9), (3, 5)], 16, 32)
+    md = build(builder, st)
+    assert len(md.chunks) == 2
+    assert not any(isinstance(v, SparseMLAMetadataBuilder) for v in vars(md).values())
+
+    def no_host_work(*a, **k):
+        raise AssertionError("host work (a device->host copy or planning) inside forward")
+    for mod, name in ((smla.metadata, "_host"), (smla._arrays, "host_ints"), (smla.metadata, "split_prefill_chunks"),
+                      (smla.metadata, "split_decodes_and_prefills"), (SparseMLAMetadataBuilder, "build"),
+                      (SparseMLAMetadataBuilder, "_plan_prefill")):
+        monkeypatch.setattr(mod, name, no_host_work)
     out, lse = attn.forward(st["q"], st["kv_c"], st["k_pe"], world.cache, st["topk"], md, return_lse=True)
-    assert len(md.chunks) == 1
-    check(out, lse, *world.expected(st), prefill_kernel_mask(attn, md, st["T"], world.cache), "split/mixed-md")
+    check(out, lse, *world.expected(st), prefill_kernel_mask(attn, md, st["T"], world.cache), "no host work")
 
 
 @pytest.mark.parametrize("kv_dtype", ["fp8_ds_mla", "bf16"])
@@ -304,18 +334,38 @@ def test_layer_rejects_mismatched_metadata():
     builder, attn = make(world, 16, 32, "mixed")
     st = world.step([(0, 1), (1, 1)], 16, 32)
     md = build(builder, st)
-    other = SparseMLAAttention(32, SCALE, kv_cache_dtype="fp8_ds_mla", block_size=16, topk=32,
-                               max_model_len=512, max_num_seqs=2, max_num_batched_tokens=256)
-    with pytest.raises(ValueError, match="num_heads"):
-        other.forward(st["q"], st["kv_c"], st["k_pe"], world.cache, st["topk"], md)
-    with pytest.raises(ValueError, match="topk_indices"):
-        attn.forward(st["q"], st["kv_c"], st["k_pe"], world.cache, st["topk"][:, :16], md)
+    args = (st["q"], st["kv_c"], st["k_pe"], world.cache, st["topk"])
+    kw = dict(kv_cache_dtype="fp8_ds_mla", block_size=16, topk=32, max_model_len=512, max_num_seqs=2,
+              max_num_batched_tokens=256)
+    # a layer of another configuration: the message names every field that differs
+    for other, diff in ((SparseMLAAttention(32, SCALE, mode="mixed", **kw), r"num_heads: 16 vs 32;"),
+                        (SparseMLAAttention(16, SCALE, **kw), r"mode: 'mixed' vs 'split';"),
+                        (SparseMLAAttention(16, SCALE, **dict(kw, max_num_seqs=3, mode="mixed")),
+                         r"max_num_seqs: 2 vs 3;")):
+        with pytest.raises(ValueError, match=r"^md: built for another configuration \(" + diff):
+            other.forward(*args, md)
+    # an equal configuration made separately is the same configuration
+    SparseMLAAttention(16, SCALE, mode="mixed", **dict(kw, kv_cache_dtype="fp8")).forward(*args, md)
+    with pytest.raises(TypeError, match=r"^md: expected a SparseMLAMetadata"):
+        attn.forward(*args, None)
+    with pytest.raises(ValueError, match=r"^topk_indices: expected \[2, 32\]"):
+        attn.forward(*args[:4], st["topk"][:, :16], md)
+    with pytest.raises(ValueError, match=r"^q: expected \[2, 16, 576\] \(at least T = len\(md.slot_mapping\) = 2 "
+                                         r"rows\), got \[16, 576\]"):
+        attn.forward(st["q"][0], *args[1:], md)
+    with pytest.raises(ValueError, match=r"^kv_cache: expected \[num_blocks >= 1, 16, 656\].*got \[\]"):
+        attn.forward(*args[:3], world.cache[0, 0, 0, ...], st["topk"], md)  # 0-d
+    with pytest.raises(TypeError, match=r"^kv_c: expected a NumPy array"):
+        attn.forward(st["q"], None, *args[2:], md)
+    with pytest.raises(ValueError, match=r"^kv_cache: expected \[num_blocks >= 1, 16, 656\]"):
+        attn.forward(*args[:3], world.cache[:, :8], st["topk"], md)
     build(builder, st)
-    with pytest.raises(RuntimeError, match="stale"):
-        attn.forward(st["q"], st["kv_c"], st["k_pe"], world.cache, st["topk"], md)
-    with pytest.raises(ValueError, match="mode"):
-        SparseMLAAttention(16, SCALE, kv_cache_dtype="fp8_ds_mla", block_size=16, topk=32, max_model_len=512,
-                           max_num_seqs=2, max_num_batched_tokens=256, mode="fast")
+    with pytest.raises(RuntimeError, match="^md: stale"):
+        attn.forward(*args, md)
+    with pytest.raises(ValueError, match="^mode: "):
+        SparseMLAAttention(16, SCALE, **dict(kw, mode="fast"))
+    with pytest.raises(ValueError, match=r"^num_heads: expected an integer <= 128"):
+        SparseMLAAttention(smla.MAX_HEADS + 1, SCALE, **kw)
 
 
 def test_auto_mode_rule():
@@ -405,6 +455,36 @@ class TestCuda:
         smla.pack_kv(st["kv_c"][:T], st["k_pe"][:T], world.cache, st["slot_mapping"][:T], kv_cache_dtype=kv_dtype)
         got = _host_bits(cache) if kv_dtype == "bf16" else cache.cpu().numpy()
         rp.assert_cache_equal(got, world.cache, kv_dtype)
+
+    @pytest.mark.parametrize("cache_mode", [("fp8_ds_mla", "mixed"), ("fp8_ds_mla", "split"), ("bf16", "auto")],
+                             ids=["fp8-mixed", "fp8-split", "bf16"])
+    def test_forward_never_synchronises(self, cache_mode):
+        """forward of a step with decodes and prefills (split: two workspace chunks) under
+        torch.cuda.set_sync_debug_mode("error"), where a device->host copy or any other synchronising
+        torch call raises: build() did all the host work."""
+        import torch
+
+        kv_dtype, mode = cache_mode
+        rng = np.random.default_rng(14)
+        reqs = [(int(rng.integers(1, 2000)), 1) for _ in range(8)] + [(0, 100), (900, 60)]
+        world = self._world(rng, kv_dtype, reqs)
+        h, topk = 64, 256
+        st = world.step([(r, ql) for r, (_, ql) in enumerate(reqs)], h, topk)
+        dev = torch.device("cuda")
+        cache = _torch_bf16(torch, world.cache, dev)
+        builder, attn = make(world, h, topk, mode, max_tokens=512, ws_rows=1000, device="cuda")
+        md = builder.build(*(_torch_bf16(torch, st[k], dev) for k in ("qsl", "seq_lens", "block_table", "slot_mapping")),
+                           query_start_loc_cpu=st["qsl"], seq_lens_cpu=st["seq_lens"])
+        assert len(md.chunks) == (2 if attn.mode == "split" else 0)  # prefill rows 100 + 960 > 1000
+        args = [_torch_bf16(torch, st[k], dev) for k in ("q", "kv_c", "k_pe", "topk")]
+        torch.cuda.synchronize()
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            out, lse = attn.forward(*args[:3], cache, args[3], md, return_lse=True)
+        finally:
+            torch.cuda.set_sync_debug_mode(0)
+        check(_host_bits(out), lse.cpu().numpy(), *world.expected(st),
+              prefill_kernel_mask(attn, md, st["T"], cache), f"no sync {attn.mode}")
 
     @pytest.mark.parametrize("mode", ["mixed", "split"])
     def test_cupy(self, mode):

@@ -1,9 +1,14 @@
-"""smla.metadata: vLLM's split / chunk cases and random steps against a plain-Python model."""
+"""smla.metadata: vLLM's split / chunk cases and random steps against a plain-Python model; the
+SparseMLAConfig that the builder and the layer share."""
+import dataclasses
+
 import numpy as np
 import pytest
 
+from smla.config import MAX_HEADS
 from smla.metadata import (
     MIN_HEADS_FOR_SPLIT,
+    SparseMLAConfig,
     SparseMLAMetadataBuilder,
     req_id_per_token,
     resolve_mode,
@@ -115,6 +120,81 @@ def test_resolve_mode():
 
 
 # =============================================================================================
+# configuration
+# =============================================================================================
+
+CONFIG = dict(num_heads=64, kv_cache_dtype="fp8_ds_mla", block_size=16, topk=32, max_model_len=512,
+              max_num_seqs=16, max_num_batched_tokens=256)
+
+
+def test_config_validated_once():
+    cfg = SparseMLAConfig(**dict(CONFIG, num_heads=np.int64(MAX_HEADS), block_size=np.array(64),
+                                 kv_cache_dtype="fp8_e4m3"))
+    assert (cfg.num_heads, cfg.block_size, cfg.kv_cache_dtype, cfg.mode) == (MAX_HEADS, 64, "fp8_ds_mla", "split")
+    assert type(cfg.num_heads) is int and type(cfg.block_size) is int
+    assert cfg.max_blocks == 8 and SparseMLAConfig(**dict(CONFIG, max_model_len=513)).max_blocks == 33
+    assert cfg == SparseMLAConfig(**dict(CONFIG, num_heads=MAX_HEADS, block_size=64, mode="split"))
+    assert hash(cfg) == hash(dataclasses.replace(cfg))  # usable as a dict key by a serving stack
+    bf16 = SparseMLAConfig(**dict(CONFIG, kv_cache_dtype="auto", mode="mixed"))
+    assert (bf16.kv_cache_dtype, bf16.mode) == ("bf16", "bf16")
+    assert dataclasses.replace(bf16, topk=64).mode == "bf16"  # a resolved mode is accepted back
+    assert dataclasses.replace(cfg, mode="mixed").mode == "mixed"
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        cfg.topk = 64
+    with pytest.raises(TypeError):
+        SparseMLAConfig(64, "fp8_ds_mla", 16, 32, 512, 16, 256)  # keywords only: eight numbers in a row mix up
+    assert cfg.differences(cfg) == ""
+    other = dataclasses.replace(cfg, topk=64, mode="mixed")
+    assert cfg.differences(other) == "topk: 32 vs 64, mode: 'split' vs 'mixed'"
+
+
+CONFIG_REJECTS = [  # (field, value, exception, message)
+    ("num_heads", 0, ValueError, r"^num_heads: expected an integer >= 1, got 0"),
+    ("num_heads", MAX_HEADS + 1, ValueError, rf"^num_heads: expected an integer <= {MAX_HEADS}"),
+    ("num_heads", 16.0, TypeError, r"^num_heads: expected an integer, got float"),
+    ("num_heads", "16", TypeError, r"^num_heads: expected an integer, got str"),
+    ("block_size", 0, ValueError, r"^block_size: expected an integer >= 1"),
+    ("topk", None, TypeError, r"^topk: expected an integer, got NoneType"),
+    ("topk", -1, ValueError, r"^topk: expected an integer >= 1"),
+    ("max_model_len", 0, ValueError, r"^max_model_len: expected an integer >= 1"),
+    ("max_num_seqs", 2**31, ValueError, r"^max_num_seqs: expected an integer <= 2147483647"),
+    ("max_num_batched_tokens", np.float32(8), TypeError, r"^max_num_batched_tokens: expected an integer"),
+    ("kv_cache_dtype", "int8", ValueError, r"^kv_cache_dtype: expected \"bf16\" or \"fp8_ds_mla\", got 'int8'"),
+    ("kv_cache_dtype", 8, TypeError, r"^kv_cache_dtype: expected a str, got int"),
+    ("mode", "fast", ValueError, r"^mode: expected one of \('auto', 'mixed', 'split'\), got 'fast'"),
+    ("mode", "bf16", ValueError, r"^mode: expected one of"),  # "bf16" is a bf16 cache's plan only
+    ("mode", None, TypeError, r"^mode: expected a str, got NoneType"),
+]
+
+
+@pytest.mark.parametrize("name,value,exc,msg", CONFIG_REJECTS, ids=[f"{c[0]}={c[1]!r}" for c in CONFIG_REJECTS])
+def test_config_rejects(name, value, exc, msg):
+    with pytest.raises(exc, match=msg):
+        SparseMLAConfig(**dict(CONFIG, **{name: value}))
+    if name != "num_heads":  # the builder takes the same fields, validated by the same code
+        with pytest.raises(exc, match=msg):
+            SparseMLAMetadataBuilder(**dict(CONFIG, **{name: value}))
+
+
+def test_builder_from_config():
+    cfg = SparseMLAConfig(**CONFIG)
+    b = SparseMLAMetadataBuilder.from_config(cfg, decode_threshold=np.int32(2), prefill_workspace_rows=100,
+                                             device="cpu")
+    assert b.config is cfg and b.decode_threshold == 2 and b._prefill_ws.shape == (100, 576)
+    assert SparseMLAMetadataBuilder(**CONFIG).config == cfg
+    md = b.build(np.array([0, 2, 4]), np.array([3, 9]), np.zeros((2, 2), np.int32), np.arange(4))
+    assert md.config is cfg and md.decode_shape == (2, 2)
+    with pytest.raises(TypeError, match=r"^config: expected a SparseMLAConfig, got dict"):
+        SparseMLAMetadataBuilder.from_config(CONFIG)
+    for kw, exc, msg in ((dict(decode_threshold=0), ValueError, r"^decode_threshold: expected an integer >= 1"),
+                         (dict(decode_threshold="1"), TypeError, r"^decode_threshold: expected an integer"),
+                         (dict(prefill_workspace_rows=0), ValueError,
+                          r"^prefill_workspace_rows: expected an integer >= 1")):
+        with pytest.raises(exc, match=msg):
+            SparseMLAMetadataBuilder.from_config(cfg, **kw)
+
+
+# =============================================================================================
 # builder
 # =============================================================================================
 
@@ -209,6 +289,24 @@ def test_builder_rejects(bad):
         b.build(qsl, sl, bt, slots)
 
 
+def test_builder_rejects_non_arrays():
+    b = make_builder()
+    qsl, sl, bt, slots = np.array([0, 1, 3]), np.array([4, 5]), np.zeros((2, 4), np.int32), np.arange(3)
+    for i, name in enumerate(("seq_lens", "block_table", "slot_mapping")):
+        args = [qsl, sl, bt, slots]
+        args[1 + i] = args[1 + i].tolist()
+        with pytest.raises(TypeError, match=rf"^{name}: expected a NumPy array"):
+            b.build(*args)
+    with pytest.raises(TypeError, match=r"^query_start_loc: expected an array, got NoneType"):
+        b.build(None, sl, bt, slots)
+    with pytest.raises(TypeError, match=r"^query_start_loc: expected an integer array, got float64"):
+        b.build(qsl.astype(np.float64), sl, bt, slots)
+    with pytest.raises(ValueError, match=r"^block_table: expected 2 dimensions"):
+        b.build(qsl, sl, bt[0], slots)
+    md = b.build(qsl.tolist(), sl, bt, slots, seq_lens_cpu=sl.tolist())  # host offsets may be lists
+    assert md.num_tokens == 3
+
+
 def random_step(rng, max_seqs, max_tokens, max_len, threshold, block_size, pad=0):
     """A batch ordered decodes (uniform length <= threshold) then prefills."""
     nd = int(rng.integers(0, max_seqs + 1))
@@ -271,20 +369,36 @@ def test_builder_random_steps(seed):
         assert covered == list(range(ndt, T))
 
 
-def test_builder_mixed_mode_plans_prefill_on_demand():
+def test_builder_mixed_mode_makes_no_prefill_plan():
     b = make_builder(num_heads=16, mode="mixed", device="cpu")
     assert b.mode == "mixed" and b._prefill_ws is None
     md = b.build(np.array([0, 1, 5]), np.array([3, 9]), np.zeros((2, 2), np.int32), np.arange(5))
-    assert md.mode == "mixed" and md.prefill_workspace is None and md.chunks is None
+    assert md.mode == "mixed" and md.prefill_workspace is None and md.chunks == []
+    assert md.prefill_request_ids is None and md.prefill_workspace_starts is None
     assert (md.num_decodes, md.num_prefills) == (1, 1)
     assert md.decode_workspace_bytes == 0  # CPU
-    chunks = md.prefill_plan()  # what a split-mode layer does with this metadata
-    assert [(c.req_start, c.req_end, c.token_start, c.token_end, c.num_rows) for c in chunks] == [(0, 1, 1, 5, 9)]
-    np.testing.assert_array_equal(md.prefill_request_ids, [-1, 0, 0, 0, 0])
-    assert md.prefill_workspace.shape == (5 * 512, 576)
-    b.build(np.array([0, 1]), np.array([3]), np.zeros((1, 2), np.int32), np.arange(1))
-    with pytest.raises(RuntimeError, match="stale"):
-        b.plan_prefill(md)
+
+
+def test_metadata_goes_stale_at_the_next_build():
+    b = make_builder()
+    step = (np.array([0, 1, 5]), np.array([3, 9]), np.zeros((2, 2), np.int32), np.arange(5))
+    md = b.build(*step)
+    copy = dataclasses.replace(md)
+    assert not md.stale and not copy.stale and md.step == 1
+    with pytest.raises(ValueError, match="^query_start_loc"):  # rejected before any buffer changes
+        b.build(np.array([0, 2, 1]), *step[1:])
+    assert not md.stale
+    md2 = b.build(*step)
+    assert md.stale and copy.stale and not md2.stale and md2.step == 2
+
+
+def test_builder_split_padded_prefill_step_rejected():
+    b = make_builder()
+    with pytest.raises(ValueError, match=r"^slot_mapping: a padded step"):
+        b.build(np.array([0, 1, 5]), np.array([3, 9]), np.zeros((2, 2), np.int32), np.arange(7))
+    md = make_builder(mode="mixed").build(np.array([0, 1, 5]), np.array([3, 9]), np.zeros((2, 2), np.int32),
+                                          np.arange(7))
+    assert (md.num_tokens, md.num_padded_tokens) == (5, 7)  # mixed mode runs padded prefill steps
 
 
 def test_builder_device_query_start_loc_cpu():

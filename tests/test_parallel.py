@@ -401,8 +401,32 @@ def test_split_cache_by_owner(n, interleave, cd):
     only = split_cache_by_owner(d.cache, d.bt, d.seq_lens, dcp_size=n, interleave=interleave, seed=5,
                                 ranks=[n - 1], num_blocks=64)
     assert len(only) == 1 and only[0][0].shape[0] == 64
-    with pytest.raises(ValueError, match=r"^split_cache_by_owner: rank 0 needs \d+ blocks, num_blocks=1"):
+    with pytest.raises(ValueError, match=r"^num_blocks: rank 0 needs \d+ blocks, got 1"):
         split_cache_by_owner(d.cache, d.bt, d.seq_lens, dcp_size=1, num_blocks=1)
+
+
+SPLIT_REJECTS = [  # (keyword arguments over the dataset's, exception, message)
+    (dict(dcp_size=0), ValueError, r"^dcp_size: expected an integer >= 1, got 0"),
+    (dict(dcp_size=2.0), TypeError, r"^dcp_size: expected an integer, got float"),
+    (dict(interleave=0), ValueError, r"^interleave: expected an integer >= 1, got 0"),
+    (dict(ranks=[2]), ValueError, r"^ranks\[i\]: expected an integer <= 1, got 2"),
+    (dict(num_blocks="64"), TypeError, r"^num_blocks: expected an integer, got str"),
+    (dict(seq_lens=np.array(SEQ_LENS[:2])), ValueError, r"^block_table: \[3, \d+\] and seq_lens \[2\] disagree"),
+    (dict(seq_lens=np.array(SEQ_LENS, np.float32)), TypeError, r"^seq_lens: expected an integer array"),
+    (dict(block_table=None), TypeError, r"^block_table: expected an array, got NoneType"),
+    (dict(narrow=True), ValueError, r"^block_table: too narrow for seq_lens"),
+]
+
+
+@pytest.mark.parametrize("kw,exc,msg", SPLIT_REJECTS, ids=[str(i) for i in range(len(SPLIT_REJECTS))])
+def test_split_cache_by_owner_rejects(kw, exc, msg):
+    d = build_inputs("bf16", 16, 64)
+    args, kw = dict(block_table=d.bt, seq_lens=d.seq_lens, dcp_size=2), dict(kw)
+    if kw.pop("narrow", False):
+        args["block_table"] = d.bt[:, :2]  # request 0 has 1000 tokens in 16 blocks of 64
+    args.update(kw)
+    with pytest.raises(exc, match=msg):
+        split_cache_by_owner(d.cache, **args)
 
 
 # =============================================================================================

@@ -76,6 +76,7 @@ from .ops import (
 )
 
 from . import metadata
+from .config import D_NOPE, D_QK, D_ROPE, D_V, MAX_HEADS, SparseMLAConfig  # noqa: F401  (public constants)
 from .layer import SparseMLAAttention
 from .metadata import (
     SparseMLAMetadata,
@@ -85,8 +86,7 @@ from .metadata import (
     split_prefill_chunks,
 )
 
-D_NOPE, D_ROPE, D_QK, D_V = 512, 64, 576, 512
-FP8_ENTRY_BYTES = 656
+FP8_ENTRY_BYTES = kv_cache_shape(0, 1, "fp8_ds_mla")[2]  # kv_cache_shape owns the cache layouts
 
 
 def cuda_available() -> bool:
@@ -105,7 +105,7 @@ def build_info() -> dict[str, Any]:
 
 
 __all__ = [
-    "CudaError", "SparseMLAAttention", "SparseMLAMetadata", "SparseMLAMetadataBuilder", "build_info",
+    "CudaError", "SparseMLAAttention", "SparseMLAConfig", "SparseMLAMetadata", "SparseMLAMetadataBuilder", "build_info",
     "metadata", "req_id_per_token", "split_decodes_and_prefills", "split_prefill_chunks", "convert_topk_indices", "cuda_available", "filter_convert_dcp_indices",
     "gather_upconvert", "kv_cache_shape", "merge_attn_states", "pack_kv", "sparse_mla_decode",
     "sparse_mla_decode_workspace_size", "sparse_mla_prefill", "unpack_kv",

@@ -128,12 +128,12 @@ def demo(a):
 
     prog.start("building the layer and the step's metadata")
     from smla.layer import SparseMLAAttention
-    from smla.metadata import SparseMLAMetadataBuilder
+    from smla.metadata import SparseMLAConfig, SparseMLAMetadataBuilder
 
-    common = dict(block_size=bs, topk=K, max_model_len=ctx, max_num_seqs=R, max_num_batched_tokens=T,
-                  kv_cache_dtype=a.kv_cache_dtype)
-    builder = SparseMLAMetadataBuilder(num_heads=H, **common)
-    attn = SparseMLAAttention(H, scale, mode=a.mode, **common)
+    cfg = SparseMLAConfig(num_heads=H, kv_cache_dtype=a.kv_cache_dtype, block_size=bs, topk=K, max_model_len=ctx,
+                          max_num_seqs=R, max_num_batched_tokens=T, mode=a.mode)  # one for builder and layer
+    builder = SparseMLAMetadataBuilder.from_config(cfg)
+    attn = SparseMLAAttention.from_config(cfg, scale)
     md = builder.build(*md_in)
     prog.done()
 
@@ -180,7 +180,7 @@ def demo(a):
         ("cache", f"{a.kv_cache_dtype}, {num_blocks} blocks x {bs}"),
         ("batch", f"{nd} decodes + {npf} prefills x {plen} = {T} tokens"),
         ("shape", f"h={H}, topk={K}, d_qk=576, d_v=512"),
-        ("mode", attn.mode if hasattr(attn, "mode") else a.mode),
+        ("mode", attn.mode),
         ("step time", f"{step * 1e3:.3f} ms"),
         ("throughput", f"{flops / step / 1e12:.3f} TFLOP/s"),
         ("max rel. error (sample)", f"{worst:.2e}"),

@@ -132,3 +132,26 @@ def zeros(ref, shape, dtype):
     a = empty(ref, shape, dtype)
     a[...] = 0
     return a
+
+
+def host_ints(x, name, dtype=np.int64):
+    """A NumPy copy (or view) of an integer array of any framework, or of a list: the host index
+    arithmetic of the metadata and DCP helpers. A CUDA array is copied to the host, which
+    synchronises with its stream."""
+    if x is None:
+        raise TypeError(f"{name}: expected an array, got NoneType")
+    fw = "list" if isinstance(x, (list, tuple)) else framework(x)
+    if fw == "torch":
+        a = x.detach().cpu().numpy()
+    elif fw == "cupy":
+        import cupy
+
+        a = cupy.asnumpy(x)
+    elif fw in ("numpy", "list"):
+        a = np.asarray(x)
+    else:
+        check_array(x, name)
+        a = np.from_dlpack(x)
+    if a.dtype.kind not in "iu":
+        raise TypeError(f"{name}: expected an integer array, got {a.dtype}")
+    return a.astype(dtype, copy=False)

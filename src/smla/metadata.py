@@ -1,21 +1,22 @@
-"""Per-step batch metadata for the sparse MLA layer (docs/design.md section 6), with vLLM's semantics
-(docs/design.md section 6).
+"""Per-step batch metadata for the sparse MLA layer, with vLLM's semantics (docs/design.md section 6).
 
 A step's batch is ordered decodes first, then prefills. `SparseMLAMetadataBuilder` is made once per
-model: it allocates every reusable buffer at construction (sized by max_num_seqs /
-max_num_batched_tokens / topk / max_model_len) and `build()` fills them for one step and returns a
-`SparseMLAMetadata` whose arrays are views of those buffers. The next `build()` overwrites them, so
-a metadata object is valid until the next build (as in vLLM).
+model from the model's SparseMLAConfig: it allocates every reusable buffer at construction (sized by
+max_num_seqs / max_num_batched_tokens / topk / max_model_len) and `build()` fills them for one step
+and returns a `SparseMLAMetadata`, a plain record of the step whose arrays are views of those
+buffers. The next `build()` overwrites them and marks the record stale, so a metadata object is
+valid until the next build (as in vLLM).
 
-What build() does on the host: the split counts, req_id_per_token and (split mode with prefills)
-the prefill request ids, chunk-relative workspace starts and chunks are computed with NumPy from
-host copies of query_start_loc (and of seq_lens for the chunks), then uploaded (torch: through
-pinned staging buffers with non-blocking copies); block_table, seq_lens, query_start_loc and
-slot_mapping are copied device-to-device (or uploaded) into the builder's own buffers, so a captured
-CUDA graph keeps reading the same addresses with the same shapes. Pass `query_start_loc_cpu=` /
-`seq_lens_cpu=` (what a serving stack already has) to avoid device->host copies: a decode-only step
-never needs seq_lens on the host, so with `query_start_loc_cpu` it does not synchronise with the
-device (build() may wait for the upload of two steps before, see _put).
+All host work of a step happens in build(), never in the layer's forward: the split counts,
+req_id_per_token and (split mode with prefills) the prefill request ids, chunk-relative workspace
+starts and chunks are computed with NumPy from host copies of query_start_loc (and of seq_lens for
+the chunks), then uploaded (torch: through pinned staging buffers with non-blocking copies);
+block_table, seq_lens, query_start_loc and slot_mapping are copied device-to-device (or uploaded)
+into the builder's own buffers, so a captured CUDA graph keeps reading the same addresses with the
+same shapes. Given device arrays only, build() copies query_start_loc to the host, and seq_lens too
+for a split step with prefills: each copy synchronises with the device. Pass `query_start_loc_cpu=`
+/ `seq_lens_cpu=` (what a serving stack already has) to avoid them; then build() does not
+synchronise (it may wait for the upload of two steps before, see _put).
 
 Scratch shared by every layer of the model also lives here (converted indices, lse / max_logits
 scratch, the decode kernel's split-top-k workspace sized for the largest step at allocation, and
@@ -30,65 +31,24 @@ from typing import Any, Optional
 import numpy as np
 
 from . import _arrays
-from .ops import canonical_cache_dtype  # the package's one alias table
+from ._arrays import host_ints as _host
+from .config import D_QK, MIN_HEADS_FOR_SPLIT, SparseMLAConfig, expect_config, resolve_mode
+from .ops import _I32_MAX, _int, _shape, sparse_mla_decode_workspace_size
 
-__all__ = ["MIN_HEADS_FOR_SPLIT", "PrefillChunk", "SparseMLAMetadata", "SparseMLAMetadataBuilder",
-           "req_id_per_token", "resolve_mode", "split_decodes_and_prefills", "split_prefill_chunks"]
+__all__ = ["MIN_HEADS_FOR_SPLIT", "PrefillChunk", "SparseMLAConfig", "SparseMLAMetadata",
+           "SparseMLAMetadataBuilder", "req_id_per_token", "resolve_mode", "split_decodes_and_prefills",
+           "split_prefill_chunks"]
 
-D_QK = 576
 PREFILL_WORKSPACE_FACTOR = 5  # vLLM get_prefill_workspace_size: 5 * max_model_len rows of 576 bf16
-
-# mode="auto" for fp8 caches: "split" (decode kernel for decodes, bf16 prefill kernel over an
-# upconverted workspace for prefills) from this many heads up, "mixed" (decode kernel on the fp8
-# pages for every token) below. vLLM uses 32 (MIN_HEADS_FOR_BF16_PREFILL); on the H200
-# benchmarks/bench_layer.py measured split as fast or faster at every head count it tried
-# (h = 16, 64, 128; 1K-16K-token chunks; context 0 and 32K: mixed / split = 1.00-1.30), so split
-# is the default for every head count.
-MIN_HEADS_FOR_SPLIT = 1
-
-MODES = ("auto", "mixed", "split")
 
 # An array of any framework smla accepts: NumPy, or any DLPack producer (torch, CuPy, ...); host index
 # arguments may also be lists.
 Array = Any
 
 
-def resolve_mode(num_heads: int, kv_cache_dtype: str, mode: str = "auto") -> str:
-    """The attention plan of a layer: "bf16" (bf16 cache: prefill kernel over the paged rows; the
-    fp8 mode is ignored), else "mixed" or "split"; "auto" is "split" when num_heads >=
-    MIN_HEADS_FOR_SPLIT, else "mixed"."""
-    if mode not in MODES:
-        raise ValueError(f"mode: expected one of {MODES}, got {mode!r}")
-    if canonical_cache_dtype(kv_cache_dtype) == "bf16":
-        return "bf16"
-    if mode == "auto":
-        return "split" if num_heads >= MIN_HEADS_FOR_SPLIT else "mixed"
-    return mode
-
-
 # =============================================================================================
 # host-side helpers (vLLM's functions, on NumPy)
 # =============================================================================================
-
-def _host(x, name, dtype=np.int64):
-    """1-D host copy of x (NumPy, CPU DLPack, torch / CuPy CUDA: this copy synchronises)."""
-    if x is None:
-        raise ValueError(f"{name}: expected an array, got None")
-    fw = _arrays.framework(x) if not isinstance(x, (list, tuple)) else "list"
-    if fw == "torch":
-        a = x.detach().cpu().numpy()
-    elif fw == "cupy":
-        import cupy
-
-        a = cupy.asnumpy(x)
-    elif fw in ("numpy", "list"):
-        a = np.asarray(x)
-    else:
-        a = np.from_dlpack(x)
-    if a.dtype.kind not in "iu":
-        raise TypeError(f"{name}: expected an integer array, got {a.dtype}")
-    return a.astype(dtype, copy=False)
-
 
 def req_id_per_token(query_start_loc: Array) -> np.ndarray:
     """int32 [qsl[-1] - qsl[0]]: token t belongs to request r where qsl[r] <= t < qsl[r+1]."""
@@ -106,6 +66,7 @@ def split_decodes_and_prefills(query_start_loc: Array, *, decode_threshold: int 
     decode_threshold; with require_uniform the decodes must all have the first request's length
     (a longer or shorter one starts the prefills), and a batch whose lengths are all that length or
     0 (zero-token CUDA-graph padding) is all decodes."""
+    decode_threshold = _int(decode_threshold, "decode_threshold", 0)
     qsl = _host(query_start_loc, "query_start_loc").reshape(-1)
     num_reqs = qsl.shape[0] - 1
     if num_reqs <= 0:
@@ -132,6 +93,8 @@ def split_decodes_and_prefills(query_start_loc: Array, *, decode_threshold: int 
 def split_prefill_chunks(seq_lens: Array, workspace_size: int, request_offset: int = 0) -> list[tuple[int, int]]:
     """Greedy [(start, end), ...] of consecutive requests whose seq_lens sum to <= workspace_size
     (vLLM's split_prefill_chunks); every seq_len must fit on its own."""
+    workspace_size = _int(workspace_size, "workspace_size", 0)
+    request_offset = _int(request_offset, "request_offset", 0)
     sl = _host(seq_lens, "seq_lens").reshape(-1)
     if (sl > workspace_size).any():
         i = int(np.argmax(sl > workspace_size))
@@ -170,14 +133,21 @@ class PrefillChunk:
         return slice(self.token_start, self.token_end)
 
 
+class _BuildToken:
+    """Shared by one build()'s metadata (and any copy of it) and its builder, which sets `stale` at
+    its next build(): the metadata's arrays are views of buffers that build overwrites. A flag, not
+    a builder reference, so the metadata stays a plain record."""
+    __slots__ = ("stale",)
+
+    def __init__(self) -> None:
+        self.stale = False
+
+
 @dataclass
 class SparseMLAMetadata:
-    """One step's metadata. Array fields are views of the builder's buffers."""
-    mode: str                   # "bf16" | "mixed" | "split" (resolve_mode)
-    kv_cache_dtype: str
-    num_heads: int
-    block_size: int
-    topk: int
+    """One step's metadata: a plain record (no builder reference; nothing is computed on access).
+    Array fields are views of the builder's buffers."""
+    config: SparseMLAConfig     # the builder's configuration (the layer checks it is its own)
     num_reqs: int
     num_tokens: int             # query tokens of the requests: query_start_loc[-1]
     num_padded_tokens: int      # T = len(slot_mapping) >= num_tokens (CUDA-graph padding)
@@ -197,11 +167,11 @@ class SparseMLAMetadata:
     block_table: object         # [R, max_blocks] int32; columns past the caller's width hold -1
     slot_mapping: object        # [T] int32
     req_id_per_token: object    # [T] int32; padding tokens read request 0
-    # split-mode prefill plan: [] without prefills; None until planned (a builder of another mode)
+    # the split-mode prefill plan, made by build(): None / [] without a split step's prefills
     prefill_request_ids: object = None       # [T] int32: -1 for decode tokens, p for prefill p
     prefill_seq_lens: object = None          # [P] int32
     prefill_workspace_starts: object = None  # [P] int32, chunk-relative
-    chunks: Optional[list] = None
+    chunks: list = field(default_factory=list)  # PrefillChunk, in token order
     # scratch owned by the builder, shared by every layer that uses this metadata
     prefill_workspace: object = None         # [W, 576] bf16 (split mode) or None
     prefill_workspace_rows: int = 0
@@ -209,19 +179,22 @@ class SparseMLAMetadata:
     lse_scratch: object = None               # [T, h] f32
     max_logits_scratch: object = None        # [T, h] f32
     decode_workspace: object = None          # uint8 [>= decode_workspace_bytes] or None
-    decode_workspace_bytes: int = 0          # what this step's decode call needs (md.mode's plan)
-    builder: Any = field(default=None, repr=False)  # the SparseMLAMetadataBuilder that made it
-    step: int = 0
+    decode_workspace_bytes: int = 0          # what this step's decode call needs (the config's mode)
+    step: int = 0                            # the builder's build count
+    _token: _BuildToken = field(default_factory=_BuildToken, repr=False, compare=False)
+
+    @property
+    def mode(self) -> str:
+        return self.config.mode
 
     @property
     def is_decode_only(self) -> bool:
         return self.num_prefills == 0
 
-    def prefill_plan(self) -> list[PrefillChunk]:
-        """The split-mode prefill chunks, planned now if build() did not (builder of another mode)."""
-        if self.chunks is None:
-            self.builder.plan_prefill(self)
-        return self.chunks
+    @property
+    def stale(self) -> bool:
+        """True once the builder has built another step (this record's arrays are overwritten)."""
+        return self._token.stale
 
 
 # =============================================================================================
@@ -284,18 +257,16 @@ def _fill(dst, value):
     dst[...] = value
 
 
-def _shape(x):
-    return tuple(int(s) for s in x.shape)
-
-
 class SparseMLAMetadataBuilder:
     """Owns every reusable buffer of the sparse MLA layer and fills them per step (module docstring).
 
+    The configuration: the SparseMLAConfig fields as keywords, or one config object through
+    from_config (then hand the same object to SparseMLAAttention.from_config); `config` holds it.
     device: where the buffers live: "cpu" (NumPy), "cuda" / "cuda:N" / torch.device / int (torch,
     or CuPy with framework="cupy" or when torch is missing), or an array whose framework and device
     to use; allocated here. None: allocated by the first build(), next to its block_table.
-    mode: as SparseMLAAttention (resolve_mode); "split" makes build() plan the prefill chunks and
-    allocates the bf16 prefill workspace (prefill_workspace_rows, default 5 * max_model_len rows).
+    In "split" mode build() plans the prefill chunks and the builder allocates the bf16 prefill
+    workspace (prefill_workspace_rows, default 5 * max_model_len rows).
     decode_threshold: vLLM's reorder threshold (query length <= it: a decode; decodes must be
     uniform, require_uniform=True as in vLLM's FlashMLA sparse backend)."""
 
@@ -303,60 +274,68 @@ class SparseMLAMetadataBuilder:
                  max_num_batched_tokens: int, kv_cache_dtype: str, mode: str = "auto", decode_threshold: int = 1,
                  prefill_workspace_rows: Optional[int] = None, device: Any = None,
                  framework: Optional[str] = None) -> None:
-        for name, v in (("num_heads", num_heads), ("block_size", block_size), ("topk", topk),
-                        ("max_model_len", max_model_len), ("max_num_seqs", max_num_seqs),
-                        ("max_num_batched_tokens", max_num_batched_tokens),
-                        ("decode_threshold", decode_threshold)):
-            if int(v) < 1:
-                raise ValueError(f"{name}: expected >= 1, got {v}")
-        if not 1 <= num_heads <= 128:
-            raise ValueError(f"num_heads: expected 1..128, got {num_heads}")
-        self.num_heads = int(num_heads)
-        self.block_size = int(block_size)
-        self.topk = int(topk)
-        self.max_model_len = int(max_model_len)
-        self.max_num_seqs = int(max_num_seqs)
-        self.max_num_batched_tokens = int(max_num_batched_tokens)
-        self.kv_cache_dtype = canonical_cache_dtype(kv_cache_dtype)
-        self.mode = resolve_mode(self.num_heads, self.kv_cache_dtype, mode)
-        self.decode_threshold = int(decode_threshold)
-        self.max_blocks = -(-self.max_model_len // self.block_size)
-        self.prefill_workspace_rows = int(prefill_workspace_rows or
-                                          PREFILL_WORKSPACE_FACTOR * self.max_model_len)
+        self._setup(SparseMLAConfig(num_heads=num_heads, kv_cache_dtype=kv_cache_dtype, block_size=block_size,
+                                    topk=topk, max_model_len=max_model_len, max_num_seqs=max_num_seqs,
+                                    max_num_batched_tokens=max_num_batched_tokens, mode=mode),
+                    decode_threshold, prefill_workspace_rows, device, framework)
+
+    @classmethod
+    def from_config(cls, config: SparseMLAConfig, *, decode_threshold: int = 1,
+                    prefill_workspace_rows: Optional[int] = None, device: Any = None,
+                    framework: Optional[str] = None) -> SparseMLAMetadataBuilder:
+        """The builder of a model whose layers are made with SparseMLAAttention.from_config(config, ...)."""
+        builder = cls.__new__(cls)
+        builder._setup(expect_config(config), decode_threshold, prefill_workspace_rows, device, framework)
+        return builder
+
+    def _setup(self, config, decode_threshold, prefill_workspace_rows, device, framework):
+        self.config = config
+        self.decode_threshold = _int(decode_threshold, "decode_threshold", 1, _I32_MAX)
+        self.prefill_workspace_rows = (PREFILL_WORKSPACE_FACTOR * config.max_model_len
+                                       if prefill_workspace_rows is None else
+                                       _int(prefill_workspace_rows, "prefill_workspace_rows", 1, _I32_MAX))
         self._framework_hint = framework
         self._step = 0
+        self._token = _BuildToken()
         self._ref = None
         if device is not None:
             self._allocate(_ref_array(device, framework))
 
+    @property
+    def mode(self) -> str:
+        return self.config.mode
+
+    def __repr__(self) -> str:
+        return f"SparseMLAMetadataBuilder({self.config}, decode_threshold={self.decode_threshold})"
+
     # ---- buffers ---------------------------------------------------------------------------
 
     def _allocate(self, ref):
+        cfg = self.config
         self._ref = ref
         self._staging = {}
         self.framework = _arrays.framework(ref)
         self.is_cuda = self.framework != "numpy" and _arrays.is_cuda(ref)
         self.device_id = _arrays.device(ref)[1] if self.is_cuda else 0
-        S, T = self.max_num_seqs, self.max_num_batched_tokens
+        S, T, h = cfg.max_num_seqs, cfg.max_num_batched_tokens, cfg.num_heads
         emp = lambda shape, dt: _arrays.empty(ref, shape, dt)  # noqa: E731
         self._qsl = _arrays.zeros(ref, (S + 1,), "int32")
         self._seq_lens = _arrays.zeros(ref, (S,), "int32")
-        self._block_table = emp((S, self.max_blocks), "int32")
+        self._block_table = emp((S, cfg.max_blocks), "int32")
         _fill(self._block_table, -1)
         self._bt_dirty = 0  # widest caller block table copied so far (columns to reset to -1)
         self._slots = emp((T,), "int32")  # int32 holds every slot of a cache below 2**31 tokens
         _fill(self._slots, -1)
         self._req_id = _arrays.zeros(ref, (T,), "int32")
         self._req_id_host = np.zeros(T, np.int32)
-        self._indices = emp((T, self.topk), "int32")
-        self._lse = emp((T, self.num_heads), "float32")
-        self._max_logits = emp((T, self.num_heads), "float32")
+        self._indices = emp((T, cfg.topk), "int32")
+        self._lse = emp((T, h), "float32")
+        self._max_logits = emp((T, h), "float32")
         self._prefill_req = emp((T,), "int32")
         self._prefill_req_host = np.full(T, -1, np.int32)
         self._ws_starts = _arrays.zeros(ref, (S,), "int32")
-        self._prefill_ws = None
-        if self.mode == "split":
-            self.prefill_workspace()
+        self._prefill_ws = (emp((self.prefill_workspace_rows, D_QK), "bfloat16") if cfg.mode == "split"
+                            else None)
         self.max_decode_workspace_bytes = self._max_decode_workspace()
         self._decode_ws = (emp((self.max_decode_workspace_bytes,), "uint8")
                            if self.max_decode_workspace_bytes > 0 else None)
@@ -397,21 +376,13 @@ class SparseMLAMetadataBuilder:
             self._allocate(x[:0] if _arrays.framework(x) in ("torch", "cupy") else
                            _ref_array(f"cuda:{_arrays.device(x)[1]}", self._framework_hint))
 
-    def prefill_workspace(self) -> Array:
-        """The bf16 [prefill_workspace_rows, 576] split-mode workspace; allocated here on first use
-        when the builder's own mode is not "split" (then the first split step allocates)."""
-        if self._prefill_ws is None:
-            self._prefill_ws = _arrays.empty(self._ref, (self.prefill_workspace_rows, D_QK), "bfloat16")
-        return self._prefill_ws
-
     def decode_workspace_size(self, b: int, s_q: int) -> int:
         """Bytes the CUDA decode kernel wants for [b, s_q] on this builder's device (0 on the CPU)."""
         if self._ref is None or not self.is_cuda or b <= 0 or s_q <= 0:
             return 0
-        from .ops import sparse_mla_decode_workspace_size
-
-        return int(sparse_mla_decode_workspace_size(b, s_q, self.num_heads, self.topk,
-                                                    self.kv_cache_dtype, device_id=self.device_id))
+        cfg = self.config
+        return int(sparse_mla_decode_workspace_size(b, s_q, cfg.num_heads, cfg.topk, cfg.kv_cache_dtype,
+                                                    device_id=self.device_id))
 
     def _max_decode_workspace(self):
         """Largest decode workspace over every decode shape a step can use ([T, 1] for mixed / bf16,
@@ -419,11 +390,11 @@ class SparseMLAMetadataBuilder:
         captured graph."""
         if not self.is_cuda:
             return 0
-        T = self.max_num_batched_tokens
+        T = self.config.max_num_batched_tokens
         best = max(self.decode_workspace_size(t, 1) for t in range(1, T + 1))
-        if self.kv_cache_dtype == "fp8_ds_mla":
+        if self.config.mode == "split":
             for s in range(2, min(self.decode_threshold, T) + 1):
-                for b in range(1, min(self.max_num_seqs, T // s) + 1):
+                for b in range(1, min(self.config.max_num_seqs, T // s) + 1):
                     best = max(best, self.decode_workspace_size(b, s))
         return best
 
@@ -432,11 +403,13 @@ class SparseMLAMetadataBuilder:
     def build(self, query_start_loc: Array, seq_lens: Array, block_table: Array, slot_mapping: Array, *,
               query_start_loc_cpu: Optional[Array] = None, seq_lens_cpu: Optional[Array] = None
               ) -> SparseMLAMetadata:
-        """Metadata of one step. query_start_loc [R+1] (qsl[0] = 0), seq_lens [R] (context plus this
+        """Metadata of one step, with everything the layer's forward needs planned here (split mode:
+        the prefill chunks). query_start_loc [R+1] (qsl[0] = 0), seq_lens [R] (context plus this
         step's tokens), block_table [R' >= R, M <= ceil(max_model_len / block_size)], slot_mapping
         [T >= qsl[-1]] (tokens past qsl[-1] are CUDA-graph padding: they read request 0, and give
         them slot -1 so that nothing is written). The optional host copies avoid device->host
-        copies (module docstring)."""
+        copies (module docstring). Marks the previous step's metadata stale."""
+        cfg = self.config
         if self._ref is None:
             self._allocate_like(block_table)
         qsl_h = _host(query_start_loc_cpu if query_start_loc_cpu is not None else query_start_loc,
@@ -444,34 +417,38 @@ class SparseMLAMetadataBuilder:
         R = qsl_h.shape[0] - 1
         if R < 0 or (R > 0 and qsl_h[0] != 0) or (np.diff(qsl_h) < 0).any():
             raise ValueError("query_start_loc: expected non-decreasing offsets starting at 0")
-        if R > self.max_num_seqs:
-            raise ValueError(f"query_start_loc: {R} requests exceed max_num_seqs={self.max_num_seqs}")
+        if R > cfg.max_num_seqs:
+            raise ValueError(f"query_start_loc: {R} requests exceed max_num_seqs={cfg.max_num_seqs}")
         nt = int(qsl_h[-1]) if R > 0 else 0
-        if len(slot_mapping.shape) != 1 or int(slot_mapping.shape[0]) < nt:
-            raise ValueError(f"slot_mapping: expected [T >= {nt}] (query_start_loc[-1]), "
-                             f"got {_shape(slot_mapping)}")
-        T = int(slot_mapping.shape[0])
-        if T > self.max_num_batched_tokens:
+        T = _shape(slot_mapping, "slot_mapping", 1, "[T]")[0]
+        if T < nt:
+            raise ValueError(f"slot_mapping: expected [T >= {nt}] (query_start_loc[-1]), got {[T]}")
+        if T > cfg.max_num_batched_tokens:
             raise ValueError(f"slot_mapping: {T} tokens exceed max_num_batched_tokens="
-                             f"{self.max_num_batched_tokens}")
-        if _shape(seq_lens) != (R,):
-            raise ValueError(f"seq_lens: expected [{R}], got {_shape(seq_lens)}")
-        if len(block_table.shape) != 2 or block_table.shape[0] < R or block_table.shape[1] > self.max_blocks:
-            raise ValueError(f"block_table: expected [>= {R}, <= {self.max_blocks}], "
-                             f"got {_shape(block_table)}")
-        M = int(block_table.shape[1])
+                             f"{cfg.max_num_batched_tokens}")
+        if _shape(seq_lens, "seq_lens", 1, f"[{R}]") != (R,):
+            raise ValueError(f"seq_lens: expected [{R}], got {list(seq_lens.shape)}")
+        bt_shape = _shape(block_table, "block_table", 2, "[R, M]")
+        if bt_shape[0] < R or bt_shape[1] > cfg.max_blocks:
+            raise ValueError(f"block_table: expected [>= {R}, <= {cfg.max_blocks}], got {bt_shape}")
+        M = bt_shape[1]
         qlen = np.diff(qsl_h)
-
-        sl_h = None
-        if seq_lens_cpu is not None or isinstance(seq_lens, np.ndarray):
-            sl_h = _host(seq_lens_cpu if seq_lens_cpu is not None else seq_lens, "seq_lens").reshape(-1)
-            if sl_h.shape[0] != R:
-                raise ValueError(f"seq_lens_cpu: expected [{R}], got {sl_h.shape}")
-            if ((sl_h < qlen) | (sl_h > self.max_model_len)).any():
-                raise ValueError("seq_lens: every request needs query length <= seq_len <= max_model_len")
 
         first_prefill, num_prefills, num_decode_tokens, num_prefill_tokens = split_decodes_and_prefills(
             qsl_h, decode_threshold=self.decode_threshold, require_uniform=True)
+        split_prefills = cfg.mode == "split" and num_prefills > 0
+        if split_prefills and T != nt:
+            raise ValueError("slot_mapping: a padded step (T > query_start_loc[-1]) must be decode-only "
+                             "in split mode")
+        sl_h = None
+        if seq_lens_cpu is not None or isinstance(seq_lens, np.ndarray) or split_prefills:
+            # the chunks need seq_lens on the host: a device array is copied here (synchronises)
+            sl_h = _host(seq_lens_cpu if seq_lens_cpu is not None else seq_lens, "seq_lens").reshape(-1)
+            if sl_h.shape[0] != R:
+                raise ValueError(f"seq_lens_cpu: expected [{R}], got {list(sl_h.shape)}")
+            if ((sl_h < qlen) | (sl_h > cfg.max_model_len)).any():
+                raise ValueError("seq_lens: every request needs query length <= seq_len <= max_model_len")
+
         dql = int(qlen[0]) if first_prefill > 0 else 0
         num_decodes = num_decode_tokens // dql if dql > 0 else 0  # zero-token padding excluded
         if num_prefills == 0:
@@ -482,7 +459,7 @@ class SparseMLAMetadataBuilder:
 
         # ---- device buffers ----
         self._put(self._qsl, R + 1, qsl_h.astype(np.int32) if query_start_loc_cpu is not None
-              or isinstance(query_start_loc, (list, tuple)) else query_start_loc)
+                  or isinstance(query_start_loc, (list, tuple)) else query_start_loc)
         if R:
             self._put(self._seq_lens, R, seq_lens)
             if M:
@@ -497,12 +474,13 @@ class SparseMLAMetadataBuilder:
             self._put(self._slots, T, slot_mapping)
             self._put(self._req_id, T, h[:T])
         self._step += 1
+        self._token.stale = True  # the previous step's views now show this step
+        self._token = _BuildToken()
 
+        b, s = decode_shape if cfg.mode == "split" else (T, 1)
         md = SparseMLAMetadata(
-            mode=self.mode, kv_cache_dtype=self.kv_cache_dtype, num_heads=self.num_heads,
-            block_size=self.block_size, topk=self.topk, num_reqs=R, num_tokens=nt,
-            num_padded_tokens=T, max_query_len=int(qlen.max()) if R else 0,
-            num_decodes=num_decodes, num_prefills=num_prefills,
+            config=cfg, num_reqs=R, num_tokens=nt, num_padded_tokens=T,
+            max_query_len=int(qlen.max()) if R else 0, num_decodes=num_decodes, num_prefills=num_prefills,
             num_decode_tokens=num_decode_tokens, num_prefill_tokens=num_prefill_tokens,
             first_prefill_req=first_prefill, decode_query_len=dql, decode_shape=decode_shape,
             query_start_loc_cpu=qsl_h, seq_lens_cpu=sl_h,
@@ -512,28 +490,14 @@ class SparseMLAMetadataBuilder:
             prefill_workspace_rows=self.prefill_workspace_rows,
             indices=self._indices[:T], lse_scratch=self._lse[:T],
             max_logits_scratch=self._max_logits[:T], decode_workspace=self._decode_ws,
-            chunks=[] if num_prefills == 0 else None, builder=self, step=self._step)
-        b, s = decode_shape if self.mode == "split" else (T, 1)
-        md.decode_workspace_bytes = self.decode_workspace_size(b, s)
-        if self.mode == "split" and num_prefills:
-            self.plan_prefill(md, seq_lens)
+            decode_workspace_bytes=self.decode_workspace_size(b, s), step=self._step, _token=self._token)
+        if split_prefills:
+            self._plan_prefill(md)
         return md
 
-    def plan_prefill(self, md: SparseMLAMetadata, seq_lens: Optional[Array] = None) -> list[PrefillChunk]:
-        """Fill md's split-mode prefill fields: per-token prefill request ids, chunk-relative
-        workspace starts and the chunks (host work; reads seq_lens back from the device when no
-        host copy was given). build() calls it in split mode; a split layer calls it through
-        md.prefill_plan() for metadata of another mode."""
-        if md.builder is not self or md.step != self._step:
-            raise RuntimeError("stale metadata: its builder has built another step since")
-        if md.chunks is not None:
-            return md.chunks
-        if md.num_padded_tokens != md.num_tokens:
-            raise ValueError("slot_mapping: a padded step (T > query_start_loc[-1]) must be "
-                             "decode-only in split mode")
-        if md.seq_lens_cpu is None:
-            md.seq_lens_cpu = _host(seq_lens if seq_lens is not None else md.seq_lens,
-                                    "seq_lens").reshape(-1)  # device -> host: synchronises
+    def _plan_prefill(self, md: SparseMLAMetadata) -> None:
+        """Fill md's split-mode prefill fields on the host: per-token prefill request ids,
+        chunk-relative workspace starts and the chunks (part of build(), so forward has no host work)."""
         qsl_h, f, P, T = md.query_start_loc_cpu, md.first_prefill_req, md.num_prefills, md.num_padded_tokens
         p_sl = md.seq_lens_cpu[f:f + P]
         ids = self._prefill_req_host
@@ -543,10 +507,9 @@ class SparseMLAMetadataBuilder:
 
         starts = np.zeros(P, np.int64)
         starts[1:] = np.cumsum(p_sl[:-1])
-        chunks = []
         for s, e in split_prefill_chunks(p_sl, self.prefill_workspace_rows):
             starts[s:e] -= starts[s]  # chunk-relative rows (vLLM rebases in place)
-            chunks.append(PrefillChunk(
+            md.chunks.append(PrefillChunk(
                 req_start=s, req_end=e, token_start=int(qsl_h[f + s]), token_end=int(qsl_h[f + e]),
                 num_rows=int(p_sl[s:e].sum()), block_table=self._block_table[f + s:f + e],
                 seq_lens=self._seq_lens[f + s:f + e], workspace_starts=self._ws_starts[s:e],
@@ -555,6 +518,3 @@ class SparseMLAMetadataBuilder:
         md.prefill_request_ids = self._prefill_req[:T]
         md.prefill_seq_lens = self._seq_lens[f:f + P]
         md.prefill_workspace_starts = self._ws_starts[:P]
-        md.prefill_workspace = self.prefill_workspace()
-        md.chunks = chunks
-        return chunks

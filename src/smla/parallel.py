@@ -26,7 +26,8 @@ from typing import Any, Optional, Sequence
 import numpy as np
 import ml_dtypes
 
-from .ops import filter_convert_dcp_indices, sparse_mla_decode
+from ._arrays import framework, host_ints
+from .ops import _int, convert_topk_indices, filter_convert_dcp_indices, sparse_mla_decode
 
 __all__ = [
     "dcp_owner", "dcp_local_position", "dcp_global_position", "dcp_local_seq_lens",
@@ -75,7 +76,7 @@ def dcp_local_seq_lens(seq_lens: Pos, dcp_size: int, dcp_rank: int, interleave: 
 # =============================================================================================
 
 def _is_torch(x):
-    return type(x).__module__.startswith("torch")
+    return framework(x) == "torch"
 
 
 def _as_f32(x):
@@ -255,12 +256,6 @@ def dcp_decode(q: Array, local_kv_cache: Array, topk_indices: Array, req_id: Arr
 # building shards (tests, benchmarks)
 # =============================================================================================
 
-def _host(x):
-    if _is_torch(x):
-        return x.detach().cpu().numpy()
-    return np.asarray(x)
-
-
 def split_cache_by_owner(kv_cache: Array, block_table: Array, seq_lens: Array, *, dcp_size: int,
                          interleave: int = 1, ranks: Optional[Sequence[int]] = None,
                          num_blocks: Optional[int] = None, seed: Optional[int] = None
@@ -275,49 +270,52 @@ def split_cache_by_owner(kv_cache: Array, block_table: Array, seq_lens: Array, *
     owns. Local caches have num_blocks blocks (default: just enough), in the full cache's framework,
     dtype and device; blocks are handed out in request order, shuffled when seed is given."""
     bs = int(kv_cache.shape[1])
-    bt = _host(block_table).astype(np.int64)
-    lens = _host(seq_lens).astype(np.int64).reshape(-1)
+    size = _int(dcp_size, "dcp_size", 1)
+    il = _int(interleave, "interleave", 1)
+    bt = host_ints(block_table, "block_table", np.int32)
+    lens = host_ints(seq_lens, "seq_lens").reshape(-1)
     if bt.ndim != 2 or bt.shape[0] != lens.shape[0]:
-        raise ValueError(f"block_table {bt.shape} and seq_lens {lens.shape} disagree on the number of requests")
+        raise ValueError(f"block_table: {list(bt.shape)} and seq_lens {list(lens.shape)} disagree on the "
+                         "number of requests")
     torch_cache = _is_torch(kv_cache)
     if torch_cache:
         import torch
     result = []
-    for rank in range(dcp_size) if ranks is None else ranks:
-        llens = dcp_local_seq_lens(lens, dcp_size, rank, interleave)
+    for rank in range(size) if ranks is None else (_int(r, "ranks[i]", 0, size - 1) for r in ranks):
+        llens = dcp_local_seq_lens(lens, size, rank, il)
         nblk = -(-llens // bs)
         total = int(nblk.sum())
-        n = total if num_blocks is None else int(num_blocks)
+        n = total if num_blocks is None else _int(num_blocks, "num_blocks", 0)
         if n < total:
-            raise ValueError(f"split_cache_by_owner: rank {rank} needs {total} blocks, num_blocks={n}")
+            raise ValueError(f"num_blocks: rank {rank} needs {total} blocks, got {n}")
         ids = np.arange(n)
         if seed is not None:
             ids = np.random.default_rng([seed, rank]).permutation(n)
-        lbt = np.full((lens.shape[0], max(1, int(nblk.max(initial=0)))), -1, np.int64)
-        src_b, src_o, dst_b, dst_o = [], [], [], []
-        start = 0
+        lbt = np.full((lens.shape[0], max(1, int(nblk.max(initial=0)))), -1, np.int32)
+        firsts = np.cumsum(nblk) - nblk  # request r's blocks are ids[firsts[r]:firsts[r] + nblk[r]]
         for r in range(lens.shape[0]):
-            lbt[r, :nblk[r]] = ids[start:start + nblk[r]]
-            start += nblk[r]
-            lp = np.arange(llens[r])
-            g = dcp_global_position(lp, rank, dcp_size, interleave)
-            src_b.append(bt[r, g // bs])
-            src_o.append(g % bs)
-            dst_b.append(lbt[r, lp // bs])
-            dst_o.append(lp % bs)
-        sb, so, db, do = (np.concatenate(a) if a else np.zeros(0, np.int64) for a in (src_b, src_o, dst_b, dst_o))
+            lbt[r, :nblk[r]] = ids[firsts[r]:firsts[r] + nblk[r]]
+        # every local token: its request, local position and global position, as cache slots
+        req = np.repeat(np.arange(lens.shape[0], dtype=np.int32), llens)
+        lp = np.arange(req.shape[0]) - np.repeat(np.cumsum(llens) - llens, llens)
+        g = dcp_global_position(lp, rank, size, il)
+        src = convert_topk_indices(req, bt, g.astype(np.int32)[:, None], block_size=bs)[:, 0]
+        dst = convert_topk_indices(req, lbt, lp.astype(np.int32)[:, None], block_size=bs)[:, 0]
+        if (src < 0).any():
+            raise ValueError("block_table: too narrow for seq_lens (a position past its last column)")
+        (sb, so), (db, do) = divmod(src, bs), divmod(dst, bs)
         shape = (n,) + tuple(int(s) for s in kv_cache.shape[1:])
         if torch_cache:
             dev = kv_cache.device
             local = torch.zeros(shape, dtype=kv_cache.dtype, device=dev)
             t = lambda a: torch.as_tensor(a, device=dev)  # noqa: E731
             local[t(db), t(do)] = kv_cache[t(sb), t(so)]
-            lbt_out = torch.as_tensor(lbt.astype(np.int32), device=block_table.device if _is_torch(block_table) else dev)
+            lbt_out = torch.as_tensor(lbt, device=block_table.device if _is_torch(block_table) else dev)
             llens_out = torch.as_tensor(llens.astype(np.int32), device=lbt_out.device)
         else:
             cache = np.asarray(kv_cache)
             local = np.zeros(shape, cache.dtype)
             local[db, do] = cache[sb, so]
-            lbt_out, llens_out = lbt.astype(np.int32), llens.astype(np.int32)
+            lbt_out, llens_out = lbt, llens.astype(np.int32)
         result.append((local, lbt_out, llens_out))
     return result
