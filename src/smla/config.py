@@ -14,12 +14,10 @@ from .ops import _I32_MAX, _int, canonical_cache_dtype
 __all__ = ["D_NOPE", "D_QK", "D_ROPE", "D_V", "MAX_HEADS", "MIN_HEADS_FOR_SPLIT", "MODES", "SparseMLAConfig",
            "expect_config", "resolve_mode"]
 
-# The extension's head limit (SMLA_MAX_HEADS in csrc/core/smla.h); 128 for an extension built before
-# it exported the constant.
-MAX_HEADS: int = getattr(_C, "MAX_HEADS", 128)
-# DeepSeek-V3.2's latent head: q and k are nope + rope wide, values are the nope part.
-D_NOPE, D_ROPE = 512, 64
-D_QK, D_V = D_NOPE + D_ROPE, D_NOPE
+# Defined once in csrc/core/smla.h and exported by the extension: the head limit (SMLA_MAX_HEADS) and
+# DeepSeek-V3.2's latent head (q and k are nope + rope wide, values are the nope part).
+MAX_HEADS: int = _C.MAX_HEADS
+D_NOPE, D_ROPE, D_QK, D_V = _C.D_NOPE, _C.D_ROPE, _C.D_QK, _C.D_V
 
 # mode="auto" for fp8 caches: "split" (decode kernel for decodes, bf16 prefill kernel over an
 # upconverted workspace for prefills) from this many heads up, "mixed" (decode kernel on the fp8
