@@ -1,8 +1,9 @@
 // pack_kv: write T tokens (kv_c [T,512] bf16, k_pe [T,64] bf16) into a paged cache at slot_mapping.
 // One warp per token; every warp-wide access is contiguous (lane l owns 16-byte pieces l and 32+l of
 // the latent row, lanes 0..7 the k_pe row). fp8_ds_mla tiles are 16 lanes wide, so the tile amax is a
-// 16-lane shuffle reduction. Numerics as csrc/cpu/pack_kv.c: amax = fmaxf over |x| (NaN ignored),
-// s = rule(amax / 448) with IEEE division, byte = e4m3_satfinite_rne(x / s).
+// 16-lane shuffle reduction. The rules are core/fp8_ds_mla.h's, shared with csrc/cpu/pack_kv.c:
+// amax = fmaxf over |x| (NaN ignored), s = smla_fp8_scale(amax, rule), byte = smla_fp8_quant(x, s), here
+// in its vector form quant8.
 // Slots: negative ones are padding and skipped, as on the CPU. A slot >= num_blocks * block_size is
 // also skipped here (nothing is written), where the CPU raises: the slots live on the device, and
 // reporting one would need a sync (or a device flag read back later) on a path that must stay
@@ -26,21 +27,14 @@ __device__ __forceinline__ uint4 load_rope(const uint16_t *p, bool vec)
     return vec ? ld16_u16<true>(p) : ld16_u16<false>(p);
 }
 
-__device__ __forceinline__ float tile_scale(float amax, int rule)
-{
-    float r = __fdiv_rn(amax, 448.0f);
-    if (rule == SMLA_SCALE_POW2) return smla_dev_pow2_ceil(fmaxf(r, 1e-4f));
-    return fmaxf(r, 1.17549435e-38f); // FLT_MIN
-}
-
-// 8 bf16 (one uint4) -> 8 floats.
+// 8 bf16 (one uint4, low half first) -> 8 floats.
 __device__ __forceinline__ void bf16x8_to_f32(uint4 v, float f[8])
 {
     const uint32_t w[4] = {v.x, v.y, v.z, v.w};
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
-        f[2 * i] = __uint_as_float(w[i] << 16);
-        f[2 * i + 1] = __uint_as_float(w[i] & 0xffff0000u);
+        f[2 * i] = smla_bf16_to_f32(static_cast<uint16_t>(w[i]));
+        f[2 * i + 1] = smla_bf16_to_f32(static_cast<uint16_t>(w[i] >> 16));
     }
 }
 
@@ -52,9 +46,10 @@ __device__ __forceinline__ float absmax8(const float f[8])
     return m;
 }
 
-// e4m3_satfinite_rne(x / s) for 8 values -> 8 bytes. With a power-of-two s (pow2 rule, s <= 2^120 or
-// Inf) 1/s is exact, so x * (1/s) is the same correctly rounded value as x / s, bit for bit (Inf/NaN
-// included: x * 0 = x / Inf for finite x, Inf * 0 and Inf / Inf are NaN); the legacy fp32 rule divides.
+// smla_fp8_quant(x, s) = e4m3_satfinite_rne(x / s) for 8 values -> 8 bytes. With a power-of-two s (pow2
+// rule, s <= 2^120 or Inf) 1/s is exact, so x * (1/s) is the same correctly rounded value as x / s, bit
+// for bit (Inf/NaN included: x * 0 = x / Inf for finite x, Inf * 0 and Inf / Inf are NaN); the legacy
+// fp32 rule divides.
 __device__ __forceinline__ uint2 quant8(const float f[8], float s, bool pow2)
 {
     const float inv = __frcp_rn(s);
@@ -80,7 +75,7 @@ __global__ void __launch_bounds__(kWarpsPerBlock * kWarp) pack_fp8_kernel(smla_p
     const int lane = threadIdx.x & 31;
     const int64_t t = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + (threadIdx.x >> 5);
     if (t >= p.num_tokens) return;
-    uint8_t *e = cache_entry(p.cache, load_slot<I64>(p.slot_mapping, t));
+    uint8_t *e = smla_cache_entry(&p.cache, load_slot<I64>(p.slot_mapping, t));
     if (e == nullptr) return; // padded / invalid slot: nothing is written
 
     const uint16_t *x = p.kv_c + t * p.kv_c_stride;
@@ -99,7 +94,7 @@ __global__ void __launch_bounds__(kWarpsPerBlock * kWarp) pack_fp8_kernel(smla_p
         ma = fmaxf(ma, __shfl_xor_sync(kFullMask, ma, o));
         mb = fmaxf(mb, __shfl_xor_sync(kFullMask, mb, o));
     }
-    const float sa = tile_scale(ma, p.scale_rule), sb = tile_scale(mb, p.scale_rule);
+    const float sa = smla_fp8_scale(ma, p.scale_rule), sb = smla_fp8_scale(mb, p.scale_rule);
 
     const bool pow2 = p.scale_rule == SMLA_SCALE_POW2;
     st8<VOUT>(e + 8 * lane, quant8(fa, sa, pow2));
@@ -117,7 +112,7 @@ __global__ void __launch_bounds__(kWarpsPerBlock * kWarp) pack_bf16_kernel(smla_
     const int lane = threadIdx.x & 31;
     const int64_t t = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + (threadIdx.x >> 5);
     if (t >= p.num_tokens) return;
-    uint8_t *e = cache_entry(p.cache, load_slot<I64>(p.slot_mapping, t));
+    uint8_t *e = smla_cache_entry(&p.cache, load_slot<I64>(p.slot_mapping, t));
     if (e == nullptr) return;
 
     const uint16_t *x = p.kv_c + t * p.kv_c_stride;
