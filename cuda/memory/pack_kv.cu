@@ -69,8 +69,9 @@ __device__ __forceinline__ uint2 quant8(const float f[8], float s, bool pow2)
     return make_uint2(w[0], w[1]);
 }
 
-template <bool VIN, bool VOUT, bool I64>
-__global__ void __launch_bounds__(kWarpsPerBlock * kWarp) pack_fp8_kernel(smla_pack_kv_params p, bool rope_vec)
+// One token per warp: the same loads for both cache dtypes, then an fp8_ds_mla or a bf16 entry.
+template <int DT, bool VIN, bool VOUT, bool I64>
+__global__ void __launch_bounds__(kWarpsPerBlock * kWarp) pack_kernel(smla_pack_kv_params p, bool rope_vec)
 {
     const int lane = threadIdx.x & 31;
     const int64_t t = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + (threadIdx.x >> 5);
@@ -84,54 +85,41 @@ __global__ void __launch_bounds__(kWarpsPerBlock * kWarp) pack_fp8_kernel(smla_p
     uint4 vr;
     if (lane < 8) vr = load_rope(p.k_pe + t * p.k_pe_stride + 8 * lane, rope_vec);
 
-    float fa[8], fb[8];
-    bf16x8_to_f32(va, fa);
-    bf16x8_to_f32(vb, fb);
-    // lanes 0-15 hold tiles 0 (fa) and 2 (fb), lanes 16-31 tiles 1 and 3
-    float ma = absmax8(fa), mb = absmax8(fb);
+    if constexpr (DT == SMLA_CACHE_BF16) {
+        st16<VOUT>(e + 16 * lane, va);
+        st16<VOUT>(e + 512 + 16 * lane, vb);
+        if (lane < 8) st16<VOUT>(e + 1024 + 16 * lane, vr);
+    } else {
+        float fa[8], fb[8];
+        bf16x8_to_f32(va, fa);
+        bf16x8_to_f32(vb, fb);
+        // lanes 0-15 hold tiles 0 (fa) and 2 (fb), lanes 16-31 tiles 1 and 3
+        float ma = absmax8(fa), mb = absmax8(fb);
 #pragma unroll
-    for (int o = 8; o > 0; o >>= 1) {
-        ma = fmaxf(ma, __shfl_xor_sync(kFullMask, ma, o));
-        mb = fmaxf(mb, __shfl_xor_sync(kFullMask, mb, o));
+        for (int o = 8; o > 0; o >>= 1) {
+            ma = fmaxf(ma, __shfl_xor_sync(kFullMask, ma, o));
+            mb = fmaxf(mb, __shfl_xor_sync(kFullMask, mb, o));
+        }
+        const float sa = smla_fp8_scale(ma, p.scale_rule), sb = smla_fp8_scale(mb, p.scale_rule);
+
+        const bool pow2 = p.scale_rule == SMLA_SCALE_POW2;
+        st8<VOUT>(e + 8 * lane, quant8(fa, sa, pow2));
+        st8<VOUT>(e + 256 + 8 * lane, quant8(fb, sb, pow2));
+        if ((lane & 15) == 0) {
+            st4<VOUT>(e + SMLA_FP8_SCALE_OFF + 4 * (lane >> 4), smla_f32_to_bits(sa));
+            st4<VOUT>(e + SMLA_FP8_SCALE_OFF + 8 + 4 * (lane >> 4), smla_f32_to_bits(sb));
+        }
+        if (lane < 8) st16<VOUT>(e + SMLA_FP8_ROPE_OFF + 16 * lane, vr);
     }
-    const float sa = smla_fp8_scale(ma, p.scale_rule), sb = smla_fp8_scale(mb, p.scale_rule);
-
-    const bool pow2 = p.scale_rule == SMLA_SCALE_POW2;
-    st8<VOUT>(e + 8 * lane, quant8(fa, sa, pow2));
-    st8<VOUT>(e + 256 + 8 * lane, quant8(fb, sb, pow2));
-    if ((lane & 15) == 0) {
-        st4<VOUT>(e + SMLA_FP8_SCALE_OFF + 4 * (lane >> 4), __float_as_uint(sa));
-        st4<VOUT>(e + SMLA_FP8_SCALE_OFF + 8 + 4 * (lane >> 4), __float_as_uint(sb));
-    }
-    if (lane < 8) st16<VOUT>(e + SMLA_FP8_ROPE_OFF + 16 * lane, vr);
-}
-
-template <bool VIN, bool VOUT, bool I64>
-__global__ void __launch_bounds__(kWarpsPerBlock * kWarp) pack_bf16_kernel(smla_pack_kv_params p, bool rope_vec)
-{
-    const int lane = threadIdx.x & 31;
-    const int64_t t = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + (threadIdx.x >> 5);
-    if (t >= p.num_tokens) return;
-    uint8_t *e = smla_cache_entry(&p.cache, load_slot<I64>(p.slot_mapping, t));
-    if (e == nullptr) return;
-
-    const uint16_t *x = p.kv_c + t * p.kv_c_stride;
-    uint4 va = ld16_u16<VIN>(x + 8 * lane);
-    uint4 vb = ld16_u16<VIN>(x + 256 + 8 * lane);
-    uint4 vr;
-    if (lane < 8) vr = load_rope(p.k_pe + t * p.k_pe_stride + 8 * lane, rope_vec);
-    st16<VOUT>(e + 16 * lane, va);
-    st16<VOUT>(e + 512 + 16 * lane, vb);
-    if (lane < 8) st16<VOUT>(e + 1024 + 16 * lane, vr);
 }
 
 template <bool VIN, bool VOUT, bool I64> void launch(const smla_pack_kv_params &p, bool rope_vec, dim3 grid,
                                                      dim3 block, cudaStream_t s)
 {
     if (p.cache.dtype == SMLA_CACHE_FP8_DS_MLA)
-        pack_fp8_kernel<VIN, VOUT, I64><<<grid, block, 0, s>>>(p, rope_vec);
+        pack_kernel<SMLA_CACHE_FP8_DS_MLA, VIN, VOUT, I64><<<grid, block, 0, s>>>(p, rope_vec);
     else
-        pack_bf16_kernel<VIN, VOUT, I64><<<grid, block, 0, s>>>(p, rope_vec);
+        pack_kernel<SMLA_CACHE_BF16, VIN, VOUT, I64><<<grid, block, 0, s>>>(p, rope_vec);
 }
 
 template <bool VIN, bool VOUT> void launch_slots(const smla_pack_kv_params &p, bool rope_vec, dim3 grid,
