@@ -36,14 +36,6 @@ static inline void smla_dequant_row_bf16(const smla_cache *c, const uint8_t *ent
     memcpy(out + SMLA_D_NOPE, entry + SMLA_FP8_ROPE_OFF, 2 * SMLA_D_ROPE);
 }
 
-/* The same row as floats: exactly the float value of each bf16 that smla_dequant_row_bf16 gives. */
-static inline void smla_dequant_row_f32(const smla_cache *c, const uint8_t *entry, float out[SMLA_D_QK])
-{
-    uint16_t bits[SMLA_D_QK];
-    smla_dequant_row_bf16(c, entry, bits);
-    for (int i = 0; i < SMLA_D_QK; i++) out[i] = smla_bf16_to_f32(bits[i]);
-}
-
 /* ---- fast paths (docs/design.md: the same bits as the scalar rule, on every path) ----
  *
  * Portable: float(e4m3) from numerics.h's table of float32 bit patterns.
