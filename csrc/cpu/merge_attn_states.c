@@ -9,7 +9,7 @@
  * round_dtype: bf16 / f16 round to nearest even (core/number_formats.h, shared with the GPU). */
 /* Bit-exactness with the CUDA twin needs every float op rounded on its own. setup.py builds with
  * -std=gnu11, where GCC's default is -ffp-contract=fast (a*b + c*d may become an FMA on FMA-capable
- * targets), so turn contraction off for this file (clang: merge_math.h's STDC pragma). */
+ * targets), so turn contraction off for this file (clang: core/number_formats.h's STDC pragma). */
 #if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC optimize("fp-contract=off")
 #endif
