@@ -29,39 +29,20 @@ static inline cudaStream_t smla_stream(void *s) { return reinterpret_cast<cudaSt
 
 static inline int64_t smla_ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
-// ---- number formats on the device (bit-exact with csrc/cpu/numerics.h) ----
-__device__ __forceinline__ float smla_dev_bf16_to_f32(uint16_t h)
-{
-    return __uint_as_float(static_cast<uint32_t>(h) << 16);
-}
+// ---- number formats on the device: the scalar conversions and the fp8_ds_mla rules are csrc/core's
+// (number_formats.h, fp8_ds_mla.h, host+device, through core/params.h); these are their vector twins ----
 
-__device__ __forceinline__ uint16_t smla_dev_f32_to_bf16(float f)
-{
-    return __bfloat16_as_ushort(__float2bfloat16_rn(f));
-}
-
-__device__ __forceinline__ float smla_dev_e4m3_to_f32(uint8_t b)
-{
-    __nv_fp8_e4m3 v;
-    v.__x = b;
-    return static_cast<float>(v);
-}
-
-__device__ __forceinline__ uint8_t smla_dev_f32_to_e4m3(float f)
-{
-    return static_cast<uint8_t>(__nv_cvt_float_to_fp8(f, __NV_SATFINITE, __NV_E4M3));
-}
-
-// Two bf16 (low half first) from two floats, each RNE, in one cvt.rn.bf16x2.f32 (NaN -> 0x7fff). The
-// only GPU packer: the memory ops and both attention kernels use it.
+// Two bf16 (low half first) from two floats, each RNE (smla_f32_to_bf16 twice), in one
+// cvt.rn.bf16x2.f32 (NaN -> 0x7fff). The only GPU packer: the memory ops and both attention kernels use it.
 __device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi)
 {
     __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
     return *reinterpret_cast<uint32_t *>(&v);
 }
 
-// The fp8_ds_mla read rule on the GPU (docs/design.md section 3), the one definition every kernel uses:
-// two e4m3 bytes (low byte first) times the tile scale -> two bf16 (low first), bf16_rne(float(e4m3) * s).
+// The fp8_ds_mla read rule on the GPU (docs/design.md section 3; core/fp8_ds_mla.h's smla_fp8_dequant on
+// two values), the one form every kernel uses: two e4m3 bytes (low byte first) times the tile scale -> two
+// bf16 (low first), bf16_rne(float(e4m3) * s).
 // e4m3 -> f16 -> f32 is exact, the product is one fp32 rounding, the bf16 conversion one RNE.
 __device__ __forceinline__ uint32_t dequant_e4m3x2(uint32_t two, float s)
 {
@@ -75,16 +56,4 @@ __device__ __forceinline__ uint4 dequant8(uint2 e, float s)
 {
     return make_uint4(dequant_e4m3x2(e.x, s), dequant_e4m3x2(e.x >> 16, s), dequant_e4m3x2(e.y, s),
                       dequant_e4m3x2(e.y >> 16, s));
-}
-
-// Smallest power of two >= x for finite positive x; Inf stays Inf (matches smla_pow2_ceil).
-__device__ __forceinline__ float smla_dev_pow2_ceil(float x)
-{
-    uint32_t u = __float_as_uint(x);
-    if (u >= 0x7f800000u) return x;
-    if (u & 0x007fffffu) {
-        if (u < 0x00800000u) return __uint_as_float(0x00800000u);
-        u = (u & 0x7f800000u) + 0x00800000u;
-    }
-    return __uint_as_float(u);
 }

@@ -7,6 +7,7 @@
 #define SMLA_PARAMS_H
 
 #include "smla.h"
+#include "fp8_ds_mla.h"
 
 #ifdef __cplusplus
 extern "C" {

@@ -15,11 +15,7 @@ extern "C" {
 #define SMLA_D_ROPE 64      /* rope_dim */
 #define SMLA_D_QK 576       /* d_qk = 512 + 64 */
 #define SMLA_D_V 512
-#define SMLA_FP8_ENTRY 656  /* bytes per token in fp8_ds_mla */
-#define SMLA_FP8_SCALE_OFF 512
-#define SMLA_FP8_ROPE_OFF 528
-#define SMLA_FP8_TILE 128   /* latent values per fp32 scale */
-#define SMLA_FP8_NUM_TILES 4
+/* The fp8_ds_mla entry layout (SMLA_FP8_*) and scale rules (SMLA_SCALE_*): core/fp8_ds_mla.h. */
 
 /* Limits, one owner each: the checks at the edge (csrc/python) and the kernels use these names, and the
  * Python layer reads them from the extension (smla._C.MAX_HEADS). */
@@ -77,9 +73,6 @@ typedef enum { SMLA_DEV_CPU = 1, SMLA_DEV_CUDA = 2 } smla_device;
 
 /* KV cache layouts (docs/design.md section 3). */
 typedef enum { SMLA_CACHE_BF16 = 0, SMLA_CACHE_FP8_DS_MLA = 1 } smla_cache_dtype;
-
-/* fp8_ds_mla writer scale rules. */
-typedef enum { SMLA_SCALE_POW2 = 0, SMLA_SCALE_FP32 = 1 } smla_scale_rule;
 
 #ifdef __cplusplus
 }

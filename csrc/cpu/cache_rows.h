@@ -1,51 +1,21 @@
-/* Private helpers of the CPU kernels: addressing one token of a paged smla_cache and dequantising
- * it (docs/design.md section 3). Shared by unpack_kv, gather_upconvert, pack_kv and the CPU attention
- * kernels so that every reader produces the same bits.
+/* Private helpers of the CPU kernels: dequantising one token of a paged smla_cache into a 576-value row
+ * (docs/design.md section 3). Shared by unpack_kv, gather_upconvert and the CPU attention kernels so that
+ * every reader produces the same bits; slot addressing is core/index_rules.h's (smla_cache_entry, shared
+ * with the GPU).
  *
- * Dequant of fp8_ds_mla value i: bf16_rne(float(e4m3[i]) * scale[i / 128]) (one fp32 multiply, then
- * one rounding; the CUDA twin does the same and nothing can be contracted). The k_pe part and the
- * whole bf16 entry are copied bit for bit. Entries are read with memcpy: an entry may sit at any byte
- * offset (entry_stride / block_stride are only byte counts). Scales are little-endian fp32 and bf16
- * values are stored in host order; smla targets little-endian hosts only (x86-64, aarch64). */
+ * Dequant of fp8_ds_mla value i is core/fp8_ds_mla.h's read rule, smla_fp8_dequant(e4m3[i],
+ * scale[i / 128]) = bf16_rne(float(e4m3[i]) * scale[i / 128]); the fast paths below are its twins. The
+ * k_pe part and the whole bf16 entry are copied bit for bit. Entries are read with memcpy: an entry may
+ * sit at any byte offset (entry_stride / block_stride are only byte counts). Scales are little-endian
+ * fp32 and bf16 values are stored in host order; smla targets little-endian hosts only (x86-64, aarch64). */
 #ifndef SMLA_CPU_CACHE_ROWS_H
 #define SMLA_CPU_CACHE_ROWS_H
 
 #include <stdint.h>
 #include <string.h>
 
-#include "core/params.h"
+#include "core/index_rules.h"
 #include "numerics.h"
-
-/* Bytes of one entry for a cache dtype; 0 for an unknown dtype. */
-static inline int64_t smla_cache_entry_bytes(int dtype)
-{
-    if (dtype == SMLA_CACHE_FP8_DS_MLA) return SMLA_FP8_ENTRY;
-    if (dtype == SMLA_CACHE_BF16) return 2 * SMLA_D_QK;
-    return 0;
-}
-
-/* Writable address of the entry of `slot`, or NULL when slot is outside [0, num_blocks*block_size).
- * Divides instead of multiplying num_blocks * block_size so that no int64 value can overflow. */
-static inline uint8_t *smla_cache_row_mut(const smla_cache *c, int64_t slot)
-{
-    if (slot < 0 || c->block_size <= 0) return NULL;
-    int64_t blk = slot / c->block_size, off = slot % c->block_size;
-    if (blk >= c->num_blocks) return NULL;
-    return (uint8_t *)c->data + blk * c->block_stride + off * c->entry_stride;
-}
-
-static inline const uint8_t *smla_cache_row(const smla_cache *c, int64_t slot)
-{
-    return smla_cache_row_mut(c, slot);
-}
-
-/* Entry at (block, offset) as a block table names it, or NULL when block is outside [0, num_blocks)
- * or offset outside [0, block_size). */
-static inline const uint8_t *smla_cache_block_row(const smla_cache *c, int64_t block, int64_t offset)
-{
-    if (block < 0 || block >= c->num_blocks || offset < 0 || offset >= c->block_size) return NULL;
-    return (const uint8_t *)c->data + block * c->block_stride + offset * c->entry_stride;
-}
 
 /* The 4 tile scales of an fp8_ds_mla entry. */
 static inline void smla_fp8_scales(const uint8_t *entry, float s[SMLA_FP8_NUM_TILES])
@@ -62,22 +32,13 @@ static inline void smla_dequant_row_bf16(const smla_cache *c, const uint8_t *ent
     }
     float s[SMLA_FP8_NUM_TILES];
     smla_fp8_scales(entry, s);
-    for (int i = 0; i < SMLA_D_NOPE; i++)
-        out[i] = smla_f32_to_bf16(smla_e4m3_to_f32(entry[i]) * s[i / SMLA_FP8_TILE]);
+    for (int i = 0; i < SMLA_D_NOPE; i++) out[i] = smla_fp8_dequant(entry[i], s[i / SMLA_FP8_TILE]);
     memcpy(out + SMLA_D_NOPE, entry + SMLA_FP8_ROPE_OFF, 2 * SMLA_D_ROPE);
 }
 
-/* The same row as floats: exactly the float value of each bf16 that smla_dequant_row_bf16 gives. */
-static inline void smla_dequant_row_f32(const smla_cache *c, const uint8_t *entry, float out[SMLA_D_QK])
-{
-    uint16_t bits[SMLA_D_QK];
-    smla_dequant_row_bf16(c, entry, bits);
-    for (int i = 0; i < SMLA_D_QK; i++) out[i] = smla_bf16_to_f32(bits[i]);
-}
-
-/* ---- fast paths (docs/design.md: the same bits as the scalar reference above, on every path) ----
+/* ---- fast paths (docs/design.md: the same bits as the scalar rule, on every path) ----
  *
- * Portable: the 256 e4m3 values as a constant table of float32 bit patterns.
+ * Portable: float(e4m3) from numerics.h's table of float32 bit patterns.
  * x86 (AVX2 / AVX-512F): the e4m3 byte, sign-extended to 16 bits, shifted left by 7 and with bit 14
  * cleared, is the float16 of x * 2^-8 exactly (the 4-bit exponent lands in the low bits of the 5-bit one, subnormals
  * included), so F16C's vcvtph2ps gives float(x) * 2^-8 and one multiply by s * 256 gives
@@ -87,18 +48,6 @@ static inline void smla_dequant_row_f32(const smla_cache *c, const uint8_t *entr
  * Per tile, from its scale s: a power of two in [2^-117, 2^119] makes every product an exact bf16
  * (4 significant bits, normal range), so the rounding is skipped; other finite |s| <= 2^119 round;
  * anything else (NaN, Inf, |s| > 2^119 where s * 256 could overflow) takes the scalar path. */
-#define SMLA_E4M3_SUBN(m) ((m) == 0 ? 0u : (m) == 1 ? 0x3b000000u : (m) < 4 ? 0x3b800000u | (((m) & 1u) << 22) \
-                                                                    : 0x3c000000u | (((m) & 3u) << 21))
-#define SMLA_E4M3_BITS(b)                                                                                  \
-    ((((b) & 0x80u) << 24) | (((b) & 0x7fu) == 0x7fu ? 0x7fc00000u                                           \
-                              : ((b) & 0x78u) ? ((((b) >> 3 & 15u) + 120u) << 23) | (((b) & 7u) << 20)     \
-                                              : SMLA_E4M3_SUBN((b) & 7u)))
-#define SMLA_E4M3_R4(b) SMLA_E4M3_BITS(b), SMLA_E4M3_BITS(b + 1u), SMLA_E4M3_BITS(b + 2u), SMLA_E4M3_BITS(b + 3u)
-#define SMLA_E4M3_R16(b) SMLA_E4M3_R4(b), SMLA_E4M3_R4(b + 4u), SMLA_E4M3_R4(b + 8u), SMLA_E4M3_R4(b + 12u)
-#define SMLA_E4M3_R64(b) SMLA_E4M3_R16(b), SMLA_E4M3_R16(b + 16u), SMLA_E4M3_R16(b + 32u), SMLA_E4M3_R16(b + 48u)
-static const uint32_t smla_e4m3_table[256] = {SMLA_E4M3_R64(0u), SMLA_E4M3_R64(64u), SMLA_E4M3_R64(128u),
-                                              SMLA_E4M3_R64(192u)};
-
 enum { SMLA_TILE_SCALAR = 0, SMLA_TILE_ROUND = 1, SMLA_TILE_EXACT = 2 };
 
 static inline int smla_fp8_tile_kind(float s)
@@ -139,11 +88,11 @@ static inline void smla_dequant_row_table(const smla_cache *c, const uint8_t *en
         for (int i = 0; i < SMLA_D_ROPE; i++) f32[SMLA_D_NOPE + i] = smla_bf16_to_f32(pe[i]);
 }
 
-/* Scalar fallback for one tile of a fast path (the reference arithmetic). */
+/* Scalar fallback for one tile of a fast path (the rule itself). */
 static inline void smla_dequant_tile_scalar(const uint8_t *x, float s, uint16_t *bf16, float *f32)
 {
     for (int i = 0; i < SMLA_FP8_TILE; i++) {
-        const uint16_t b = smla_f32_to_bf16(smla_e4m3_to_f32(x[i]) * s);
+        const uint16_t b = smla_fp8_dequant(x[i], s);
         if (bf16) bf16[i] = b;
         if (f32) f32[i] = smla_bf16_to_f32(b);
     }

@@ -1,61 +1,21 @@
-/* convert_topk_indices / filter_convert_dcp_indices on the CPU (params.h, docs/design.md section 4). Per
- * entry tok of row n, in int64 so that no int32 input can overflow:
- *   tok < 0                                   -> -1
- *   prefill row (p = prefill_request_ids[n] >= 0):
- *     p >= num_prefills or ws[p] + tok > INT32_MAX -> -1, else ws[p] + tok: no block-table check and
- *     no DCP filter (as vLLM's fix: the workspace holds the request's whole gathered context)
- *   DCP (dcp_size >= 1), paged rows: g = tok, I = interleave, D = dcp_size;
- *     (g / I) % D != dcp_rank                 -> -1
- *     else tok := (g / (D*I)) * I + g % I     (position in this rank's cache)
- *   paged row: r = req_id[n], b = tok / block_size;
- *     r outside [0, num_reqs), b >= max_blocks, block_table[r, b] < 0, or slot > INT32_MAX -> -1,
- *     block_table[r, b] >= num_blocks (when num_blocks > 0)  -> error (the GPU gives -1: params.h)
- *     else slot = block_table[r, b] * block_size + tok % block_size
+/* convert_topk_indices / filter_convert_dcp_indices on the CPU (params.h, docs/design.md section 4). The
+ * rule of one entry is core/index_rules.h's smla_convert_index, shared with the GPU, in int64 results so
+ * that no int32 input can overflow; here a block id >= num_blocks (when num_blocks > 0), which the rule
+ * reports, is an error (the GPU gives -1).
  * DCP with compact: the entries != -1 move to the front in their original order, the rest is -1.
  * valid_counts[n] = number of entries != -1. out may alias topk_indices (same strides): every entry is
  * read before any entry at or after its column is written. On an error (the first bad entry in row
  * order is reported) out and valid_counts are partly written.
  *
- * Paths (cpu_features.h): portable is the scalar code below; AVX2 and up convert 8 entries at a time
- * for rows without DCP (integer division by block_size through a double reciprocal and a one-step
- * correction, a masked gather from the block table, overflow tests in int32); the op is memory-bound,
- * so the AVX-512 levels reuse that code; with num_blocks a second copy of it also stops at the first
- * 8 entries holding a block past the cache and leaves them to the scalar code, which reports it (the
- * copy without the check stays as fast as before). Rows are spread over threads. */
-#include <limits.h>
-
-#include "core/params.h"
+ * Paths (cpu_features.h): portable is the scalar rule; AVX2 and up convert 8 entries at a time for rows
+ * without DCP (the rule's vector twin: integer division by block_size through a double reciprocal and a
+ * one-step correction, a masked gather from the block table, overflow tests in int32); the op is
+ * memory-bound, so the AVX-512 levels reuse that code; with num_blocks a second copy of it also stops at
+ * the first 8 entries holding a block past the cache and leaves them to the scalar rule, which reports it
+ * (the copy without the check stays as fast as before). Rows are spread over threads. */
+#include "core/index_rules.h"
 #include "cpu_features.h"
 #include "threads.h"
-
-/* One entry: a slot / workspace row, or -1. A block past the cache (an error on the CPU) sets *col to
- * its block table column (callers start it at -1): no return value can mark it, since a prefill row
- * may map to any int32 value. */
-static int32_t convert_one(const smla_convert_indices_params *p, int64_t tok, int64_t ws_base,
-                           const int32_t *bt_row, int64_t *col)
-{
-    if (tok < 0) return -1;
-    if (ws_base != INT64_MIN) { /* prefill row */
-        int64_t v = ws_base + tok;
-        return v > INT32_MAX ? -1 : (int32_t)v;
-    }
-    if (p->dcp_size >= 1) {
-        const int64_t I = p->dcp_interleave, D = p->dcp_size;
-        if ((tok / I) % D != p->dcp_rank) return -1;
-        tok = (tok / (D * I)) * I + tok % I;
-    }
-    if (!bt_row) return -1;
-    const int64_t b = tok / p->block_size;
-    if (b >= p->max_blocks) return -1;
-    const int64_t blk = bt_row[b];
-    if (blk < 0) return -1;
-    if (p->num_blocks > 0 && blk >= p->num_blocks) {
-        *col = b;
-        return -1;
-    }
-    const int64_t slot = blk * p->block_size + tok % p->block_size;
-    return slot > INT32_MAX ? -1 : (int32_t)slot;
-}
 
 #if SMLA_X86
 #include <immintrin.h>
@@ -159,7 +119,6 @@ __attribute__((target(SMLA_TARGET_AVX2))) static int64_t convert_prefill_avx2(co
 /* p passed smla_check_convert_topk_indices (core/checks.c) */
 int smla_cpu_convert_topk_indices(const smla_convert_indices_params *p, smla_status *st)
 {
-    const int64_t num_prefills = p->prefill_workspace_starts ? p->num_prefills : 0;
     const int compact = p->dcp_size >= 1 && p->compact;
     const int isa = p->run.cpu_isa;
     (void)isa;
@@ -187,38 +146,27 @@ int smla_cpu_convert_topk_indices(const smla_convert_indices_params *p, smla_sta
     for (int64_t n = 0; n < p->num_tokens; n++) {
         const int32_t *in = p->topk_indices + n * p->in_stride;
         int32_t *out = p->out + n * p->out_stride;
-        const int64_t pr = p->prefill_request_ids ? p->prefill_request_ids[n] : -1;
-        const int64_t r = p->req_id[n];
-        const int32_t *bt_row = NULL;
-        int64_t ws_base = INT64_MIN; /* INT64_MIN: paged row */
-        int all_invalid = 0;
-        if (pr >= 0) {
-            if (pr < num_prefills) ws_base = p->prefill_workspace_starts[pr];
-            else all_invalid = 1;
-        } else if (r >= 0 && r < p->num_reqs) {
-            bt_row = p->block_table + r * p->bt_stride;
-        } else {
-            all_invalid = 1;
-        }
+        const smla_index_row rc = smla_index_row_of(p, n);
         int64_t count = 0, k0 = 0;
 #if SMLA_X86
-        if (vec && !all_invalid) {
+        if (vec && !rc.dead) {
             k0 = p->topk / 8 * 8;
-            if (!bt_row) count = convert_prefill_avx2(in, out, k0, (int32_t)ws_base);
-            else if (k.checked) count = convert_paged_checked_avx2(&k, in, out, &k0, bt_row);
-            else count = convert_paged_avx2(&k, in, out, k0, bt_row);
+            if (rc.ws_base != SMLA_PAGED_ROW) count = convert_prefill_avx2(in, out, k0, (int32_t)rc.ws_base);
+            else if (!rc.bt_row) k0 = 0; /* no such request: the scalar rule writes -1 */
+            else if (k.checked) count = convert_paged_checked_avx2(&k, in, out, &k0, rc.bt_row);
+            else count = convert_paged_avx2(&k, in, out, k0, rc.bt_row);
         }
 #endif
         for (int64_t kk = k0; kk < p->topk; kk++) {
             int64_t col = -1;
-            const int32_t v = all_invalid ? -1 : convert_one(p, in[kk], ws_base, bt_row, &col);
+            const int32_t v = smla_convert_index(p, &rc, in[kk], &col);
             if (col >= 0) {
 #pragma omp critical(smla_convert_out_of_cache)
                 if (n < bad_row) {
                     bad_row = n;
-                    bad_req = r;
+                    bad_req = p->req_id[n];
                     bad_col = col;
-                    bad_blk = bt_row[col];
+                    bad_blk = rc.bt_row[col];
                 }
                 break;
             }

@@ -1,7 +1,8 @@
 /* gather_upconvert on the CPU: for request r and 0 <= i < seq_lens[r],
  *   workspace[workspace_starts[r] + i] = dequant(token p = seq_starts[r] + i of request r),
- * token p living in block block_table[r, p / block_size] at offset p % block_size. Dequant is
- * cache_rows.h's (bit-identical to unpack_kv) at the instruction-set level cpu_features.h picks.
+ * token p living in block block_table[r, p / block_size] at offset p % block_size (core/index_rules.h's
+ * smla_cache_entry_of, shared with the GPU). Dequant is cache_rows.h's (bit-identical to unpack_kv) at
+ * the instruction-set level cpu_features.h picks.
  * Overlapping requests: the later request wins here (unspecified on the GPU).
  *
  * Every request is checked before anything is written (check_requests): negative seq_lens /
@@ -44,13 +45,11 @@ __attribute__((target(SMLA_TARGET_AVX512))) static void dequant_avx512(const sml
 static void gather_rows(const smla_gather_upconvert_params *p, int64_t r, int64_t lo, int64_t hi, dequant_fn dq)
 {
     const smla_cache *c = &p->cache;
-    const int64_t bs = c->block_size, ws0 = p->workspace_starts[r];
+    const int64_t ws0 = p->workspace_starts[r];
     const int64_t start = p->seq_starts ? p->seq_starts[r] : 0;
     const int32_t *bt = p->block_table + r * p->bt_stride;
-    for (int64_t i = lo; i < hi; i++) {
-        const int64_t pos = start + i;
-        dq(c, smla_cache_block_row(c, bt[pos / bs], pos % bs), p->workspace + (ws0 + i) * p->ws_stride, NULL);
-    }
+    for (int64_t i = lo; i < hi; i++)
+        dq(c, smla_cache_entry_of(c, bt, p->max_blocks, start + i), p->workspace + (ws0 + i) * p->ws_stride, NULL);
 }
 
 /* The first bad request, as an error naming the argument; SMLA_OK when every request is in range.

@@ -6,10 +6,10 @@
  *        lse = M + log(wa + wb)
  *   out[k] = round_dtype((wa*oa[k] + wb*ob[k]) / (wa + wb))   (no FMA, division last)
  * A NaN lse is not remapped (docs/design.md is literal): it makes that row's out and lse NaN.
- * round_dtype: bf16 / f16 round to nearest even; NaN keeps its sign and becomes a quiet NaN. */
+ * round_dtype: bf16 / f16 round to nearest even (core/number_formats.h, shared with the GPU). */
 /* Bit-exactness with the CUDA twin needs every float op rounded on its own. setup.py builds with
  * -std=gnu11, where GCC's default is -ffp-contract=fast (a*b + c*d may become an FMA on FMA-capable
- * targets), so turn contraction off for this file (clang: merge_math.h's STDC pragma). */
+ * targets), so turn contraction off for this file (clang: core/number_formats.h's STDC pragma). */
 #if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC optimize("fp-contract=off")
 #endif
@@ -18,49 +18,20 @@
 #include <string.h>
 
 #include "core/params.h"
-#include "numerics.h"
 #include "core/merge_math.h"
-
-/* IEEE binary16 <-> float32, written from the format definition. */
-static inline float f16_to_f32(uint16_t h)
-{
-    uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
-    uint32_t e = (h >> 10) & 0x1fu, m = h & 0x3ffu;
-    if (e == 0x1f) return smla_bits_to_f32(sign | 0x7f800000u | (m << 13));
-    if (e == 0) /* subnormal: m * 2^-24, exact in float */
-        return smla_bits_to_f32(sign | smla_f32_to_bits((float)m * 5.9604644775390625e-08f));
-    return smla_bits_to_f32(sign | ((e + 112u) << 23) | (m << 13));
-}
-
-static inline uint16_t f32_to_f16(float f)
-{
-    uint32_t u = smla_f32_to_bits(f);
-    uint16_t sign = (uint16_t)((u >> 16) & 0x8000u);
-    uint32_t a = u & 0x7fffffffu;
-    if (a > 0x7f800000u) return (uint16_t)(sign | 0x7e00u | ((a >> 13) & 0x3ffu));
-    if (a >= 0x477ff000u) return (uint16_t)(sign | 0x7c00u); /* >= 65520 (incl. Inf) rounds to Inf */
-    if (a >= 0x38800000u) {                                   /* normal: RNE on the 13 dropped bits */
-        uint32_t r = a + 0xfffu + ((a >> 13) & 1u);
-        return (uint16_t)(sign | ((r - 0x38000000u) >> 13));
-    }
-    /* below 2^-14: subnormal step 2^-24; scaling by 2^24 is exact, nearbyintf rounds to even and
-     * 1024 lands on the smallest normal */
-    float x = smla_bits_to_f32(a) * 16777216.0f;
-    return (uint16_t)(sign | (uint16_t)nearbyintf(x));
-}
 
 static inline float load(int dtype, const void *base, int64_t idx)
 {
     if (dtype == SMLA_DT_F32) return ((const float *)base)[idx];
     if (dtype == SMLA_DT_BF16) return smla_bf16_to_f32(((const uint16_t *)base)[idx]);
-    return f16_to_f32(((const uint16_t *)base)[idx]);
+    return smla_f16_to_f32(((const uint16_t *)base)[idx]);
 }
 
 static inline void store(int dtype, void *base, int64_t idx, float v)
 {
     if (dtype == SMLA_DT_F32) ((float *)base)[idx] = v;
     else if (dtype == SMLA_DT_BF16) ((uint16_t *)base)[idx] = smla_f32_to_bf16(v);
-    else ((uint16_t *)base)[idx] = f32_to_f16(v);
+    else ((uint16_t *)base)[idx] = smla_f32_to_f16(v);
 }
 
 /* p passed smla_check_merge_attn_states (core/checks.c) */

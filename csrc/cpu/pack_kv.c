@@ -1,37 +1,28 @@
-/* pack_kv on the CPU: the reference writer of the KV cache (docs/design.md section 3); cuda/memory/pack_kv.cu must
- * give the same bytes. A negative slot is skipped (padding); a slot >= num_blocks*block_size is an
+/* pack_kv on the CPU: the reference writer of the KV cache (docs/design.md section 3); cuda/memory/pack_kv.cu
+ * must give the same bytes. A negative slot is skipped (padding); a slot >= num_blocks*block_size is an
  * error, reported before anything is written (the GPU skips it: checking there would need a sync).
  * Per token t with a slot in [0, num_blocks*block_size):
  *   bf16:        entry = kv_c[t] (512 bf16) then k_pe[t] (64 bf16), bit for bit.
- *   fp8_ds_mla:  per tile of 128 latent values,
+ *   fp8_ds_mla:  per tile of 128 latent values, with core/fp8_ds_mla.h's rules (shared with the GPU):
  *                  amax = fmaxf over fabsf(float(x))      (fmaxf drops NaN; any order gives the same)
- *                  pow2: s = pow2_ceil(fmaxf(amax / 448.0f, 1e-4f))   (one fp32 division)
- *                  fp32: s = fmaxf(amax / 448.0f, FLT_MIN)
- *                  byte i = e4m3_satfinite_rne(float(x_i) / s)         (fp32 division, not x * (1/s))
+ *                  s = smla_fp8_scale(amax, rule)          (pow2 or fp32, one fp32 division)
+ *                  byte i = smla_fp8_quant(x_i, s) = e4m3_satfinite_rne(float(x_i) / s)
  *                scale t at byte 512 + 4t (fp32), k_pe bf16 bits at byte 528.
  * An Inf element makes s = Inf and itself NaN (Inf/Inf); -0.0 gives 0x80.
  * Duplicate slots: the last token wins here; on the GPU which one wins is unspecified.
  *
- * Paths (cpu_features.h): portable is the scalar code below; AVX2 and up run an 8-lane version of the
+ * Paths (cpu_features.h): portable is the scalar rule below; AVX2 and up run an 8-lane twin of the
  * same arithmetic (IEEE division and max are exact, and the e4m3 rounding is integer code), so every
  * path writes the same bytes. The op is memory-bound, so the AVX-512 levels reuse the AVX2 code.
  * Threads own slots, not tokens: thread i writes the tokens whose slot / 16 is i modulo the team size,
  * in token order, so the last of two tokens with one slot still wins. */
-#include <float.h>
 #include <math.h>
 #include <string.h>
 
-#include "core/params.h"
-#include "numerics.h"
+#include "core/index_rules.h"
 #include "cache_rows.h"
 #include "cpu_features.h"
 #include "threads.h"
-
-static inline float tile_scale(float amax, int rule)
-{
-    const float s = amax / 448.0f;
-    return rule == SMLA_SCALE_POW2 ? smla_pow2_ceil(fmaxf(s, 1e-4f)) : fmaxf(s, FLT_MIN);
-}
 
 static void pack_fp8_entry(uint8_t *entry, const uint16_t *kv_c, const uint16_t *k_pe, int rule)
 {
@@ -43,9 +34,9 @@ static void pack_fp8_entry(uint8_t *entry, const uint16_t *kv_c, const uint16_t 
             v[i] = smla_bf16_to_f32(x[i]);
             amax = fmaxf(amax, fabsf(v[i]));
         }
-        const float s = tile_scale(amax, rule);
+        const float s = smla_fp8_scale(amax, rule);
         for (int i = 0; i < SMLA_FP8_TILE; i++)
-            entry[t * SMLA_FP8_TILE + i] = smla_f32_to_e4m3(v[i] / s);
+            entry[t * SMLA_FP8_TILE + i] = smla_fp8_quant(v[i], s);
         memcpy(entry + SMLA_FP8_SCALE_OFF + 4 * t, &s, 4);
     }
     memcpy(entry + SMLA_FP8_ROPE_OFF, k_pe, 2 * SMLA_D_ROPE);
@@ -98,7 +89,7 @@ PACK_AVX2 static void pack_fp8_entry_avx2(uint8_t *entry, const uint16_t *kv_c, 
         __m128 h = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
         h = _mm_max_ps(h, _mm_movehl_ps(h, h));
         h = _mm_max_ss(h, _mm_shuffle_ps(h, h, 1));
-        const float s = tile_scale(_mm_cvtss_f32(h), rule);
+        const float s = smla_fp8_scale(_mm_cvtss_f32(h), rule);
         uint8_t *dst = entry + t * SMLA_FP8_TILE;
         /* s = 2^k with k <= 126: x / s and x * 2^-k are the same real number (2^-k is a normal float,
          * so no flush-to-zero mode can touch it), rounded once either way, and a multiply is several
@@ -162,11 +153,11 @@ int smla_cpu_pack_kv(const smla_pack_kv_params *p, smla_status *st)
         for (int64_t t = 0; t < p->num_tokens; t++) {
             const int64_t slot = slot_at(p, t);
             if (team > 1 && (slot < 0 || (slot >> 4) % team != me)) continue;
-            uint8_t *entry = smla_cache_row_mut(c, slot);
+            uint8_t *entry = smla_cache_entry(c, slot);
             if (!entry) continue;
             if (t + PACK_PF_TOKENS < p->num_tokens) { /* the entry a few tokens on, if it is ours */
                 const int64_t s2 = slot_at(p, t + PACK_PF_TOKENS);
-                uint8_t *e2 = team > 1 && (s2 < 0 || (s2 >> 4) % team != me) ? NULL : smla_cache_row_mut(c, s2);
+                uint8_t *e2 = team > 1 && (s2 < 0 || (s2 >> 4) % team != me) ? NULL : smla_cache_entry(c, s2);
                 if (e2)
                     for (int64_t o = 0; o < smla_cache_entry_bytes(c->dtype); o += 64) __builtin_prefetch(e2 + o, 1, 3);
             }

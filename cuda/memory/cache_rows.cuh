@@ -1,9 +1,11 @@
-// Device helpers for the paged KV cache: slot addressing, vector / byte-wise memory access, and the
-// warp-wide dequantisation of one cache entry into a 576-value bf16 row (docs/design.md section 3).
+// Device helpers for the paged KV cache: vector / byte-wise memory access and the warp-wide
+// dequantisation of one cache entry into a 576-value bf16 row (docs/design.md section 3); slot addressing
+// is core/index_rules.h's (smla_cache_entry, shared with the CPU).
 // Used by pack_kv, unpack_kv and gather_upconvert; the attention kernels may reuse them.
 #pragma once
 
 #include "common.cuh"
+#include "core/index_rules.h"
 
 namespace smla {
 
@@ -15,28 +17,6 @@ static inline bool aligned16(const void *p, int64_t s0 = 0, int64_t s1 = 0)
 {
     return ((reinterpret_cast<uintptr_t>(p) | static_cast<uintptr_t>(s0) | static_cast<uintptr_t>(s1)) &
             15u) == 0;
-}
-
-static inline int64_t cache_entry_bytes(int dtype)
-{
-    return dtype == SMLA_CACHE_FP8_DS_MLA ? SMLA_FP8_ENTRY : 2 * SMLA_D_QK;
-}
-
-// Entry of slot, or nullptr when the slot is outside [0, num_blocks * block_size) (block_size > 0).
-__device__ __forceinline__ uint8_t *cache_entry(const smla_cache &c, int64_t slot)
-{
-    if (slot < 0) return nullptr;
-    const int64_t blk = slot / c.block_size;
-    if (blk >= c.num_blocks) return nullptr;
-    const int64_t off = slot - blk * c.block_size;
-    return static_cast<uint8_t *>(c.data) + blk * c.block_stride + off * c.entry_stride;
-}
-
-// Entry of (block id, offset in block), nullptr when the block id is outside [0, num_blocks).
-__device__ __forceinline__ uint8_t *cache_entry_at(const smla_cache &c, int64_t blk, int64_t off)
-{
-    if (blk < 0 || blk >= c.num_blocks) return nullptr;
-    return static_cast<uint8_t *>(c.data) + blk * c.block_stride + off * c.entry_stride;
 }
 
 // ---- memory access: V = 16B-aligned vector access, else byte (cache) / 16-bit (bf16 arrays) pieces ----

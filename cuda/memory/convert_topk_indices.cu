@@ -1,8 +1,7 @@
 // convert_topk_indices / filter_convert_dcp_indices: request-local top-k positions -> global cache
-// slots (or prefill workspace rows), per params.h and csrc/cpu/convert_topk_indices.c, whose rules
-// this file follows entry for entry (int64 arithmetic, so any int32 input is safe), except one: a
-// block id >= num_blocks (when given) is an error on the CPU and -1 here, since reporting it would
-// need a sync; the attention kernels then never read past the cache for it.
+// slots (or prefill workspace rows). The rule of one entry is core/index_rules.h's smla_convert_index,
+// shared with the CPU; a block id >= num_blocks (when given), an error on the CPU, is -1 here, since
+// reporting it would need a sync; the attention kernels then never read past the cache for it.
 //
 // One block per row. The row is walked in chunks of blockDim.x * 8 entries, 8 consecutive entries per
 // thread (two 16-byte accesses when aligned). Counts come from a block-wide scan of the per-thread
@@ -11,6 +10,7 @@
 // out may alias topk_indices: a chunk is read completely (the scan's barriers) before any of it is
 // written, and compacted writes never reach past the chunk being processed.
 #include "cache_rows.cuh"
+#include "core/index_rules.h"
 
 namespace {
 
@@ -19,51 +19,6 @@ using namespace smla;
 constexpr int kPerThread = 8;
 constexpr int kMaxThreads = 256;
 constexpr int kMaxWarps = kMaxThreads / kWarp;
-
-struct RowCtx {
-    const int32_t *bt_row; // paged row with a valid request, else nullptr
-    int64_t ws_base;       // prefill row: workspace start; INT64_MIN: paged row
-    bool dead;             // prefill id past num_prefills: every entry -1
-    int bs_shift;          // log2(block_size) when it is a power of two <= 2^31, else -1
-};
-
-// Same results as the CPU's int64 arithmetic: a valid tok is in [0, 2^31), so the divisions are done
-// in uint32 (a 64-bit division is a long instruction sequence on the GPU, a 32-bit one a short one).
-__device__ __forceinline__ int32_t convert_one(const smla_convert_indices_params &p, const RowCtx &rc, int32_t tok)
-{
-    if (tok < 0 || rc.dead) return -1;
-    if (rc.ws_base != INT64_MIN) { // prefill row: no block-table check, no DCP filter
-        const int64_t v = rc.ws_base + tok;
-        return v > INT32_MAX ? -1 : static_cast<int32_t>(v);
-    }
-    uint32_t t = static_cast<uint32_t>(tok);
-    if (p.dcp_size >= 1) {
-        const uint32_t I = static_cast<uint32_t>(p.dcp_interleave), D = static_cast<uint32_t>(p.dcp_size);
-        const uint32_t g = I == 1 ? t : t / I;
-        if (g % D != static_cast<uint32_t>(p.dcp_rank)) return -1;
-        const uint64_t DI = static_cast<uint64_t>(D) * I;
-        const uint32_t rounds = DI > t ? 0u : t / static_cast<uint32_t>(DI);
-        t = rounds * I + (t - g * I); // (tok / (D*I)) * I + tok % I, <= tok
-    }
-    if (rc.bt_row == nullptr) return -1;
-    int64_t b, off;
-    if (rc.bs_shift >= 0) {
-        b = t >> rc.bs_shift;
-        off = t & ((1u << rc.bs_shift) - 1u);
-    } else if (p.block_size <= INT32_MAX) {
-        const uint32_t bs = static_cast<uint32_t>(p.block_size), q = t / bs;
-        b = q;
-        off = t - q * bs;
-    } else {
-        b = 0;
-        off = t;
-    }
-    if (b >= p.max_blocks) return -1;
-    const int64_t blk = rc.bt_row[b];
-    if (blk < 0 || (p.num_blocks > 0 && blk >= p.num_blocks)) return -1;
-    const int64_t slot = blk * p.block_size + off;
-    return slot > INT32_MAX ? -1 : static_cast<int32_t>(slot);
-}
 
 // Exclusive scan of v over the block; *total gets the block sum. Every thread must call it.
 __device__ __forceinline__ int block_exclusive_scan(int v, int *total)
@@ -101,17 +56,7 @@ __global__ void __launch_bounds__(kMaxThreads) convert_kernel(smla_convert_indic
     const int32_t *in = p.topk_indices + n * p.in_stride;
     int32_t *out = p.out + n * p.out_stride;
 
-    const int64_t bs = p.block_size;
-    RowCtx rc{nullptr, INT64_MIN, false, (bs & (bs - 1)) == 0 && bs <= (1LL << 31) ? __ffsll(bs) - 1 : -1};
-    const int64_t pr = p.prefill_request_ids ? static_cast<int64_t>(p.prefill_request_ids[n]) : -1;
-    if (pr >= 0) {
-        const int64_t num_prefills = p.prefill_workspace_starts ? p.num_prefills : 0;
-        if (pr < num_prefills) rc.ws_base = p.prefill_workspace_starts[pr];
-        else rc.dead = true;
-    } else {
-        const int64_t r = p.req_id[n];
-        if (r >= 0 && r < p.num_reqs) rc.bt_row = p.block_table + r * p.bt_stride;
-    }
+    const smla_index_row rc = smla_index_row_of(&p, n);
 
     const int64_t K = p.topk;
     const int64_t chunk = static_cast<int64_t>(blockDim.x) * kPerThread;
@@ -132,7 +77,8 @@ __global__ void __launch_bounds__(kMaxThreads) convert_kernel(smla_convert_indic
         int cnt = 0;
 #pragma unroll
         for (int e = 0; e < kPerThread; ++e) {
-            v[e] = k0 + e < K ? convert_one(p, rc, v[e]) : -1;
+            int64_t past_col; // a block past the cache: -1 here (the CPU's error)
+            v[e] = k0 + e < K ? smla_convert_index(&p, &rc, v[e], &past_col) : -1;
             cnt += v[e] != -1;
         }
         if (COMPACT) {

@@ -26,7 +26,6 @@ __global__ void __launch_bounds__(kWarpsPerBlock * kWarp, 4)
     gather_kernel(smla_gather_upconvert_params p, int64_t chunks)
 {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const int64_t bs = p.cache.block_size;
     const int64_t ntasks = p.num_reqs * chunks;
     for (int64_t task = blockIdx.x; task < ntasks; task += gridDim.x) {
         const int64_t r = task / chunks, c = task - r * chunks;
@@ -43,13 +42,7 @@ __global__ void __launch_bounds__(kWarpsPerBlock * kWarp, 4)
             for (int u = 0; u < kRowsPerWarp; ++u) {
                 const int64_t i = i0 + u * step;
                 if (i >= hi) break;
-                const int64_t pos = start + i;
-                const uint8_t *e = nullptr;
-                if (pos >= 0) {
-                    const int64_t b = pos / bs;
-                    if (b < p.max_blocks) e = cache_entry_at(p.cache, bt[b], pos - b * bs);
-                }
-                f[u].template load<VIN>(e, lane);
+                f[u].template load<VIN>(smla_cache_entry_of(&p.cache, bt, p.max_blocks, start + i), lane);
             }
 #pragma unroll
             for (int u = 0; u < kRowsPerWarp; ++u) {

@@ -5,8 +5,6 @@
 // A block holds blockDim.y (token, head) pairs with blockDim.x threads each; a thread handles 16
 // bytes per step of its pair's d values, two steps at a time (scalar steps when d or the strides are
 // not 16B-aligned).
-#include <cuda_fp16.h>
-
 #include "cache_rows.cuh"
 #include "core/merge_math.h"
 
@@ -19,18 +17,18 @@ constexpr int64_t kMaxGrid = 1 << 30;
 template <int DT> struct Elt;
 template <> struct Elt<SMLA_DT_BF16> {
     using Raw = uint16_t;
-    static __device__ __forceinline__ float to_f(Raw r) { return smla_dev_bf16_to_f32(r); }
-    static __device__ __forceinline__ Raw from_f(float f) { return smla_dev_f32_to_bf16(f); }
+    static __device__ __forceinline__ float to_f(Raw r) { return smla_bf16_to_f32(r); }
+    static __device__ __forceinline__ Raw from_f(float f) { return smla_f32_to_bf16(f); }
 };
 template <> struct Elt<SMLA_DT_F16> {
     using Raw = uint16_t;
-    static __device__ __forceinline__ float to_f(Raw r) { return __half2float(__ushort_as_half(r)); }
-    static __device__ __forceinline__ Raw from_f(float f) { return __half_as_ushort(__float2half_rn(f)); }
+    static __device__ __forceinline__ float to_f(Raw r) { return smla_f16_to_f32(r); }
+    static __device__ __forceinline__ Raw from_f(float f) { return smla_f32_to_f16(f); }
 };
 template <> struct Elt<SMLA_DT_F32> {
     using Raw = uint32_t;
-    static __device__ __forceinline__ float to_f(Raw r) { return __uint_as_float(r); }
-    static __device__ __forceinline__ Raw from_f(float f) { return __float_as_uint(f); }
+    static __device__ __forceinline__ float to_f(Raw r) { return smla_bits_to_f32(r); }
+    static __device__ __forceinline__ Raw from_f(float f) { return smla_f32_to_bits(f); }
 };
 
 // W consecutive raw elements: one 16-byte access when VEC, else W = 1.

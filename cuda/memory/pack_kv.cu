@@ -1,8 +1,9 @@
 // pack_kv: write T tokens (kv_c [T,512] bf16, k_pe [T,64] bf16) into a paged cache at slot_mapping.
 // One warp per token; every warp-wide access is contiguous (lane l owns 16-byte pieces l and 32+l of
 // the latent row, lanes 0..7 the k_pe row). fp8_ds_mla tiles are 16 lanes wide, so the tile amax is a
-// 16-lane shuffle reduction. Numerics as csrc/cpu/pack_kv.c: amax = fmaxf over |x| (NaN ignored),
-// s = rule(amax / 448) with IEEE division, byte = e4m3_satfinite_rne(x / s).
+// 16-lane shuffle reduction. The rules are core/fp8_ds_mla.h's, shared with csrc/cpu/pack_kv.c:
+// amax = fmaxf over |x| (NaN ignored), s = smla_fp8_scale(amax, rule), byte = smla_fp8_quant(x, s), here
+// in its vector form quant8.
 // Slots: negative ones are padding and skipped, as on the CPU. A slot >= num_blocks * block_size is
 // also skipped here (nothing is written), where the CPU raises: the slots live on the device, and
 // reporting one would need a sync (or a device flag read back later) on a path that must stay
@@ -26,21 +27,14 @@ __device__ __forceinline__ uint4 load_rope(const uint16_t *p, bool vec)
     return vec ? ld16_u16<true>(p) : ld16_u16<false>(p);
 }
 
-__device__ __forceinline__ float tile_scale(float amax, int rule)
-{
-    float r = __fdiv_rn(amax, 448.0f);
-    if (rule == SMLA_SCALE_POW2) return smla_dev_pow2_ceil(fmaxf(r, 1e-4f));
-    return fmaxf(r, 1.17549435e-38f); // FLT_MIN
-}
-
-// 8 bf16 (one uint4) -> 8 floats.
+// 8 bf16 (one uint4, low half first) -> 8 floats.
 __device__ __forceinline__ void bf16x8_to_f32(uint4 v, float f[8])
 {
     const uint32_t w[4] = {v.x, v.y, v.z, v.w};
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
-        f[2 * i] = __uint_as_float(w[i] << 16);
-        f[2 * i + 1] = __uint_as_float(w[i] & 0xffff0000u);
+        f[2 * i] = smla_bf16_to_f32(static_cast<uint16_t>(w[i]));
+        f[2 * i + 1] = smla_bf16_to_f32(static_cast<uint16_t>(w[i] >> 16));
     }
 }
 
@@ -52,9 +46,10 @@ __device__ __forceinline__ float absmax8(const float f[8])
     return m;
 }
 
-// e4m3_satfinite_rne(x / s) for 8 values -> 8 bytes. With a power-of-two s (pow2 rule, s <= 2^120 or
-// Inf) 1/s is exact, so x * (1/s) is the same correctly rounded value as x / s, bit for bit (Inf/NaN
-// included: x * 0 = x / Inf for finite x, Inf * 0 and Inf / Inf are NaN); the legacy fp32 rule divides.
+// smla_fp8_quant(x, s) = e4m3_satfinite_rne(x / s) for 8 values -> 8 bytes. With a power-of-two s (pow2
+// rule, s <= 2^120 or Inf) 1/s is exact, so x * (1/s) is the same correctly rounded value as x / s, bit
+// for bit (Inf/NaN included: x * 0 = x / Inf for finite x, Inf * 0 and Inf / Inf are NaN); the legacy
+// fp32 rule divides.
 __device__ __forceinline__ uint2 quant8(const float f[8], float s, bool pow2)
 {
     const float inv = __frcp_rn(s);
@@ -74,13 +69,14 @@ __device__ __forceinline__ uint2 quant8(const float f[8], float s, bool pow2)
     return make_uint2(w[0], w[1]);
 }
 
-template <bool VIN, bool VOUT, bool I64>
-__global__ void __launch_bounds__(kWarpsPerBlock * kWarp) pack_fp8_kernel(smla_pack_kv_params p, bool rope_vec)
+// One token per warp: the same loads for both cache dtypes, then an fp8_ds_mla or a bf16 entry.
+template <int DT, bool VIN, bool VOUT, bool I64>
+__global__ void __launch_bounds__(kWarpsPerBlock * kWarp) pack_kernel(smla_pack_kv_params p, bool rope_vec)
 {
     const int lane = threadIdx.x & 31;
     const int64_t t = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + (threadIdx.x >> 5);
     if (t >= p.num_tokens) return;
-    uint8_t *e = cache_entry(p.cache, load_slot<I64>(p.slot_mapping, t));
+    uint8_t *e = smla_cache_entry(&p.cache, load_slot<I64>(p.slot_mapping, t));
     if (e == nullptr) return; // padded / invalid slot: nothing is written
 
     const uint16_t *x = p.kv_c + t * p.kv_c_stride;
@@ -89,54 +85,41 @@ __global__ void __launch_bounds__(kWarpsPerBlock * kWarp) pack_fp8_kernel(smla_p
     uint4 vr;
     if (lane < 8) vr = load_rope(p.k_pe + t * p.k_pe_stride + 8 * lane, rope_vec);
 
-    float fa[8], fb[8];
-    bf16x8_to_f32(va, fa);
-    bf16x8_to_f32(vb, fb);
-    // lanes 0-15 hold tiles 0 (fa) and 2 (fb), lanes 16-31 tiles 1 and 3
-    float ma = absmax8(fa), mb = absmax8(fb);
+    if constexpr (DT == SMLA_CACHE_BF16) {
+        st16<VOUT>(e + 16 * lane, va);
+        st16<VOUT>(e + 512 + 16 * lane, vb);
+        if (lane < 8) st16<VOUT>(e + 1024 + 16 * lane, vr);
+    } else {
+        float fa[8], fb[8];
+        bf16x8_to_f32(va, fa);
+        bf16x8_to_f32(vb, fb);
+        // lanes 0-15 hold tiles 0 (fa) and 2 (fb), lanes 16-31 tiles 1 and 3
+        float ma = absmax8(fa), mb = absmax8(fb);
 #pragma unroll
-    for (int o = 8; o > 0; o >>= 1) {
-        ma = fmaxf(ma, __shfl_xor_sync(kFullMask, ma, o));
-        mb = fmaxf(mb, __shfl_xor_sync(kFullMask, mb, o));
+        for (int o = 8; o > 0; o >>= 1) {
+            ma = fmaxf(ma, __shfl_xor_sync(kFullMask, ma, o));
+            mb = fmaxf(mb, __shfl_xor_sync(kFullMask, mb, o));
+        }
+        const float sa = smla_fp8_scale(ma, p.scale_rule), sb = smla_fp8_scale(mb, p.scale_rule);
+
+        const bool pow2 = p.scale_rule == SMLA_SCALE_POW2;
+        st8<VOUT>(e + 8 * lane, quant8(fa, sa, pow2));
+        st8<VOUT>(e + 256 + 8 * lane, quant8(fb, sb, pow2));
+        if ((lane & 15) == 0) {
+            st4<VOUT>(e + SMLA_FP8_SCALE_OFF + 4 * (lane >> 4), smla_f32_to_bits(sa));
+            st4<VOUT>(e + SMLA_FP8_SCALE_OFF + 8 + 4 * (lane >> 4), smla_f32_to_bits(sb));
+        }
+        if (lane < 8) st16<VOUT>(e + SMLA_FP8_ROPE_OFF + 16 * lane, vr);
     }
-    const float sa = tile_scale(ma, p.scale_rule), sb = tile_scale(mb, p.scale_rule);
-
-    const bool pow2 = p.scale_rule == SMLA_SCALE_POW2;
-    st8<VOUT>(e + 8 * lane, quant8(fa, sa, pow2));
-    st8<VOUT>(e + 256 + 8 * lane, quant8(fb, sb, pow2));
-    if ((lane & 15) == 0) {
-        st4<VOUT>(e + SMLA_FP8_SCALE_OFF + 4 * (lane >> 4), __float_as_uint(sa));
-        st4<VOUT>(e + SMLA_FP8_SCALE_OFF + 8 + 4 * (lane >> 4), __float_as_uint(sb));
-    }
-    if (lane < 8) st16<VOUT>(e + SMLA_FP8_ROPE_OFF + 16 * lane, vr);
-}
-
-template <bool VIN, bool VOUT, bool I64>
-__global__ void __launch_bounds__(kWarpsPerBlock * kWarp) pack_bf16_kernel(smla_pack_kv_params p, bool rope_vec)
-{
-    const int lane = threadIdx.x & 31;
-    const int64_t t = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + (threadIdx.x >> 5);
-    if (t >= p.num_tokens) return;
-    uint8_t *e = cache_entry(p.cache, load_slot<I64>(p.slot_mapping, t));
-    if (e == nullptr) return;
-
-    const uint16_t *x = p.kv_c + t * p.kv_c_stride;
-    uint4 va = ld16_u16<VIN>(x + 8 * lane);
-    uint4 vb = ld16_u16<VIN>(x + 256 + 8 * lane);
-    uint4 vr;
-    if (lane < 8) vr = load_rope(p.k_pe + t * p.k_pe_stride + 8 * lane, rope_vec);
-    st16<VOUT>(e + 16 * lane, va);
-    st16<VOUT>(e + 512 + 16 * lane, vb);
-    if (lane < 8) st16<VOUT>(e + 1024 + 16 * lane, vr);
 }
 
 template <bool VIN, bool VOUT, bool I64> void launch(const smla_pack_kv_params &p, bool rope_vec, dim3 grid,
                                                      dim3 block, cudaStream_t s)
 {
     if (p.cache.dtype == SMLA_CACHE_FP8_DS_MLA)
-        pack_fp8_kernel<VIN, VOUT, I64><<<grid, block, 0, s>>>(p, rope_vec);
+        pack_kernel<SMLA_CACHE_FP8_DS_MLA, VIN, VOUT, I64><<<grid, block, 0, s>>>(p, rope_vec);
     else
-        pack_bf16_kernel<VIN, VOUT, I64><<<grid, block, 0, s>>>(p, rope_vec);
+        pack_kernel<SMLA_CACHE_BF16, VIN, VOUT, I64><<<grid, block, 0, s>>>(p, rope_vec);
 }
 
 template <bool VIN, bool VOUT> void launch_slots(const smla_pack_kv_params &p, bool rope_vec, dim3 grid,

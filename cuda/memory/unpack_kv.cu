@@ -22,7 +22,7 @@ __global__ void __launch_bounds__(kWarpsPerBlock * kWarp) unpack_kernel(smla_unp
         if (i >= p.n) break;
         const int64_t slot = I64 ? static_cast<const int64_t *>(p.slots)[i]
                                  : static_cast<int64_t>(static_cast<const int32_t *>(p.slots)[i]);
-        f[u].template load<VIN>(cache_entry(p.cache, slot), lane);
+        f[u].template load<VIN>(smla_cache_entry(&p.cache, slot), lane);
     }
 #pragma unroll
     for (int u = 0; u < kRowsPerWarp; ++u) {
