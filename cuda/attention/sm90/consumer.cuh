@@ -38,7 +38,6 @@ struct Consumer {
     static constexpr bool kNoS = (ABL & 2) != 0, kNoPV = (ABL & 4) != 0, kNoLo = (ABL & 16) != 0;
 
     const Args &a;
-    const Cta<XO> &c;
     const uint32_t peer_base;  // XO: the peer's address of our smem base
     const int lane;
     const int wg;              // 0 or 1: tokens 32*wg.. of S, output columns 256*wg..
@@ -50,14 +49,14 @@ struct Consumer {
     double l_r[2] = {0.0, 0.0};  // row sums in double (see sm80/tile.cuh)
 
     __device__ __forceinline__ Consumer(const Args &a_, const Cta<XO> &cta, uint32_t peer_base_)
-        : a(a_), c(cta), peer_base(peer_base_), lane(cta.lane), wg(cta.tid >> 7), w((cta.tid >> 5) & 3),
+        : a(a_), peer_base(peer_base_), lane(cta.lane), wg(cta.tid >> 7), w((cta.tid >> 5) & 3),
           g(cta.lane >> 2), t4(cta.lane & 3), r0(16 * ((cta.tid >> 5) & 3) + (cta.lane >> 2))
     {
 #pragma unroll
         for (int i = 0; i < 128; ++i) o[i] = 0.f;
     }
 
-    __device__ __forceinline__ void acquire(int b, int use) const
+    __device__ __forceinline__ void acquire(const Cta<XO> &c, int b, int use) const
     {
         mbar_wait(c.bar_full + 8 * b, use & 1);
         if constexpr (XO) {
@@ -67,7 +66,7 @@ struct Consumer {
     }
 
     // d (+)= Q K^T over dims 192 ch .. 192 ch + 191 (12 wgmma steps), this warpgroup's 32 tokens.
-    __device__ __forceinline__ void s_chain(float (&d)[16], int ch, uint32_t kb) const
+    __device__ __forceinline__ void s_chain(const Cta<XO> &c, float (&d)[16], int ch, uint32_t kb) const
     {
         wg_fence();  // d was read since its last wgmma
 #pragma unroll
@@ -83,21 +82,21 @@ struct Consumer {
     // chain over 576 dims loses up to ~1e-6 (natural-log units) on a logit, at docs/design.md's lse /
     // max_logits tolerance; so the 576 dims are 3 chains of 192 (12 wgmma steps each), summed
     // in fp32 with round-to-nearest: the first into s, the others into t while s is ready.
-    __device__ __forceinline__ void s_phase(uint32_t kb, float (&s)[16]) const
+    __device__ __forceinline__ void s_phase(const Cta<XO> &c, uint32_t kb, float (&s)[16]) const
     {
         float t[16];
         if constexpr (kNoS) {
 #pragma unroll
             for (int i = 0; i < 16; ++i) s[i] = 0.f;
         } else {
-            s_chain(s, 0, kb);
-            s_chain(t, 1, kb);
+            s_chain(c, s, 0, kb);
+            s_chain(c, t, 1, kb);
             wg_wait0();
             fence_regs(s);
             fence_regs(t);
 #pragma unroll
             for (int i = 0; i < 16; ++i) s[i] += t[i];
-            s_chain(t, 2, kb);
+            s_chain(c, t, 2, kb);
             wg_wait0();
             fence_regs(t);
 #pragma unroll
@@ -106,7 +105,7 @@ struct Consumer {
     }
 
     // mask, scale (log2 domain), row max over this warpgroup's 32 tokens of K buffer b
-    __device__ __forceinline__ void mask_scores(int b, float (&s)[16], float (&mx)[2]) const
+    __device__ __forceinline__ void mask_scores(const Cta<XO> &c, int b, float (&s)[16], float (&mx)[2]) const
     {
         const int *valid = c.sValid + b * 64;
         mx[0] = mx[1] = -INFINITY;
@@ -148,7 +147,7 @@ struct Consumer {
 
     // New row maxima from both halves, P_hi (into K buffer kb's RoPE block) and P_lo, row sums; alpha:
     // the factor O is rescaled by.
-    __device__ __forceinline__ void softmax(uint32_t kb, const float (&s)[16], const float (&mx)[2],
+    __device__ __forceinline__ void softmax(const Cta<XO> &c, uint32_t kb, const float (&s)[16], const float (&mx)[2],
                                             float (&alpha)[2])
     {
         if (t4 == 0) {
@@ -203,7 +202,7 @@ struct Consumer {
         }
     }
 
-    __device__ __forceinline__ void pv_phase(uint32_t kb)
+    __device__ __forceinline__ void pv_phase(const Cta<XO> &c, uint32_t kb)
     {
         if constexpr (!kNoPV) {
             const uint32_t pblk = kb + 8 * kBlk;
@@ -223,7 +222,7 @@ struct Consumer {
     }
 
     // This warp is done with K buffer b (XO: tell the peer's producer too).
-    __device__ __forceinline__ void release(int b) const
+    __device__ __forceinline__ void release(const Cta<XO> &c, int b) const
     {
         if constexpr (XO) {
             __syncwarp();
@@ -237,22 +236,22 @@ struct Consumer {
     }
 
     // K tile it (buffer it & 1).
-    __device__ __forceinline__ void tile(int it)
+    __device__ __forceinline__ void tile(const Cta<XO> &c, int it)
     {
         const int b = it & 1, use = it >> 1;
         const uint32_t kb = c.sK + b * kTileBytes;
-        acquire(b, use);
+        acquire(c, b, use);
         float s[16], mx[2], alpha[2];
-        s_phase(kb, s);
-        mask_scores(b, s, mx);
-        softmax(kb, s, mx, alpha);
+        s_phase(c, kb, s);
+        mask_scores(c, b, s, mx);
+        softmax(c, kb, s, mx, alpha);
         rescale(alpha);
-        pv_phase(kb);
-        release(b);
+        pv_phase(c, kb);
+        release(c, b);
     }
 
     // Row sums of both warpgroups, then this thread's rows r0, r0 + 8 x columns 256*wg + 2*t4 + 8 jn.
-    __device__ __forceinline__ void epilogue()
+    __device__ __forceinline__ void epilogue(const Cta<XO> &c)
     {
 #pragma unroll
         for (int i = 0; i < 2; ++i) {

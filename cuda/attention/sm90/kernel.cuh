@@ -87,12 +87,12 @@ __global__ void __launch_bounds__(kThreads, 1) fwd_kernel(const __grid_constant_
     setmaxnreg_inc<kConsumerRegs>();
     wait_q();
     Consumer<ABL, XO> consumer(a, c, peer_base);
-    for (int it = 0; it < c.nt; ++it) consumer.tile(it);
+    for (int it = 0; it < c.nt; ++it) consumer.tile(c, it);
     // XO: the peer may not leave while our arrivals / stores into its shared memory are in flight, nor
     // we while its are (the producers, which have left, are not waited for: their stores completed
     // before the consumers' last rr wait)
     if constexpr (XO) cluster_sync();
-    consumer.epilogue();
+    consumer.epilogue(c);
 }
 
 // Sets the shared-memory attribute of every kernel this launch may use, once per device.
