@@ -14,7 +14,7 @@ namespace {
 
 constexpr int kCombineWarps = 8;
 
-__global__ void __launch_bounds__(kCombineWarps * 32) combine_kernel(const __grid_constant__ Args a)
+__global__ void __launch_bounds__(kCombineWarps * 32) attn_combine_kernel(const __grid_constant__ Args a)
 {
     const smla_attn_params &p = a.p;
     const int lane = threadIdx.x & 31;
@@ -85,7 +85,7 @@ int launch_combine(const Args &a, cudaStream_t s, const char *op, smla_status *s
     const int64_t grid = (a.rows * a.p.h + kCombineWarps - 1) / kCombineWarps;
     if (grid > INT32_MAX)
         return smla_fail(st, SMLA_ERR_VALUE, "%s: too many query rows (%lld)", op, (long long)a.rows);
-    combine_kernel<<<static_cast<unsigned>(grid), kCombineWarps * 32, 0, s>>>(a);
+    attn_combine_kernel<<<static_cast<unsigned>(grid), kCombineWarps * 32, 0, s>>>(a);
     SMLA_CUDA_LAUNCH_CHECK(st);
     return SMLA_OK;
 }

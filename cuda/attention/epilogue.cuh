@@ -110,11 +110,12 @@ __device__ __forceinline__ void store_out_row(const smla_attn_params &p, int64_t
 }
 
 // A kernel's finished row: query row `row` = (bi, si), top-k split sp, head hr of h, its log2-domain
-// max m (-inf: no valid index in this range) and its sum l of 2^(s - m); split: a.n_splits > 1. This thread's share of the
-// row: NP column pairs, pair i at columns col() + 8 i with unnormalised values get(i) (a float2);
-// lead() is true for the one thread that writes the row's lse. With the top-k split across CTAs it
-// writes the fp32 partial O and part_lse into the workspace for the combine; otherwise out, lse and
-// max_logits.
+// max m (-inf: no valid index in this range) and its sum l of 2^(s - m); split: a.n_splits > 1 (read
+// once by the caller). This thread's share of the row: NP column pairs, pair i at columns col() + 8 i
+// with unnormalised values get(i) (a float2); lead() is true for the one thread that writes the
+// row's lse. Split: the fp32 partial O and part_lse go into the workspace for the combine; otherwise
+// out, lse and max_logits. col() and lead() are evaluated in each branch, where the kernels computed
+// them before the epilogue was shared (so the generated code stayed the same).
 template <int NP, class Col, class Lead, class Get>
 __device__ __forceinline__ void finish_row(const Args &a, int64_t row, int64_t bi, int64_t si, int sp, int h, int hr,
                                            bool split, float m, double l, Col col, Lead lead, Get get)

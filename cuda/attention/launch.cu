@@ -201,8 +201,6 @@ int prepare(int64_t b, int64_t s_q, int64_t h, int64_t topk, bool fp8, int reque
     return SMLA_OK;
 }
 
-bool misaligned(const void *ptr, int64_t bytes) { return (reinterpret_cast<uintptr_t>(ptr) % bytes) != 0; }
-
 int run_attention(const smla_attn_params *p, bool is_decode, smla_status *st)
 {
     const char *op = is_decode ? "sparse_mla_decode" : "sparse_mla_prefill";
@@ -232,9 +230,10 @@ int run_attention(const smla_attn_params *p, bool is_decode, smla_status *st)
 
     int ns = L.ns;
     if (ns > 1) {
-        // Fewer splits when the caller's workspace is missing or smaller than the plan.
+        // Fewer splits when the caller's workspace is missing or smaller than the plan (its 16-byte
+        // alignment is checked at the edge).
         const int64_t per = split_bytes_per_split(L.rows, p->h);
-        const int64_t fit = (p->workspace && !misaligned(p->workspace, 16)) ? p->workspace_bytes / per : 0;
+        const int64_t fit = p->workspace ? p->workspace_bytes / per : 0;
         if (fit < ns) ns = fit < 2 ? 1 : static_cast<int>(fit);
     }
     a.n_splits = ns;

@@ -33,6 +33,10 @@ __device__ __forceinline__ void wait_q()
     named_sync(kBarQ, 256);  // all of Q landed (and visible to wgmma)
 }
 
+// One consumer thread: its place in the two warpgroups and its running state (O, row maxima and
+// sums); the CTA's coordinates and buffers (Cta) are passed to each stage rather than held here,
+// which keeps the generated code that of the single-body kernel this was split from (held as a
+// member, nvcc emits 16 more instructions).
 template <int ABL, bool XO>
 struct Consumer {
     static constexpr bool kNoS = (ABL & 2) != 0, kNoPV = (ABL & 4) != 0, kNoLo = (ABL & 16) != 0;

@@ -64,7 +64,7 @@ namespace {
 
 // XO: launched in clusters of 2, the two head tiles of one query row (grid x even).
 template <bool FP8, int ABL, bool XO>
-__global__ void __launch_bounds__(kThreads, 1) fwd_kernel(const __grid_constant__ Args a)
+__global__ void __launch_bounds__(kThreads, 1) attn_sm90_kernel(const __grid_constant__ Args a)
 {
     static_assert(FP8 || !XO, "the crossover is written for the fp8 producer");
     extern __shared__ uint8_t smem_raw[];
@@ -103,15 +103,15 @@ int launch_variant(const Args &a, int64_t grid, cudaStream_t s, int dev, smla_st
     // fp8 with two head tiles: clusters of the two (the crossover; sm90/producer.cuh)
     const bool xo = FP8 && a.n_ht == 2;
     static_assert(SMLA_MAX_HEADS <= 2 * kHT, "more than two head tiles would need another producer split");
-    void (*kern)(Args) = fwd_kernel<FP8, ABL, false>;
+    void (*kern)(Args) = attn_sm90_kernel<FP8, ABL, false>;
     if constexpr (FP8) {
-        if (xo) kern = fwd_kernel<FP8, ABL, true>;
+        if (xo) kern = attn_sm90_kernel<FP8, ABL, true>;
     }
     if (configured.needed(dev)) {
-        SMLA_CUDA_CHECK(st, cudaFuncSetAttribute(fwd_kernel<FP8, ABL, false>,
+        SMLA_CUDA_CHECK(st, cudaFuncSetAttribute(attn_sm90_kernel<FP8, ABL, false>,
                                                  cudaFuncAttributeMaxDynamicSharedMemorySize, Smem::bytes));
         if constexpr (FP8)
-            SMLA_CUDA_CHECK(st, cudaFuncSetAttribute(fwd_kernel<FP8, ABL, true>,
+            SMLA_CUDA_CHECK(st, cudaFuncSetAttribute(attn_sm90_kernel<FP8, ABL, true>,
                                                      cudaFuncAttributeMaxDynamicSharedMemorySize, Smem::bytes));
         configured.mark(dev);
     }
