@@ -15,12 +15,10 @@
 //   each writes fp32 partial O and a log2 lse into the caller's workspace and the combine kernel
 //   (combine.cu) merges them. A missing or smaller workspace means fewer splits.
 // - No allocation, no host synchronisation: a decode step can be captured in a CUDA graph.
-// - The params are trusted: the bindings check them at the edge (csrc/python). This file fails only
-//   where it cannot launch: no kernel for the cache format, too little shared memory, a grid past
-//   2^31 - 1 CTAs.
+// - The params are trusted: the bindings check them at the edge (csrc/python with csrc/core's
+//   checks). This file fails only where it cannot launch: no kernel for the cache format, too little
+//   shared memory, a grid past 2^31 - 1 CTAs.
 #include <limits.h>
-#include <stdlib.h>
-#include <string.h>
 
 #include "attention/table.cuh"
 

@@ -111,7 +111,7 @@ struct Consumer {
     // mask, scale (log2 domain), row max over this warpgroup's 32 tokens of K buffer b
     __device__ __forceinline__ void mask_scores(const Cta<XO> &c, int b, float (&s)[16], float (&mx)[2]) const
     {
-        const int *valid = c.sValid + b * 64;
+        const int *valid = c.sValid + b * kBN;
         mx[0] = mx[1] = -INFINITY;
 #pragma unroll
         for (int jn = 0; jn < 4; ++jn) {
@@ -155,8 +155,8 @@ struct Consumer {
                                             float (&alpha)[2])
     {
         if (t4 == 0) {
-            c.sMax[wg * 64 + r0] = mx[0];
-            c.sMax[wg * 64 + r0 + 8] = mx[1];
+            c.sMax[wg * kHT + r0] = mx[0];
+            c.sMax[wg * kHT + r0 + 8] = mx[1];
         }
         // both halves' maxima; both warpgroups done reading the RoPE block, and done with the previous
         // tile's P V (so P_lo, one buffer for both K buffers, may be rewritten)
@@ -164,7 +164,7 @@ struct Consumer {
         float base_[2];
 #pragma unroll
         for (int i = 0; i < 2; ++i) {
-            const float tm = fmaxf(c.sMax[r0 + 8 * i], c.sMax[64 + r0 + 8 * i]);
+            const float tm = fmaxf(c.sMax[r0 + 8 * i], c.sMax[kHT + r0 + 8 * i]);
             const float mn = fmaxf(m_r[i], tm);
             base_[i] = mn == -INFINITY ? 0.f : mn;
             alpha[i] = ex2(m_r[i] - base_[i]);
@@ -263,8 +263,8 @@ struct Consumer {
             l_r[i] += __shfl_xor_sync(0xffffffffu, l_r[i], 2);
         }
         if (t4 == 0) {
-            c.sL[wg * 64 + r0] = l_r[0];
-            c.sL[wg * 64 + r0 + 8] = l_r[1];
+            c.sL[wg * kHT + r0] = l_r[0];
+            c.sL[wg * kHT + r0 + 8] = l_r[1];
         }
         named_sync(kBarL, 256);
         const bool split = a.n_splits > 1;
@@ -273,7 +273,7 @@ struct Consumer {
             const int rl = r0 + 8 * hf;
             const int hr = c.h0 + rl;
             if (hr >= c.h) continue;
-            const double l = c.sL[rl] + c.sL[64 + rl];
+            const double l = c.sL[rl] + c.sL[kHT + rl];
             const int col0 = 256 * wg + 2 * t4;
             finish_row<32>(
                 a, c.row, c.bi, c.si, c.sp, c.h, hr, split, m_r[hf], l, [&] { return col0; },

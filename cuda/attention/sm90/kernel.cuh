@@ -95,7 +95,9 @@ __global__ void __launch_bounds__(kThreads, 1) attn_sm90_kernel(const __grid_con
     consumer.epilogue(c);
 }
 
-// Sets the shared-memory attribute of every kernel this launch may use, once per device.
+// Launches ablation variant ABL (0: the full kernel): for fp8 with two head tiles the crossover
+// kernel in clusters of 2, else the plain one. The shared-memory attribute of both is set once per
+// device.
 template <bool FP8, int ABL>
 int launch_variant(const Args &a, int64_t grid, cudaStream_t s, int dev, smla_status *st)
 {

@@ -29,10 +29,10 @@ struct Smem {
     static constexpr Region k = region_after(q, 2 * kTileBytes);    // two K buffers
     static constexpr Region plo = region_after(k, kBlk);            // P_lo [64 heads x 64 tokens] bf16
     static constexpr Region bar = region_after(plo, 64);            // mbarriers: full[2], empty[2], rr[2]
-    static constexpr Region valid = region_after(bar, 2 * 64 * 4);  // int [2][64]: row valid, per K buffer
+    static constexpr Region valid = region_after(bar, 2 * kBN * 4);  // int [2][64]: row valid, per K buffer
     // float [2][64] row maxima per consumer WG; in the epilogue double [2][64] row sums over them (the
     // maxima were last read before the last tile's kBarP) and the 512 bytes after them
-    static constexpr Region red = region_after(valid, 2 * 64 * 8);
+    static constexpr Region red = region_after(valid, 2 * kHT * 8);
     static constexpr int used = red.end();
     static constexpr int bytes = used + 1024;  // slack to align the base to 1024 B
     static_assert(q.off % 1024 == 0 && k.off % 1024 == 0 && plo.off % 1024 == 0, "swizzled tiles");

@@ -82,7 +82,7 @@ __device__ __forceinline__ void produce_bf16(const Args &a, const Cta<false> &c)
                 if (a.evict_last) cp_async16_hint(dst + c8 * kBlk, src + c8 * 128, nb, pol);
                 else cp_async16(dst + c8 * kBlk, src + c8 * 128, nb);
             }
-            if (cl == 0) c.sValid[b * 64 + r] = ok ? 1 : 0;
+            if (cl == 0) c.sValid[b * kBN + r] = ok ? 1 : 0;
         }
         cp_async_commit();
 #pragma unroll
@@ -191,18 +191,18 @@ struct Fp8Producer {
                 v1 = B.ok[k] ? dequant8(make_uint2(B.e[k].z, B.e[k].w), B.s[k]) : z;
             }
             const uint32_t a0 = blk_addr(kb, r, 2 * lane), a1 = blk_addr(kb, r, 2 * lane + 1);
-            const uint32_t ar = blk_addr(kb, r, 64 + (lane >> 2)) + 4 * (lane & 3);
+            const uint32_t ar = blk_addr(kb, r, kNopeChunks + (lane >> 2)) + 4 * (lane & 3);
             const uint32_t rope = B.ok[k] ? B.rope[k] : 0u;
             st_shared_v4(a0, v0);
             st_shared_v4(a1, v1);
             st_shared_u32(ar, rope);
-            if (lane == 0) c.sValid[b * 64 + r] = B.ok[k] ? 1 : 0;
+            if (lane == 0) c.sValid[b * kBN + r] = B.ok[k] ? 1 : 0;
             if constexpr (XO) {
                 st_async_v4(peer_base + (a0 - c.base), v0, rbar);
                 st_async_v4(peer_base + (a1 - c.base), v1, rbar);
                 st_async_u32(peer_base + (ar - c.base), rope, rbar);
                 if (lane == 0)
-                    st_async_u32(peer_base + static_cast<uint32_t>(Smem::valid.off + 4 * (b * 64 + r)),
+                    st_async_u32(peer_base + static_cast<uint32_t>(Smem::valid.off + 4 * (b * kBN + r)),
                                  B.ok[k] ? 1u : 0u, rbar);
             }
         }
