@@ -1,6 +1,6 @@
 """Where the sm90 attention kernel's time goes: times each ablation variant (a profiling build,
 SMLA_PROFILE_BUILD=1, compiles them) at the issue shapes, next to the full kernel. Each variant leaves
-one stage out (cuda/attention_sm90.cuh, ABL bits): 1 global K loads, 2 the S = Q K^T wgmma, 4 the
+one stage out (cuda/attention/sm90/kernel.cuh, ABL bits): 1 global K loads, 2 the S = Q K^T wgmma, 4 the
 P V wgmma, 6 both MMA phases, 7 loads and both MMA phases, 8 the fp8 dequant, 16 the P_lo half of P V.
 Their results are wrong by design; only the times mean anything.
 

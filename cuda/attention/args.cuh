@@ -1,0 +1,66 @@
+// What every sparse MLA attention kernel (cuda/attention/sm80, sm90, combine.cu) is given: the sizes
+// of one token's row in each cache format, the kernel arguments (Args) the launcher (launch.cu) fills
+// once per call, and the slice of the top-k list one CTA reads (row_slice). Kernels trust these
+// values: the bindings check the params at the edge (csrc/python), the launcher adds only what it
+// derives (split count, log2-domain scale, workspace pointers).
+#pragma once
+
+#include <math.h>
+
+#include "common.cuh"
+
+namespace attn {
+
+constexpr int kDqk = SMLA_D_QK;             // 576: q / K row (latent 512 + RoPE 64)
+constexpr int kDv = SMLA_D_V;               // 512: V = K[:, :512], the output row
+constexpr int kRowBytes = 2 * kDqk;         // one bf16 row of Q / K in smem: 1152 B
+constexpr int kRowChunks = kRowBytes / 16;  // 72 sixteen-byte chunks
+constexpr int kNopeChunks = 2 * SMLA_D_NOPE / 16;  // 64: chunks of a bf16 row that hold the latent part
+constexpr int kFp8Entry = SMLA_FP8_ENTRY;   // 656 B: one fp8_ds_mla token (docs/design.md section 3)
+constexpr int kFp8Chunks = kFp8Entry / 16;  // 41
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr double kLn2d = 0.6931471805599453;
+constexpr double kLog2ed = 1.4426950408889634;
+static_assert(SMLA_FP8_TILE == 16 * 8, "a bf16 chunk c < 64 of an fp8 row takes scale c >> 4");
+static_assert(kFp8Entry % 16 == 0 && SMLA_FP8_ROPE_OFF % 16 == 0, "fp8 entries are copied in 16-byte chunks");
+
+// The arguments of every attention kernel, passed by value (__grid_constant__).
+struct Args {
+    smla_attn_params p;
+    int64_t limit;     // valid slots: [0, limit)
+    int64_t rows;      // b * s_q
+    int n_ht;          // head tiles per row
+    int n_splits;      // top-k splits per (row, head tile); > 1: partials + combine
+    float scale_log2;  // softmax_scale * log2(e), rounded to fp32
+    double ml_factor;  // softmax_scale / scale_log2 (~ln 2): log2-domain kernel logits -> natural logits,
+                       // undoing scale_log2's fp32 rounding (lse = m * ml_factor + ln(l))
+    float *o_part;     // [n_splits, rows, h, 512] fp32 (split mode)
+    float *lse_part;   // [n_splits, rows, h] fp32, log2 domain (split mode)
+    int evict_last;    // L2 evict_last hint on K rows (prefill: neighbouring rows share K)
+};
+
+// What one CTA of query row (bi, si) and top-k split sp reads: the row's indices, its top-k length L
+// (topk_length clamped to [0, topk]) and its tiles [j0, j1) of bn tokens (j1 <= j0: none).
+struct RowSlice {
+    const int32_t *idx;
+    int L, j0, j1;
+};
+__device__ __forceinline__ RowSlice row_slice(const Args &a, int64_t bi, int64_t si, int sp, int bn)
+{
+    const smla_attn_params &p = a.p;
+    const int topk = static_cast<int>(p.topk);
+    RowSlice r;
+    r.idx = p.indices + bi * p.idx_stride_b + si * p.idx_stride_s;
+    r.L = topk;
+    if (p.topk_length) {
+        const int v = p.topk_length[bi * p.tl_stride_b + si * p.tl_stride_s];
+        r.L = v < 0 ? 0 : (v > topk ? topk : v);
+    }
+    const int ntile = (r.L + bn - 1) / bn;
+    const int tps = (ntile + a.n_splits - 1) / a.n_splits;
+    r.j0 = sp * tps;
+    r.j1 = min(ntile, r.j0 + tps);
+    return r;
+}
+
+}  // namespace attn

@@ -1,0 +1,279 @@
+// Host side of smla.sparse_mla_decode and smla.sparse_mla_prefill on CUDA, the attention launcher's
+// one translation unit: device properties, the kernel choice from the table (attention/table.cuh),
+// the split-top-k plan (shared by the launch and the workspace-size query, so that both agree), and
+// the extern "C" entry points of csrc/core/params.h.
+//
+// - One CTA per (query row = (request, token), head tile of 16/32/64 heads, top-k split); the grid is
+//   one-dimensional (x = (row * head_tiles + tile) * splits + split), so any b * s_q works. Prefill
+//   (a bf16 kv[s_kv, 576] seen as one block of s_kv rows, b = 1) is never split: it has thousands of
+//   rows, and neighbouring tokens, whose top-k sets overlap, run at the same time, so K rows are
+//   loaded with an L2 evict_last hint.
+// - h > 32 on sm_90: the warp-specialised wgmma kernel (sm90/). Otherwise the portable mma.sync
+//   kernel (sm80/). Both give the exact bf16 values of the CPU path (bf16_rne(float(e4m3) * scale)).
+//   SMLA_ATTN_KERNEL=portable|sm90|auto (run.attn_kernel) picks the family at run time (tests, A/B).
+// - When b * s_q * head_tiles CTAs cannot fill the GPU, decode splits the top-k list across CTAs:
+//   each writes fp32 partial O and a log2 lse into the caller's workspace and the combine kernel
+//   (combine.cu) merges them. A missing or smaller workspace means fewer splits.
+// - No allocation, no host synchronisation: a decode step can be captured in a CUDA graph.
+// - The params are trusted: the bindings check them at the edge (csrc/python with csrc/core's
+//   checks). This file fails only where it cannot launch: no kernel for the cache format, too little
+//   shared memory, a grid past 2^31 - 1 CTAs.
+#include <limits.h>
+
+#include "attention/table.cuh"
+
+namespace attn {
+namespace {
+
+struct DevProps {
+    int sms = 0;
+    int smem_optin = 0;  // max dynamic smem per block
+    int smem_sm = 0;     // smem per SM
+    int cc = 0;          // major * 10 + minor
+};
+
+int get_props(DevProps *d, int *dev_out, smla_status *st)
+{
+    static DevProps cache[kMaxDevices];
+    static OncePerDevice have;
+    int dev = 0;
+    SMLA_CUDA_CHECK(st, cudaGetDevice(&dev));
+    *dev_out = dev;
+    if (!have.needed(dev)) {
+        *d = cache[dev];
+        return SMLA_OK;
+    }
+    DevProps v;
+    int major = 0, minor = 0;
+    SMLA_CUDA_CHECK(st, cudaDeviceGetAttribute(&v.sms, cudaDevAttrMultiProcessorCount, dev));
+    SMLA_CUDA_CHECK(st, cudaDeviceGetAttribute(&v.smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
+    SMLA_CUDA_CHECK(st, cudaDeviceGetAttribute(&v.smem_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev));
+    SMLA_CUDA_CHECK(st, cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
+    SMLA_CUDA_CHECK(st, cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev));
+    v.cc = major * 10 + minor;
+    if (dev >= 0 && dev < kMaxDevices) {
+        cache[dev] = v;
+        have.mark(dev);
+    }
+    *d = v;
+    return SMLA_OK;
+}
+
+// The kernel family a call asks for (smla_run.attn_kernel, from SMLA_ATTN_KERNEL).
+enum Request { kAuto = 0, kPortable = 1, kSm90 = 2 };
+
+// Every kernel in this binary; the sm90 ones only when setup.py compiled them.
+const KernelList *const kLists[] = {
+    &kSm80Bf16Kernels, &kSm80Fp8Kernels,
+#if SMLA_HAVE_SM90
+    &kSm90Bf16Kernels, &kSm90Fp8Kernels,
+#endif
+};
+
+// f(entry) for every kernel of family fam that reads the cache format fp8.
+template <class F>
+void for_each_kernel(Family fam, bool fp8, F f)
+{
+    for (const KernelList *list : kLists)
+        for (int i = 0; i < list->n; ++i)
+            if (list->entries[i].family == fam && list->entries[i].fp8 == fp8) f(list->entries[i]);
+}
+
+// A chosen kernel and the CTAs per SM the split plan may assume: what its shared memory leaves room
+// for (1 KB per CTA reserved by the system), at least 1, at most its min_blocks.
+struct Choice {
+    const KernelEntry *k = nullptr;
+    int occ = 1;
+};
+Choice make_choice(const KernelEntry *k, const DevProps &d)
+{
+    Choice c;
+    c.k = k;
+    const int by_smem = d.smem_sm / (k->smem + 1024);
+    c.occ = by_smem < 1 ? 1 : (by_smem > k->min_blocks ? k->min_blocks : by_smem);
+    return c;
+}
+
+// The sm80 kernel with head tile ht and the largest K tile whose shared memory the device allows.
+const KernelEntry *largest_fitting_tile(int ht, bool fp8, const DevProps &d)
+{
+    const KernelEntry *best = nullptr;
+    for_each_kernel(Family::sm80, fp8, [&](const KernelEntry &e) {
+        if (e.ht == ht && e.smem <= d.smem_optin && (!best || e.bn > best->bn)) best = &e;
+    });
+    return best;
+}
+
+// The kernel for h heads over a cache of format fp8 on device d, by these rules:
+// 1. sm90 when this binary has it (SMLA_HAVE_SM90), the device is compute capability 9.0 (sm_90a
+//    code runs nowhere else), the call did not ask for portable, and h > 32 or it asked for sm90;
+//    and only if its shared memory fits (else the rules below).
+// 2. sm80: the head tile is the smallest one that holds h (the largest one for more heads than
+//    that), with the largest K tile that fits the device's shared memory; when none does, the
+//    smallest head tile's largest fitting K tile (the fallback, ~100 KB, fits every sm_80+ GPU).
+// False when nothing fits; *need is then the least shared memory an sm80 kernel asks for.
+bool choose(int64_t h, bool fp8, int request, const DevProps &d, Choice *out, int *need)
+{
+#if SMLA_HAVE_SM90
+    if (request != kPortable && d.cc == 90 && (h > 32 || request == kSm90)) {
+        const KernelEntry *k = nullptr;
+        for_each_kernel(Family::sm90, fp8, [&](const KernelEntry &e) {
+            if (!k && e.smem <= d.smem_optin) k = &e;
+        });
+        if (k) {
+            *out = make_choice(k, d);
+            return true;
+        }
+    }
+#else
+    (void)request;
+#endif
+    int ht = 0, ht_max = 0, ht_min = INT_MAX;
+    *need = INT_MAX;
+    for_each_kernel(Family::sm80, fp8, [&](const KernelEntry &e) {
+        if (e.ht >= h && (ht == 0 || e.ht < ht)) ht = e.ht;
+        ht_max = e.ht > ht_max ? e.ht : ht_max;
+        ht_min = e.ht < ht_min ? e.ht : ht_min;
+        *need = e.smem < *need ? e.smem : *need;
+    });
+    const KernelEntry *k = largest_fitting_tile(ht ? ht : ht_max, fp8, d);
+    if (!k) k = largest_fitting_tile(ht_min, fp8, d);
+    if (!k) return false;
+    *out = make_choice(k, d);
+    return true;
+}
+
+constexpr int kMaxSplits = 64;
+
+// Split count for `rows` query rows: minimises (waves) x (tiles per split + fixed cost) plus the
+// combine pass. Fixed cost per CTA ~2 tiles (Q load, prologue, epilogue), ~3.5 with fp32 partials.
+int plan_splits(int64_t rows, int64_t n_ht, int64_t topk, const Choice &c, const DevProps &d)
+{
+    const int64_t base = rows * n_ht;
+    const int64_t slots = static_cast<int64_t>(d.sms > 0 ? d.sms : 1) * c.occ;
+    const int64_t nt = (topk + c.k->bn - 1) / c.k->bn;
+    int best = 1;
+    double best_cost = 0;
+    for (int64_t ns = 1; ns <= nt && ns <= kMaxSplits; ++ns) {
+        const int64_t waves = (base * ns + slots - 1) / slots;
+        const int64_t tps = (nt + ns - 1) / ns;
+        if (ns > 1 && (ns - 1) * tps >= nt) continue;  // ns - 1 splits give the same tiles per split
+        double cost = static_cast<double>(waves) * (static_cast<double>(tps) + (ns > 1 ? 3.5 : 2.0));
+        if (ns > 1) cost += 1.0 + 0.5 * static_cast<double>(waves);
+        if (ns == 1 || cost < best_cost) {
+            best = static_cast<int>(ns);
+            best_cost = cost;
+        }
+        if (base * ns >= 4 * slots) break;
+    }
+    return best;
+}
+
+// Workspace bytes per split: fp32 partial O [rows, h, 512] and lse [rows, h].
+int64_t split_bytes_per_split(int64_t rows, int64_t h)
+{
+    return rows * h * (kDv + 1) * static_cast<int64_t>(sizeof(float));
+}
+
+// Everything decode and prefill need to launch: the kernel, the split count, the grid.
+struct Launch {
+    DevProps props;
+    int dev = 0;
+    Choice choice;
+    int64_t rows = 0, n_ht = 0;
+    int ns = 1;
+};
+
+int prepare(int64_t b, int64_t s_q, int64_t h, int64_t topk, bool fp8, int request, bool allow_split, Launch *L,
+            smla_status *st)
+{
+    int rc = get_props(&L->props, &L->dev, st);
+    if (rc != SMLA_OK) return rc;
+    int need = 0;
+    if (!choose(h, fp8, request, L->props, &L->choice, &need))
+        return smla_fail(st, SMLA_ERR_UNSUPPORTED, "sparse MLA: needs %d bytes of shared memory per block, device %d "
+                         "allows %d", need, L->dev, L->props.smem_optin);
+    L->rows = b * s_q;
+    L->n_ht = (h + L->choice.k->ht - 1) / L->choice.k->ht;
+    L->ns = allow_split ? plan_splits(L->rows, L->n_ht, topk, L->choice, L->props) : 1;
+    return SMLA_OK;
+}
+
+int run_attention(const smla_attn_params *p, bool is_decode, smla_status *st)
+{
+    const char *op = is_decode ? "sparse_mla_decode" : "sparse_mla_prefill";
+    if (p->kv.dtype != SMLA_CACHE_BF16 && p->kv.dtype != SMLA_CACHE_FP8_DS_MLA)
+        return smla_fail(st, SMLA_ERR_UNSUPPORTED, "%s: no CUDA kernel reads kv cache dtype %d", op, p->kv.dtype);
+    if (p->b == 0 || p->s_q == 0) return SMLA_OK;
+
+    Launch L;
+    int rc = prepare(p->b, p->s_q, p->h, p->topk, p->kv.dtype == SMLA_CACHE_FP8_DS_MLA, p->run.attn_kernel,
+                     is_decode && !p->max_logits, &L, st);
+    if (rc != SMLA_OK) return rc;
+
+    Args a;
+    a.p = *p;
+    a.limit = p->kv.num_blocks * p->kv.block_size;
+    a.rows = L.rows;
+    a.n_ht = static_cast<int>(L.n_ht);
+    a.scale_log2 = p->softmax_scale * kLog2e;
+    // m * ml_factor = the natural-log logit of the log2-domain kernel logit m (exact up to m's own
+    // rounding); a zero / non-finite scale_log2 leaves plain ln 2
+    a.ml_factor = (a.scale_log2 != 0.f && isfinite(a.scale_log2))
+                      ? static_cast<double>(p->softmax_scale) / static_cast<double>(a.scale_log2)
+                      : kLn2d;
+    a.evict_last = is_decode ? 0 : 1;
+    a.o_part = nullptr;
+    a.lse_part = nullptr;
+
+    int ns = L.ns;
+    if (ns > 1) {
+        // Fewer splits when the caller's workspace is missing or smaller than the plan (its 16-byte
+        // alignment is checked at the edge).
+        const int64_t per = split_bytes_per_split(L.rows, p->h);
+        const int64_t fit = p->workspace ? p->workspace_bytes / per : 0;
+        if (fit < ns) ns = fit < 2 ? 1 : static_cast<int>(fit);
+    }
+    a.n_splits = ns;
+    if (ns > 1) {
+        a.o_part = static_cast<float *>(p->workspace);
+        a.lse_part = a.o_part + static_cast<int64_t>(ns) * L.rows * p->h * kDv;
+    }
+    const int64_t grid = L.rows * L.n_ht * ns;
+    if (grid > INT32_MAX)
+        return smla_fail(st, SMLA_ERR_VALUE, "%s: too many query rows (%lld)", op, (long long)L.rows);
+    cudaStream_t s = smla_stream(p->stream);
+    rc = L.choice.k->launch(a, grid, s, L.dev, st);
+    if (rc != SMLA_OK || ns == 1) return rc;
+    return launch_combine(a, s, op, st);
+}
+
+}  // namespace
+}  // namespace attn
+
+extern "C" int smla_cuda_sparse_mla_decode(const smla_attn_params *p, smla_status *st)
+{
+    return attn::run_attention(p, /*is_decode=*/true, st);
+}
+
+extern "C" int smla_cuda_sparse_mla_prefill(const smla_attn_params *p, smla_status *st)
+{
+    return attn::run_attention(p, /*is_decode=*/false, st);
+}
+
+extern "C" int64_t smla_cuda_sparse_mla_decode_workspace_size(int64_t b, int64_t s_q, int64_t h, int64_t topk,
+                                                              int cache_dtype, int attn_kernel)
+{
+    if (b <= 0 || s_q <= 0 || h < 1 || h > SMLA_MAX_HEADS || topk < 1) return 0;
+    if (cache_dtype != SMLA_CACHE_BF16 && cache_dtype != SMLA_CACHE_FP8_DS_MLA) return 0;
+    smla_status st = {0, {0}};
+    attn::Launch L;
+    if (attn::prepare(b, s_q, h, topk, cache_dtype == SMLA_CACHE_FP8_DS_MLA, attn_kernel, /*allow_split=*/true, &L,
+                      &st) != SMLA_OK) {
+        cudaGetLastError();
+        return 0;
+    }
+    if (L.ns <= 1) return 0;
+    const int64_t bytes = L.ns * attn::split_bytes_per_split(L.rows, h);
+    return (bytes + 255) / 256 * 256;
+}

@@ -1,0 +1,171 @@
+// Hopper (sm_90a) sparse MLA kernel for head tiles of 64: warp-specialised, wgmma tensor cores. Used
+// for h > 32 on compute capability 9.0 (or for any h with SMLA_ATTN_KERNEL=sm90); semantics, outputs
+// and the split-top-k partials are those of the portable kernel (sm80/kernel.cuh).
+//
+// CTA = one query row x 64 heads x one top-k split, 384 threads in three warpgroups:
+//   WG2, the producer (setmaxnreg 120; sm90/producer.cuh): fills two K buffers, bf16 by cp.async or
+//     fp8 by register loads and dequant; with two head tiles (h > 64) the fp8 CTAs run as clusters
+//     of 2 that each dequantise half of every tile for both (XO, the crossover).
+//   WG0, WG1, the consumers (setmaxnreg 192; 2 x 192 + 120 = 3 x 168, the launch allocation;
+//     sm90/consumer.cuh): per tile S = Q K^T, softmax, O += P V over 32 tokens / 256 output columns
+//     each, then the epilogue.
+// Row sums are kept in double and lse / max_logits are formed in double (see sm80/tile.cuh);
+// overflowed scores saturate as there (sat_needed / sat_score, attention/softmax.cuh).
+//
+// ABL != 0 only in profiling builds (SMLA_PROFILE_BUILD=1 -> SMLA_ATTN_ABLATION, tools/ablate.py):
+// leave one stage out to time it by difference. Bits: 1 no global K loads (zeros), 2 no S = Q K^T
+// wgmma, 4 no P V wgmma, 8 no fp8 dequant (raw bytes stored), 16 no P_lo V wgmma (bf16 P only).
+// Results are wrong then. run.attn_ablate (SMLA_ATTN_ABLATE) picks the variant at launch.
+#pragma once
+
+#include "attention/table.cuh"
+#include "attention/sm90/consumer.cuh"
+#include "attention/sm90/producer.cuh"
+
+namespace attn {
+namespace sm90 {
+
+// The mbarriers (thread 0): full[b] counts the 128 producer threads, empty[b] the 256 consumer
+// threads (XO: one arrival per consumer warp of both CTAs), rr[b] (XO) the peer's bytes.
+template <bool XO>
+__device__ __forceinline__ void init_barriers(const Cta<XO> &c)
+{
+    if (c.tid == 0) {
+        mbar_init(c.bar_full, 128);
+        mbar_init(c.bar_full + 8, 128);
+        mbar_init(c.bar_empty, XO ? 16 : 256);
+        mbar_init(c.bar_empty + 8, XO ? 16 : 256);
+        if constexpr (XO) {
+            mbar_init(c.bar_rr, 1);
+            mbar_init(c.bar_rr + 8, 1);
+        }
+        fence_mbarrier_init();
+    }
+}
+
+// The Q tile, issued by the 256 consumer threads (rows past h are zero), which wait for it on their
+// own (kBarQ) while the producer already fetches indices and K rows.
+template <bool XO>
+__device__ __forceinline__ void load_q(const Args &a, const Cta<XO> &c)
+{
+    const smla_attn_params &p = a.p;
+    const uint16_t *qb = p.q + c.bi * p.q_stride_b + c.si * p.q_stride_s;
+    for (int i = c.tid; i < kHT * kRowChunks; i += 256) {
+        const int r = i / kRowChunks, ch = i - r * kRowChunks;
+        const bool ok = c.h0 + r < c.h;
+        const uint16_t *src = ok ? qb + static_cast<int64_t>(c.h0 + r) * p.q_stride_h + ch * 8 : qb;
+        cp_async16(blk_addr(c.sQ, r, ch), src, ok ? 16 : 0);
+    }
+    cp_async_commit();
+}
+
+// Internal linkage: each instantiation file owns its kernels (no two files register one kernel).
+namespace {
+
+// XO: launched in clusters of 2, the two head tiles of one query row (grid x even).
+template <bool FP8, int ABL, bool XO>
+__global__ void __launch_bounds__(kThreads, 1) attn_sm90_kernel(const __grid_constant__ Args a)
+{
+    static_assert(FP8 || !XO, "the crossover is written for the fp8 producer");
+    extern __shared__ uint8_t smem_raw[];
+    const Cta<XO> c(a, smem_raw);
+
+    init_barriers(c);
+    if (c.nt > 0 && c.tid < 256) load_q(a, c);
+    if constexpr (XO) cluster_sync();  // both CTAs' barriers initialised
+    else __syncthreads();              // barriers initialised
+    const uint32_t peer = XO ? (cluster_rank() ^ 1u) : 0u;
+    const uint32_t peer_base = XO ? mapa(c.base, peer) : 0u;  // the peer's address of our `base`
+
+    if (c.tid >= 256) {
+        setmaxnreg_dec<kProducerRegs>();
+        if constexpr (FP8) Fp8Producer<ABL, XO>(a, c, peer, peer_base).run();
+        else produce_bf16<ABL>(a, c);
+        return;
+    }
+
+    setmaxnreg_inc<kConsumerRegs>();
+    wait_q();
+    Consumer<ABL, XO> consumer(a, c, peer_base);
+    for (int it = 0; it < c.nt; ++it) consumer.tile(c, it);
+    // XO: the peer may not leave while our arrivals / stores into its shared memory are in flight, nor
+    // we while its are (the producers, which have left, are not waited for: their stores completed
+    // before the consumers' last rr wait)
+    if constexpr (XO) cluster_sync();
+    consumer.epilogue(c);
+}
+
+// Launches ablation variant ABL (0: the full kernel): for fp8 with two head tiles the crossover
+// kernel in clusters of 2, else the plain one. The shared-memory attribute of both is set once per
+// device.
+template <bool FP8, int ABL>
+int launch_variant(const Args &a, int64_t grid, cudaStream_t s, int dev, smla_status *st)
+{
+    static OncePerDevice configured;
+    // fp8 with two head tiles: clusters of the two (the crossover; sm90/producer.cuh)
+    const bool xo = FP8 && a.n_ht == 2;
+    static_assert(SMLA_MAX_HEADS <= 2 * kHT, "more than two head tiles would need another producer split");
+    void (*kern)(Args) = attn_sm90_kernel<FP8, ABL, false>;
+    if constexpr (FP8) {
+        if (xo) kern = attn_sm90_kernel<FP8, ABL, true>;
+    }
+    if (configured.needed(dev)) {
+        SMLA_CUDA_CHECK(st, cudaFuncSetAttribute(attn_sm90_kernel<FP8, ABL, false>,
+                                                 cudaFuncAttributeMaxDynamicSharedMemorySize, Smem::bytes));
+        if constexpr (FP8)
+            SMLA_CUDA_CHECK(st, cudaFuncSetAttribute(attn_sm90_kernel<FP8, ABL, true>,
+                                                     cudaFuncAttributeMaxDynamicSharedMemorySize, Smem::bytes));
+        configured.mark(dev);
+    }
+    if (xo) {
+        cudaLaunchConfig_t cfg = {};
+        cfg.gridDim = dim3(static_cast<unsigned>(grid), 1, 1);
+        cfg.blockDim = dim3(kThreads, 1, 1);
+        cfg.dynamicSmemBytes = Smem::bytes;
+        cfg.stream = s;
+        cudaLaunchAttribute attr[1];
+        attr[0].id = cudaLaunchAttributeClusterDimension;
+        attr[0].val.clusterDim.x = 2;
+        attr[0].val.clusterDim.y = 1;
+        attr[0].val.clusterDim.z = 1;
+        cfg.attrs = attr;
+        cfg.numAttrs = 1;
+        SMLA_CUDA_CHECK(st, cudaLaunchKernelEx(&cfg, kern, a));
+    } else {
+        kern<<<static_cast<unsigned>(grid), kThreads, Smem::bytes, s>>>(a);
+    }
+    SMLA_CUDA_LAUNCH_CHECK(st);
+    return SMLA_OK;
+}
+
+// The ablation variant run.attn_ablate names (profiling builds), else the full kernel.
+template <bool FP8, int ABL, int... MORE>
+int launch_ablation(const Args &a, int64_t grid, cudaStream_t s, int dev, smla_status *st)
+{
+    if (a.p.run.attn_ablate == ABL) return launch_variant<FP8, ABL>(a, grid, s, dev, st);
+    if constexpr (sizeof...(MORE) > 0) return launch_ablation<FP8, MORE...>(a, grid, s, dev, st);
+    else return launch_variant<FP8, 0>(a, grid, s, dev, st);
+}
+
+template <bool FP8>
+int launch(const Args &a, int64_t grid, cudaStream_t s, int dev, smla_status *st)
+{
+#if defined(SMLA_ATTN_ABLATION)
+    // the variants tools/ablate.py times (its VARIANTS, less 0)
+    return launch_ablation<FP8, 1, 2, 4, 6, 7, 8, 16>(a, grid, s, dev, st);
+#else
+    return launch_variant<FP8, 0>(a, grid, s, dev, st);
+#endif
+}
+
+}  // namespace
+
+// The table entry of the kernel for one cache format.
+template <bool FP8>
+constexpr KernelEntry entry()
+{
+    return KernelEntry{Family::sm90, FP8, kHT, kBN, Smem::bytes, 1, kThreads, &launch<FP8>};
+}
+
+}  // namespace sm90
+}  // namespace attn

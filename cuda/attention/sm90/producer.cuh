@@ -1,0 +1,250 @@
+// The producer warpgroup (WG2, setmaxnreg 120) of the wgmma kernel: it fills the two K buffers,
+// handing each over through mbarriers (full: producer -> consumers, empty: consumers -> producer),
+// and marks each row valid or not (sValid) for the consumers' mask.
+//   produce_bf16: bf16 rows by 16-byte cp.async (zero fill for invalid rows), 8 lanes per row, each
+//                 lane finding its own rows' addresses;
+//   Fp8Producer : fp8_ds_mla rows by 16-byte loads into registers (two 4-row batches in flight per
+//                 warp; row addresses found a tile ahead, one lane per row) and the exact dequant
+//                 bf16_rne(float(e4m3) * scale) (dequant8, cuda/common.cuh) into smem. XO: the
+//                 two-CTA crossover below.
+// XO ("crossover", FlashMLA's two-CTA dequant split; fp8 with two head tiles): the two CTAs of a
+// cluster are the two head tiles of one (query row, split) and read the same K rows; each loads and
+// dequantises half of every tile (rows 32 * rank .. + 31) and stores it into its own K buffer and, with
+// st.async, into the peer's, whose remote-ready barrier (rr) counts the bytes. The empty barriers count
+// one arrival per consumer warp of both CTAs.
+// ABL (profiling builds only, sm90/kernel.cuh): bit 1 leaves out the global K loads (zeros), bit 8 the
+// fp8 dequant (raw bytes stored).
+#pragma once
+
+#include "attention/sm90/plan.cuh"
+
+namespace attn {
+namespace sm90 {
+
+// Where K rows come from: the cache entry of a valid slot (ok), else the cache base (never read).
+struct KvSource {
+    const smla_attn_params &p;
+    const uint8_t *kv_base;
+    uint32_t block_size;
+    int64_t limit;
+
+    __device__ __forceinline__ explicit KvSource(const Args &a)
+        : p(a.p), kv_base(static_cast<const uint8_t *>(a.p.kv.data)),
+          block_size(static_cast<uint32_t>(a.p.kv.block_size)), limit(a.limit)
+    {
+    }
+    __device__ __forceinline__ const uint8_t *row(int idx, bool ok) const
+    {
+        if (!ok) return kv_base;
+        const uint32_t u = static_cast<uint32_t>(idx);
+        const uint32_t blk = u / block_size, off = u - blk * block_size;
+        return kv_base + static_cast<int64_t>(blk) * p.kv.block_stride + static_cast<int64_t>(off) * p.kv.entry_stride;
+    }
+};
+
+// bf16 rows. Lanes 8s..8s+7 of producer warp pw copy row r_i = 16 pw + 4 i + s (i = 0..3) of each
+// tile: lane chunk cl = lane & 7 of each of the 9 column blocks, so a lane's 9 cp.async share one
+// swizzled offset (block c8 at +c8 * kBlk in smem, +c8 * 128 B in the row). Each lane finds its own 4
+// rows' addresses (indices fetched a tile ahead): no per-row work is serialised across the warp.
+template <int ABL>
+__device__ __forceinline__ void produce_bf16(const Args &a, const Cta<false> &c)
+{
+    constexpr bool kNoLoad = (ABL & 1) != 0;
+    const KvSource kv(a);
+    const int lane = c.lane;
+    const int pw = (c.tid - 256) >> 5;
+    const uint64_t pol = a.evict_last ? policy_evict_last() : 0;
+    const int sub = lane >> 3, cl = lane & 7;
+    auto fetch_idx = [&](int it, int (&v)[4]) {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            const int pos = (c.j0 + it) * kBN + 16 * pw + 4 * i + sub;
+            v[i] = (it < c.nt && pos < c.L) ? __ldg(c.idx_row + pos) : -1;
+        }
+    };
+    int idx_cur[4], idx_nxt[4];
+    fetch_idx(0, idx_cur);
+    for (int it = 0; it < c.nt; ++it) {
+        const int b = it & 1, use = it >> 1;
+        fetch_idx(it + 1, idx_nxt);
+        if (use > 0) mbar_wait(c.bar_empty + 8 * b, (use - 1) & 1);
+        const uint32_t kb = c.sK + b * kTileBytes;
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            const int r = 16 * pw + 4 * i + sub;
+            const int idx = idx_cur[i];
+            const bool ok = idx >= 0 && static_cast<int64_t>(idx) < kv.limit;  // -1 past L
+            const uint8_t *src = kv.row(idx, ok) + cl * 16;
+            const int nb = (ok && !kNoLoad) ? 16 : 0;
+            const uint32_t dst = kb + r * 128 + ((cl ^ (r & 7)) << 4);
+#pragma unroll
+            for (int c8 = 0; c8 < 9; ++c8) {
+                if (a.evict_last) cp_async16_hint(dst + c8 * kBlk, src + c8 * 128, nb, pol);
+                else cp_async16(dst + c8 * kBlk, src + c8 * 128, nb);
+            }
+            if (cl == 0) c.sValid[b * kBN + r] = ok ? 1 : 0;
+        }
+        cp_async_commit();
+#pragma unroll
+        for (int i = 0; i < 4; ++i) idx_cur[i] = idx_nxt[i];
+        cp_async_wait_all();
+        fence_async_smem();
+        mbar_arrive(c.bar_full + 8 * b);
+    }
+}
+
+// One warp's share of an fp8 tile: 4 rows (r = warp + 4 * (4 * batch + k)); lane l holds latent
+// values 16l..16l+15 (scale tile l/8) and bytes 4l..4l+3 of the row's k_pe.
+struct Fp8Batch {
+    uint4 e[4];
+    float s[4];
+    uint32_t rope[4];
+    bool ok[4];
+};
+
+// fp8_ds_mla rows: batches of 4 rows per warp, 4 batches per tile (2 with XO); batch q+1 is loaded
+// while q is stored. Row m of a warp's tile is row pw + 4m. Per tile, lane m < 16 turns its row's
+// index into the entry address (ptr) and validity bit (okm, a ballot), one tile ahead; the indices
+// themselves are loaded two tiles ahead. No address arithmetic is serialised across the warp: a
+// batch's row gets its address by two shuffles. (A bulk L2 prefetch of the entries a tile ahead was
+// measured: no gain; benchmarks/README.md.)
+template <int ABL, bool XO>
+struct Fp8Producer {
+    static constexpr bool kNoLoad = (ABL & 1) != 0, kNoDq = (ABL & 8) != 0;
+    static constexpr int kNbq = XO ? 2 : 4;                     // batches per tile per warp
+    static constexpr uint32_t kRemoteBytes = 32 * (2 * kDqk + 4);  // per tile from the peer: rows + valid flags
+
+    const Cta<XO> &c;
+    const KvSource kv;
+    const int lane, pw;
+    const int bq0;              // XO: this CTA's rows 32 * rank ..
+    const uint32_t peer_base;   // XO: the peer's address of our smem base
+    const int nq;               // batches of this warp
+    const uint8_t *ptr_cur, *ptr_nxt;  // lane m < 16: the entry of row m of the current / next tile
+    uint32_t okm_cur, okm_nxt;         // their validity bits
+    int idx_nn;                        // lane m < 16: the index of row m two tiles ahead
+
+    __device__ __forceinline__ Fp8Producer(const Args &a, const Cta<XO> &cta, uint32_t peer, uint32_t peer_base_)
+        : c(cta), kv(a), lane(cta.lane), pw((cta.tid - 256) >> 5), bq0(XO ? 2 * static_cast<int>(peer ^ 1u) : 0),
+          peer_base(peer_base_), nq(cta.nt * kNbq)
+    {
+    }
+
+    __device__ __forceinline__ int fetch_idx(int it) const
+    {
+        if (it >= c.nt || lane >= 16) return -1;
+        const int pos = (c.j0 + it) * kBN + pw + 4 * lane;
+        return pos < c.L ? __ldg(c.idx_row + pos) : -1;
+    }
+    __device__ __forceinline__ void locate(int idx, const uint8_t *&ptr, uint32_t &okm) const
+    {
+        const bool ok = idx >= 0 && static_cast<int64_t>(idx) < kv.limit;
+        ptr = kv.row(idx, ok);
+        okm = __ballot_sync(0xffffffffu, ok);
+    }
+
+    // Batch q into registers (called with q = 0, 1, 2, ... in order).
+    __device__ __forceinline__ void load(Fp8Batch &B, int q)
+    {
+        const int it = q / kNbq, bq = bq0 + q % kNbq;
+        if (q % kNbq == 0 && it > 0) {
+            ptr_cur = ptr_nxt;
+            okm_cur = okm_nxt;
+            locate(idx_nn, ptr_nxt, okm_nxt);
+            idx_nn = fetch_idx(it + 2);
+        }
+        const uint64_t pc = reinterpret_cast<uint64_t>(ptr_cur);
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+            const int m = 4 * bq + k;
+            const uint32_t lo = __shfl_sync(0xffffffffu, static_cast<uint32_t>(pc), m);
+            const uint32_t hi = __shfl_sync(0xffffffffu, static_cast<uint32_t>(pc >> 32), m);
+            const uint8_t *src = reinterpret_cast<const uint8_t *>((static_cast<uint64_t>(hi) << 32) | lo);
+            B.ok[k] = (okm_cur >> m) & 1u;
+            if constexpr (kNoLoad) {
+                B.e[k] = make_uint4(0, 0, 0, 0);
+                B.s[k] = 0.f;
+                B.rope[k] = 0u;
+            } else if (B.ok[k]) {
+                B.e[k] = ldg_nc_v4(src + 16 * lane);
+                B.s[k] = ldg_nc_f32(src + SMLA_FP8_SCALE_OFF + 4 * (lane >> 3));
+                B.rope[k] = ldg_nc_u32(src + SMLA_FP8_ROPE_OFF + 4 * lane);
+            }
+        }
+    }
+
+    // Batch q, dequantised, into K buffer (q / kNbq) & 1 (XO: also into the peer's).
+    __device__ __forceinline__ void store(const Fp8Batch &B, int q) const
+    {
+        const int it = q / kNbq, bq = bq0 + q % kNbq, b = it & 1;
+        const uint32_t kb = c.sK + b * kTileBytes;
+        const uint32_t rbar = peer_base + (c.bar_rr + 8 * b - c.base);  // the peer's rr[b]
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+            const int r = pw + 4 * (4 * bq + k);
+            const uint4 z = make_uint4(0, 0, 0, 0);
+            uint4 v0, v1;
+            if constexpr (kNoDq) {
+                v0 = v1 = B.ok[k] ? B.e[k] : z;
+            } else {
+                v0 = B.ok[k] ? dequant8(make_uint2(B.e[k].x, B.e[k].y), B.s[k]) : z;
+                v1 = B.ok[k] ? dequant8(make_uint2(B.e[k].z, B.e[k].w), B.s[k]) : z;
+            }
+            const uint32_t a0 = blk_addr(kb, r, 2 * lane), a1 = blk_addr(kb, r, 2 * lane + 1);
+            const uint32_t ar = blk_addr(kb, r, kNopeChunks + (lane >> 2)) + 4 * (lane & 3);
+            const uint32_t rope = B.ok[k] ? B.rope[k] : 0u;
+            st_shared_v4(a0, v0);
+            st_shared_v4(a1, v1);
+            st_shared_u32(ar, rope);
+            if (lane == 0) c.sValid[b * kBN + r] = B.ok[k] ? 1 : 0;
+            if constexpr (XO) {
+                st_async_v4(peer_base + (a0 - c.base), v0, rbar);
+                st_async_v4(peer_base + (a1 - c.base), v1, rbar);
+                st_async_u32(peer_base + (ar - c.base), rope, rbar);
+                if (lane == 0)
+                    st_async_u32(peer_base + static_cast<uint32_t>(Smem::valid.off + 4 * (b * kBN + r)),
+                                 B.ok[k] ? 1u : 0u, rbar);
+            }
+        }
+    }
+
+    // Batch q with its hand-off: wait for the buffer to be free before a tile's first batch, signal
+    // it full after its last.
+    __device__ __forceinline__ void stage(const Fp8Batch &B, int q) const
+    {
+        const int it = q / kNbq, b = it & 1, use = it >> 1;
+        const bool first = q % kNbq == 0, last = q % kNbq == kNbq - 1;
+        if (first && use > 0) {
+            // XO: the peer's consumers are done with its buffer b too (their arrivals count here)
+            if constexpr (XO) mbar_wait_cluster(c.bar_empty + 8 * b, (use - 1) & 1);
+            else mbar_wait(c.bar_empty + 8 * b, (use - 1) & 1);
+        }
+        // XO: our rr[b] expects the peer's half of this tile (its phase for tile it - 2 is over:
+        // our consumers waited for it before releasing buffer b)
+        if (XO && first && c.tid == 256) mbar_arrive_expect_tx(c.bar_rr + 8 * b, kRemoteBytes);
+        store(B, q);
+        if (last) {
+            fence_async_smem();
+            mbar_arrive(c.bar_full + 8 * b);
+        }
+    }
+
+    __device__ __forceinline__ void run()
+    {
+        locate(fetch_idx(0), ptr_cur, okm_cur);
+        locate(fetch_idx(1), ptr_nxt, okm_nxt);
+        idx_nn = fetch_idx(2);
+        Fp8Batch A, Bn;
+        if (nq > 0) load(A, 0);
+#pragma unroll 1
+        for (int q = 0; q < nq; q += 2) {
+            load(Bn, q + 1);  // nq is even: q + 1 < nq
+            stage(A, q);
+            if (q + 2 < nq) load(A, q + 2);
+            stage(Bn, q + 1);
+        }
+    }
+};
+
+}  // namespace sm90
+}  // namespace attn

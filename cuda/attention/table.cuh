@@ -1,0 +1,61 @@
+// The kernel table: what each instantiation file (sm80/bf16.cu, sm80/fp8.cu, sm90/bf16.cu,
+// sm90/fp8.cu) offers the launcher (launch.cu), one entry per compiled kernel configuration, and
+// the combine kernel's launch (combine.cu). launch.cu chooses an entry by rule from these numbers
+// alone; nothing else ties a configuration to the launcher, so adding one is adding an entry.
+//
+// The sm90 lists exist only when setup.py compiled cuda/attention/sm90/ (sm_90a among the build
+// archs), which it says with -DSMLA_HAVE_SM90=1.
+#pragma once
+
+#include "attention/args.cuh"
+
+namespace attn {
+
+// Launches one kernel over `grid` CTAs for a call whose Args are filled (device `dev`, current).
+using LaunchFn = int (*)(const Args &a, int64_t grid, cudaStream_t stream, int dev, smla_status *st);
+
+enum class Family {
+    sm80,  // portable: mma.sync, any head tile, sm_80 and later (sm80/)
+    sm90,  // Hopper: warp-specialised wgmma, head tile 64, compute capability 9.0 only (sm90/)
+};
+
+struct KernelEntry {
+    Family family;
+    bool fp8;        // reads an fp8_ds_mla cache (else bf16)
+    int ht;          // heads per CTA
+    int bn;          // tokens per K tile
+    int smem;        // dynamic shared memory per CTA, bytes
+    int min_blocks;  // CTAs per SM its register budget allows (caps the occupancy the split plan assumes)
+    int threads;     // per CTA
+    LaunchFn launch;
+};
+
+struct KernelList {
+    const KernelEntry *entries;
+    int n;
+};
+
+extern const KernelList kSm80Bf16Kernels;  // sm80/bf16.cu
+extern const KernelList kSm80Fp8Kernels;   // sm80/fp8.cu
+#if SMLA_HAVE_SM90
+extern const KernelList kSm90Bf16Kernels;  // sm90/bf16.cu
+extern const KernelList kSm90Fp8Kernels;   // sm90/fp8.cu
+#endif
+
+// The split-top-k combine over the partials of a.n_splits splits (combine.cu); `op` names the call
+// in errors.
+int launch_combine(const Args &a, cudaStream_t stream, const char *op, smla_status *st);
+
+// Per-device "done once" flags (a kernel's shared-memory attribute set, a device's properties read);
+// a device past kMaxDevices is never marked, so its work is redone on every call.
+constexpr int kMaxDevices = 64;
+struct OncePerDevice {
+    bool done[kMaxDevices];
+    bool needed(int dev) const { return dev < 0 || dev >= kMaxDevices || !done[dev]; }
+    void mark(int dev)
+    {
+        if (dev >= 0 && dev < kMaxDevices) done[dev] = true;
+    }
+};
+
+}  // namespace attn
