@@ -18,9 +18,6 @@ constexpr int kRowChunks = kRowBytes / 16;  // 72 sixteen-byte chunks
 constexpr int kNopeChunks = 2 * SMLA_D_NOPE / 16;  // 64: chunks of a bf16 row that hold the latent part
 constexpr int kFp8Entry = SMLA_FP8_ENTRY;   // 656 B: one fp8_ds_mla token (docs/design.md section 3)
 constexpr int kFp8Chunks = kFp8Entry / 16;  // 41
-constexpr float kLog2e = 1.4426950408889634f;
-constexpr double kLn2d = 0.6931471805599453;
-constexpr double kLog2ed = 1.4426950408889634;
 static_assert(SMLA_FP8_TILE == 16 * 8, "a bf16 chunk c < 64 of an fp8 row takes scale c >> 4");
 static_assert(kFp8Entry % 16 == 0 && SMLA_FP8_ROPE_OFF % 16 == 0, "fp8 entries are copied in 16-byte chunks");
 

@@ -71,7 +71,7 @@ __global__ void __launch_bounds__(kCombineWarps * 32) attn_combine_kernel(const 
             }
         }
     }
-    const double lse_d = mode == 0 ? (static_cast<double>(M) + log2(W)) * kLn2d : (mode == 1 ? INFINITY : -INFINITY);
+    const double lse_d = mode == 0 ? (static_cast<double>(M) + log2(W)) * SMLA_LN2 : (mode == 1 ? INFINITY : -INFINITY);
     const float f = none ? 0.f : static_cast<float>(1.0 / W);
     store_out_row<4, 4, 128>(
         p, bi, si, hr, f, none, lse_d, [&] { return 4 * lane; }, [&] { return lane == 0; },

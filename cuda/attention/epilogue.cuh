@@ -10,33 +10,23 @@
 #pragma once
 
 #include "attention/softmax.cuh"
+#include "core/attention_math.h"
 
 namespace attn {
 
-// Natural-log lse of a finished row (m: its log2-domain max, -inf when it had no valid index; l: its
-// sum of 2^(s - m)) and its natural-log max logit. A saturated max stands for an overflowed one.
+// The finished-row rules are csrc/core/attention_math.h's, shared with the CPU kernels; these wrappers
+// give them the kernels' types (m is the fp32 log2-domain row max, -inf when no index took part).
 __device__ __forceinline__ double row_lse(float m, double l, double ml_factor)
 {
-    if (m == -INFINITY) return -INFINITY;
-    if (l != l) return l;  // a NaN score
-    if (m == kFltMax) return INFINITY;
-    if (m == -kFltMax) return -INFINITY;
-    return static_cast<double>(m) * ml_factor + log(l);
+    return smla_row_lse(static_cast<double>(m), l, ml_factor);
 }
 __device__ __forceinline__ float row_max_logit(float m, double ml_factor)
 {
-    if (m == kFltMax) return INFINITY;
-    if (m == -kFltMax) return -INFINITY;
-    return static_cast<float>(static_cast<double>(m) * ml_factor);  // -inf stays -inf
+    return static_cast<float>(smla_row_max_logit(static_cast<double>(m), ml_factor));
 }
-
-// attn_sink's factor 1 / (1 + exp(sink - lse)); sink +inf -> 0 and -inf -> 1 whatever lse (also the
-// infinite lse of a saturated row, where sink - lse would be inf - inf); NaN stays NaN.
 __device__ __forceinline__ double sink_factor(float sink, double lse)
 {
-    if (sink == INFINITY) return 0.0;
-    if (sink == -INFINITY) return 1.0;
-    return 1.0 / (1.0 + exp(static_cast<double>(sink) - lse));
+    return smla_sink_factor(static_cast<double>(sink), lse);
 }
 
 // Split partials. A saturated split has no finite lse, and the combine needs its sign and its count
@@ -54,7 +44,7 @@ __device__ __forceinline__ float part_lse(float m, double l, double lse_d)
         const uint32_t c = l < static_cast<double>(kSatCountMax) ? static_cast<uint32_t>(l) : kSatCountMax;
         return __uint_as_float((m > 0.f ? 0x7f800000u : 0xff800000u) | c);  // l >= 1: c >= 1
     }
-    const float v = static_cast<float>(lse_d * kLog2ed);
+    const float v = static_cast<float>(lse_d * SMLA_LOG2E);
     return v > kFltMax ? kFltMax : (v < -kFltMax ? -kFltMax : v);
 }
 // +1 / -1: a box of that sign; 0: any other value

@@ -21,6 +21,7 @@
 #include <limits.h>
 
 #include "attention/table.cuh"
+#include "core/attention_math.h"
 
 namespace attn {
 namespace {
@@ -216,12 +217,8 @@ int run_attention(const smla_attn_params *p, bool is_decode, smla_status *st)
     a.limit = p->kv.num_blocks * p->kv.block_size;
     a.rows = L.rows;
     a.n_ht = static_cast<int>(L.n_ht);
-    a.scale_log2 = p->softmax_scale * kLog2e;
-    // m * ml_factor = the natural-log logit of the log2-domain kernel logit m (exact up to m's own
-    // rounding); a zero / non-finite scale_log2 leaves plain ln 2
-    a.ml_factor = (a.scale_log2 != 0.f && isfinite(a.scale_log2))
-                      ? static_cast<double>(p->softmax_scale) / static_cast<double>(a.scale_log2)
-                      : kLn2d;
+    a.scale_log2 = smla_attn_scale_log2(p->softmax_scale);
+    a.ml_factor = smla_attn_to_ln(p->softmax_scale, a.scale_log2);
     a.evict_last = is_decode ? 0 : 1;
     a.o_part = nullptr;
     a.lse_part = nullptr;
