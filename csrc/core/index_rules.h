@@ -44,6 +44,16 @@ SMLA_HD uint8_t *smla_cache_entry(const smla_cache *c, int64_t slot)
     return smla_cache_entry_at(c, blk, slot - blk * c->block_size);
 }
 
+/* The entry of a slot the caller already knows is valid (0 <= slot < num_blocks * block_size, slots being
+ * int32), for the attention kernels' K-row gathers: 32-bit division and offset (a 64-bit division is a
+ * long instruction sequence on the GPU), and the cache's geometry passed as the kernel holds it. */
+SMLA_HD const uint8_t *smla_cache_entry_valid(const uint8_t *base, uint32_t slot, uint32_t block_size,
+                                              int64_t block_stride, int64_t entry_stride)
+{
+    const uint32_t blk = slot / block_size, off = slot - blk * block_size;
+    return base + (int64_t)blk * block_stride + (int64_t)off * entry_stride;
+}
+
 /* The entry of position pos of a request whose block table row is bt_row (max_blocks columns), or NULL
  * when pos < 0, pos / block_size >= max_blocks or the block id is outside [0, num_blocks). */
 SMLA_HD uint8_t *smla_cache_entry_of(const smla_cache *c, const int32_t *bt_row, int64_t max_blocks, int64_t pos)

@@ -8,6 +8,7 @@
 #include <math.h>
 
 #include "common.cuh"
+#include "core/index_rules.h"
 
 namespace attn {
 

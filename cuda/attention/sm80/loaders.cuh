@@ -56,11 +56,9 @@ __device__ __forceinline__ void load_rows(const Args &a, const Cta<C> &c, int j,
         const int idx = c.sIdx[slot * C::BN + r];
         const bool ok = (j * C::BN + r) < c.L && idx >= 0 && static_cast<int64_t>(idx) < c.limit;
         const uint8_t *src = c.kv_base;
-        if (ok) {
-            const uint32_t u = static_cast<uint32_t>(idx);
-            const uint32_t blk = u / c.block_size, off = u - blk * c.block_size;
-            src += static_cast<int64_t>(blk) * p.kv.block_stride + static_cast<int64_t>(off) * p.kv.entry_stride;
-        }
+        if (ok)
+            src = smla_cache_entry_valid(c.kv_base, static_cast<uint32_t>(idx), c.block_size, p.kv.block_stride,
+                                         p.kv.entry_stride);
         const int nbytes = ok ? 16 : 0;
         if constexpr (C::FP8) {
             const uint32_t d = dst + r * kFp8Entry;

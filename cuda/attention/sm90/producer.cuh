@@ -36,9 +36,8 @@ struct KvSource {
     __device__ __forceinline__ const uint8_t *row(int idx, bool ok) const
     {
         if (!ok) return kv_base;
-        const uint32_t u = static_cast<uint32_t>(idx);
-        const uint32_t blk = u / block_size, off = u - blk * block_size;
-        return kv_base + static_cast<int64_t>(blk) * p.kv.block_stride + static_cast<int64_t>(off) * p.kv.entry_stride;
+        return smla_cache_entry_valid(kv_base, static_cast<uint32_t>(idx), block_size, p.kv.block_stride,
+                                      p.kv.entry_stride);
     }
 };
 
