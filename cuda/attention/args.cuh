@@ -39,6 +39,25 @@ struct Args {
 
 // What one CTA of query row (bi, si) and top-k split sp reads: the row's indices, its top-k length L
 // (topk_length clamped to [0, topk]) and its tiles [j0, j1) of bn tokens (j1 <= j0: none).
+// Which work a CTA of the main kernels does: launch.cu sizes the one-dimensional grid as
+// blockIdx.x = (row * n_ht + head tile) * n_splits + split, row = request * s_q + token. (The sm90 fp8
+// two-CTA cluster orders its grid by head tile last; sm90/plan.cuh.)
+struct GridPos {
+    int64_t row, bi, si;
+    int ht, sp;
+};
+__device__ __forceinline__ GridPos grid_pos(const Args &a)
+{
+    GridPos g;
+    int64_t bx = blockIdx.x;
+    g.sp = static_cast<int>(bx % a.n_splits);
+    bx /= a.n_splits;
+    g.ht = static_cast<int>(bx % a.n_ht);
+    g.row = bx / a.n_ht;
+    g.bi = g.row / a.p.s_q, g.si = g.row % a.p.s_q;
+    return g;
+}
+
 struct RowSlice {
     const int32_t *idx;
     int L, j0, j1;

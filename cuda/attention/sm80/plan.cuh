@@ -106,13 +106,8 @@ struct Cta {
         tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
         g = lane >> 2, t4 = lane & 3;
 
-        // blockIdx.x = (row * n_ht + head tile) * n_splits + split
-        int64_t bx = blockIdx.x;
-        sp = static_cast<int>(bx % a.n_splits);
-        bx /= a.n_splits;
-        ht = static_cast<int>(bx % a.n_ht);
-        row = bx / a.n_ht;
-        bi = row / p.s_q, si = row % p.s_q;
+        const GridPos gp = grid_pos(a);
+        sp = gp.sp, ht = gp.ht, row = gp.row, bi = gp.bi, si = gp.si;
         h = static_cast<int>(p.h);
         h0 = ht * C::HT;
         const RowSlice slice = row_slice(a, bi, si, sp, C::BN);

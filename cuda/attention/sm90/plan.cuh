@@ -72,19 +72,17 @@ struct Cta {
         tid = threadIdx.x;
         lane = tid & 31;
 
-        int64_t bx = blockIdx.x;
         if constexpr (XO) {  // blockIdx.x = (row * n_splits + split) * 2 + head tile; head tile = cluster rank
+            int64_t bx = blockIdx.x;
             ht = static_cast<int>(bx & 1);
             bx >>= 1;
             sp = static_cast<int>(bx % a.n_splits);
             row = bx / a.n_splits;
-        } else {  // blockIdx.x = (row * n_ht + head tile) * n_splits + split
-            sp = static_cast<int>(bx % a.n_splits);
-            bx /= a.n_splits;
-            ht = static_cast<int>(bx % a.n_ht);
-            row = bx / a.n_ht;
+            bi = row / p.s_q, si = row % p.s_q;
+        } else {
+            const GridPos gp = grid_pos(a);
+            sp = gp.sp, ht = gp.ht, row = gp.row, bi = gp.bi, si = gp.si;
         }
-        bi = row / p.s_q, si = row % p.s_q;
         h = static_cast<int>(p.h);
         h0 = ht * kHT;
         const RowSlice slice = row_slice(a, bi, si, sp, kBN);
