@@ -64,6 +64,20 @@ STREAM_CURRENT = 0xFFFFFFFFFFFFFFFF
 _HAS_EXCHANGE_API: weakref.WeakKeyDictionary[type, bool] = weakref.WeakKeyDictionary()
 
 
+def strides_elems(x):
+    """Element strides of a torch / NumPy / CuPy array."""
+    if framework(x) == "torch":
+        return tuple(int(s) for s in x.stride())
+    return tuple(int(s) // x.dtype.itemsize for s in x.strides)
+
+
+def dtype_name(x):
+    """x's dtype as one of _NUMPY_DTYPES' names (torch's 'torch.bfloat16' -> 'bfloat16'); CuPy's raw
+    bf16 bits (uint16) count as 'bfloat16', as every op accepts them."""
+    name = str(x.dtype).removeprefix("torch.")
+    return "bfloat16" if name == "uint16" and framework(x) == "cupy" else name
+
+
 def launch_stream(x, stream=None, name="array"):
     """The stream handle to launch on: the caller's `stream=`, else the current stream of the framework
     that owns x (`name` in messages: torch / cupy), else 0 (the legacy default stream)."""

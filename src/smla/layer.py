@@ -1,8 +1,13 @@
 """SparseMLAAttention: the layer backend a serving stack calls in place of vLLM's sparse-MLA
 backends (docs/design.md section 6).
 
-Per step: write the step's tokens into the cache (so a token can select itself), convert the
-indexer's request-local top-k positions to cache slots (or prefill-workspace rows), then attend:
+A step has two halves, which a caller may run together (forward) or apart, as vLLM does
+(do_kv_cache_update, then forward_mqa over the tokens that take the sparse path):
+
+- write_kv_cache: the step's tokens into the cache by md.slot_mapping (so a token can select itself);
+- attend: over a contiguous token range of the step (the whole step, the decodes [0, n), a range of
+  prefill tokens, any range: every token's metadata is its own), convert the indexer's
+  request-local top-k positions to cache slots (or prefill-workspace rows), then run the kernels:
 
 - bf16 cache: the prefill kernel over the paged rows, the cache seen as kv[num_blocks*block_size,
   576] (when blocks are contiguous; caches that interleave layers use the decode kernel instead).
@@ -14,11 +19,12 @@ indexer's request-local top-k positions to cache slots (or prefill-workspace row
 - "auto": "split" when num_heads >= smla.config.MIN_HEADS_FOR_SPLIT, else "mixed"; measured on
   the H200 by benchmarks/bench_layer.py, split won at every head count (so the threshold is 1).
 
-All reusable buffers (converted indices, lse scratch, prefill and decode workspaces) belong to the
-metadata builder, made once per model and shared by every layer; forward allocates only the
-outputs it is not given. All host work of a step (the split mode's prefill chunks included) is done
-by the builder's build(), so forward never copies from the device or waits for it. A decode step with
-out= given also allocates nothing, so it can be captured in a CUDA graph (capture after one eager
+All reusable buffers (converted indices, lse scratch, prefill and decode workspaces, the q staging
+buffer) belong to the metadata builder, made once per model and shared by every layer, or are
+handed to it by the caller (SparseMLAMetadataBuilder.workspace_specs / workspaces=); forward and
+attend allocate only the outputs they are not given. All host work of a step (the split mode's prefill chunks included) is done
+by the builder's build(), so forward and attend never copy from the device or wait for it. A decode
+step with out= (and for attend lse=) given also allocates nothing, so it can be captured in a CUDA graph (capture after one eager
 step, replay after each build()).
 """
 from typing import Any
@@ -26,7 +32,7 @@ from typing import Any
 from . import _arrays
 from .config import D_NOPE, D_QK, D_ROPE, D_V, SparseMLAConfig, expect_config
 from .metadata import SparseMLAMetadata
-from .ops import (_real, convert_topk_indices, gather_upconvert, kv_cache_shape, pack_kv,
+from .ops import (_int, _real, convert_topk_indices, gather_upconvert, kv_cache_shape, pack_kv,
                   sparse_mla_decode, sparse_mla_prefill)
 
 __all__ = ["SparseMLAAttention", "SparseMLAConfig"]
@@ -40,19 +46,12 @@ def _shape(x, name):
     return tuple(int(s) for s in x.shape)
 
 
-def _strides_elems(x):
-    """Element strides of a torch / NumPy / CuPy array."""
-    if _arrays.framework(x) == "torch":
-        return tuple(int(s) for s in x.stride())
-    return tuple(int(s) // x.dtype.itemsize for s in x.strides)
-
-
 def _flat_rows(kv_cache):
     """kv[num_blocks*block_size, 576] view of a bf16 cache whose blocks are back to back, else None."""
     if _arrays.framework(kv_cache) not in ("numpy", "torch", "cupy"):
         return None
     nb, bs, e = (int(s) for s in kv_cache.shape)
-    s0, s1, s2 = _strides_elems(kv_cache)
+    s0, s1, s2 = _arrays.strides_elems(kv_cache)
     if s2 != 1 or (nb > 1 and s0 != bs * s1):
         return None
     return kv_cache.reshape(nb * bs, e)  # merging dims 0 and 1 is a view under this condition
@@ -92,9 +91,8 @@ class SparseMLAAttention:
     def __repr__(self):
         return f"SparseMLAAttention({self.config}, softmax_scale={self.softmax_scale!r})"
 
-    def _check(self, md, q, kv_c, k_pe, kv_cache, topk_indices, out, lse):
-        """Everything forward can check before it writes anything (the cache is written first).
-        Returns T, the step's token count."""
+    def _check_md(self, md):
+        """md is this configuration's, fresh metadata; returns T, the step's token count."""
         cfg = self.config
         if not isinstance(md, SparseMLAMetadata):
             raise TypeError(f"md: expected a SparseMLAMetadata (SparseMLAMetadataBuilder.build), "
@@ -104,82 +102,196 @@ class SparseMLAAttention:
                              "metadata vs layer): give the builder and the layer one SparseMLAConfig")
         if md.stale:
             raise RuntimeError("md: stale metadata: its builder has built another step since")
-        T, h = md.num_padded_tokens, cfg.num_heads
-        for name, x, tail in (("q", q, (h, D_QK)), ("kv_c", kv_c, (D_NOPE,)), ("k_pe", k_pe, (D_ROPE,)),
-                              ("topk_indices", topk_indices, (cfg.topk,)), ("out", out, (h, D_V)),
-                              ("lse", lse, (h,))):
+        return md.num_padded_tokens
+
+    def _check_rows(self, n, what, arrays):
+        """Each (name, x, tail) with x [>= n, *tail] (only the first n rows are read or written);
+        out / lse None are skipped (outputs to allocate). `what` says where n comes from, for messages."""
+        for name, x, tail in arrays:
             if x is None and name in ("out", "lse"):
-                continue  # allocated by forward
+                continue
             shape = _shape(x, name)
-            # inputs and outputs: at least T rows, only the first T are read or written
-            if shape[1:] != tail or shape[0] < T:
-                raise ValueError(f"{name}: expected [{T}, {', '.join(map(str, tail))}] (at least T = "
-                                 f"len(md.slot_mapping) = {T} rows), got {list(shape)}")
-        # the cache: the converted indices are slots of this block size, checked against its block count
+            if shape[1:] != tail or shape[0] < n:
+                raise ValueError(f"{name}: expected [{n}, {', '.join(map(str, tail))}] (at least {what} rows), "
+                                 f"got {list(shape)}")
+
+    def _check_cache(self, kv_cache):
+        # the converted indices are slots of this block size, checked against its block count
+        cfg = self.config
         shape = _shape(kv_cache, "kv_cache")
         want = kv_cache_shape(shape[0] if shape else 0, cfg.block_size, cfg.kv_cache_dtype)
         if shape != want or want[0] < 1:
             raise ValueError(f"kv_cache: expected [num_blocks >= 1, {want[1]}, {want[2]}] (the layer's "
                              f"block_size and the {cfg.kv_cache_dtype} entry), got {list(shape)}")
-        return T
+
+    def _token_range(self, tokens, T):
+        """(start, end) of attend's `tokens`: None (the whole step), a (start, end) pair or a slice
+        with step 1, inside [0, T]."""
+        if tokens is None:
+            return 0, T
+        if isinstance(tokens, slice):
+            if tokens.step not in (None, 1):
+                raise ValueError(f"tokens: expected a contiguous range (slice step 1), got step {tokens.step}")
+            pair = (0 if tokens.start is None else tokens.start, T if tokens.stop is None else tokens.stop)
+        elif isinstance(tokens, tuple) and len(tokens) == 2:
+            pair = tokens
+        else:
+            raise TypeError(f"tokens: expected None, a (start, end) pair or a slice, got {type(tokens).__name__}")
+        start, end = (_int(v, f"tokens[{i}]", 0) for i, v in enumerate(pair))
+        if not 0 <= start <= end <= T:
+            raise ValueError(f"tokens: expected 0 <= start <= end <= T = len(md.slot_mapping) = {T}, "
+                             f"got ({start}, {end})")
+        return start, end
+
+    def write_kv_cache(self, kv_c: Array, k_pe: Array, kv_cache: Array, md: SparseMLAMetadata) -> Array:
+        """The first half of a step: kv_c [T, 512] and k_pe [T, 64] bf16 (this step's latent and
+        rope keys; longer inputs are CUDA-graph padding, only the first T = len(md.slot_mapping)
+        rows are used) written into kv_cache in place at md.slot_mapping (slot -1: padding,
+        skipped). Returns kv_cache. On the CPU, slots past the cache raise ValueError before
+        anything is written; the GPU skips them."""
+        T = self._check_md(md)
+        self._check_rows(T, f"T = len(md.slot_mapping) = {T}", (("kv_c", kv_c, (D_NOPE,)),
+                                                                ("k_pe", k_pe, (D_ROPE,))))
+        self._check_cache(kv_cache)
+        self._write(kv_c, k_pe, kv_cache, md, T)
+        return kv_cache
+
+    def _write(self, kv_c, k_pe, kv_cache, md, T):
+        if T:
+            pack_kv(kv_c[:T], k_pe[:T], kv_cache, md.slot_mapping, kv_cache_dtype=self.config.kv_cache_dtype)
+
+    def attend(self, q: Array | tuple[Array, Array], kv_cache: Array, topk_indices: Array, md: SparseMLAMetadata,
+               *, tokens: tuple[int, int] | slice | None = None, out: Array | None = None,
+               lse: Array | None = None) -> tuple[Array, Array]:
+        """The second half of a step: attention of the step's tokens [start, end) over kv_cache,
+        which must already hold them (write_kv_cache). tokens: None for the whole step [0, T), else
+        a (start, end) pair or a slice of the step's tokens, T = len(md.slot_mapping); vLLM's sparse
+        tokens are (0, num_decode_tokens) for the decodes, or a range of prefill tokens. Any range
+        works, as every token's request, prefill id and workspace chunk come from md.
+
+        With n = end - start: q is [n, h, 576] bf16, or the pair (q_nope [n, h, 512], q_pe [n, h,
+        64]) of any strides. The kernels read q through one pointer with a row stride, so a pair is
+        first copied into the builder's q staging buffer ([max_num_batched_tokens, h, 576], made at
+        the first pair unless given as workspaces["q_staging"]); reading the two halves in place
+        needs a kernel change (a second q pointer), left for later. topk_indices [n, topk] int32:
+        request-local positions of those n tokens (-1: none). out [n, h, 512] bf16 and lse [n, h]
+        f32 are written (their first n rows; allocated when not given). Returns (out, lse), lse in
+        natural log.
+
+        A range that cuts a split-mode workspace chunk still upconverts the whole chunk. As forward,
+        attend never copies from the device or waits for it."""
+        T = self._check_md(md)
+        start, end = self._token_range(tokens, T)
+        n, h, topk = end - start, self.config.num_heads, self.config.topk
+        what = f"n = {n} tokens {start}..{end}"
+        pair = isinstance(q, (tuple, list))
+        if pair and len(q) != 2:
+            raise ValueError(f"q: expected one array or a (q_nope, q_pe) pair, got a {type(q).__name__} "
+                             f"of {len(q)}")
+        qs = (("q[0] (q_nope)", q[0], (h, D_NOPE)), ("q[1] (q_pe)", q[1], (h, D_ROPE))) if pair else \
+            (("q", q, (h, D_QK)),)
+        self._check_rows(n, what, qs + (("topk_indices", topk_indices, (topk,)), ("out", out, (h, D_V)),
+                                        ("lse", lse, (h,))))
+        self._check_cache(kv_cache)
+        ref = q[0] if pair else q
+        if out is None:
+            out = _arrays.empty(ref, (n, h, D_V), "bfloat16")
+        if lse is None:
+            lse = _arrays.empty(ref, (n, h), "float32")
+        if n:
+            q = self._join(q[0], q[1], md, n) if pair else q
+            self._attend(q[:n], kv_cache, topk_indices[:n], md, start, end, out[:n], lse[:n])
+        return out, lse
+
+    def _join(self, q_nope, q_pe, md, n):
+        """The pair in the staging buffer's first n rows: the one copy a pair costs (attend)."""
+        for name, x in (("q[0] (q_nope)", q_nope), ("q[1] (q_pe)", q_pe)):
+            if _arrays.dtype_name(x) != "bfloat16":
+                raise TypeError(f"{name}: expected bfloat16, got {_arrays.dtype_name(x)}")
+        buf = md.q_staging.get(q_nope)
+        if _arrays.framework(buf) != _arrays.framework(q_nope) or _arrays.device(buf) != _arrays.device(q_nope):
+            raise ValueError(f"q: the pair must be {_arrays.framework(buf)} arrays on the q staging buffer's "
+                             f"device {_arrays.device(buf)} (DLPack type, id)")
+        q = buf[:n]
+        for dst, src in ((q[:, :, :D_NOPE], q_nope[:n]), (q[:, :, D_NOPE:], q_pe[:n])):
+            if _arrays.framework(dst) == "torch":
+                dst.copy_(src)  # on the arrays' stream, no host round trip
+            else:
+                dst[...] = src
+        return q
 
     def forward(self, q: Array, kv_c: Array, k_pe: Array, kv_cache: Array, topk_indices: Array,
                 md: SparseMLAMetadata, out: Array | None = None, return_lse: bool = False,
                 lse: Array | None = None) -> Array | tuple[Array, Array]:
-        """q [T, h, 576] bf16, kv_c [T, 512], k_pe [T, 64] (this step's latent and rope keys),
-        kv_cache (written in place), topk_indices [T, topk] int32 request-local positions (-1: none),
-        md from build() of a builder with this layer's configuration. Inputs may be longer than T = len(md.slot_mapping)
-        (CUDA-graph padding); only their first T rows are used. Returns out [T, h, 512] bf16 (the
-        given out, whose first T rows are written), and lse [T, h] f32 (natural log) with
-        return_lse=True. kv_cache must be [num_blocks, block_size, entry] of the layer's layout; on
-        the CPU, slots or block-table entries past it raise ValueError (the GPU cannot check without a
-        sync: it skips such writes and never reads past the cache)."""
-        T = self._check(md, q, kv_c, k_pe, kv_cache, topk_indices, out, lse if return_lse else None)
-        cfg = self.config
-        h = cfg.num_heads
+        """write_kv_cache, then attend over the whole step, with every argument checked before the
+        cache is written. q [T, h, 576] bf16, kv_c [T, 512], k_pe [T, 64] (this step's latent and
+        rope keys), kv_cache (written in place), topk_indices [T, topk] int32 request-local
+        positions (-1: none), md from build() of a builder with this layer's configuration. Inputs
+        may be longer than T = len(md.slot_mapping) (CUDA-graph padding); only their first T rows
+        are used. Returns out [T, h, 512] bf16 (the given out, whose first T rows are written), and
+        lse [T, h] f32 (natural log) with return_lse=True. kv_cache must be [num_blocks,
+        block_size, entry] of the layer's layout; on the CPU, slots or block-table entries past it
+        raise ValueError (the GPU cannot check without a sync: it skips such writes and never reads
+        past the cache)."""
+        T = self._check_md(md)
+        h = self.config.num_heads
+        self._check_rows(T, f"T = len(md.slot_mapping) = {T}", (
+            ("q", q, (h, D_QK)), ("kv_c", kv_c, (D_NOPE,)), ("k_pe", k_pe, (D_ROPE,)),
+            ("topk_indices", topk_indices, (self.config.topk,)), ("out", out, (h, D_V)),
+            ("lse", lse if return_lse else None, (h,))))
+        self._check_cache(kv_cache)
         if out is None:
             out = _arrays.empty(q, (T, h, D_V), "bfloat16")
         if return_lse and lse is None:
             lse = _arrays.empty(q, (T, h), "float32")
-        if T == 0:
-            return (out, lse) if return_lse else out
-        o = out[:T]
-        l = lse[:T] if return_lse else md.lse_scratch
-        q = q[:T]
+        if T:
+            self._write(kv_c, k_pe, kv_cache, md, T)
+            self._attend(q[:T], kv_cache, topk_indices[:T], md, 0, T, out[:T],
+                         lse[:T] if return_lse else md.lse_scratch)
+        return (out, lse) if return_lse else out
 
-        pack_kv(kv_c[:T], k_pe[:T], kv_cache, md.slot_mapping, kv_cache_dtype=cfg.kv_cache_dtype)
-
+    def _attend(self, q, kv_cache, topk_indices, md, start, end, o, l):
+        """Attention of the step's tokens [start, end) (checked): q, topk_indices, o, l hold exactly
+        those n = end - start rows; md's per-token arrays are indexed by step token."""
+        cfg = self.config
+        n = end - start
+        tok = slice(start, end)
         # prefill_request_ids / prefill_workspace_starts: None unless build() planned a split prefill
+        ids = md.prefill_request_ids
         idx = convert_topk_indices(
-            md.req_id_per_token, md.block_table, topk_indices[:T], block_size=cfg.block_size,
-            num_blocks=int(kv_cache.shape[0]), prefill_request_ids=md.prefill_request_ids,
-            prefill_workspace_starts=md.prefill_workspace_starts, out=md.indices)
+            md.req_id_per_token[tok], md.block_table, topk_indices, block_size=cfg.block_size,
+            num_blocks=int(kv_cache.shape[0]), prefill_request_ids=None if ids is None else ids[tok],
+            prefill_workspace_starts=md.prefill_workspace_starts, out=md.indices[tok])
+        max_logits = md.max_logits_scratch[tok]
 
         if cfg.mode == "bf16":
             kv = _flat_rows(kv_cache)
             if kv is not None:
-                sparse_mla_prefill(q, kv, idx, softmax_scale=self.softmax_scale, out=o, lse=l,
-                                   max_logits=md.max_logits_scratch)
+                sparse_mla_prefill(q, kv, idx, softmax_scale=self.softmax_scale, out=o, lse=l, max_logits=max_logits)
             else:
-                self._decode(q, kv_cache, idx, o, l, md, T, 1)
-        elif cfg.mode == "mixed":
-            self._decode(q, kv_cache, idx, o, l, md, T, 1)
-        else:
-            b, s = md.decode_shape
-            if b * s:
-                n = b * s
-                self._decode(q[:n], kv_cache, idx[:n], o[:n], l[:n], md, b, s)
-            ws = md.prefill_workspace
-            for c in md.chunks:
-                t = c.tokens
-                if c.token_end == c.token_start:
-                    continue  # requests without query tokens: nothing to attend
-                rows = ws[:c.num_rows]
-                gather_upconvert(kv_cache, rows, c.block_table, c.seq_lens, c.workspace_starts,
-                                 kv_cache_dtype=cfg.kv_cache_dtype)
-                sparse_mla_prefill(q[t], rows, idx[t], softmax_scale=self.softmax_scale, out=o[t],
-                                   lse=l[t], max_logits=md.max_logits_scratch[t])
-        return (out, lse) if return_lse else out
+                self._decode(q, kv_cache, idx, o, l, md, n, 1)
+            return
+        if cfg.mode == "mixed":
+            self._decode(q, kv_cache, idx, o, l, md, n, 1)
+            return
+        # split: the decodes [0, b*s) of the step through the decode kernel, as [b, s] when the range
+        # holds whole decode requests, else one token per row (same results, the kernel's batching)
+        b, s = md.decode_shape
+        d = min(end, b * s) - start
+        if d > 0:
+            whole = start % s == 0 and d % s == 0
+            self._decode(q[:d], kv_cache, idx[:d], o[:d], l[:d], md, d // s if whole else d, s if whole else 1)
+        ws = md.prefill_workspace
+        for c in md.chunks:
+            lo, hi = max(c.token_start, start), min(c.token_end, end)
+            if lo >= hi:
+                continue  # no query tokens of this chunk in the range: nothing to attend
+            rows = ws[:c.num_rows]
+            gather_upconvert(kv_cache, rows, c.block_table, c.seq_lens, c.workspace_starts,
+                             kv_cache_dtype=cfg.kv_cache_dtype)
+            t = slice(lo - start, hi - start)
+            sparse_mla_prefill(q[t], rows, idx[t], softmax_scale=self.softmax_scale, out=o[t], lse=l[t],
+                               max_logits=max_logits[t])
 
     __call__ = forward
 

@@ -19,14 +19,16 @@ for a split step with prefills: each copy synchronises with the device. Pass `qu
 synchronise (it may wait for the upload of two steps before, see _put).
 
 Scratch shared by every layer of the model also lives here (converted indices, lse / max_logits
-scratch, the decode kernel's split-top-k workspace sized for the largest step at allocation, and
-the split mode's bf16 prefill workspace), so a decode step through SparseMLAAttention allocates
-nothing.
+scratch, the decode kernel's split-top-k workspace sized for the largest step at allocation, the
+split mode's bf16 prefill workspace, and the staging buffer in which attend joins a (q_nope, q_pe)
+pair), so a decode step through SparseMLAAttention allocates nothing. `workspace_specs` names them
+with their shapes and byte sizes, and the `workspaces=` keyword takes caller-owned arrays in their
+place, so a host framework can own and count that memory.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any, NamedTuple, Optional
 
 import numpy as np
 
@@ -35,7 +37,7 @@ from ._arrays import host_ints as _host
 from .config import D_QK, MIN_HEADS_FOR_SPLIT, SparseMLAConfig, expect_config, resolve_mode
 from .ops import _I32_MAX, _int, _shape, sparse_mla_decode_workspace_size
 
-__all__ = ["MIN_HEADS_FOR_SPLIT", "PrefillChunk", "SparseMLAConfig", "SparseMLAMetadata",
+__all__ = ["MIN_HEADS_FOR_SPLIT", "PrefillChunk", "WorkspaceSpec", "SparseMLAConfig", "SparseMLAMetadata",
            "SparseMLAMetadataBuilder", "req_id_per_token", "resolve_mode", "split_decodes_and_prefills",
            "split_prefill_chunks"]
 
@@ -133,6 +135,33 @@ class PrefillChunk:
         return slice(self.token_start, self.token_end)
 
 
+class WorkspaceSpec(NamedTuple):
+    """One scratch buffer of the builder: a C-contiguous array of `shape` and `dtype` (nbytes bytes)."""
+    shape: tuple
+    dtype: str
+    nbytes: int
+
+
+_ITEMSIZE = {"bfloat16": 2, "float32": 4, "int32": 4, "uint8": 1}
+
+
+class _LazyBuffer:
+    """A builder buffer made at its first use (or handed in), shared by the builder and every
+    metadata record it builds: the q staging buffer, which only a layer given (q_nope, q_pe) pairs
+    needs and which is the largest scratch ([max_num_batched_tokens, h, 576] bf16)."""
+    __slots__ = ("array", "shape")
+
+    def __init__(self, shape, array=None) -> None:
+        self.shape, self.array = shape, array
+
+    def get(self, ref):
+        """The buffer, allocated next to ref on first use (an eager step before a CUDA graph
+        capture makes it, as it does every lazily made buffer of the frameworks)."""
+        if self.array is None:
+            self.array = _arrays.empty(ref, self.shape, "bfloat16")
+        return self.array
+
+
 class _BuildToken:
     """Shared by one build()'s metadata (and any copy of it) and its builder, which sets `stale` at
     its next build(): the metadata's arrays are views of buffers that build overwrites. A flag, not
@@ -180,6 +209,7 @@ class SparseMLAMetadata:
     max_logits_scratch: object = None        # [T, h] f32
     decode_workspace: object = None          # uint8 [>= decode_workspace_bytes] or None
     decode_workspace_bytes: int = 0          # what this step's decode call needs (the config's mode)
+    q_staging: Optional[_LazyBuffer] = None  # [max_num_batched_tokens, h, 576] bf16, made at first use
     step: int = 0                            # the builder's build count
     _token: _BuildToken = field(default_factory=_BuildToken, repr=False, compare=False)
 
@@ -257,6 +287,50 @@ def _fill(dst, value):
     dst[...] = value
 
 
+def _prefill_rows(config, prefill_workspace_rows):
+    """The split mode's workspace rows: the caller's, else vLLM's 5 * max_model_len."""
+    if prefill_workspace_rows is None:
+        return PREFILL_WORKSPACE_FACTOR * config.max_model_len
+    return _int(prefill_workspace_rows, "prefill_workspace_rows", 1, _I32_MAX)
+
+
+def _device_id(device):
+    """The CUDA device id of a builder's `device` argument, None for the CPU."""
+    if device is None or (isinstance(device, str) and device == "cpu") or isinstance(device, np.ndarray):
+        return None
+    if isinstance(device, int):
+        return _int(device, "device", 0)
+    if hasattr(device, "__dlpack_device__"):
+        return _arrays.device(device, "device")[1] if _arrays.is_cuda(device, "device") else None
+    dev = str(device)
+    if dev == "cpu":
+        return None
+    if dev.split(":")[0] != "cuda":
+        raise ValueError(f"device: expected 'cpu' or a CUDA device, got {device!r}")
+    return int(dev.split(":")[1]) if ":" in dev else 0
+
+
+def _decode_workspace_size(config, b, s_q, device_id):
+    """Bytes the CUDA decode kernel wants for [b, s_q] on device_id."""
+    if b <= 0 or s_q <= 0:
+        return 0
+    return int(sparse_mla_decode_workspace_size(b, s_q, config.num_heads, config.topk, config.kv_cache_dtype,
+                                                device_id=device_id))
+
+
+def _max_decode_workspace(config, decode_threshold, device_id):
+    """Largest decode workspace over every decode shape a step can use ([t, 1] for mixed / bf16 and
+    for attend over any token range, [b, s_q] uniform decodes for split), so the buffer is allocated
+    once and never moves under a captured graph."""
+    T = config.max_num_batched_tokens
+    best = max(_decode_workspace_size(config, t, 1, device_id) for t in range(1, T + 1))
+    if config.mode == "split":
+        for s in range(2, min(decode_threshold, T) + 1):
+            for b in range(1, min(config.max_num_seqs, T // s) + 1):
+                best = max(best, _decode_workspace_size(config, b, s, device_id))
+    return best
+
+
 class SparseMLAMetadataBuilder:
     """Owns every reusable buffer of the sparse MLA layer and fills them per step (module docstring).
 
@@ -268,32 +342,71 @@ class SparseMLAMetadataBuilder:
     In "split" mode build() plans the prefill chunks and the builder allocates the bf16 prefill
     workspace (prefill_workspace_rows, default 5 * max_model_len rows).
     decode_threshold: vLLM's reorder threshold (query length <= it: a decode; decodes must be
-    uniform, require_uniform=True as in vLLM's FlashMLA sparse backend)."""
+    uniform, require_uniform=True as in vLLM's FlashMLA sparse backend).
+    workspaces: {name: array} of caller-owned scratch buffers used in place of the builder's own
+    (names, shapes and dtypes from workspace_specs; any subset; each C-contiguous, on the builder's
+    device, with at least the spec's rows). Unnamed ones are allocated here as before."""
 
     def __init__(self, *, num_heads: int, block_size: int, topk: int, max_model_len: int, max_num_seqs: int,
                  max_num_batched_tokens: int, kv_cache_dtype: str, mode: str = "auto", decode_threshold: int = 1,
                  prefill_workspace_rows: Optional[int] = None, device: Any = None,
-                 framework: Optional[str] = None) -> None:
+                 framework: Optional[str] = None, workspaces: Optional[dict] = None) -> None:
         self._setup(SparseMLAConfig(num_heads=num_heads, kv_cache_dtype=kv_cache_dtype, block_size=block_size,
                                     topk=topk, max_model_len=max_model_len, max_num_seqs=max_num_seqs,
                                     max_num_batched_tokens=max_num_batched_tokens, mode=mode),
-                    decode_threshold, prefill_workspace_rows, device, framework)
+                    decode_threshold, prefill_workspace_rows, device, framework, workspaces)
 
     @classmethod
     def from_config(cls, config: SparseMLAConfig, *, decode_threshold: int = 1,
                     prefill_workspace_rows: Optional[int] = None, device: Any = None,
-                    framework: Optional[str] = None) -> SparseMLAMetadataBuilder:
+                    framework: Optional[str] = None, workspaces: Optional[dict] = None
+                    ) -> SparseMLAMetadataBuilder:
         """The builder of a model whose layers are made with SparseMLAAttention.from_config(config, ...)."""
         builder = cls.__new__(cls)
-        builder._setup(expect_config(config), decode_threshold, prefill_workspace_rows, device, framework)
+        builder._setup(expect_config(config), decode_threshold, prefill_workspace_rows, device, framework,
+                       workspaces)
         return builder
 
-    def _setup(self, config, decode_threshold, prefill_workspace_rows, device, framework):
+    @staticmethod
+    def workspace_specs(config: SparseMLAConfig, *, device: Any = "cpu", decode_threshold: int = 1,
+                        prefill_workspace_rows: Optional[int] = None) -> dict[str, WorkspaceSpec]:
+        """{name: WorkspaceSpec(shape, dtype, nbytes)} of the scratch a builder of this configuration
+        uses, all shared by every layer of the model (pass them back through workspaces=):
+
+        - "indices" [T, topk] int32: the converted top-k indices;
+        - "lse", "max_logits" [T, h] float32: lse when the caller asks for none, the prefill kernel's
+          max_logits;
+        - "prefill_workspace" [W, 576] bfloat16 (split mode): the upconverted prefill sequences;
+        - "decode_workspace" [bytes] uint8 (CUDA, when the decode kernel splits top-k): the largest
+          decode call's workspace; device: "cpu", "cuda[:N]", an int or a CUDA array of that device;
+        - "q_staging" [T, h, 576] bfloat16: where attend joins a (q_nope, q_pe) pair (made at the
+          first such call when not given).
+
+        T is max_num_batched_tokens, h num_heads; decode_threshold and prefill_workspace_rows as
+        the constructor takes them."""
+        config = expect_config(config)
+        T, h = config.max_num_batched_tokens, config.num_heads
+        rows = _prefill_rows(config, prefill_workspace_rows)
+        shapes = {"indices": ((T, config.topk), "int32"), "lse": ((T, h), "float32"),
+                  "max_logits": ((T, h), "float32")}
+        if config.mode == "split":
+            shapes["prefill_workspace"] = ((rows, D_QK), "bfloat16")
+        dev = _device_id(device)
+        nbytes = 0 if dev is None else _max_decode_workspace(
+            config, _int(decode_threshold, "decode_threshold", 1, _I32_MAX), dev)
+        if nbytes > 0:
+            shapes["decode_workspace"] = ((nbytes,), "uint8")
+        shapes["q_staging"] = ((T, h, D_QK), "bfloat16")
+        return {name: WorkspaceSpec(shape, dt, int(np.prod(shape)) * _ITEMSIZE[dt])
+                for name, (shape, dt) in shapes.items()}
+
+    def _setup(self, config, decode_threshold, prefill_workspace_rows, device, framework, workspaces):
         self.config = config
         self.decode_threshold = _int(decode_threshold, "decode_threshold", 1, _I32_MAX)
-        self.prefill_workspace_rows = (PREFILL_WORKSPACE_FACTOR * config.max_model_len
-                                       if prefill_workspace_rows is None else
-                                       _int(prefill_workspace_rows, "prefill_workspace_rows", 1, _I32_MAX))
+        self.prefill_workspace_rows = _prefill_rows(config, prefill_workspace_rows)
+        if workspaces is not None and not isinstance(workspaces, dict):
+            raise TypeError(f"workspaces: expected a dict of arrays, got {type(workspaces).__name__}")
+        self._workspaces = dict(workspaces or {})
         self._framework_hint = framework
         self._step = 0
         self._token = _BuildToken()
@@ -328,17 +441,48 @@ class SparseMLAMetadataBuilder:
         _fill(self._slots, -1)
         self._req_id = _arrays.zeros(ref, (T,), "int32")
         self._req_id_host = np.zeros(T, np.int32)
-        self._indices = emp((T, cfg.topk), "int32")
-        self._lse = emp((T, h), "float32")
-        self._max_logits = emp((T, h), "float32")
         self._prefill_req = emp((T,), "int32")
         self._prefill_req_host = np.full(T, -1, np.int32)
         self._ws_starts = _arrays.zeros(ref, (S,), "int32")
-        self._prefill_ws = (emp((self.prefill_workspace_rows, D_QK), "bfloat16") if cfg.mode == "split"
-                            else None)
-        self.max_decode_workspace_bytes = self._max_decode_workspace()
-        self._decode_ws = (emp((self.max_decode_workspace_bytes,), "uint8")
-                           if self.max_decode_workspace_bytes > 0 else None)
+        # the scratch of workspace_specs: the caller's arrays where given, else allocated here
+        specs = self.workspace_specs(cfg, device=self.device_id if self.is_cuda else "cpu",
+                                     decode_threshold=self.decode_threshold,
+                                     prefill_workspace_rows=self.prefill_workspace_rows)
+        for name in self._workspaces:
+            if name not in specs:
+                raise ValueError(f"workspaces: no buffer {name!r} in this configuration (expected names "
+                                 f"among {sorted(specs)})")
+        ws = {name: self._workspace(name, spec, ref) for name, spec in specs.items() if name != "q_staging"}
+        self._indices, self._lse, self._max_logits = ws["indices"], ws["lse"], ws["max_logits"]
+        self._prefill_ws = ws.get("prefill_workspace")
+        self._decode_ws = ws.get("decode_workspace")
+        self.max_decode_workspace_bytes = specs["decode_workspace"].nbytes if self._decode_ws is not None else 0
+        q_staging = self._workspaces.get("q_staging")
+        self._q_staging = _LazyBuffer(specs["q_staging"].shape, None if q_staging is None else
+                                      self._workspace("q_staging", specs["q_staging"], ref))
+
+    def _workspace(self, name, spec, ref):
+        """The caller's buffer `name` checked against its spec (viewed to the spec's rows), else a new one."""
+        x = self._workspaces.get(name)
+        if x is None:
+            return _arrays.empty(ref, spec.shape, spec.dtype)
+        what = f"workspaces[{name!r}]"
+        _arrays.check_array(x, what)
+        shape, want = tuple(int(s) for s in x.shape), spec.shape
+        if len(shape) != len(want) or shape[1:] != want[1:] or shape[0] < want[0]:
+            raise ValueError(f"{what}: expected [{want[0]}{''.join(f', {s}' for s in want[1:])}] (at least "
+                             f"{want[0]} rows, {spec.nbytes} bytes), got {list(shape)}")
+        if _arrays.dtype_name(x) != spec.dtype:
+            raise TypeError(f"{what}: expected {spec.dtype}, got {_arrays.dtype_name(x)}")
+        if _arrays.device(x, what) != _arrays.device(ref):
+            raise ValueError(f"{what}: expected an array on the builder's device {_arrays.device(ref)} "
+                             f"(DLPack type, id), got {_arrays.device(x, what)}")
+        contiguous = tuple(int(np.prod(shape[i + 1:])) for i in range(len(shape)))
+        strides = _arrays.strides_elems(x)
+        if any(st != c for st, c, n in zip(strides, contiguous, shape) if n > 1):  # kernels take flat rows
+            raise ValueError(f"{what}: expected a C-contiguous array, got strides {strides} "
+                             "(elements)")
+        return x[:want[0]]
 
     def _put(self, buf, n, src):
         """buf[:n] (or buf[:R, :M] for n = (R, M)) = src. Host data for a torch CUDA buffer goes
@@ -378,25 +522,9 @@ class SparseMLAMetadataBuilder:
 
     def decode_workspace_size(self, b: int, s_q: int) -> int:
         """Bytes the CUDA decode kernel wants for [b, s_q] on this builder's device (0 on the CPU)."""
-        if self._ref is None or not self.is_cuda or b <= 0 or s_q <= 0:
+        if self._ref is None or not self.is_cuda:
             return 0
-        cfg = self.config
-        return int(sparse_mla_decode_workspace_size(b, s_q, cfg.num_heads, cfg.topk, cfg.kv_cache_dtype,
-                                                    device_id=self.device_id))
-
-    def _max_decode_workspace(self):
-        """Largest decode workspace over every decode shape a step can use ([T, 1] for mixed / bf16,
-        [b, s_q] uniform decodes for split), so the buffer is allocated once and never moves under a
-        captured graph."""
-        if not self.is_cuda:
-            return 0
-        T = self.config.max_num_batched_tokens
-        best = max(self.decode_workspace_size(t, 1) for t in range(1, T + 1))
-        if self.config.mode == "split":
-            for s in range(2, min(self.decode_threshold, T) + 1):
-                for b in range(1, min(self.config.max_num_seqs, T // s) + 1):
-                    best = max(best, self.decode_workspace_size(b, s))
-        return best
+        return _decode_workspace_size(self.config, b, s_q, self.device_id)
 
     # ---- build -----------------------------------------------------------------------------
 
@@ -490,7 +618,8 @@ class SparseMLAMetadataBuilder:
             prefill_workspace_rows=self.prefill_workspace_rows,
             indices=self._indices[:T], lse_scratch=self._lse[:T],
             max_logits_scratch=self._max_logits[:T], decode_workspace=self._decode_ws,
-            decode_workspace_bytes=self.decode_workspace_size(b, s), step=self._step, _token=self._token)
+            decode_workspace_bytes=self.decode_workspace_size(b, s), q_staging=self._q_staging,
+            step=self._step, _token=self._token)
         if split_prefills:
             self._plan_prefill(md)
         return md
