@@ -248,6 +248,16 @@ def test_one_config_for_builder_and_layer():
         SparseMLAAttention.from_config(cfg, "0.1")
 
 
+def forbid_host_work(monkeypatch):
+    """Every host-copy and planning function of smla made to raise (the layer's calls must not use them)."""
+    def no_host_work(*a, **k):
+        raise AssertionError("host work (a device->host copy or planning) inside the layer")
+    for mod, name in ((smla.metadata, "_host"), (smla._arrays, "host_ints"), (smla.metadata, "split_prefill_chunks"),
+                      (smla.metadata, "split_decodes_and_prefills"), (SparseMLAMetadataBuilder, "build"),
+                      (SparseMLAMetadataBuilder, "_plan_prefill")):
+        monkeypatch.setattr(mod, name, no_host_work)
+
+
 def test_forward_does_no_host_work(monkeypatch):
     """build() plans everything (the split mode's prefill chunks too), so forward never reads an
     array back to the host: with every host-copy and planning function made to raise, forward of a
@@ -261,13 +271,7 @@ def test_forward_does_no_host_work(monkeypatch):
     md = build(builder, st)
     assert len(md.chunks) == 2
     assert not any(isinstance(v, SparseMLAMetadataBuilder) for v in vars(md).values())
-
-    def no_host_work(*a, **k):
-        raise AssertionError("host work (a device->host copy or planning) inside forward")
-    for mod, name in ((smla.metadata, "_host"), (smla._arrays, "host_ints"), (smla.metadata, "split_prefill_chunks"),
-                      (smla.metadata, "split_decodes_and_prefills"), (SparseMLAMetadataBuilder, "build"),
-                      (SparseMLAMetadataBuilder, "_plan_prefill")):
-        monkeypatch.setattr(mod, name, no_host_work)
+    forbid_host_work(monkeypatch)
     out, lse = attn.forward(st["q"], st["kv_c"], st["k_pe"], world.cache, st["topk"], md, return_lse=True)
     check(out, lse, *world.expected(st), prefill_kernel_mask(attn, md, st["T"], world.cache), "no host work")
 

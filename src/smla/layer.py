@@ -22,10 +22,10 @@ A step has two halves, which a caller may run together (forward) or apart, as vL
 All reusable buffers (converted indices, lse scratch, prefill and decode workspaces, the q staging
 buffer) belong to the metadata builder, made once per model and shared by every layer, or are
 handed to it by the caller (SparseMLAMetadataBuilder.workspace_specs / workspaces=); forward and
-attend allocate only the outputs they are not given. All host work of a step (the split mode's prefill chunks included) is done
-by the builder's build(), so forward and attend never copy from the device or wait for it. A decode
-step with out= (and for attend lse=) given also allocates nothing, so it can be captured in a CUDA graph (capture after one eager
-step, replay after each build()).
+attend allocate only the outputs they are not given. All host work of a step (the split mode's
+prefill chunks included) is done by the builder's build(), so forward and attend never copy from the
+device or wait for it. A decode step with out= (and for attend lse=) given also allocates nothing, so
+it can be captured in a CUDA graph (capture after one eager step, replay after each build()).
 """
 from typing import Any
 

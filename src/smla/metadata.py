@@ -430,7 +430,7 @@ class SparseMLAMetadataBuilder:
         self.framework = _arrays.framework(ref)
         self.is_cuda = self.framework != "numpy" and _arrays.is_cuda(ref)
         self.device_id = _arrays.device(ref)[1] if self.is_cuda else 0
-        S, T, h = cfg.max_num_seqs, cfg.max_num_batched_tokens, cfg.num_heads
+        S, T = cfg.max_num_seqs, cfg.max_num_batched_tokens
         emp = lambda shape, dt: _arrays.empty(ref, shape, dt)  # noqa: E731
         self._qsl = _arrays.zeros(ref, (S + 1,), "int32")
         self._seq_lens = _arrays.zeros(ref, (S,), "int32")
