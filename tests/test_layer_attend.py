@@ -140,8 +140,8 @@ def test_attend_rejects_bad_arguments():
                              ([0, 2], TypeError, r"^tokens: expected None, a \(start, end\) pair or a slice")):
         with pytest.raises(exc, match=msg):
             attn.attend(q, cache, topk, md, tokens=tokens)
-    with pytest.raises(ValueError, match=r"^q: expected \[4, 16, 576\] \(at least n = 4 tokens 2..6 rows\), "
-                                         r"got \[3, 16, 576\]"):
+    with pytest.raises(ValueError, match=r"^q: expected \[4, 16, 576\] \(at least n = 4 rows: tokens \[2, 6\) of "
+                                         r"the step\), got \[3, 16, 576\]"):
         attn.attend(q[:3], cache, topk, md, tokens=(2, 6))
     with pytest.raises(ValueError, match=r"^q: expected one array or a \(q_nope, q_pe\) pair, got a tuple of 3"):
         attn.attend((q[..., :512], q[..., 512:], q), cache, topk, md)

@@ -112,7 +112,7 @@ class SparseMLAAttention:
                 continue
             shape = _shape(x, name)
             if shape[1:] != tail or shape[0] < n:
-                raise ValueError(f"{name}: expected [{n}, {', '.join(map(str, tail))}] (at least {what} rows), "
+                raise ValueError(f"{name}: expected [{n}, {', '.join(map(str, tail))}] (at least {what}), "
                                  f"got {list(shape)}")
 
     def _check_cache(self, kv_cache):
@@ -150,8 +150,8 @@ class SparseMLAAttention:
         skipped). Returns kv_cache. On the CPU, slots past the cache raise ValueError before
         anything is written; the GPU skips them."""
         T = self._check_md(md)
-        self._check_rows(T, f"T = len(md.slot_mapping) = {T}", (("kv_c", kv_c, (D_NOPE,)),
-                                                                ("k_pe", k_pe, (D_ROPE,))))
+        self._check_rows(T, f"T = len(md.slot_mapping) = {T} rows",
+                         (("kv_c", kv_c, (D_NOPE,)), ("k_pe", k_pe, (D_ROPE,))))
         self._check_cache(kv_cache)
         self._write(kv_c, k_pe, kv_cache, md, T)
         return kv_cache
@@ -183,7 +183,7 @@ class SparseMLAAttention:
         T = self._check_md(md)
         start, end = self._token_range(tokens, T)
         n, h, topk = end - start, self.config.num_heads, self.config.topk
-        what = f"n = {n} tokens {start}..{end}"
+        what = f"n = {n} rows: tokens [{start}, {end}) of the step"
         pair = isinstance(q, (tuple, list))
         if pair and len(q) != 2:
             raise ValueError(f"q: expected one array or a (q_nope, q_pe) pair, got a {type(q).__name__} "
@@ -235,7 +235,7 @@ class SparseMLAAttention:
         past the cache)."""
         T = self._check_md(md)
         h = self.config.num_heads
-        self._check_rows(T, f"T = len(md.slot_mapping) = {T}", (
+        self._check_rows(T, f"T = len(md.slot_mapping) = {T} rows", (
             ("q", q, (h, D_QK)), ("kv_c", kv_c, (D_NOPE,)), ("k_pe", k_pe, (D_ROPE,)),
             ("topk_indices", topk_indices, (self.config.topk,)), ("out", out, (h, D_V)),
             ("lse", lse if return_lse else None, (h,))))
