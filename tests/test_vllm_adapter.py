@@ -75,6 +75,17 @@ def test_backend_is_a_real_vllm_backend():
     for d in ("auto", "bfloat16", "fp8_ds_mla", "fp8"):
         assert be.supports_kv_cache_dtype(d)
     assert be.get_supported_kernel_block_sizes() == [BS]
+    # what vLLM's CUDA platform asks of a selected backend (no reasons = accepted)
+    from vllm.platforms.interface import DeviceCapability
+    for d in ("auto", "fp8_ds_mla"):
+        assert be.validate_configuration(
+            head_size=576, dtype=torch.bfloat16, kv_cache_dtype=d, block_size=BS, use_mla=True, has_sink=False,
+            use_sparse=True, use_mm_prefix=False, use_per_head_quant_scales=False,
+            device_capability=DeviceCapability(9, 0), attn_type="decoder") == []
+    assert be.validate_configuration(
+        head_size=576, dtype=torch.bfloat16, kv_cache_dtype="auto", block_size=BS, use_mla=True, has_sink=False,
+        use_sparse=False, use_mm_prefix=False, use_per_head_quant_scales=False,
+        device_capability=DeviceCapability(9, 0), attn_type="decoder")  # a dense model is refused
     sv.register()
     sv.register()  # plugins may be loaded more than once
     assert AttentionBackendEnum["SMLA_SPARSE"].get_class() is be
