@@ -17,10 +17,10 @@ ImportError that says what to install. Written against vLLM 0.34.0's classes:
 
 Attention runs smla's "mixed" plan: the step's tokens are already in the cache (do_kv_cache_update
 comes first), so every token, decode or prefill, goes through sparse_mla_decode on the paged cache.
-TODO(layer attend path): once SparseMLAAttention offers its attend-only method (a subset of the
-step's tokens, q whole or as a pair, caller workspaces; being added in src/smla/layer.py on another
-branch), forward_mqa should call it so that the "split" plan (bf16 prefill over a dequantised
-workspace) is available here too.
+TODO(layer attend path): SparseMLAAttention.attend (a token range of the step, q whole or as a pair)
+would give forward_mqa the "split" plan (bf16 prefill over a dequantised workspace) and replace the q
+staging here; it needs per-call workspaces first: vLLM hands its workspaces out at each use
+(get_simultaneous), while smla's builder takes caller buffers once, when it is made (workspaces=).
 
 CUDA graphs: declared NEVER until the decode path has been captured under vLLM on a GPU (not done:
 the development machine has no GPU); smla's own layer preallocates everything a decode step needs.
@@ -48,7 +48,7 @@ except ImportError as e:  # pragma: no cover - exercised where vLLM is absent
         f"packages of smla's vllm-test extra (docs/vllm.md section 2); the import failed with: {e}") from e
 
 from . import ops
-from .config import D_QK, SparseMLAConfig
+from .config import D_NOPE, D_QK, D_ROPE, SparseMLAConfig
 from .metadata import SparseMLAMetadata, SparseMLAMetadataBuilder
 
 __all__ = ["BACKEND_NAME", "SmlaSparseMLABackend", "SmlaSparseMLAImpl", "SmlaSparseMLAMetadata",
@@ -56,8 +56,6 @@ __all__ = ["BACKEND_NAME", "SmlaSparseMLABackend", "SmlaSparseMLAImpl", "SmlaSpa
 
 BACKEND_NAME = "SMLA_SPARSE"
 BLOCK_SIZE = 64
-D_NOPE = 512
-D_ROPE = D_QK - D_NOPE
 
 
 def _cache_dtype(kv_cache_dtype: str) -> str:
