@@ -110,16 +110,26 @@ static int parse_common(smla_args *A, smla_convert_indices_params *p, const smla
     return 0;
 }
 
-PyObject *smla_op_convert_topk_indices(PyObject *module, PyObject *const *args, Py_ssize_t nargs,
-                                       PyObject *kwnames)
+/* Both ops: parse by the op's table, fill and check the params (the DCP settings only for dcp = 1), run. */
+static PyObject *convert(PyObject *module, const smla_kw_fn *spec, int dcp, PyObject *const *args, Py_ssize_t nargs,
+                         PyObject *kwnames)
 {
-    smla_kwarg v[NARGS_CONVERT];
-    if (smla_kw_parse(module, &convert_spec, args, nargs, kwnames, v) < 0) return NULL;
+    smla_kwarg v[NARGS];
+    if (smla_kw_parse(module, spec, args, nargs, kwnames, v) < 0) return NULL;
     smla_args A;
     if (smla_args_init(&A, module, v[STREAM].stream) < 0) return NULL;
     smla_convert_indices_params p;
     memset(&p, 0, sizeof p);
-    if (parse_common(&A, &p, v) || SMLA_CHECK(&A, convert_topk_indices, &p) < 0) goto fail;
+    if (parse_common(&A, &p, v)) goto fail;
+    if (dcp) {
+        p.dcp_size = (int)v[DCP_SIZE].i;
+        p.dcp_rank = (int)v[DCP_RANK].i;
+        p.dcp_interleave = (int)v[INTERLEAVE].i;
+        p.compact = (int)v[COMPACT].i;
+        if (SMLA_CHECK(&A, filter_convert_dcp_indices, &p) < 0) goto fail;
+    } else if (SMLA_CHECK(&A, convert_topk_indices, &p) < 0) {
+        goto fail;
+    }
     if (p.num_tokens > 0 && SMLA_LAUNCH(&A, convert_topk_indices, &p) < 0) goto fail;
     smla_args_release(&A);
     Py_RETURN_NONE;
@@ -128,25 +138,14 @@ fail:
     return NULL;
 }
 
+PyObject *smla_op_convert_topk_indices(PyObject *module, PyObject *const *args, Py_ssize_t nargs,
+                                       PyObject *kwnames)
+{
+    return convert(module, &convert_spec, 0, args, nargs, kwnames);
+}
+
 PyObject *smla_op_filter_convert_dcp_indices(PyObject *module, PyObject *const *args, Py_ssize_t nargs,
                                              PyObject *kwnames)
 {
-    smla_kwarg v[NARGS];
-    if (smla_kw_parse(module, &dcp_spec, args, nargs, kwnames, v) < 0) return NULL;
-    smla_args A;
-    if (smla_args_init(&A, module, v[STREAM].stream) < 0) return NULL;
-    smla_convert_indices_params p;
-    memset(&p, 0, sizeof p);
-    if (parse_common(&A, &p, v)) goto fail;
-    p.dcp_size = (int)v[DCP_SIZE].i;
-    p.dcp_rank = (int)v[DCP_RANK].i;
-    p.dcp_interleave = (int)v[INTERLEAVE].i;
-    p.compact = (int)v[COMPACT].i;
-    if (SMLA_CHECK(&A, filter_convert_dcp_indices, &p) < 0) goto fail;
-    if (p.num_tokens > 0 && SMLA_LAUNCH(&A, convert_topk_indices, &p) < 0) goto fail;
-    smla_args_release(&A);
-    Py_RETURN_NONE;
-fail:
-    smla_args_release(&A);
-    return NULL;
+    return convert(module, &dcp_spec, 1, args, nargs, kwnames);
 }
