@@ -1,7 +1,8 @@
 """SparseMLAAttention's two halves on their own, as vLLM calls them: write_kv_cache, then attend over
 a token range of the step (the decodes, a prefill range, the whole step, any range) with q whole or
 as its (q_nope, q_pe) pair, against the float64 oracle of tests/test_layer.py; caller-supplied
-workspaces (SparseMLAMetadataBuilder.workspace_specs / workspaces=); bad ranges and buffers. The
+workspaces (SparseMLAMetadataBuilder.workspace_specs / workspaces=, and per call: attend(...,
+workspaces=)); bad ranges and buffers. The
 same on CUDA with torch, under torch's sync debug mode."""
 import os
 import sys
@@ -239,6 +240,58 @@ def test_workspaces_rejected_with_the_buffer_named():
         SparseMLAMetadataBuilder.from_config(cfg, workspaces=[])
     with pytest.raises(TypeError, match=r"^config: expected a SparseMLAConfig"):
         SparseMLAMetadataBuilder.workspace_specs(dict(num_heads=16))
+
+
+@pytest.mark.parametrize("mode", ["split", "mixed", "bf16"])
+def test_attend_per_call_workspaces(mode):
+    """attend(..., workspaces=): the caller's buffers for that call only (as vLLM's workspace manager
+    hands them out at each use); the builder's own are untouched, and the result matches the oracle."""
+    rng = np.random.default_rng(26)
+    kv_dtype = "bf16" if mode == "bf16" else "fp8_ds_mla"
+    h, topk = 16, 32
+    world, st = mixed_step(rng, kv_dtype, h, topk)
+    builder, attn = make(world, h, topk, "auto" if mode == "bf16" else mode, ws_rows=320)
+    md = build(builder, st)
+    dtypes = {"int32": np.int32, "float32": np.float32, "bfloat16": BF16}
+    given = {name: np.zeros((s.shape[0] + 2,) + s.shape[1:], dtypes[s.dtype])
+             for name, s in md.workspace_specs.items()}
+    own = {name: np.array(getattr(md, f), copy=True) for name, f in md._WORKSPACE_FIELDS.items()
+           if getattr(md, f) is not None}
+    attn.write_kv_cache(st["kv_c"], st["k_pe"], world.cache, md)
+    ref = world.expected(st)
+    for form, (start, end) in (("pair", (0, 5)), ("one", (0, st["T"]))):
+        res = attn.attend(q_form(st["q"][start:end], form, rng), world.cache, st["topk"][start:end], md,
+                          tokens=(start, end), workspaces=given)
+        check_range(attn, md, world, st, res, ref, start, end, f"per-call workspaces {mode} {form}")
+    assert given["indices"].any()  # the converted indices went to the caller's buffer
+    if mode == "split":
+        assert given["prefill_workspace"].any()
+    for name, f in md._WORKSPACE_FIELDS.items():  # the builder's buffers were not written
+        if name in own:
+            assert np.array_equal(np.asarray(getattr(md, f)).view(np.uint8), own[name].view(np.uint8)), name
+    assert md.q_staging.array is None  # the builder's staging buffer was never made
+
+
+def test_attend_per_call_workspaces_rejected_with_the_buffer_named():
+    rng = np.random.default_rng(27)
+    world, st = mixed_step(rng, "fp8_ds_mla", 16, 32)
+    builder, attn = make(world, 16, 32, "split", ws_rows=320)
+    md = build(builder, st)
+    T = st["T"]
+    attn.write_kv_cache(st["kv_c"], st["k_pe"], world.cache, md)
+
+    def attend(**ws):
+        return attn.attend(st["q"][:T], world.cache, st["topk"][:T], md, workspaces=ws)
+    rows = md.workspace_specs["indices"].shape[0]
+    with pytest.raises(ValueError, match=rf"^workspaces\['indices'\]: expected \[{rows}, 32\] \(at least "
+                                         rf"{rows} rows, {rows * 32 * 4} bytes\), got \[{rows - 1}, 32\]"):
+        attend(indices=np.zeros((rows - 1, 32), np.int32))
+    with pytest.raises(TypeError, match=r"^workspaces\['prefill_workspace'\]: expected bfloat16, got float32"):
+        attend(prefill_workspace=np.zeros(md.workspace_specs["prefill_workspace"].shape, np.float32))
+    with pytest.raises(ValueError, match=r"^workspaces: no buffer 'decode_workspace' in this configuration"):
+        attend(decode_workspace=np.zeros(64, np.uint8))
+    with pytest.raises(TypeError, match=r"^workspaces: expected a dict of arrays, got list"):
+        attn.attend(st["q"][:T], world.cache, st["topk"][:T], md, workspaces=[])
 
 
 def test_torch_cpu_pair():

@@ -1,7 +1,9 @@
 """smla.vllm driven through the real vLLM classes (docs/vllm.md), the way vLLM's
 tests/v1/attention/test_sparse_mla_backends.py drives a sparse backend: a real VllmConfig, the
 builder from a CommonAttentionMetadata of a mixed decode/prefill batch, do_kv_cache_update, then
-forward_mqa on the decode subset and on the whole batch, compared with the float64 oracle.
+forward_mqa (smla's SparseMLAAttention.attend) on the decode subset with q as a pair and on the whole
+batch with q whole, compared with the float64 oracle: the bf16 cache's plan and the fp8 cache's
+"mixed" and "split" plans (forced by SMLA_VLLM_MODE), with and without vLLM's workspace manager.
 
 Skips where vLLM is not installed (install: the vllm-test extra, then
 pip install --no-deps vllm==0.34.0). No stand-in vLLM classes are used."""
@@ -91,12 +93,31 @@ def test_backend_is_a_real_vllm_backend():
     assert AttentionBackendEnum["SMLA_SPARSE"].get_class() is be
 
 
+def test_smla_config_mode(tmp_path, monkeypatch):
+    """One SparseMLAConfig from vLLM's config for the builder and the impl; mode "auto" unless
+    SMLA_VLLM_MODE forces one."""
+    from smla.config import resolve_mode
+    monkeypatch.delenv("SMLA_VLLM_MODE", raising=False)
+    vc = _vllm_config(tmp_path, 16, "fp8_ds_mla")
+    cfg = sv.smla_config(vc, BS)
+    assert (cfg.num_heads, cfg.kv_cache_dtype, cfg.block_size, cfg.topk, cfg.max_num_batched_tokens) == \
+        (16, "fp8_ds_mla", BS, TOPK, 256)
+    assert cfg.mode == resolve_mode(16, "fp8_ds_mla", "auto")
+    monkeypatch.setenv("SMLA_VLLM_MODE", "mixed")
+    assert sv.smla_config(vc, BS).mode == "mixed"
+    monkeypatch.setenv("SMLA_VLLM_MODE", "fast")
+    with pytest.raises(ValueError, match="mode"):
+        sv.smla_config(vc, BS)
+
+
 @pytest.mark.parametrize("use_workspace_manager", [False, True], ids=["own-alloc", "vllm-workspace"])
 @pytest.mark.parametrize("h", [16, 20])
-@pytest.mark.parametrize("cache_dtype", ["auto", "fp8_ds_mla"])
-def test_mixed_batch_against_oracle(tmp_path, cache_dtype, h, use_workspace_manager):
+@pytest.mark.parametrize("cache_dtype,mode", [("auto", "auto"), ("fp8_ds_mla", "mixed"), ("fp8_ds_mla", "split")],
+                         ids=["bf16", "fp8-mixed", "fp8-split"])
+def test_mixed_batch_against_oracle(tmp_path, monkeypatch, cache_dtype, mode, h, use_workspace_manager):
     rng = np.random.default_rng(1000 + h + 7 * (cache_dtype == "auto") + 3 * use_workspace_manager)
     smla_dtype = "bf16" if cache_dtype == "auto" else "fp8_ds_mla"
+    monkeypatch.setenv("SMLA_VLLM_MODE", mode)  # the plan forward_mqa runs (the bf16 cache has its own)
     vc = _vllm_config(tmp_path, h, cache_dtype)
     spec = MLAAttentionSpec(block_size=BS, num_kv_heads=1, head_size=576, dtype=torch.bfloat16,
                             cache_dtype_str=cache_dtype)
@@ -146,6 +167,8 @@ def test_mixed_batch_against_oracle(tmp_path, cache_dtype, h, use_workspace_mana
                 qk_rope_head_dim=64, qk_head_dim=192, v_head_dim=128, kv_b_proj=None,
                 topk_indices_buffer=topk_buf)
         assert bool(impl.workspace_specs) == use_workspace_manager
+        assert impl.attn.config == builder.config
+        assert impl.attn.mode == ("bf16" if smla_dtype == "bf16" else mode)
 
         # the context, written by earlier steps
         ctx_slots = np.concatenate([slot(r, np.arange(ctx[r])) for r in range(R)]).astype(np.int64)
@@ -190,6 +213,12 @@ def test_mixed_batch_against_oracle(tmp_path, cache_dtype, h, use_workspace_mana
         # the whole batch, q as one tensor
         out, lse = impl.forward_mqa(q, kv_cache, md, None)
         check(out, lse, T)
+        if use_workspace_manager:  # attend ran on vLLM's buffers (the same views at each use)
+            ws = impl._workspaces()
+            assert (ws["indices"][:T] >= 0).any(), "the converted indices went elsewhere"
+            assert not np.shares_memory(ws["indices"].numpy(), np.asarray(md.smla.indices))
+            if mode == "split":
+                assert ws["prefill_workspace"].view(torch.int16).any()
     finally:
         if use_workspace_manager:
             vllm_workspace.reset_workspace_manager()

@@ -21,8 +21,8 @@ A step has two halves, which a caller may run together (forward) or apart, as vL
 
 All reusable buffers (converted indices, lse scratch, prefill and decode workspaces, the q staging
 buffer) belong to the metadata builder, made once per model and shared by every layer, or are
-handed to it by the caller (SparseMLAMetadataBuilder.workspace_specs / workspaces=); forward and
-attend allocate only the outputs they are not given. All host work of a step (the split mode's
+handed to it by the caller (SparseMLAMetadataBuilder.workspace_specs / workspaces=, or per call:
+attend(..., workspaces=)); forward and attend allocate only the outputs they are not given. All host work of a step (the split mode's
 prefill chunks included) is done by the builder's build(), so forward and attend never copy from the
 device or wait for it. A decode step with out= (and for attend lse=) given also allocates nothing, so
 it can be captured in a CUDA graph (capture after one eager step, replay after each build()).
@@ -162,7 +162,7 @@ class SparseMLAAttention:
 
     def attend(self, q: Array | tuple[Array, Array], kv_cache: Array, topk_indices: Array, md: SparseMLAMetadata,
                *, tokens: tuple[int, int] | slice | None = None, out: Array | None = None,
-               lse: Array | None = None) -> tuple[Array, Array]:
+               lse: Array | None = None, workspaces: dict | None = None) -> tuple[Array, Array]:
         """The second half of a step: attention of the step's tokens [start, end) over kv_cache,
         which must already hold them (write_kv_cache). tokens: None for the whole step [0, T), else
         a (start, end) pair or a slice of the step's tokens, T = len(md.slot_mapping); vLLM's sparse
@@ -178,9 +178,15 @@ class SparseMLAAttention:
         f32 are written (their first n rows; allocated when not given). Returns (out, lse), lse in
         natural log.
 
+        workspaces: {name: array} in place of the builder's scratch for this call only (any subset
+        of SparseMLAMetadataBuilder.workspace_specs, checked as the builder's workspaces= are), for a
+        host framework that hands its buffers out at each use (vLLM's workspace manager).
+
         A range that cuts a split-mode workspace chunk still upconverts the whole chunk. As forward,
         attend never copies from the device or waits for it."""
         T = self._check_md(md)
+        if workspaces is not None:
+            md = md.with_workspaces(workspaces)
         start, end = self._token_range(tokens, T)
         n, h, topk = end - start, self.config.num_heads, self.config.topk
         what = f"n = {n} rows: tokens [{start}, {end}) of the step"

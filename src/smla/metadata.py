@@ -23,11 +23,13 @@ scratch, the decode kernel's split-top-k workspace sized for the largest step at
 split mode's bf16 prefill workspace, and the staging buffer in which attend joins a (q_nope, q_pe)
 pair), so a decode step through SparseMLAAttention allocates nothing. `workspace_specs` names them
 with their shapes and byte sizes, and the `workspaces=` keyword takes caller-owned arrays in their
-place, so a host framework can own and count that memory.
+place, so a host framework can own and count that memory; SparseMLAMetadata.with_workspaces (and
+the layer's attend(..., workspaces=)) takes them for one call, for a framework that hands its
+buffers out at each use.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, NamedTuple, Optional
 
 import numpy as np
@@ -142,6 +144,7 @@ class WorkspaceSpec(NamedTuple):
     nbytes: int
 
 
+_PER_TOKEN = ("indices", "lse", "max_logits")  # workspaces of [max_num_batched_tokens, ...] rows
 _ITEMSIZE = {"bfloat16": 2, "float32": 4, "int32": 4, "uint8": 1}
 
 
@@ -210,6 +213,7 @@ class SparseMLAMetadata:
     decode_workspace: object = None          # uint8 [>= decode_workspace_bytes] or None
     decode_workspace_bytes: int = 0          # what this step's decode call needs (the config's mode)
     q_staging: Optional[_LazyBuffer] = None  # [max_num_batched_tokens, h, 576] bf16, made at first use
+    workspace_specs: Optional[dict] = None   # the builder's workspace_specs (with_workspaces checks by them)
     step: int = 0                            # the builder's build count
     _token: _BuildToken = field(default_factory=_BuildToken, repr=False, compare=False)
 
@@ -225,6 +229,61 @@ class SparseMLAMetadata:
     def stale(self) -> bool:
         """True once the builder has built another step (this record's arrays are overwritten)."""
         return self._token.stale
+
+    # the record's field for each workspace name but q_staging; lse is forward's scratch
+    _WORKSPACE_FIELDS = {"indices": "indices", "lse": "lse_scratch", "max_logits": "max_logits_scratch",
+                         "prefill_workspace": "prefill_workspace", "decode_workspace": "decode_workspace"}
+
+    def with_workspaces(self, workspaces: dict) -> "SparseMLAMetadata":
+        """A copy of this step's record whose scratch is `workspaces` ({name: array}, any subset of
+        the builder's workspace_specs, checked as the builder's workspaces= are: an array that does
+        not fit raises naming workspaces['name']), for a host framework that hands its buffers out at
+        each use (vLLM's workspace manager). The copy goes stale with this record; the builder's own
+        buffers are unchanged. Also SparseMLAAttention.attend(..., workspaces=)."""
+        specs = self.workspace_specs
+        if specs is None:
+            raise ValueError("workspaces: this metadata has no workspace specs (not made by build())")
+        _check_names(workspaces, specs)
+        ref = self.slot_mapping  # a view of a builder buffer: the builder's framework and device
+        ws = {name: _check_workspace(name, x, specs[name], ref) for name, x in workspaces.items()}
+        new = {}
+        for name, x in ws.items():
+            if name == "q_staging":
+                new["q_staging"] = _LazyBuffer(specs[name].shape, x)
+            else:  # per-token scratch viewed to the step's T rows, as build() does
+                new[self._WORKSPACE_FIELDS[name]] = x[:self.num_padded_tokens] if name in _PER_TOKEN else x
+        return replace(self, **new)
+
+
+def _check_names(workspaces, specs):
+    if not isinstance(workspaces, dict):
+        raise TypeError(f"workspaces: expected a dict of arrays, got {type(workspaces).__name__}")
+    for name in workspaces:
+        if name not in specs:
+            raise ValueError(f"workspaces: no buffer {name!r} in this configuration (expected names "
+                             f"among {sorted(specs)})")
+
+
+def _check_workspace(name, x, spec, ref):
+    """x, the caller's workspaces[name], checked against its spec and ref's device; viewed to the spec's
+    rows. Shared by the builder's workspaces= and attend's per-call workspaces=."""
+    what = f"workspaces[{name!r}]"
+    _arrays.check_array(x, what)
+    shape, want = tuple(int(s) for s in x.shape), spec.shape
+    if len(shape) != len(want) or shape[1:] != want[1:] or shape[0] < want[0]:
+        raise ValueError(f"{what}: expected [{want[0]}{''.join(f', {s}' for s in want[1:])}] (at least "
+                         f"{want[0]} rows, {spec.nbytes} bytes), got {list(shape)}")
+    if _arrays.dtype_name(x) != spec.dtype:
+        raise TypeError(f"{what}: expected {spec.dtype}, got {_arrays.dtype_name(x)}")
+    if _arrays.device(x, what) != _arrays.device(ref):
+        raise ValueError(f"{what}: expected an array on the builder's device {_arrays.device(ref)} "
+                         f"(DLPack type, id), got {_arrays.device(x, what)}")
+    contiguous = tuple(int(np.prod(shape[i + 1:])) for i in range(len(shape)))
+    strides = _arrays.strides_elems(x)
+    if any(st != c for st, c, n in zip(strides, contiguous, shape) if n > 1):  # kernels take flat rows
+        raise ValueError(f"{what}: expected a C-contiguous array, got strides {strides} "
+                         "(elements)")
+    return x[:want[0]]
 
 
 # =============================================================================================
@@ -448,10 +507,8 @@ class SparseMLAMetadataBuilder:
         specs = self.workspace_specs(cfg, device=self.device_id if self.is_cuda else "cpu",
                                      decode_threshold=self.decode_threshold,
                                      prefill_workspace_rows=self.prefill_workspace_rows)
-        for name in self._workspaces:
-            if name not in specs:
-                raise ValueError(f"workspaces: no buffer {name!r} in this configuration (expected names "
-                                 f"among {sorted(specs)})")
+        self._specs = specs
+        _check_names(self._workspaces, specs)
         ws = {name: self._workspace(name, spec, ref) for name, spec in specs.items() if name != "q_staging"}
         self._indices, self._lse, self._max_logits = ws["indices"], ws["lse"], ws["max_logits"]
         self._prefill_ws = ws.get("prefill_workspace")
@@ -464,25 +521,7 @@ class SparseMLAMetadataBuilder:
     def _workspace(self, name, spec, ref):
         """The caller's buffer `name` checked against its spec (viewed to the spec's rows), else a new one."""
         x = self._workspaces.get(name)
-        if x is None:
-            return _arrays.empty(ref, spec.shape, spec.dtype)
-        what = f"workspaces[{name!r}]"
-        _arrays.check_array(x, what)
-        shape, want = tuple(int(s) for s in x.shape), spec.shape
-        if len(shape) != len(want) or shape[1:] != want[1:] or shape[0] < want[0]:
-            raise ValueError(f"{what}: expected [{want[0]}{''.join(f', {s}' for s in want[1:])}] (at least "
-                             f"{want[0]} rows, {spec.nbytes} bytes), got {list(shape)}")
-        if _arrays.dtype_name(x) != spec.dtype:
-            raise TypeError(f"{what}: expected {spec.dtype}, got {_arrays.dtype_name(x)}")
-        if _arrays.device(x, what) != _arrays.device(ref):
-            raise ValueError(f"{what}: expected an array on the builder's device {_arrays.device(ref)} "
-                             f"(DLPack type, id), got {_arrays.device(x, what)}")
-        contiguous = tuple(int(np.prod(shape[i + 1:])) for i in range(len(shape)))
-        strides = _arrays.strides_elems(x)
-        if any(st != c for st, c, n in zip(strides, contiguous, shape) if n > 1):  # kernels take flat rows
-            raise ValueError(f"{what}: expected a C-contiguous array, got strides {strides} "
-                             "(elements)")
-        return x[:want[0]]
+        return _arrays.empty(ref, spec.shape, spec.dtype) if x is None else _check_workspace(name, x, spec, ref)
 
     def _put(self, buf, n, src):
         """buf[:n] (or buf[:R, :M] for n = (R, M)) = src. Host data for a torch CUDA buffer goes
@@ -619,6 +658,7 @@ class SparseMLAMetadataBuilder:
             indices=self._indices[:T], lse_scratch=self._lse[:T],
             max_logits_scratch=self._max_logits[:T], decode_workspace=self._decode_ws,
             decode_workspace_bytes=self.decode_workspace_size(b, s), q_staging=self._q_staging,
+            workspace_specs=self._specs,
             step=self._step, _token=self._token)
         if split_prefills:
             self._plan_prefill(md)

@@ -14,13 +14,18 @@ ImportError that says what to install. Written against vLLM 0.34.0's classes:
   pair (ql_nope [n, h, 512], q_pe [n, h, 64]); it returns (out [n, h, 512], lse [n, h]) with lse in
   natural log. Any head count 1..128 runs unpadded; caches "bf16" (vLLM "auto" / "bfloat16") and
   "fp8_ds_mla" (also "fp8", "fp8_e4m3"), 64-token blocks.
+- `smla_config(vllm_config, block_size)`: the one SparseMLAConfig of the builder and every impl.
 
-Attention runs smla's "mixed" plan: the step's tokens are already in the cache (do_kv_cache_update
-comes first), so every token, decode or prefill, goes through sparse_mla_decode on the paged cache.
-TODO(layer attend path): SparseMLAAttention.attend (a token range of the step, q whole or as a pair)
-would give forward_mqa the "split" plan (bf16 prefill over a dequantised workspace) and replace the q
-staging here; it needs per-call workspaces first: vLLM hands its workspaces out at each use
-(get_simultaneous), while smla's builder takes caller buffers once, when it is made (workspaces=).
+forward_mqa is smla's SparseMLAAttention.attend over tokens (0, n) (the step's tokens are already in
+the cache: do_kv_cache_update comes first), so the adapter runs smla's plan for the config: with an
+fp8 cache "split" (decodes through the decode kernel, prefills by the bf16 prefill kernel over a
+dequantised workspace) or "mixed" (every token through the decode kernel on the fp8 pages), chosen
+by mode "auto" from the head count; SMLA_VLLM_MODE=mixed|split forces one (tests, benchmarks). The
+layer owns q staging (a pair costs one copy). smla's scratch (SparseMLAMetadataBuilder.workspace_specs)
+is reserved through vLLM's workspace manager where one runs and handed to attend per call
+(workspaces=), as vLLM hands its workspaces out at each use; without a manager the builder's own
+buffers are used. The builder also allocates its own (vLLM's reservation comes on top; see
+docs/vllm.md section 6).
 
 CUDA graphs: declared NEVER until the decode path has been captured under vLLM on a GPU (not done:
 the development machine has no GPU); smla's own layer preallocates everything a decode step needs.
@@ -49,10 +54,11 @@ except ImportError as e:  # pragma: no cover - exercised where vLLM is absent
 
 from . import ops
 from .config import D_NOPE, D_QK, D_ROPE, SparseMLAConfig
+from .layer import SparseMLAAttention
 from .metadata import SparseMLAMetadata, SparseMLAMetadataBuilder
 
 __all__ = ["BACKEND_NAME", "SmlaSparseMLABackend", "SmlaSparseMLAImpl", "SmlaSparseMLAMetadata",
-           "SmlaSparseMLAMetadataBuilder", "register"]
+           "SmlaSparseMLAMetadataBuilder", "register", "smla_config"]
 
 BACKEND_NAME = "SMLA_SPARSE"
 BLOCK_SIZE = 64
@@ -64,6 +70,22 @@ def _cache_dtype(kv_cache_dtype: str) -> str:
     if name not in ("bf16", "fp8_ds_mla"):
         raise ValueError(f"smla's vLLM backend supports the bf16 and fp8_ds_mla caches, got {kv_cache_dtype!r}")
     return name
+
+
+def smla_config(vllm_config, block_size: int) -> SparseMLAConfig:
+    """The model's SparseMLAConfig from vLLM's config, shared by the builder and every impl (the
+    layer's attend checks that they agree). mode: $SMLA_VLLM_MODE ("auto" when unset: smla picks
+    "split" or "mixed" by head count; "mixed" or "split" force one, for tests and benchmarks)."""
+    mc = vllm_config.model_config
+    sc = vllm_config.scheduler_config
+    topk = getattr(mc.hf_text_config, "index_topk", None)
+    if topk is None:
+        raise ValueError("smla's sparse backend needs the model's index_topk (a DeepSeek-V3.2-style model)")
+    return SparseMLAConfig(
+        num_heads=mc.get_num_attention_heads(vllm_config.parallel_config),
+        kv_cache_dtype=_cache_dtype(vllm_config.cache_config.cache_dtype), block_size=block_size,
+        topk=int(topk), max_model_len=mc.max_model_len, max_num_seqs=sc.max_num_seqs,
+        max_num_batched_tokens=sc.max_num_batched_tokens, mode=os.environ.get("SMLA_VLLM_MODE", "auto"))
 
 
 # =============================================================================================
@@ -102,16 +124,7 @@ class SmlaSparseMLAMetadataBuilder(AttentionMetadataBuilder[SmlaSparseMLAMetadat
 
     def __init__(self, kv_cache_spec, layer_names: list[str], vllm_config, device: torch.device) -> None:
         super().__init__(kv_cache_spec, layer_names, vllm_config, device)
-        mc = vllm_config.model_config
-        sc = vllm_config.scheduler_config
-        topk = getattr(mc.hf_text_config, "index_topk", None)
-        if topk is None:
-            raise ValueError("smla's sparse backend needs the model's index_topk (a DeepSeek-V3.2-style model)")
-        self.config = SparseMLAConfig(
-            num_heads=mc.get_num_attention_heads(vllm_config.parallel_config),
-            kv_cache_dtype=_cache_dtype(vllm_config.cache_config.cache_dtype),
-            block_size=kv_cache_spec.block_size, topk=int(topk), max_model_len=mc.max_model_len,
-            max_num_seqs=sc.max_num_seqs, max_num_batched_tokens=sc.max_num_batched_tokens, mode="mixed")
+        self.config = smla_config(vllm_config, kv_cache_spec.block_size)
         self.smla_builder = SparseMLAMetadataBuilder.from_config(self.config, device=device)
 
     def build(self, common_prefix_len: int, common_attn_metadata: CommonAttentionMetadata,
@@ -170,34 +183,40 @@ class SmlaSparseMLAImpl(MLAAttentionImpl[SmlaSparseMLAMetadata]):
         self.topk_indices_buffer = topk_indices_buffer
         self.dcp_world_size = 1
         self.need_to_return_lse_for_decode = False
-        self.workspace_specs = self._workspace_specs()
+        from vllm.config import get_current_vllm_config
+        vc = get_current_vllm_config()
+        # the builder's config: vLLM builds both from the same VllmConfig (block size: the cache's)
+        cfg = smla_config(vc, vc.cache_config.block_size)
+        if cfg.num_heads != num_heads or cfg.kv_cache_dtype != self.smla_cache_dtype:
+            raise ValueError(f"num_heads / kv_cache_dtype: the impl has {num_heads} / {kv_cache_dtype!r}, vLLM's "
+                             f"config {cfg.num_heads} / {cfg.kv_cache_dtype!r}")
+        self.attn = SparseMLAAttention.from_config(cfg, self.scale)
+        self.workspace_specs, self._workspace_names = self._workspace_specs(vc)
         if self.workspace_specs:
             from vllm.v1.worker.workspace import current_workspace_manager
             current_workspace_manager().get_simultaneous(*self.workspace_specs)  # counted by profiling
 
-    def _workspace_specs(self) -> list:
-        """The q concat buffer [max_num_batched_tokens, h, 576] bf16 and the decode kernel's
-        workspace, reserved through vLLM's workspace manager where one is running (vLLM's worker
-        makes it before the model); without one, forward_mqa allocates per call."""
-        from vllm.config import get_current_vllm_config
+    def _workspace_specs(self, vc) -> tuple[list, list]:
+        """smla's scratch (SparseMLAMetadataBuilder.workspace_specs: converted indices, lse and
+        max_logits scratch, the split plan's bf16 prefill workspace, the decode kernel's workspace on
+        CUDA, the q staging buffer) as vLLM's [(shape, torch dtype)], reserved through vLLM's
+        workspace manager where one is running (vLLM's worker makes it before the model); without
+        one, attend uses the builder's own buffers."""
         from vllm.v1.worker.workspace import is_workspace_manager_initialized
         if not is_workspace_manager_initialized():
-            return []
-        cfg = get_current_vllm_config()
-        max_tokens = cfg.scheduler_config.max_num_batched_tokens
-        topk = int(getattr(cfg.model_config.hf_text_config, "index_topk", 2048))
-        specs = [((max_tokens, self.num_heads, D_QK), torch.bfloat16)]
-        ws = ops.sparse_mla_decode_workspace_size(1, max_tokens, self.num_heads, topk, self.smla_cache_dtype)
-        if ws > 0:
-            specs.append(((ws,), torch.uint8))
-        return specs
+            return [], []
+        dev = torch.device(vc.device_config.device)
+        specs = SparseMLAMetadataBuilder.workspace_specs(
+            self.attn.config, device="cpu" if dev.type != "cuda" else
+            (dev.index if dev.index is not None else torch.cuda.current_device()))
+        return [(s.shape, getattr(torch, s.dtype)) for s in specs.values()], list(specs)
 
-    def _workspaces(self):
+    def _workspaces(self) -> Optional[dict]:
+        """This use's buffers from vLLM's manager (handed out at each use), by smla's names."""
         if not self.workspace_specs:
-            return None, None
+            return None
         from vllm.v1.worker.workspace import current_workspace_manager
-        bufs = current_workspace_manager().get_simultaneous(*self.workspace_specs)
-        return bufs[0], (bufs[1] if len(bufs) > 1 else None)
+        return dict(zip(self._workspace_names, current_workspace_manager().get_simultaneous(*self.workspace_specs)))
 
     def do_kv_cache_update(self, kv_c_normed: torch.Tensor, k_pe: torch.Tensor, kv_cache: torch.Tensor,
                            slot_mapping: torch.Tensor, kv_cache_dtype: str, k_scale: torch.Tensor,
@@ -212,34 +231,15 @@ class SmlaSparseMLAImpl(MLAAttentionImpl[SmlaSparseMLAMetadata]):
 
     def forward_mqa(self, q, kv_c_and_k_pe_cache: torch.Tensor, attn_metadata: SmlaSparseMLAMetadata,
                     layer: Any) -> tuple[torch.Tensor, torch.Tensor]:
-        q_buf, dec_ws = self._workspaces()
-        if isinstance(q, tuple):
-            ql_nope, q_pe = q
-            n = ql_nope.shape[0]
-            if q_buf is None:
-                q = torch.cat([ql_nope, q_pe], dim=-1)
-            else:
-                q = q_buf[:n]
-                q[..., :D_NOPE].copy_(ql_nope)
-                q[..., D_NOPE:].copy_(q_pe)
-        n = q.shape[0]
-        if n > attn_metadata.num_actual_tokens:
-            raise ValueError(f"forward_mqa: {n} query tokens, the step has {attn_metadata.num_actual_tokens}")
+        """The layer's attend over vLLM's first n tokens of the step (its sparse tokens: the decode
+        subset or the whole batch), q [n, h, 576] or the pair; the step's tokens are already in the
+        cache (do_kv_cache_update comes first)."""
         if self.topk_indices_buffer is None:
             raise RuntimeError("forward_mqa: no topk_indices_buffer (the indexer's output) was given")
+        n = (q[0] if isinstance(q, tuple) else q).shape[0]
         start = attn_metadata.topk_start
-        local = self.topk_indices_buffer[start:start + n]
-        num_blocks = kv_c_and_k_pe_cache.shape[0]
-        slots = ops.convert_topk_indices(attn_metadata.req_id_per_token[:n], attn_metadata.block_table, local,
-                                         block_size=attn_metadata.block_size, num_blocks=num_blocks)
-        ws = None
-        if dec_ws is not None:
-            need = ops.sparse_mla_decode_workspace_size(1, n, q.shape[1], local.shape[1], self.smla_cache_dtype)
-            ws = dec_ws[:need] if need > 0 else None
-        out, lse = ops.sparse_mla_decode(q.unsqueeze(0), kv_c_and_k_pe_cache, slots.unsqueeze(0),
-                                         softmax_scale=self.scale, kv_cache_dtype=self.smla_cache_dtype,
-                                         workspace=ws)
-        return out[0], lse[0]
+        return self.attn.attend(q, kv_c_and_k_pe_cache, self.topk_indices_buffer[start:start + n],
+                                attn_metadata.smla, tokens=(0, n), workspaces=self._workspaces())
 
 
 # =============================================================================================
