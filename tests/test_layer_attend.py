@@ -294,6 +294,43 @@ def test_attend_per_call_workspaces_rejected_with_the_buffer_named():
         attn.attend(st["q"][:T], world.cache, st["topk"][:T], md, workspaces=[])
 
 
+@pytest.mark.parametrize("mode", ["split", "mixed"])
+def test_builder_holds_no_per_call_buffers(mode):
+    """workspaces={name: None}: the builder neither allocates nor holds those buffers (a framework lends
+    them at each use); attend takes them per call and matches the oracle; a call without them, and
+    forward, raise naming what is missing."""
+    rng = np.random.default_rng(28)
+    h, topk = 16, 32
+    world, st = mixed_step(rng, "fp8_ds_mla", h, topk)
+    cfg = SparseMLAConfig(num_heads=h, kv_cache_dtype="fp8_ds_mla", block_size=world.bs, topk=topk,
+                          max_model_len=world.max_model_len, max_num_seqs=world.max_reqs,
+                          max_num_batched_tokens=256, mode=mode)
+    specs = SparseMLAMetadataBuilder.workspace_specs(cfg, prefill_workspace_rows=320)
+    builder = SparseMLAMetadataBuilder.from_config(cfg, prefill_workspace_rows=320,
+                                                   workspaces={name: None for name in specs})
+    attn = smla.SparseMLAAttention.from_config(cfg, SCALE)
+    md = build(builder, st)
+    assert md.per_call == frozenset(specs)
+    assert md.indices is None and md.lse_scratch is None and md.prefill_workspace is None and md.q_staging is None
+    attn.write_kv_cache(st["kv_c"], st["k_pe"], world.cache, md)
+    T = st["T"]
+    with pytest.raises(ValueError, match=r"^workspaces: the builder was made to take \['indices', "):
+        attn.attend(st["q"][:T], world.cache, st["topk"][:T], md)
+    with pytest.raises(ValueError, match=r"^workspaces: the builder was made to take .*forward takes none"):
+        attn.forward(st["q"], st["kv_c"], st["k_pe"], world.cache, st["topk"], md)
+    partial = {"indices": np.zeros(specs["indices"].shape, np.int32)}
+    with pytest.raises(ValueError, match=r"^workspaces: the builder was made to take \['lse', "):
+        attn.attend(st["q"][:T], world.cache, st["topk"][:T], md, workspaces=partial)
+    dtypes = {"int32": np.int32, "float32": np.float32, "bfloat16": BF16}
+    given = {name: np.zeros(s.shape, dtypes[s.dtype]) for name, s in specs.items()}
+    ref = world.expected(st)
+    for form, (start, end) in (("pair", (0, 5)), ("one", (0, T))):
+        res = attn.attend(q_form(st["q"][start:end], form, rng), world.cache, st["topk"][start:end], md,
+                          tokens=(start, end), workspaces=given)
+        check_range(attn, md, world, st, res, ref, start, end, f"builder without buffers {mode} {form}")
+    assert given["q_staging"].any() and given["indices"].any()
+
+
 def test_torch_cpu_pair():
     """torch CPU tensors: a non-contiguous (q_nope, q_pe) pair through a torch builder's staging buffer."""
     torch = pytest.importorskip("torch")

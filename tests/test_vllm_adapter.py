@@ -167,6 +167,9 @@ def test_mixed_batch_against_oracle(tmp_path, monkeypatch, cache_dtype, mode, h,
                 qk_rope_head_dim=64, qk_head_dim=192, v_head_dim=128, kv_b_proj=None,
                 topk_indices_buffer=topk_buf)
         assert bool(impl.workspace_specs) == use_workspace_manager
+        # with vLLM's manager lending the scratch, smla's builder holds none of it (not held twice)
+        assert builder.smla_builder._per_call == (frozenset(impl._workspace_names) if use_workspace_manager
+                                                  else frozenset())
         assert impl.attn.config == builder.config
         assert impl.attn.mode == ("bf16" if smla_dtype == "bf16" else mode)
 

@@ -115,6 +115,14 @@ class SparseMLAAttention:
                 raise ValueError(f"{name}: expected [{n}, {', '.join(map(str, tail))}] (at least {what}), "
                                  f"got {list(shape)}")
 
+    @staticmethod
+    def _check_scratch(md, op):
+        """The buffers the builder takes per call (workspaces={name: None}) must come with this call."""
+        if md.per_call:
+            raise ValueError(f"workspaces: the builder was made to take {sorted(md.per_call)} with each call "
+                             f"(workspaces={{name: None}}); pass them to attend(..., workspaces=)"
+                             + (" (forward takes none: use write_kv_cache and attend)" if op == "forward" else ""))
+
     def _check_cache(self, kv_cache):
         # the converted indices are slots of this block size, checked against its block count
         cfg = self.config
@@ -187,6 +195,7 @@ class SparseMLAAttention:
         T = self._check_md(md)
         if workspaces is not None:
             md = md.with_workspaces(workspaces)
+        self._check_scratch(md, "attend")
         start, end = self._token_range(tokens, T)
         n, h, topk = end - start, self.config.num_heads, self.config.topk
         what = f"n = {n} rows: tokens [{start}, {end}) of the step"
@@ -240,6 +249,7 @@ class SparseMLAAttention:
         raise ValueError (the GPU cannot check without a sync: it skips such writes and never reads
         past the cache)."""
         T = self._check_md(md)
+        self._check_scratch(md, "forward")
         h = self.config.num_heads
         self._check_rows(T, f"T = len(md.slot_mapping) = {T} rows", (
             ("q", q, (h, D_QK)), ("kv_c", kv_c, (D_NOPE,)), ("k_pe", k_pe, (D_ROPE,)),

@@ -214,6 +214,7 @@ class SparseMLAMetadata:
     decode_workspace_bytes: int = 0          # what this step's decode call needs (the config's mode)
     q_staging: Optional[_LazyBuffer] = None  # [max_num_batched_tokens, h, 576] bf16, made at first use
     workspace_specs: Optional[dict] = None   # the builder's workspace_specs (with_workspaces checks by them)
+    per_call: frozenset = frozenset()        # scratch the caller hands to each attend (None fields here)
     step: int = 0                            # the builder's build count
     _token: _BuildToken = field(default_factory=_BuildToken, repr=False, compare=False)
 
@@ -252,7 +253,12 @@ class SparseMLAMetadata:
                 new["q_staging"] = _LazyBuffer(specs[name].shape, x)
             else:  # per-token scratch viewed to the step's T rows, as build() does
                 new[self._WORKSPACE_FIELDS[name]] = x[:self.num_padded_tokens] if name in _PER_TOKEN else x
-        return replace(self, **new)
+        return replace(self, per_call=self.per_call - set(ws), **new)
+
+
+def _rows(buf, n):
+    """buf's first n rows; None (a buffer handed in per call) stays None."""
+    return None if buf is None else buf[:n]
 
 
 def _check_names(workspaces, specs):
@@ -404,7 +410,10 @@ class SparseMLAMetadataBuilder:
     uniform, require_uniform=True as in vLLM's FlashMLA sparse backend).
     workspaces: {name: array} of caller-owned scratch buffers used in place of the builder's own
     (names, shapes and dtypes from workspace_specs; any subset; each C-contiguous, on the builder's
-    device, with at least the spec's rows). Unnamed ones are allocated here as before."""
+    device, with at least the spec's rows). Unnamed ones are allocated here as before. A name given
+    None is neither allocated nor held: the caller hands that buffer to every attend(...,
+    workspaces=) (a framework that lends its buffers per use, such as vLLM's workspace manager, so
+    the memory is not held twice)."""
 
     def __init__(self, *, num_heads: int, block_size: int, topk: int, max_model_len: int, max_num_seqs: int,
                  max_num_batched_tokens: int, kv_cache_dtype: str, mode: str = "auto", decode_threshold: int = 1,
@@ -466,6 +475,7 @@ class SparseMLAMetadataBuilder:
         if workspaces is not None and not isinstance(workspaces, dict):
             raise TypeError(f"workspaces: expected a dict of arrays, got {type(workspaces).__name__}")
         self._workspaces = dict(workspaces or {})
+        self._per_call = frozenset(name for name, x in self._workspaces.items() if x is None)
         self._framework_hint = framework
         self._step = 0
         self._token = _BuildToken()
@@ -513,13 +523,17 @@ class SparseMLAMetadataBuilder:
         self._indices, self._lse, self._max_logits = ws["indices"], ws["lse"], ws["max_logits"]
         self._prefill_ws = ws.get("prefill_workspace")
         self._decode_ws = ws.get("decode_workspace")
-        self.max_decode_workspace_bytes = specs["decode_workspace"].nbytes if self._decode_ws is not None else 0
+        has_decode_ws = self._decode_ws is not None or "decode_workspace" in self._per_call
+        self.max_decode_workspace_bytes = specs["decode_workspace"].nbytes if has_decode_ws else 0
         q_staging = self._workspaces.get("q_staging")
-        self._q_staging = _LazyBuffer(specs["q_staging"].shape, None if q_staging is None else
-                                      self._workspace("q_staging", specs["q_staging"], ref))
+        self._q_staging = None if "q_staging" in self._per_call else _LazyBuffer(
+            specs["q_staging"].shape, None if q_staging is None else self._workspace("q_staging", specs["q_staging"], ref))
 
     def _workspace(self, name, spec, ref):
-        """The caller's buffer `name` checked against its spec (viewed to the spec's rows), else a new one."""
+        """The caller's buffer `name` checked against its spec (viewed to the spec's rows), else a new one;
+        None for one the caller hands to each attend."""
+        if name in self._per_call:
+            return None
         x = self._workspaces.get(name)
         return _arrays.empty(ref, spec.shape, spec.dtype) if x is None else _check_workspace(name, x, spec, ref)
 
@@ -655,10 +669,10 @@ class SparseMLAMetadataBuilder:
             block_table=self._block_table[:R], slot_mapping=self._slots[:T],
             req_id_per_token=self._req_id[:T], prefill_workspace=self._prefill_ws,
             prefill_workspace_rows=self.prefill_workspace_rows,
-            indices=self._indices[:T], lse_scratch=self._lse[:T],
-            max_logits_scratch=self._max_logits[:T], decode_workspace=self._decode_ws,
+            indices=_rows(self._indices, T), lse_scratch=_rows(self._lse, T),
+            max_logits_scratch=_rows(self._max_logits, T), decode_workspace=self._decode_ws,
             decode_workspace_bytes=self.decode_workspace_size(b, s), q_staging=self._q_staging,
-            workspace_specs=self._specs,
+            workspace_specs=self._specs, per_call=self._per_call,
             step=self._step, _token=self._token)
         if split_prefills:
             self._plan_prefill(md)

@@ -24,8 +24,8 @@ by mode "auto" from the head count; SMLA_VLLM_MODE=mixed|split forces one (tests
 layer owns q staging (a pair costs one copy). smla's scratch (SparseMLAMetadataBuilder.workspace_specs)
 is reserved through vLLM's workspace manager where one runs and handed to attend per call
 (workspaces=), as vLLM hands its workspaces out at each use; without a manager the builder's own
-buffers are used. The builder also allocates its own (vLLM's reservation comes on top; see
-docs/vllm.md section 6).
+buffers are used. With a manager the builder holds none of that scratch (workspaces={name: None}),
+so the memory is reserved once.
 
 CUDA graphs: declared NEVER until the decode path has been captured under vLLM on a GPU (not done:
 the development machine has no GPU); smla's own layer preallocates everything a decode step needs.
@@ -88,6 +88,15 @@ def smla_config(vllm_config, block_size: int) -> SparseMLAConfig:
         max_num_batched_tokens=sc.max_num_batched_tokens, mode=os.environ.get("SMLA_VLLM_MODE", "auto"))
 
 
+def _scratch_specs(config: SparseMLAConfig, device) -> dict:
+    """SparseMLAMetadataBuilder.workspace_specs of a builder on `device` (a torch.device or its name):
+    the one list the impl reserves through vLLM's manager and the builder leaves to it."""
+    dev = torch.device(device)
+    return SparseMLAMetadataBuilder.workspace_specs(
+        config, device="cpu" if dev.type != "cuda" else
+        (dev.index if dev.index is not None else torch.cuda.current_device()))
+
+
 # =============================================================================================
 # metadata
 # =============================================================================================
@@ -125,7 +134,12 @@ class SmlaSparseMLAMetadataBuilder(AttentionMetadataBuilder[SmlaSparseMLAMetadat
     def __init__(self, kv_cache_spec, layer_names: list[str], vllm_config, device: torch.device) -> None:
         super().__init__(kv_cache_spec, layer_names, vllm_config, device)
         self.config = smla_config(vllm_config, kv_cache_spec.block_size)
-        self.smla_builder = SparseMLAMetadataBuilder.from_config(self.config, device=device)
+        from vllm.v1.worker.workspace import is_workspace_manager_initialized
+        # Where vLLM's workspace manager lends smla's scratch to each forward_mqa (the impl reserves it),
+        # the builder holds none of it (None: handed to attend per call), so it is not held twice.
+        lent = ({name: None for name in _scratch_specs(self.config, device)}
+                if is_workspace_manager_initialized() else None)
+        self.smla_builder = SparseMLAMetadataBuilder.from_config(self.config, device=device, workspaces=lent)
 
     def build(self, common_prefix_len: int, common_attn_metadata: CommonAttentionMetadata,
               fast_build: bool = False) -> SmlaSparseMLAMetadata:
@@ -205,10 +219,7 @@ class SmlaSparseMLAImpl(MLAAttentionImpl[SmlaSparseMLAMetadata]):
         from vllm.v1.worker.workspace import is_workspace_manager_initialized
         if not is_workspace_manager_initialized():
             return [], []
-        dev = torch.device(vc.device_config.device)
-        specs = SparseMLAMetadataBuilder.workspace_specs(
-            self.attn.config, device="cpu" if dev.type != "cuda" else
-            (dev.index if dev.index is not None else torch.cuda.current_device()))
+        specs = _scratch_specs(self.attn.config, vc.device_config.device)
         return [(s.shape, getattr(torch, s.dtype)) for s in specs.values()], list(specs)
 
     def _workspaces(self) -> Optional[dict]:
