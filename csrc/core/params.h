@@ -162,6 +162,7 @@ typedef struct {
     int64_t ml_stride_b, ml_stride_s, ml_stride_h;
     int64_t b, s_q, h, topk;
     float softmax_scale;
+    int precision;             /* smla_precision: SMLA_PRECISION_HIGH (default) or _FAST */
     void *workspace;           /* CUDA decode split-top-k scratch or NULL (see workspace_size) */
     int64_t workspace_bytes;
     void *stream;

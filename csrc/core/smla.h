@@ -74,6 +74,10 @@ typedef enum { SMLA_DEV_CPU = 1, SMLA_DEV_CUDA = 2 } smla_device;
 /* KV cache layouts (docs/design.md section 3). */
 typedef enum { SMLA_CACHE_BF16 = 0, SMLA_CACHE_FP8_DS_MLA = 1 } smla_cache_dtype;
 
+/* precision= of the attention ops (docs/design.md section 4): high keeps the probabilities at ~16 bits
+ * in P V, fast may round them to bf16 (one MMA). A kernel without a fast variant runs high. */
+typedef enum { SMLA_PRECISION_HIGH = 0, SMLA_PRECISION_FAST = 1 } smla_precision;
+
 #ifdef __cplusplus
 }
 #endif
