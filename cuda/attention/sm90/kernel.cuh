@@ -6,9 +6,10 @@
 //   WG2, the producer (setmaxnreg 120; sm90/producer.cuh): fills two K buffers, bf16 by cp.async or
 //     fp8 by register loads and dequant; with two head tiles (h > 64) the fp8 CTAs run as clusters
 //     of 2 that each dequantise half of every tile for both (XO, the crossover).
-//   WG0, WG1, the consumers (setmaxnreg 192; 2 x 192 + 120 = 3 x 168, the launch allocation;
-//     sm90/consumer.cuh): per tile S = Q K^T, softmax, O += P V over 32 tokens / 256 output columns
-//     each, then the epilogue.
+//   WG0, WG1, the consumers (sm90/consumer.cuh): WG0 computes S = Q K^T and the softmax of each whole
+//     tile and O += P V for output columns 0..255 with P in registers; WG1 does O += P V for columns
+//     256..511 with P from smem, overlapping WG0's next S. Then the epilogue.
+// FAST: precision="fast" (P rounded to bf16, one P V MMA); otherwise P = P_hi + P_lo (two).
 // Row sums are kept in double and lse / max_logits are formed in double (see sm80/tile.cuh);
 // overflowed scores saturate as there (sat_needed / sat_score, attention/softmax.cuh).
 //
@@ -63,7 +64,7 @@ __device__ __forceinline__ void load_q(const Args &a, const Cta<XO> &c)
 namespace {
 
 // XO: launched in clusters of 2, the two head tiles of one query row (grid x even).
-template <bool FP8, int ABL, bool XO>
+template <bool FP8, int ABL, bool XO, bool FAST>
 __global__ void __launch_bounds__(kThreads, 1) attn_sm90_kernel(const __grid_constant__ Args a)
 {
     static_assert(FP8 || !XO, "the crossover is written for the fp8 producer");
@@ -84,36 +85,45 @@ __global__ void __launch_bounds__(kThreads, 1) attn_sm90_kernel(const __grid_con
         return;
     }
 
-    setmaxnreg_inc<kConsumerRegs>();
-    wait_q();
-    Consumer<ABL, XO> consumer(a, c, peer_base);
-    for (int it = 0; it < c.nt; ++it) consumer.tile(c, it);
-    // XO: the peer may not leave while our arrivals / stores into its shared memory are in flight, nor
-    // we while its are (the producers, which have left, are not waited for: their stores completed
-    // before the consumers' last rr wait)
-    if constexpr (XO) cluster_sync();
-    consumer.epilogue(c);
+    // XO: before the epilogue the peer may not leave while our arrivals / stores into its shared memory
+    // are in flight, nor we while its are (the producers, which have left, are not waited for: their
+    // stores completed before the consumers' last rr wait)
+    if (c.tid < 128) {
+        setmaxnreg_inc<kScoreRegs>();
+        wait_q();
+        ScoreWarpgroup<ABL, XO, FAST> wg0(a, c, peer_base);
+        for (int it = 0; it < c.nt; ++it) wg0.tile(c, it);
+        if constexpr (XO) cluster_sync();
+        wg0.epilogue(c);
+    } else {
+        setmaxnreg_dec<kValueRegs>();
+        wait_q();
+        ValueWarpgroup<ABL, XO, FAST> wg1(a, c, peer_base);
+        for (int it = 0; it < c.nt; ++it) wg1.tile(c, it, c.nt);
+        if constexpr (XO) cluster_sync();
+        wg1.epilogue(c);
+    }
 }
 
-// Launches ablation variant ABL (0: the full kernel): for fp8 with two head tiles the crossover
-// kernel in clusters of 2, else the plain one. The shared-memory attribute of both is set once per
-// device.
-template <bool FP8, int ABL>
+// Launches ablation variant ABL (0: the full kernel) in the call's precision: for fp8 with two head
+// tiles the crossover kernel in clusters of 2, else the plain one. The shared-memory attribute of
+// each is set once per device.
+template <bool FP8, int ABL, bool FAST>
 int launch_variant(const Args &a, int64_t grid, cudaStream_t s, int dev, smla_status *st)
 {
     static OncePerDevice configured;
     // fp8 with two head tiles: clusters of the two (the crossover; sm90/producer.cuh)
     const bool xo = FP8 && a.n_ht == 2;
     static_assert(SMLA_MAX_HEADS <= 2 * kHT, "more than two head tiles would need another producer split");
-    void (*kern)(Args) = attn_sm90_kernel<FP8, ABL, false>;
+    void (*kern)(Args) = attn_sm90_kernel<FP8, ABL, false, FAST>;
     if constexpr (FP8) {
-        if (xo) kern = attn_sm90_kernel<FP8, ABL, true>;
+        if (xo) kern = attn_sm90_kernel<FP8, ABL, true, FAST>;
     }
     if (configured.needed(dev)) {
-        SMLA_CUDA_CHECK(st, cudaFuncSetAttribute(attn_sm90_kernel<FP8, ABL, false>,
+        SMLA_CUDA_CHECK(st, cudaFuncSetAttribute(attn_sm90_kernel<FP8, ABL, false, FAST>,
                                                  cudaFuncAttributeMaxDynamicSharedMemorySize, Smem::bytes));
         if constexpr (FP8)
-            SMLA_CUDA_CHECK(st, cudaFuncSetAttribute(attn_sm90_kernel<FP8, ABL, true>,
+            SMLA_CUDA_CHECK(st, cudaFuncSetAttribute(attn_sm90_kernel<FP8, ABL, true, FAST>,
                                                      cudaFuncAttributeMaxDynamicSharedMemorySize, Smem::bytes));
         configured.mark(dev);
     }
@@ -138,13 +148,20 @@ int launch_variant(const Args &a, int64_t grid, cudaStream_t s, int dev, smla_st
     return SMLA_OK;
 }
 
+template <bool FP8, int ABL>
+int launch_precision(const Args &a, int64_t grid, cudaStream_t s, int dev, smla_status *st)
+{
+    if (a.p.precision == SMLA_PRECISION_FAST) return launch_variant<FP8, ABL, true>(a, grid, s, dev, st);
+    return launch_variant<FP8, ABL, false>(a, grid, s, dev, st);
+}
+
 // The ablation variant run.attn_ablate names (profiling builds), else the full kernel.
 template <bool FP8, int ABL, int... MORE>
 int launch_ablation(const Args &a, int64_t grid, cudaStream_t s, int dev, smla_status *st)
 {
-    if (a.p.run.attn_ablate == ABL) return launch_variant<FP8, ABL>(a, grid, s, dev, st);
+    if (a.p.run.attn_ablate == ABL) return launch_precision<FP8, ABL>(a, grid, s, dev, st);
     if constexpr (sizeof...(MORE) > 0) return launch_ablation<FP8, MORE...>(a, grid, s, dev, st);
-    else return launch_variant<FP8, 0>(a, grid, s, dev, st);
+    else return launch_precision<FP8, 0>(a, grid, s, dev, st);
 }
 
 template <bool FP8>
@@ -154,7 +171,7 @@ int launch(const Args &a, int64_t grid, cudaStream_t s, int dev, smla_status *st
     // the variants tools/ablate.py times (its VARIANTS, less 0)
     return launch_ablation<FP8, 1, 2, 4, 6, 7, 8, 16>(a, grid, s, dev, st);
 #else
-    return launch_variant<FP8, 0>(a, grid, s, dev, st);
+    return launch_precision<FP8, 0>(a, grid, s, dev, st);
 #endif
 }
 

@@ -20,9 +20,15 @@ constexpr int kBlk = 64 * 128;                 // one column block: 64 rows x 12
 constexpr int kTileBytes = 9 * kBlk;           // 73,728 B: Q or one K buffer
 static_assert(kDqk == 36 * 16, "the S phase is written for 3 chains of 12 k-steps");
 static_assert(kRowChunks == 9 * 8, "a row is 9 column blocks of 8 chunks");
-constexpr int kConsumerRegs = 192;
-constexpr int kProducerRegs = 120;             // 2 x 192 + 120 = 3 x 168, the launch allocation
-constexpr int kBarMax = 1, kBarP = 2, kBarL = 3, kBarQ = 4;  // named barriers of the 256 consumer threads
+// Registers per thread after setmaxnreg: WG0 holds half of O (128), S with its second chain (64) and P
+// in registers; WG1 only its half of O. 232 + 160 + 120 = 3 x 168 + 8: the 64K registers of the SM.
+constexpr int kScoreRegs = 232, kValueRegs = 160, kProducerRegs = 120;
+static_assert(kScoreRegs + kValueRegs + kProducerRegs <= 512, "one CTA per SM: 64K registers");
+// Named barriers of the 256 consumer threads: P of K buffer b ready (kBarP + b: WG0 arrives, WG1 waits;
+// one per buffer, so WG0 can never arrive twice on one before WG1 waited: its next arrival there needs
+// the buffer back), P_lo free (WG1 arrives, WG0 waits; high precision only), the epilogue's row
+// statistics, Q landed.
+constexpr int kBarP = 1, kBarFree = 3, kBarL = 4, kBarQ = 5;
 
 struct Smem {
     static constexpr Region q = first_region(kTileBytes);
@@ -30,13 +36,13 @@ struct Smem {
     static constexpr Region plo = region_after(k, kBlk);            // P_lo [64 heads x 64 tokens] bf16
     static constexpr Region bar = region_after(plo, 64);            // mbarriers: full[2], empty[2], rr[2]
     static constexpr Region valid = region_after(bar, 2 * kBN * 4);  // int [2][64]: row valid, per K buffer
-    // float [2][64] row maxima per consumer WG; in the epilogue double [2][64] row sums over them (the
-    // maxima were last read before the last tile's kBarP) and the 512 bytes after them
-    static constexpr Region red = region_after(valid, 2 * kHT * 8);
-    static constexpr int used = red.end();
+    static constexpr Region alpha = region_after(valid, 2 * kHT * 4);  // float [2][64]: O's rescale, per K buffer
+    static constexpr Region row_l = region_after(alpha, kHT * 8);       // double [64]: final row sums (epilogue)
+    static constexpr Region row_m = region_after(row_l, kHT * 4);       // float [64]: final row maxima (epilogue)
+    static constexpr int used = row_m.end();
     static constexpr int bytes = used + 1024;  // slack to align the base to 1024 B
     static_assert(q.off % 1024 == 0 && k.off % 1024 == 0 && plo.off % 1024 == 0, "swizzled tiles");
-    static_assert(bar.off % 8 == 0 && red.off % 8 == 0, "mbarriers and row sums are 8-byte");
+    static_assert(bar.off % 8 == 0 && row_l.off % 8 == 0, "mbarriers and row sums are 8-byte");
     static_assert(bytes <= 227 * 1024, "sm_90 opt-in shared memory per block");
 };
 
@@ -60,7 +66,7 @@ struct Cta {
     int L, j0, nt;
     uint32_t sQ, sK, sPlo, bar_full, bar_empty, bar_rr;  // bar_*[b] at + 8 b
     int *sValid;
-    float *sMax;
+    float *sAlpha, *sM;
     double *sL;
 
     __device__ __forceinline__ Cta(const Args &a, uint8_t *smem_raw)
@@ -95,8 +101,9 @@ struct Cta {
         sPlo = base + Smem::plo.off;
         bar_full = base + Smem::bar.off, bar_empty = base + Smem::bar.off + 16, bar_rr = base + Smem::bar.off + 32;
         sValid = reinterpret_cast<int *>(smem + Smem::valid.off);
-        sMax = reinterpret_cast<float *>(smem + Smem::red.off);
-        sL = reinterpret_cast<double *>(smem + Smem::red.off);
+        sAlpha = reinterpret_cast<float *>(smem + Smem::alpha.off);
+        sL = reinterpret_cast<double *>(smem + Smem::row_l.off);
+        sM = reinterpret_cast<float *>(smem + Smem::row_m.off);
     }
 };
 

@@ -91,6 +91,11 @@ __device__ __forceinline__ void named_sync(int id, int n)
 {
     asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(n) : "memory");
 }
+// Arrive at named barrier id without waiting (a producer side; the consumer side waits with named_sync).
+__device__ __forceinline__ void named_arrive(int id, int n)
+{
+    asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(n) : "memory");
+}
 template <int N>
 __device__ __forceinline__ void setmaxnreg_inc()
 {
@@ -111,6 +116,14 @@ __device__ __forceinline__ void fence_regs(float (&r)[N])
 {
 #pragma unroll
     for (int i = 0; i < N; ++i) asm volatile("" : "+f"(r[i])::"memory");
+}
+
+// Keeps register-A operands of an in-flight wgmma allocated until after its wait.
+template <int N>
+__device__ __forceinline__ void fence_regs(uint32_t (&r)[N])
+{
+#pragma unroll
+    for (int i = 0; i < N; ++i) asm volatile("" : "+r"(r[i])::"memory");
 }
 
 // Shared-memory matrix descriptor, 128-byte swizzle.
@@ -151,6 +164,35 @@ __device__ __forceinline__ void wgmma_n256_tb(float (&d)[128], uint64_t da, uint
         : SMLA_F8(0), SMLA_F8(8), SMLA_F8(16), SMLA_F8(24), SMLA_F8(32), SMLA_F8(40), SMLA_F8(48), SMLA_F8(56),
           SMLA_F8(64), SMLA_F8(72), SMLA_F8(80), SMLA_F8(88), SMLA_F8(96), SMLA_F8(104), SMLA_F8(112), SMLA_F8(120)
         : "l"(da), "l"(db), "r"(1));
+}
+// S[64 x 64] (+)= A[64 x 16] B[64 x 16]^T, both K-major in smem.
+__device__ __forceinline__ void wgmma_n64(float (&d)[32], uint64_t da, uint64_t db, int accumulate)
+{
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
+                 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, "
+                 "%21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, p, 1, 1, 0, 0;\n}\n"
+                 : SMLA_F8(0), SMLA_F8(8), SMLA_F8(16), SMLA_F8(24)
+                 : "l"(da), "l"(db), "r"(accumulate));
+}
+
+// O[64 x 256] += A[64 x 16] B[16 x 256], A in registers (the m64k16 A fragment: a[0] row g, k 2t..2t+1;
+// a[1] row g + 8; a[2], a[3] the same at k + 8), B N-major in smem.
+__device__ __forceinline__ void wgmma_n256_rs(float (&d)[128], const uint32_t (&a)[4], uint64_t db)
+{
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %133, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, "
+        "%22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, "
+        "%43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, "
+        "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, "
+        "%85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, %96, %97, %98, %99, %100, %101, %102, %103, %104, "
+        "%105, %106, %107, %108, %109, %110, %111, %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, "
+        "%122, %123, %124, %125, %126, %127}, {%128, %129, %130, %131}, %132, p, 1, 1, 1;\n}\n"
+        : SMLA_F8(0), SMLA_F8(8), SMLA_F8(16), SMLA_F8(24), SMLA_F8(32), SMLA_F8(40), SMLA_F8(48), SMLA_F8(56),
+          SMLA_F8(64), SMLA_F8(72), SMLA_F8(80), SMLA_F8(88), SMLA_F8(96), SMLA_F8(104), SMLA_F8(112), SMLA_F8(120)
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(1));
 }
 #undef SMLA_F8
 
