@@ -114,6 +114,16 @@ def baseline(torch, q, cache, idx, cd):
     return out.view(b, s_q, h, 512), lse.view(b, s_q, h)
 
 
+def step_arrays(torch, bt, h, s_q, b):
+    """q, indices, out and lse of one decode call of this shape (seeded by the shape)."""
+    gen = torch.Generator(device="cuda").manual_seed(h * 1000 + b * 10 + s_q)
+    q = torch.randn((b, s_q, h, 576), generator=gen, device="cuda").to(torch.bfloat16)
+    idx = make_indices(torch, bt, b, s_q, seed=b * 7 + s_q)
+    out = torch.empty((b, s_q, h, 512), dtype=torch.bfloat16, device="cuda")
+    lse = torch.empty((b, s_q, h), dtype=torch.float32, device="cuda")
+    return q, idx, out, lse
+
+
 def fmt(v, spec, none="-"):
     return none if v is None else format(v, spec)
 
@@ -124,11 +134,7 @@ def graph_section(torch, smla, cache, bt, cd, precs, iters, results):
     print(f"{'h':>4} {'s_q':>4} {'b':>4} " + " ".join(f"{p + '_us':>9}" for p in precs)
           + f" {'high/fast':>9} {'FlashMLA_us':>11} {'fast/FlashMLA':>13}")
     for h, s_q, b in sorted(FLASHMLA_GRAPH_US, reverse=True):
-        gen = torch.Generator(device="cuda").manual_seed(h * 1000 + b * 10 + s_q)
-        q = torch.randn((b, s_q, h, 576), generator=gen, device="cuda").to(torch.bfloat16)
-        idx = make_indices(torch, bt, b, s_q, seed=b * 7 + s_q)
-        out = torch.empty((b, s_q, h, 512), dtype=torch.bfloat16, device="cuda")
-        lse = torch.empty((b, s_q, h), dtype=torch.float32, device="cuda")
+        q, idx, out, lse = step_arrays(torch, bt, h, s_q, b)
         ws = torch.empty(smla.sparse_mla_decode_workspace_size(b, s_q, h, TOPK, cd), dtype=torch.uint8,
                          device="cuda")
         us = {}
@@ -177,11 +183,7 @@ def main():
           + f" {'high/fast':>9} {'vsHBM':>6} {'splits_ws_MB':>12} {'torch_us':>9} {'speedup':>8} {'max|d|':>8}"
           f" {'FlashMLA_us':>11} {'fast/FlashMLA':>13}")
     for (h, s_q, b), cap in ((sh, c) for sh in todo for c in caps):
-        gen = torch.Generator(device="cuda").manual_seed(h * 1000 + b * 10 + s_q)
-        q = torch.randn((b, s_q, h, 576), generator=gen, device="cuda").to(torch.bfloat16)
-        idx = make_indices(torch, bt, b, s_q, seed=b * 7 + s_q)
-        out = torch.empty((b, s_q, h, 512), dtype=torch.bfloat16, device="cuda")
-        lse = torch.empty((b, s_q, h), dtype=torch.float32, device="cuda")
+        q, idx, out, lse = step_arrays(torch, bt, h, s_q, b)
         ws_bytes = smla.sparse_mla_decode_workspace_size(b, s_q, h, TOPK, cd)
         if cap > 0:  # partials of at most `cap` splits (fp32 O and lse per split; cap 1: no split)
             ws_bytes = min(ws_bytes, cap * b * s_q * h * (512 + 1) * 4) if cap > 1 else 0
