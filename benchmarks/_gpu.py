@@ -1,5 +1,6 @@
-"""Shared by the GPU attention benchmarks: their common options, the start (torch and an smla with a
-usable CUDA GPU, or a clear message), the timer and the JSON record."""
+"""Shared by the GPU benchmarks: the attention benchmarks' common options, the start (torch and an smla
+with a usable CUDA GPU, or a clear message), the timers (events around each call; CUDA-graph replay) and
+the JSON record."""
 import argparse
 import json
 import os
@@ -75,3 +76,29 @@ def time_us(torch, fn, iters, warmup, flush):
         evs.append((a, b))
     torch.cuda.synchronize()
     return statistics.median(a.elapsed_time(b) for a, b in evs) * 1e3
+
+
+def graph_replay_us(torch, call, iters, reps=20):
+    """GPU time per call of `call` captured `reps` times into one CUDA graph (warm L2, launch overhead
+    amortised): CUDA-event time of max(10, iters // 2) replays over the call count. The first call runs
+    eagerly on a side stream (module load, kernel attributes), as capture requires."""
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        call()
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for _ in range(reps):
+            call()
+    for _ in range(3):
+        g.replay()
+    torch.cuda.synchronize()
+    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    n = max(10, iters // 2)
+    a.record()
+    for _ in range(n):
+        g.replay()
+    b.record()
+    torch.cuda.synchronize()
+    return a.elapsed_time(b) * 1e3 / (n * reps)

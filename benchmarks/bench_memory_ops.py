@@ -18,6 +18,8 @@ import os
 import sys
 import time
 
+from _gpu import graph_replay_us  # benchmarks/_gpu.py (scripts run from this folder)
+
 TARGET = 0.7
 BLOCK = 64
 
@@ -92,28 +94,8 @@ class Bench:
         self.torch.cuda.empty_cache()
         return us, nbytes / us * 1e-3, self.copy_gbps(nbytes)
 
-    def graph_latency_us(self, call, reps=20):
-        torch = self.torch
-        s = torch.cuda.Stream()
-        s.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(s):
-            call()
-        torch.cuda.current_stream().wait_stream(s)
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g):
-            for _ in range(reps):
-                call()
-        for _ in range(3):
-            g.replay()
-        torch.cuda.synchronize()
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        n = max(10, self.iters // 2)
-        a.record()
-        for _ in range(n):
-            g.replay()
-        b.record()
-        torch.cuda.synchronize()
-        return a.elapsed_time(b) * 1e3 / (n * reps)
+    def graph_latency_us(self, call):
+        return graph_replay_us(self.torch, call, self.iters)
 
 
 # ------------------------------------------------------------------------------------------- cases

@@ -9,13 +9,24 @@ those bytes take at 4.3 TB/s (the measured H200 copy rate). Times are medians of
 calls after a warm-up, with the L2 flushed before each call unless --no-flush. Outputs and the
 workspace are preallocated, as a serving step would.
 
+Each shape runs at precision "high" and "fast" (--precision; docs/design.md section 4: "fast" rounds the
+probabilities to bf16 before P.V on the kernels that have that variant, FlashMLA's recipe), with
+high/fast the ratio of their times. Speed comparisons use "fast" when it was measured (DESIGN: the
+comparison with FlashMLA is made in the same recipe): speedup = torch / smla and vsHBM use that time.
+"FlashMLA_us" are FlashMLA's times on the H200 from the issue (2026-12-02), fixed figures, not measured
+here, where the shape matches, and "fast/FlashMLA" the ratio to them. The b = 2, s_q = 1 figures are
+CUDA-graph replays, so the first section times those shapes that way: 20 calls captured into one graph,
+replayed, per call (warm L2; --no-graph skips it).
+
     python benchmarks/bench_sparse_mla_decode.py [--quick] [--json out.json] [--no-baseline]
         [--shape H,S_Q,B ...] [--splits 1,4,16] [--cache-dtype bf16] [--kernel portable|sm90]
+        [--precision high|fast|both] [--no-graph]
 """
 import sys
 import time
 
-from _gpu import attention_parser, start_attention, time_us, write_json  # benchmarks/_gpu.py (scripts run from this folder)
+# benchmarks/_gpu.py (scripts run from this folder)
+from _gpu import attention_parser, graph_replay_us, start_attention, time_us, write_json
 
 HBM_BYTES_PER_S = 4.3e12
 CTX = 32768
@@ -23,6 +34,11 @@ TOPK = 2048
 BLOCK = 64
 FP8_ENTRY = 656
 SCALE = 576 ** -0.5
+# FlashMLA's decode on the H200 (the issue, 2026-12-02; fp8 cache, topk 2048): fixed reference figures in
+# us, (h, s_q, b) -> time. FLASHMLA_GRAPH_US are CUDA-graph replays (the graph section).
+FLASHMLA_US = {(128, 2, 128): 365.0, (128, 1, 128): 185.0, (64, 2, 128): 228.0, (64, 1, 128): 116.0}
+FLASHMLA_GRAPH_US = {(128, 1, 2): 16.3, (64, 1, 2): 17.5}
+GRAPH_CALLS = 20
 
 
 def parse():
@@ -31,6 +47,9 @@ def parse():
     ap.add_argument("--splits", default="",
                     help="comma-separated split caps to sweep, e.g. 1,4,8,16: the workspace passed holds "
                          "that many splits' partials (the launcher uses min(plan, cap)); default: the plan")
+    ap.add_argument("--precision", default="both", choices=["high", "fast", "both"],
+                    help="precision= of the calls (default both, each shape at each)")
+    ap.add_argument("--no-graph", action="store_true", help="skip the CUDA-graph replay section (b = 2)")
     return ap.parse_args()
 
 
@@ -95,6 +114,46 @@ def baseline(torch, q, cache, idx, cd):
     return out.view(b, s_q, h, 512), lse.view(b, s_q, h)
 
 
+def step_arrays(torch, bt, h, s_q, b):
+    """q, indices, out and lse of one decode call of this shape (seeded by the shape)."""
+    gen = torch.Generator(device="cuda").manual_seed(h * 1000 + b * 10 + s_q)
+    q = torch.randn((b, s_q, h, 576), generator=gen, device="cuda").to(torch.bfloat16)
+    idx = make_indices(torch, bt, b, s_q, seed=b * 7 + s_q)
+    out = torch.empty((b, s_q, h, 512), dtype=torch.bfloat16, device="cuda")
+    lse = torch.empty((b, s_q, h), dtype=torch.float32, device="cuda")
+    return q, idx, out, lse
+
+
+def fmt(v, spec, none="-"):
+    return none if v is None else format(v, spec)
+
+
+def graph_section(torch, smla, cache, bt, cd, precs, iters, results):
+    """b = 2, s_q = 1, h = 128 and 64 (FlashMLA's launch-bound figures) by CUDA-graph replay."""
+    print(f"# CUDA-graph replay, {GRAPH_CALLS} calls per graph, per call (warm L2)")
+    print(f"{'h':>4} {'s_q':>4} {'b':>4} " + " ".join(f"{p + '_us':>9}" for p in precs)
+          + f" {'high/fast':>9} {'FlashMLA_us':>11} {'fast/FlashMLA':>13}")
+    for h, s_q, b in sorted(FLASHMLA_GRAPH_US, reverse=True):
+        q, idx, out, lse = step_arrays(torch, bt, h, s_q, b)
+        ws = torch.empty(smla.sparse_mla_decode_workspace_size(b, s_q, h, TOPK, cd), dtype=torch.uint8,
+                         device="cuda")
+        us = {}
+        for p in precs:
+            us[p] = graph_replay_us(torch, lambda p=p: smla.sparse_mla_decode(
+                q, cache, idx, softmax_scale=SCALE, kv_cache_dtype=cd, out=out, lse=lse, workspace=ws, precision=p),
+                iters, GRAPH_CALLS)
+        fm = FLASHMLA_GRAPH_US[(h, s_q, b)]
+        ratio = us["high"] / us["fast"] if len(us) == 2 else None
+        vs_fm = us["fast"] / fm if "fast" in us else None
+        for p in precs:
+            results.append(dict(op="sparse_mla_decode", kind="graph", cache_dtype=cd, h=h, s_q=s_q, b=b, topk=TOPK,
+                                precision=p, time_us=us[p], calls_per_graph=GRAPH_CALLS, flashmla_us=fm,
+                                **({"fast_over_flashmla": vs_fm} if p == "fast" else {}),
+                                **({"high_over_fast": ratio} if ratio is not None else {})))
+        print(f"{h:>4} {s_q:>4} {b:>4} " + " ".join(f"{us[p]:>9.1f}" for p in precs)
+              + f" {fmt(ratio, '.2f'):>9} {fm:>11.1f} {fmt(vs_fm, '.2f'):>13}", flush=True)
+
+
 def main():
     args = parse()
     gpu = start_attention("bench_sparse_mla_decode", args, 50, 15)
@@ -104,60 +163,83 @@ def main():
     warmup = 3 if args.quick else 10
     flush = not args.no_flush
     cd = args.cache_dtype
+    precs = ["high", "fast"] if args.precision == "both" else [args.precision]
+    cmp = "fast" if "fast" in precs else "high"  # the time speed comparisons use
     todo = [tuple(int(v) for v in sh.split(",")) for sh in args.shape] or shapes(args.quick)
     caps = [int(v) for v in args.splits.split(",") if v] or [0]
     t0 = time.time()
-    cache, bt = build_cache(torch, smla, max(b for _, _, b in todo), cd)
+    cache, bt = build_cache(torch, smla, max([2] + [b for _, _, b in todo]), cd)
     dev = torch.cuda.get_device_properties(0)
-    print(f"# {dev.name}, {dev.multi_processor_count} SMs; kernel {args.kernel}; cache {cd} {cache.numel() * cache.element_size() / 2**30:.1f}"
-          f" GiB built in {time.time() - t0:.1f} s; topk {TOPK}, context {CTX} tokens/request, "
-          f"{'L2 flushed' if flush else 'L2 warm'}, median of {iters}")
-    hdr = (f"{'h':>4} {'s_q':>4} {'b':>4} {'cap':>4} {'time_us':>9} {'TFLOP/s':>8} {'uniqGB/s':>9} {'vsHBM':>6} "
-           f"{'splits_ws_MB':>12} {'torch_us':>9} {'speedup':>8} {'max|d|':>8}")
-    print(hdr)
+    gib = cache.numel() * cache.element_size() / 2**30
+    print(f"# {dev.name}, {dev.multi_processor_count} SMs; kernel {args.kernel}; cache {cd} {gib:.1f} GiB built in "
+          f"{time.time() - t0:.1f} s; topk {TOPK}, context {CTX} tokens/request; precision {'/'.join(precs)}")
     results = []
+    if not args.no_graph:
+        graph_section(torch, smla, cache, bt, cd, precs, iters, results)
+    print(f"# {'L2 flushed' if flush else 'L2 warm'}, median of {iters}; speedup and vsHBM at {cmp}; "
+          f"FlashMLA_us: FlashMLA on the H200 (2026-12-02, fixed figures from the issue)")
+    print(f"{'h':>4} {'s_q':>4} {'b':>4} {'cap':>4} "
+          + " ".join(f"{p + '_us':>9} {p + '_TF/s':>9}" for p in precs)
+          + f" {'high/fast':>9} {'vsHBM':>6} {'splits_ws_MB':>12} {'torch_us':>9} {'speedup':>8} {'max|d|':>8}"
+          f" {'FlashMLA_us':>11} {'fast/FlashMLA':>13}")
     for (h, s_q, b), cap in ((sh, c) for sh in todo for c in caps):
-        gen = torch.Generator(device="cuda").manual_seed(h * 1000 + b * 10 + s_q)
-        q = torch.randn((b, s_q, h, 576), generator=gen, device="cuda").to(torch.bfloat16)
-        idx = make_indices(torch, bt, b, s_q, seed=b * 7 + s_q)
-        out = torch.empty((b, s_q, h, 512), dtype=torch.bfloat16, device="cuda")
-        lse = torch.empty((b, s_q, h), dtype=torch.float32, device="cuda")
+        q, idx, out, lse = step_arrays(torch, bt, h, s_q, b)
         ws_bytes = smla.sparse_mla_decode_workspace_size(b, s_q, h, TOPK, cd)
         if cap > 0:  # partials of at most `cap` splits (fp32 O and lse per split; cap 1: no split)
             ws_bytes = min(ws_bytes, cap * b * s_q * h * (512 + 1) * 4) if cap > 1 else 0
         ws = torch.empty(max(ws_bytes, 0), dtype=torch.uint8, device="cuda")
 
-        def run():
+        def run(precision):
             smla.sparse_mla_decode(q, cache, idx, softmax_scale=SCALE, kv_cache_dtype=cd, out=out, lse=lse,
-                                   workspace=ws)
+                                   workspace=ws, precision=precision)
 
-        us = time_us(torch, run, iters, warmup, flush)
         flops = 2.0 * b * s_q * h * TOPK * (576 + 512)
         uniq = int(torch.unique(idx).numel()) * (FP8_ENTRY if cd == "fp8_ds_mla" else 1152)
-        rec = dict(op="sparse_mla_decode", cache_dtype=cd, h=h, s_q=s_q, b=b, split_cap=cap, topk=TOPK, time_us=us,
-                   tflops=flops / us * 1e-6, unique_bytes=uniq, unique_gbps=uniq / us * 1e-3,
-                   vs_hbm=us / (uniq / HBM_BYTES_PER_S * 1e6), workspace_bytes=ws_bytes, flush_l2=flush)
+        fm = FLASHMLA_US.get((h, s_q, b)) if cap == 0 else None
+        base = None
         if not args.no_baseline:
-            ob, lb = baseline(torch, q, cache, idx, cd)
-            run()
-            torch.cuda.synchronize()
-            rec["max_abs_diff"] = float((out.float() - ob.float()).abs().max())
-            rec["lse_max_abs_diff"] = float((lse - lb).abs().max())
-            del ob, lb
+            base = baseline(torch, q, cache, idx, cd)
+        recs = {}
+        for p in precs:
+            us = time_us(torch, lambda: run(p), iters, warmup, flush)
+            rec = recs[p] = dict(op="sparse_mla_decode", kind="events", cache_dtype=cd, h=h, s_q=s_q, b=b,
+                                 split_cap=cap, topk=TOPK, precision=p, time_us=us, tflops=flops / us * 1e-6,
+                                 unique_bytes=uniq, unique_gbps=uniq / us * 1e-3,
+                                 vs_hbm=us / (uniq / HBM_BYTES_PER_S * 1e6), workspace_bytes=ws_bytes,
+                                 flush_l2=flush)
+            if fm is not None:
+                rec["flashmla_us"] = fm
+                rec[f"{p}_over_flashmla"] = us / fm
+            if base is not None:
+                run(p)
+                torch.cuda.synchronize()
+                rec["max_abs_diff"] = float((out.float() - base[0].float()).abs().max())
+                rec["lse_max_abs_diff"] = float((lse - base[1]).abs().max())
+        ratio = recs["high"]["time_us"] / recs["fast"]["time_us"] if len(recs) == 2 else None
+        if ratio is not None:
+            for rec in recs.values():
+                rec["high_over_fast"] = ratio
+        bus = None
+        if base is not None:
+            del base
             try:
                 bus = time_us(torch, lambda: baseline(torch, q, cache, idx, cd), max(3, iters // 5), 2, flush)
-                rec["torch_us"] = bus
-                rec["speedup"] = bus / us
             except torch.cuda.OutOfMemoryError:
-                rec["torch_us"] = None
+                pass
+            for rec in recs.values():
+                rec["torch_us"] = bus
+                if bus:
+                    rec["speedup"] = bus / rec["time_us"]
             torch.cuda.empty_cache()
-        results.append(rec)
-        tus = rec.get("torch_us")
-        t_txt = f"{tus:.1f}" if tus else "-"
-        s_txt = f"{tus / us:.1f}x" if tus else "-"
-        print(f"{h:>4} {s_q:>4} {b:>4} {cap if cap else '-':>4} {us:>9.1f} {rec['tflops']:>8.1f} {rec['unique_gbps']:>9.0f} "
-              f"{rec['vs_hbm']:>6.2f} {ws_bytes / 2**20:>12.1f} {t_txt:>9} {s_txt:>8} "
-              f"{rec.get('max_abs_diff', float('nan')):>8.3g}", flush=True)
+        results.extend(recs.values())
+        c = recs[cmp]
+        spd = f"{c['speedup']:.1f}x" if "speedup" in c else "-"
+        vs_fm = recs["fast"].get("fast_over_flashmla") if "fast" in recs else None
+        print(f"{h:>4} {s_q:>4} {b:>4} {cap if cap else '-':>4} "
+              + " ".join(f"{recs[p]['time_us']:>9.1f} {recs[p]['tflops']:>9.1f}" for p in precs)
+              + f" {fmt(ratio, '.2f'):>9} {c['vs_hbm']:>6.2f} {ws_bytes / 2**20:>12.1f} {fmt(bus, '.1f'):>9}"
+              f" {spd:>8} {fmt(c.get('max_abs_diff'), '.3g'):>8} {fmt(fm, '.0f', ''):>11} {fmt(vs_fm, '.2f', ''):>13}",
+              flush=True)
     write_json(args.json, torch, args.kernel, iters, results)
     return 0
 

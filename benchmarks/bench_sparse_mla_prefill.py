@@ -5,10 +5,11 @@ s_kv in {8192, 32768, 131072}; bf16 q and kv; each query token picks 2048 distin
 TFLOP/s counts 2 * s_q * h * topk * (576 + 512). Times are medians of CUDA-event-timed calls after a
 warm-up (L2 flushed before each call unless --no-flush); outputs are preallocated. The baseline
 processes the query rows in chunks (a whole-batch gather would need s_q * topk * 1152 B = 9.7 GB).
-The summary line compares h = 16 with h = 64 per head (issue target: within 1.5x).
+The summary line compares h = 16 with h = 64 per head (issue target: within 1.5x). --precision is the
+calls' precision= (docs/design.md section 4; default high).
 
     python benchmarks/bench_sparse_mla_prefill.py [--quick] [--json out.json] [--no-baseline]
-        [--shape H,S_KV ...] [--kernel portable|sm90]
+        [--shape H,S_KV ...] [--kernel portable|sm90] [--precision high|fast]
 """
 import sys
 
@@ -21,7 +22,9 @@ CHUNK = 256  # baseline rows per chunk
 
 
 def parse():
-    return attention_parser(__doc__, 20, 8, "H,S_KV").parse_args()
+    ap = attention_parser(__doc__, 20, 8, "H,S_KV")
+    ap.add_argument("--precision", default="high", choices=["high", "fast"], help="precision= of the calls")
+    return ap.parse_args()
 
 
 def shapes(quick):
@@ -58,8 +61,8 @@ def main():
     warmup = 2 if args.quick else 5
     flush = not args.no_flush
     dev = torch.cuda.get_device_properties(0)
-    print(f"# {dev.name}, {dev.multi_processor_count} SMs; kernel {args.kernel}; s_q {S_Q}, topk {TOPK}, "
-          f"{'L2 flushed' if flush else 'L2 warm'}, median of {iters}")
+    print(f"# {dev.name}, {dev.multi_processor_count} SMs; kernel {args.kernel}; precision {args.precision}; "
+          f"s_q {S_Q}, topk {TOPK}, {'L2 flushed' if flush else 'L2 warm'}, median of {iters}")
     print(f"{'h':>4} {'s_kv':>7} {'time_us':>9} {'TFLOP/s':>8} {'us/head':>8} {'torch_us':>9} {'speedup':>8} "
           f"{'max|d|':>8}")
     results = []
@@ -78,12 +81,13 @@ def main():
         ml = torch.empty((S_Q, h), dtype=torch.float32, device="cuda")
 
         def run():
-            smla.sparse_mla_prefill(q, kv, idx, softmax_scale=SCALE, out=out, lse=lse, max_logits=ml)
+            smla.sparse_mla_prefill(q, kv, idx, softmax_scale=SCALE, out=out, lse=lse, max_logits=ml,
+                                    precision=args.precision)
 
         us = time_us(torch, run, iters, warmup, flush)
         flops = 2.0 * S_Q * h * TOPK * (576 + 512)
-        rec = dict(op="sparse_mla_prefill", h=h, s_q=S_Q, s_kv=s_kv, topk=TOPK, time_us=us, tflops=flops / us * 1e-6,
-                   us_per_head=us / h, flush_l2=flush)
+        rec = dict(op="sparse_mla_prefill", h=h, s_q=S_Q, s_kv=s_kv, topk=TOPK, precision=args.precision, time_us=us,
+                   tflops=flops / us * 1e-6, us_per_head=us / h, flush_l2=flush)
         if not args.no_baseline:
             ob = torch.empty_like(out)
             lb = torch.empty_like(lse)

@@ -46,6 +46,13 @@ PREFILL_OUT_REL = 3.01 / 128
 PREFILL_OUT_COS = 7e-6
 PREFILL_LSE_ABS = 1e-6  # also for max_logits
 PREFILL_LSE_REL = 2.01 / 65536
+# precision="fast" (docs/design.md section 4, "Precision"): the probabilities may be rounded to bf16
+# before P.V, each p_j off by at most 2^-9 relative, so out may also differ by up to that times
+# ref_abs = sum_j p_j |V_j| (the oracle with V replaced by |V|); allowed: twice that, on top of the
+# high rule's abs and rel terms (summed, not either-or); lse as for high.
+PRECISIONS = ("high", "fast")
+FAST_OUT_ABS_REF = 2.0**-8  # times ref_abs
+FAST_OUT_COS = 1e-5
 
 
 # =============================================================================================
@@ -497,7 +504,7 @@ def merge_attn_states(out_a, lse_a, out_b, lse_b):
 # =============================================================================================
 
 def sparse_mla_attention(q, kv_rows, indices, limit, softmax_scale, topk_length=None,
-                         attn_sink=None):
+                         attn_sink=None, return_abs=False):
     """Shared semantics of decode and prefill (docs/design.md section 4).
 
     q [b,s_q,h,576] bf16 bits; kv_rows: a callable slots(int64 [u]) -> float64 [u,576], or an array
@@ -507,7 +514,9 @@ def sparse_mla_attention(q, kv_rows, indices, limit, softmax_scale, topk_length=
     lse = log sum_j exp(s_j) (natural); max_logits = max_j s_j. No valid index: out 0, lse -inf,
     max_logits -inf, whatever the sink. attn_sink [h]: out *= 1/(1+exp(sink - lse)), lse unchanged.
     softmax_scale and attn_sink are first rounded to float32: that is what the kernels receive.
-    Returns float64 (out [b,s_q,h,512], lse [b,s_q,h], max_logits [b,s_q,h])."""
+    Returns float64 (out [b,s_q,h,512], lse [b,s_q,h], max_logits [b,s_q,h]); with return_abs also
+    out_abs [b,s_q,h,512], the same out with V replaced by |V| (sum_j p_j |V_j|, sink factor applied),
+    the scale of precision="fast"'s tolerance (check_close's slack)."""
     qf = as_f64(q)
     if qf.ndim != 4 or qf.shape[3] != D_QK:
         raise ValueError(f"q must be [b, s_q, h, 576], got {qf.shape}")
@@ -532,6 +541,7 @@ def sparse_mla_attention(q, kv_rows, indices, limit, softmax_scale, topk_length=
 
     scale = float(np.float32(softmax_scale))
     out = np.zeros((b, s_q, h, D_V))
+    out_abs = np.zeros((b, s_q, h, D_V)) if return_abs else None
     lse = np.full((b, s_q, h), -np.inf)
     max_logits = np.full((b, s_q, h), -np.inf)
     has_valid = valid.any(axis=2)
@@ -546,48 +556,57 @@ def sparse_mla_attention(q, kv_rows, indices, limit, softmax_scale, topk_length=
                 e = np.exp(s - m[:, None])
                 z = e.sum(axis=1)
                 out[bi, si] = (e @ k[:, :D_V]) / z[:, None]
+                if return_abs:
+                    out_abs[bi, si] = (e @ np.abs(k[:, :D_V])) / z[:, None]
                 lse[bi, si] = m + np.log(z)
                 max_logits[bi, si] = m
         if attn_sink is not None:
             sink = np.asarray(attn_sink, dtype=np.float32).astype(np.float64).reshape(h)
             factor = 1.0 / (1.0 + np.exp(sink[None, None, :] - lse))  # sink +inf -> 0, -inf -> 1
             out = np.where(has_valid[:, :, None, None], out * factor[..., None], 0.0)
+            if return_abs:
+                out_abs = np.where(has_valid[:, :, None, None], out_abs * factor[..., None], 0.0)
+    if return_abs:
+        return out, lse, max_logits, out_abs
     return out, lse, max_logits
 
 
 def sparse_mla_decode_ref(q, kv_cache, indices, softmax_scale, kv_cache_dtype, topk_length=None,
-                          attn_sink=None):
+                          attn_sink=None, return_abs=False):
     """Decode over a paged cache: indices are global slots, limit = num_blocks * block_size, K rows
-    are the dequantised cache rows. Returns float64 (out [b,s_q,h,512], lse [b,s_q,h])."""
+    are the dequantised cache rows. Returns float64 (out [b,s_q,h,512], lse [b,s_q,h]), and out_abs
+    (sparse_mla_attention) after them with return_abs."""
     c = _cache_view(kv_cache, kv_cache_dtype)
     nb, bs = c.shape[:2]
-    out, lse, _ = sparse_mla_attention(
+    res = sparse_mla_attention(
         q, lambda slots: dequant_rows(c, slots, kv_cache_dtype), indices, nb * bs, softmax_scale,
-        topk_length, attn_sink)
-    return out, lse
+        topk_length, attn_sink, return_abs)
+    return res[:2] + res[3:]
 
 
-def sparse_mla_prefill_ref(q, kv, indices, softmax_scale, topk_length=None, attn_sink=None):
+def sparse_mla_prefill_ref(q, kv, indices, softmax_scale, topk_length=None, attn_sink=None, return_abs=False):
     """Prefill over kv [s_kv,576] bf16: q [s_q,h,576], indices [s_q,topk], topk_length [s_q],
-    limit = s_kv. Returns float64 (out [s_q,h,512], lse [s_q,h], max_logits [s_q,h])."""
+    limit = s_kv. Returns float64 (out [s_q,h,512], lse [s_q,h], max_logits [s_q,h]), and out_abs
+    [s_q,h,512] (sparse_mla_attention) after them with return_abs."""
     kv_bits = as_bf16_bits(kv)
     if kv_bits.ndim != 2 or kv_bits.shape[1] != D_QK:
         raise ValueError(f"kv must be [s_kv, 576], got {kv_bits.shape}")
     q4 = as_bf16_bits(q)[None]
     idx = np.asarray(indices)[None]
     tl = None if topk_length is None else np.asarray(topk_length)[None]
-    out, lse, ml = sparse_mla_attention(q4, lambda rows: bf16_to_f64(kv_bits[rows]), idx,
-                                        kv_bits.shape[0], softmax_scale, tl, attn_sink)
-    return out[0], lse[0], ml[0]
+    res = sparse_mla_attention(q4, lambda rows: bf16_to_f64(kv_bits[rows]), idx, kv_bits.shape[0],
+                               softmax_scale, tl, attn_sink, return_abs)
+    return tuple(r[0] for r in res)
 
 
 # =============================================================================================
 # comparison
 # =============================================================================================
 
-def check_close(actual, expected, *, abs_tol, rel_tol, cos_tol=None, name="value"):
-    """docs/design.md's tolerance rule. An element passes if |a-e| <= abs_tol or |a-e| <= rel_tol*|e|;
-    NaN positions and Inf positions (with their signs) must be equal; with cos_tol, 1 - cos(a, e)
+def check_close(actual, expected, *, abs_tol, rel_tol, cos_tol=None, slack=None, name="value"):
+    """docs/design.md's tolerance rule. An element passes if |a-e| <= abs_tol or |a-e| <= rel_tol*|e|
+    (with slack, an array broadcast to e: if |a-e| <= abs_tol + rel_tol*|e| + slack, the "fast" rule of
+    out_rule); NaN positions and Inf positions (with their signs) must be equal; with cos_tol, 1 - cos(a, e)
     over all entries finite in both, in float64, must be <= cos_tol (two all-zero arrays: 0; one
     all-zero: 1). Inputs go through as_f64 (uint16 / bfloat16 = bf16). Raises AssertionError with
     the worst element; returns a dict of error statistics."""
@@ -611,7 +630,12 @@ def check_close(actual, expected, *, abs_tol, rel_tol, cos_tol=None, name="value
     fin = np.isfinite(a) & np.isfinite(e)
     with np.errstate(invalid="ignore"):  # inf - inf at positions already known to agree
         err = np.where(fin, np.abs(a - e), 0.0)
-    bound = np.maximum(abs_tol, rel_tol * np.abs(np.where(fin, e, 0.0)))
+    rel_bound = rel_tol * np.abs(np.where(fin, e, 0.0))
+    if slack is None:
+        bound = np.maximum(abs_tol, rel_bound)
+    else:
+        slack = np.where(fin, np.broadcast_to(as_f64(slack), e.shape), 0.0)
+        bound = abs_tol + rel_bound + slack
     with np.errstate(all="ignore"):
         ratio = np.where(err == 0, 0.0, err / bound)  # <= 1 passes
     stats = {"max_abs": float(err.max(initial=0.0)), "max_ratio": float(ratio.max(initial=0.0)),
@@ -620,11 +644,12 @@ def check_close(actual, expected, *, abs_tol, rel_tol, cos_tol=None, name="value
     if bad.any():
         i = np.unravel_index(int(np.argmax(ratio)), ratio.shape)
         rel = err[i] / abs(e[i]) if e[i] != 0 else np.inf
+        rule = f"abs {abs_tol:g} / rel {rel_tol:g}" if slack is None else \
+            f"abs {abs_tol:g} + rel {rel_tol:g} + slack (here {slack[i]:.3g})"
         raise AssertionError(
-            f"{name}: {int(bad.sum())} of {a.size} elements outside abs {abs_tol:g} / rel "
-            f"{rel_tol:g}; worst at {tuple(int(v) for v in i)}: actual {a[i]!r}, expected "
-            f"{e[i]!r}, abs err {err[i]:.3g}, rel err {rel:.3g}; first bad at "
-            f"{tuple(int(v) for v in np.argwhere(bad)[0])}")
+            f"{name}: {int(bad.sum())} of {a.size} elements outside {rule}; worst at "
+            f"{tuple(int(v) for v in i)}: actual {a[i]!r}, expected {e[i]!r}, abs err {err[i]:.3g}, "
+            f"rel err {rel:.3g}; first bad at {tuple(int(v) for v in np.argwhere(bad)[0])}")
 
     if cos_tol is not None:
         av, ev = a[fin], e[fin]
@@ -642,16 +667,34 @@ def check_close(actual, expected, *, abs_tol, rel_tol, cos_tol=None, name="value
     return stats
 
 
-def check_decode(out, lse, out_ref, lse_ref, name="decode"):
-    """Decode outputs against the oracle with docs/design.md's tolerances."""
-    check_close(out, out_ref, abs_tol=OUT_ABS, rel_tol=OUT_REL, cos_tol=OUT_COS, name=f"{name} out")
+def out_rule(precision, out_abs=None, *, prefill=False):
+    """check_close's keywords for an attention output of `precision` (docs/design.md section 4):
+    "high": the op's abs / rel / cosine tolerances; "fast": the same abs and rel summed with
+    FAST_OUT_ABS_REF * out_abs (the oracle's return_abs output), cosine FAST_OUT_COS."""
+    abs_tol, rel_tol, cos_tol = ((PREFILL_OUT_ABS, PREFILL_OUT_REL, PREFILL_OUT_COS) if prefill
+                                 else (OUT_ABS, OUT_REL, OUT_COS))
+    if precision == "high":
+        return dict(abs_tol=abs_tol, rel_tol=rel_tol, cos_tol=cos_tol)
+    if precision != "fast":
+        raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
+    if out_abs is None:
+        raise ValueError('precision="fast" needs out_abs, the oracle\'s output with V replaced by |V| '
+                         "(return_abs=True)")
+    # out_abs is float64 (the oracle's): a NumPy array, or a torch tensor for a device-side check
+    return dict(abs_tol=abs_tol, rel_tol=rel_tol, cos_tol=FAST_OUT_COS, slack=FAST_OUT_ABS_REF * out_abs)
+
+
+def check_decode(out, lse, out_ref, lse_ref, name="decode", *, precision="high", out_abs=None):
+    """Decode outputs against the oracle with docs/design.md's tolerances for `precision` ("fast"
+    needs out_abs: sparse_mla_decode_ref(..., return_abs=True))."""
+    check_close(out, out_ref, **out_rule(precision, out_abs), name=f"{name} out")
     check_close(lse, lse_ref, abs_tol=LSE_ABS, rel_tol=LSE_REL, name=f"{name} lse")
 
 
-def check_prefill(out, lse, max_logits, out_ref, lse_ref, ml_ref, name="prefill"):
-    """Prefill outputs against the oracle with FlashMLA's prefill tolerances."""
-    check_close(out, out_ref, abs_tol=PREFILL_OUT_ABS, rel_tol=PREFILL_OUT_REL,
-                cos_tol=PREFILL_OUT_COS, name=f"{name} out")
+def check_prefill(out, lse, max_logits, out_ref, lse_ref, ml_ref, name="prefill", *, precision="high",
+                  out_abs=None):
+    """Prefill outputs against the oracle with FlashMLA's prefill tolerances ("fast": out_rule)."""
+    check_close(out, out_ref, **out_rule(precision, out_abs, prefill=True), name=f"{name} out")
     check_close(lse, lse_ref, abs_tol=PREFILL_LSE_ABS, rel_tol=PREFILL_LSE_REL, name=f"{name} lse")
     check_close(max_logits, ml_ref, abs_tol=PREFILL_LSE_ABS, rel_tol=PREFILL_LSE_REL,
                 name=f"{name} max_logits")

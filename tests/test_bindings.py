@@ -286,10 +286,20 @@ def test_raw_binding_scalars_name_themselves():
     with pytest.raises(TypeError, match="^stream: expected an integer stream handle, got str$"):
         _C.unpack_kv(**args, stream="0")
     _C.unpack_kv(**args, stream=np.uint64(2**64 - 1))  # anything with __index__
+    pre = dict(q=np.zeros((1, 4, 576), BF16), kv=np.zeros((4, 576), BF16), indices=np.zeros((1, 2), np.int32),
+               out=np.empty((1, 4, 512), BF16), lse=np.empty((1, 4), np.float32), softmax_scale=0.1,
+               precision="high")
     with pytest.raises(TypeError, match="^softmax_scale: expected a real number, got str$"):
-        _C.sparse_mla_prefill(q=np.zeros((1, 4, 576), BF16), kv=np.zeros((4, 576), BF16),
-                              indices=np.zeros((1, 2), np.int32), out=np.empty((1, 4, 512), BF16),
-                              lse=np.empty((1, 4), np.float32), softmax_scale="0.1")
+        _C.sparse_mla_prefill(**{**pre, "softmax_scale": "0.1"})
+    assert _C.PRECISIONS == ("high", "fast")
+    for precision in _C.PRECISIONS:
+        _C.sparse_mla_prefill(**{**pre, "precision": precision})
+    for value, exc, msg in [("medium", ValueError, 'precision: expected "high" or "fast", got "medium"'),
+                            ("HIGH", ValueError, 'precision: expected "high" or "fast", got "HIGH"'),
+                            (1, TypeError, "precision: expected a str, got int"),
+                            (None, TypeError, "precision: expected a str, got NoneType")]:
+        with pytest.raises(exc, match=f"^{msg}$"):
+            _C.sparse_mla_prefill(**{**pre, "precision": value})
     conv = dict(req_id=np.zeros(2, np.int32), block_table=np.zeros((1, 2), np.int32),
                 topk_indices=np.zeros((2, 4), np.int32), block_size=16, out=np.empty((2, 4), np.int32),
                 dcp_size=2, dcp_rank=0, interleave=1, compact=True)

@@ -230,7 +230,7 @@ def test_softmax_scale_must_be_finite(scale, text):
         smla.sparse_mla_prefill(q[0], np.zeros((64, 576), BF16), idx[0], softmax_scale=scale)
     with pytest.raises(ValueError, match=msg):  # the extension checks it itself
         smla._C.sparse_mla_prefill(q=q[0], kv=np.zeros((64, 576), BF16), indices=idx[0], out=np.empty((2, 4, 512), BF16),
-                                   lse=np.empty((2, 4), np.float32), softmax_scale=scale)
+                                   lse=np.empty((2, 4), np.float32), softmax_scale=scale, precision="high")
 
 
 def test_softmax_scale_largest_allowed():
@@ -505,18 +505,19 @@ def _valid_calls():
                                                           device_id=0)),
         "sparse_mla_decode": (smla.sparse_mla_decode, ["q", "kv_cache", "indices"],
                               ["softmax_scale", "kv_cache_dtype", "topk_length", "attn_sink", "out", "lse",
-                               "workspace", "stream"],
+                               "workspace", "stream", "precision"],
                               lambda: dict(q=bf16(1, 2, 4, 576), kv_cache=fp8_cache(), indices=i32(1, 2, 8, hi=64),
                                            softmax_scale=0.1, kv_cache_dtype="fp8_ds_mla",
                                            topk_length=np.array([[8, 3]], np.int32), attn_sink=f32(4),
                                            out=np.empty((1, 2, 4, 512), BF16), lse=None, workspace=None,
-                                           stream=None)),
+                                           stream=None, precision="fast")),
         "sparse_mla_prefill": (smla.sparse_mla_prefill, ["q", "kv", "indices"],
-                               ["softmax_scale", "topk_length", "attn_sink", "out", "lse", "max_logits", "stream"],
+                               ["softmax_scale", "topk_length", "attn_sink", "out", "lse", "max_logits", "stream",
+                                "precision"],
                                lambda: dict(q=bf16(3, 4, 576), kv=bf16(32, 576), indices=i32(3, 8, hi=32),
                                             softmax_scale=0.1, topk_length=np.array([8, 0, 5], np.int32),
                                             attn_sink=f32(4), out=None, lse=np.empty((3, 4), np.float32),
-                                            max_logits=None, stream=None)),
+                                            max_logits=None, stream=None, precision="fast")),
     }
 
 

@@ -2,6 +2,7 @@
 SparseMLAMetadataBuilder + forward, against a float64 oracle that gathers each token's top-k rows
 from the tokens written so far (tests/reference.py), on NumPy; the same on CUDA with torch and CuPy,
 and a decode step captured in a CUDA graph."""
+import dataclasses
 import math
 import zlib
 
@@ -11,6 +12,7 @@ import pytest
 
 import reference as rp
 import smla
+from smla import layer as layer_mod
 from smla.layer import SparseMLAAttention
 from smla.metadata import SparseMLAConfig, SparseMLAMetadataBuilder
 
@@ -370,6 +372,45 @@ def test_layer_rejects_mismatched_metadata():
         SparseMLAAttention(16, SCALE, **dict(kw, mode="fast"))
     with pytest.raises(ValueError, match=r"^num_heads: expected an integer <= 128"):
         SparseMLAAttention(smla.MAX_HEADS + 1, SCALE, **kw)
+
+
+@pytest.mark.parametrize("cache_mode", [("fp8_ds_mla", "mixed"), ("fp8_ds_mla", "split"), ("bf16", "auto")],
+                         ids=["fp8-mixed", "fp8-split", "bf16"])
+def test_layer_passes_precision(cache_mode, monkeypatch):
+    """The config's precision reaches every attention op the layer runs; the metadata does not depend
+    on it (a builder made for "high" serves a "fast" layer); the CPU runs high either way, so the
+    results are the same bits."""
+    kv_dtype, mode = cache_mode
+    world = World(np.random.default_rng(17), kv_dtype, max_reqs=3)
+    world.write_context(0, 100)
+    world.write_context(2, 300)
+    builder, high = make(world, 16, 32, mode)
+    fast = SparseMLAAttention.from_config(dataclasses.replace(high.config, precision="fast"), SCALE)
+    assert (high.config.precision, fast.config.precision) == ("high", "fast") and fast.config == high.config
+    seen = []
+    for name in ("sparse_mla_decode", "sparse_mla_prefill"):
+        def spy(*a, _real=getattr(layer_mod, name), _name=name, **kw):
+            seen.append((_name, kw["precision"]))
+            return _real(*a, **kw)
+        monkeypatch.setattr(layer_mod, name, spy)
+    st = world.step([(0, 1), (1, 13), (2, 4)], 16, 32)
+    md = build(builder, st)
+    res = {}
+    for layer in (high, fast):  # the second layer rewrites the same tokens and recomputes the same step
+        seen.clear()
+        res[layer.config.precision] = layer.forward(st["q"], st["kv_c"], st["k_pe"], world.cache, st["topk"], md,
+                                                    return_lse=True)
+        assert seen and {p for _, p in seen} == {layer.config.precision}, seen
+    check(*res["fast"], *world.expected(st), prefill_kernel_mask(fast, md, st["T"], world.cache), "fast")
+    rp.assert_bf16_equal(res["fast"][0], res["high"][0])
+    np.testing.assert_array_equal(res["fast"][1], res["high"][1])
+    kw = dict(kv_cache_dtype=kv_dtype, block_size=16, topk=32, max_model_len=512, max_num_seqs=3,
+              max_num_batched_tokens=256)
+    assert SparseMLAAttention(16, SCALE, precision="fast", **kw).config.precision == "fast"
+    with pytest.raises(ValueError, match='^precision: expected "high" or "fast", got "medium"$'):
+        SparseMLAAttention(16, SCALE, precision="medium", **kw)
+    with pytest.raises(TypeError, match="^precision: expected a str, got NoneType$"):
+        SparseMLAAttention(16, SCALE, precision=None, **kw)
 
 
 def test_auto_mode_rule():

@@ -5,7 +5,7 @@ import dataclasses
 import numpy as np
 import pytest
 
-from smla.config import MAX_HEADS
+from smla.config import MAX_HEADS, PRECISIONS
 from smla.metadata import (
     MIN_HEADS_FOR_SPLIT,
     SparseMLAConfig,
@@ -146,6 +146,11 @@ def test_config_validated_once():
     assert cfg.differences(cfg) == ""
     other = dataclasses.replace(cfg, topk=64, mode="mixed")
     assert cfg.differences(other) == "topk: 32 vs 64, mode: 'split' vs 'mixed'"
+    # precision is the layers' choice: the metadata is the same, so it takes no part in comparisons
+    assert cfg.precision == "high" and SparseMLAConfig(**CONFIG, precision="fast").precision == "fast"
+    fast = dataclasses.replace(cfg, precision="fast")
+    assert fast == cfg and hash(fast) == hash(cfg) and cfg.differences(fast) == ""
+    assert PRECISIONS == ("high", "fast")
 
 
 CONFIG_REJECTS = [  # (field, value, exception, message)
@@ -164,6 +169,9 @@ CONFIG_REJECTS = [  # (field, value, exception, message)
     ("mode", "fast", ValueError, r"^mode: expected one of \('auto', 'mixed', 'split'\), got 'fast'"),
     ("mode", "bf16", ValueError, r"^mode: expected one of"),  # "bf16" is a bf16 cache's plan only
     ("mode", None, TypeError, r"^mode: expected a str, got NoneType"),
+    ("precision", "medium", ValueError, r'^precision: expected "high" or "fast", got "medium"$'),
+    ("precision", None, TypeError, r"^precision: expected a str, got NoneType$"),
+    ("precision", 1, TypeError, r"^precision: expected a str, got int$"),
 ]
 
 
@@ -171,7 +179,7 @@ CONFIG_REJECTS = [  # (field, value, exception, message)
 def test_config_rejects(name, value, exc, msg):
     with pytest.raises(exc, match=msg):
         SparseMLAConfig(**dict(CONFIG, **{name: value}))
-    if name != "num_heads":  # the builder takes the same fields, validated by the same code
+    if name not in ("num_heads", "precision"):  # the builder takes the same fields, validated by the same code
         with pytest.raises(exc, match=msg):
             SparseMLAMetadataBuilder(**dict(CONFIG, **{name: value}))
 

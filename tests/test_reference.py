@@ -361,9 +361,10 @@ def test_merge_matches_attention_over_split():
 # ---------------------------------------------------------------- attention
 
 def _brute_attention(q, kv, idx, limit, scale, tl, sink):
-    """Loop-by-loop float64 with math.* only."""
+    """Loop-by-loop float64 with math.* only; out_abs: out with V replaced by |V|."""
     b, s_q, h, _ = q.shape
     out = np.zeros((b, s_q, h, 512))
+    out_abs = np.zeros((b, s_q, h, 512))
     lse = np.full((b, s_q, h), -np.inf)
     ml = np.full((b, s_q, h), -np.inf)
     for bi in range(b):
@@ -378,12 +379,15 @@ def _brute_attention(q, kv, idx, limit, scale, tl, sink):
                 w = [math.exp(x - m) for x in s]
                 z = math.fsum(w)
                 o = sum(wi * kv[j, :512] for wi, j in zip(w, js)) / z
+                oa = sum(wi * abs(kv[j, :512]) for wi, j in zip(w, js)) / z
                 lse[bi, si, hi] = m + math.log(z)
                 ml[bi, si, hi] = m
                 if sink is not None:
                     o = o / (1 + math.exp(sink[hi] - lse[bi, si, hi]))
+                    oa = oa / (1 + math.exp(sink[hi] - lse[bi, si, hi]))
                 out[bi, si, hi] = o
-    return out, lse, ml
+                out_abs[bi, si, hi] = oa
+    return out, lse, ml, out_abs
 
 
 def test_attention_vs_brute_force():
@@ -405,10 +409,13 @@ def test_attention_vs_brute_force():
     qf, kvf = ref.bf16_to_f64(q), ref.bf16_to_f64(kv)
     for use_tl in (None, tl):
         for use_sink in (None, sink):
-            got = ref.sparse_mla_attention(q, kv, idx, s_kv, scale, use_tl, use_sink)
+            got = ref.sparse_mla_attention(q, kv, idx, s_kv, scale, use_tl, use_sink, return_abs=True)
             want = _brute_attention(qf, kvf, idx, s_kv, s32, use_tl, use_sink)
+            assert len(got) == len(want) == 4
             for g, w in zip(got, want):
                 np.testing.assert_allclose(g, w, rtol=1e-12, atol=1e-14)
+            np.testing.assert_array_equal(got[0], ref.sparse_mla_attention(q, kv, idx, s_kv, scale, use_tl,
+                                                                           use_sink)[0])
     out, lse, ml = ref.sparse_mla_attention(q, kv, idx, s_kv, scale, tl, sink)
     assert (out[0, 1] == 0).all() and (lse[0, 1] == -np.inf).all() and (ml[0, 1] == -np.inf).all()
     assert (out[..., 1, :] == 0).all()  # sink +inf
@@ -532,6 +539,75 @@ def test_check_close_rules():
     ref.check_close(np.zeros(3), np.zeros(3), abs_tol=0, rel_tol=0, cos_tol=0)
     # bf16 actual vs float64 expected
     ref.check_close(ref.bf16_rne(x).view(BF16), x, abs_tol=0, rel_tol=2.0**-8)
+
+
+def _fast_rule_case():
+    """A prefill oracle case with |V| ~ 10 (q's latent part scaled down so the softmax stays diffuse):
+    out, lse, max_logits, out_abs."""
+    rng = np.random.default_rng(21)
+    s_q, h, s_kv, topk = 4, 8, 300, 256
+    kv = np.concatenate([ref.rand_bf16((s_kv, 512), rng, 10.0), ref.rand_bf16((s_kv, 64), rng)], 1)
+    q = np.concatenate([ref.rand_bf16((s_q, h, 512), rng, 0.1), ref.rand_bf16((s_q, h, 64), rng)], 2)
+    idx = rng.integers(0, s_kv, (s_q, topk)).astype(np.int32)
+    return ref.sparse_mla_prefill_ref(q, kv, idx, 576**-0.5, return_abs=True), rng
+
+
+def test_fast_rule_allows_bf16_probabilities_error():
+    """precision="fast" (docs/design.md section 4): an error of 2^-9 * out_abs (each p_j off by one
+    bf16 rounding) where the output is near 0 passes the fast rule and fails the high one; 2^-7 *
+    out_abs fails both."""
+    (out, lse, ml, out_abs), rng = _fast_rule_case()
+    assert (out_abs >= np.abs(out)).all() and out_abs.min() > 1  # |V| ~ 10: the slack matters
+    near0 = np.abs(out) < out_abs / 32
+    assert 0.05 < near0.mean() < 0.3
+    sign = np.where(rng.random(out.shape) < 0.5, -1.0, 1.0)
+    ok = out + np.where(near0, sign * 2.0**-9 * out_abs, 0)
+    ref.check_decode(ok, lse, out, lse, precision="fast", out_abs=out_abs)
+    ref.check_prefill(ok, lse, ml, out, lse, ml, precision="fast", out_abs=out_abs)
+    with pytest.raises(AssertionError, match=r"decode out: \d+ of 16384 elements outside abs 0.001 / rel"):
+        ref.check_decode(ok, lse, out, lse)
+    with pytest.raises(AssertionError, match=r"prefill out: \d+ of 16384 elements outside abs 0.0008 / rel"):
+        ref.check_prefill(ok, lse, ml, out, lse, ml, precision="high", out_abs=out_abs)
+    bad = out + np.where(near0, sign * 2.0**-7 * out_abs, 0)
+    for precision in ref.PRECISIONS:
+        with pytest.raises(AssertionError, match="elements outside abs"):
+            ref.check_decode(bad, lse, out, lse, precision=precision, out_abs=out_abs)
+        with pytest.raises(AssertionError, match="elements outside abs"):
+            ref.check_prefill(bad, lse, ml, out, lse, ml, precision=precision, out_abs=out_abs)
+    # a fast result still needs the lse of the high rule, and its cosine bound
+    with pytest.raises(AssertionError, match="decode lse"):
+        ref.check_decode(ok, lse + 1e-3, out, lse, precision="fast", out_abs=out_abs)
+    with pytest.raises(AssertionError, match=r"cosine difference .* > 1e-05"):
+        ref.check_decode(out + 2.0**-9 * out_abs, lse, out, lse, precision="fast", out_abs=out_abs)
+
+
+def test_fast_rule_arguments():
+    (out, lse, _, out_abs), _ = _fast_rule_case()
+    assert ref.out_rule("high") == dict(abs_tol=ref.OUT_ABS, rel_tol=ref.OUT_REL, cos_tol=ref.OUT_COS)
+    rule = ref.out_rule("fast", out_abs, prefill=True)
+    assert (rule["abs_tol"], rule["rel_tol"], rule["cos_tol"]) == (ref.PREFILL_OUT_ABS, ref.PREFILL_OUT_REL,
+                                                                   ref.FAST_OUT_COS)
+    np.testing.assert_array_equal(rule["slack"], 2.0**-8 * out_abs)
+    with pytest.raises(ValueError, match="out_abs"):
+        ref.check_decode(out, lse, out, lse, precision="fast")
+    with pytest.raises(ValueError, match="precision must be one of"):
+        ref.check_decode(out, lse, out, lse, precision="medium", out_abs=out_abs)
+
+
+def test_decode_wrapper_returns_out_abs():
+    rng = np.random.default_rng(22)
+    nb, bs = 3, 8
+    kv_c, k_pe = _kv(rng, nb * bs)
+    cache = ref.pack_kv(kv_c, k_pe, ref.new_kv_cache(nb, bs, "fp8_ds_mla"), np.arange(nb * bs), "fp8_ds_mla")
+    q = ref.rand_bf16((2, 1, 3, 576), rng, 0.1)
+    idx = rng.integers(-3, nb * bs + 3, (2, 1, 10)).astype(np.int32)
+    sink = np.array([0.5, np.inf, -1.0], np.float32)
+    out, lse, out_abs = ref.sparse_mla_decode_ref(q, cache, idx, 0.2, "fp8_ds_mla", attn_sink=sink, return_abs=True)
+    rows = ref.unpack_kv(cache, np.arange(nb * bs), "fp8_ds_mla")
+    want = ref.sparse_mla_attention(q, rows, idx, nb * bs, 0.2, attn_sink=sink, return_abs=True)
+    for got, w in zip((out, lse, out_abs), want[:2] + want[3:]):
+        np.testing.assert_array_equal(got, w)
+    assert (out_abs >= np.abs(out)).all() and (out_abs[:, :, 1] == 0).all()  # sink +inf: 0 as out
 
 
 def test_assert_bf16_equal():

@@ -94,9 +94,11 @@ def make_topk_length(mode, b, s_q, topk, rng):
 
 
 def make_decode_case(cd, b, s_q, h, topk, block_size, *, seed, tl_mode="rand", sink_mode="mixed",
-                     layers=1, all_invalid_frac=0.15, scale=SCALE):
+                     layers=1, all_invalid_frac=0.15, scale=SCALE, v_scale=1.0):
     """Requests with varied sequence lengths on shuffled blocks of one paged cache, top-k indices
-    mixing their valid slots with the invalid zoo, and NaN in every entry no valid index reads."""
+    mixing their valid slots with the invalid zoo, and NaN in every entry no valid index reads.
+    v_scale multiplies the latent values (V) and divides q's latent part (the scores keep their
+    spread)."""
     rng = np.random.default_rng(seed)
     seq_lens = rng.integers(1, topk + 65, b)
     nblk = -(-seq_lens // block_size)
@@ -114,7 +116,7 @@ def make_decode_case(cd, b, s_q, h, topk, block_size, *, seed, tl_mode="rand", s
     tok_slots = np.concatenate(tok_slots).astype(np.int64)
     t = tok_slots.shape[0]
     mag = 2.0 ** rng.integers(-4, 3, (t, 4, 1))
-    kv_c = (rng.standard_normal((t, 4, 128), dtype=np.float32) * mag).reshape(t, 512).astype(BF16)
+    kv_c = (rng.standard_normal((t, 4, 128), dtype=np.float32) * mag * v_scale).reshape(t, 512).astype(BF16)
     k_pe = rng.standard_normal((t, 64), dtype=np.float32).astype(BF16)
     smla.pack_kv(kv_c, k_pe, cache, tok_slots, kv_cache_dtype=cd)
 
@@ -148,6 +150,7 @@ def make_decode_case(cd, b, s_q, h, topk, block_size, *, seed, tl_mode="rand", s
     nan_fill(cache, cd, unread)
 
     q = rand_q((b, s_q, h, 576), rng)
+    q[..., :512] = (q[..., :512].astype(np.float32) / v_scale).astype(BF16)
     return dict(q=q, kv_cache=cache, indices=idx, topk_length=tl, attn_sink=make_sink(sink_mode, h, rng),
                 softmax_scale=scale, kv_cache_dtype=cd)
 
@@ -158,14 +161,15 @@ def run_decode(c, **kw):
                                   attn_sink=c["attn_sink"], **kw)
 
 
-def ref_decode(c):
+def ref_decode(c, return_abs=False):
     return ref.sparse_mla_decode_ref(np.ascontiguousarray(c["q"]), c["kv_cache"], c["indices"],
-                                     c["softmax_scale"], c["kv_cache_dtype"], c["topk_length"], c["attn_sink"])
+                                     c["softmax_scale"], c["kv_cache_dtype"], c["topk_length"], c["attn_sink"],
+                                     return_abs)
 
 
-def check_against_ref(c, out, lse):
-    out_ref, lse_ref = ref_decode(c)
-    ref.check_decode(out, lse, out_ref, lse_ref)
+def check_against_ref(c, out, lse, precision="high"):
+    out_ref, lse_ref, *out_abs = ref_decode(c, return_abs=precision == "fast")  # out_abs: the fast rule's
+    ref.check_decode(out, lse, out_ref, lse_ref, precision=precision, out_abs=out_abs[0] if out_abs else None)
     assert out.dtype == BF16 and out.shape == out_ref.shape
     assert lse.dtype == np.float32 and lse.shape == lse_ref.shape
 
@@ -380,6 +384,21 @@ def test_decode_raw_uint16_views():
     np.testing.assert_array_equal(lse2, lse)
 
 
+@pytest.mark.parametrize("v_scale", [1.0, 10.0])
+@pytest.mark.parametrize("cd", CACHE_DTYPES)
+def test_decode_precision(cd, v_scale):
+    """precision="high" and "fast" (docs/design.md section 4): the CPU runs high either way, so both give
+    the same bits and meet their tolerances (fast's is the looser), latent values of magnitude ~10
+    included."""
+    c = make_decode_case(cd, 3, 2, 16, 300, 16, seed=41, v_scale=v_scale)
+    out, lse = run_decode(c, precision="high")
+    check_against_ref(c, out, lse)
+    out_f, lse_f = run_decode(c, precision="fast")
+    check_against_ref(c, out_f, lse_f, precision="fast")
+    ref.assert_bf16_equal(out_f, out)
+    np.testing.assert_array_equal(lse_f, lse)
+
+
 # ---------------------------------------------------------------------------------------------
 # bad inputs: the most specific exception type, naming the argument
 # ---------------------------------------------------------------------------------------------
@@ -419,6 +438,10 @@ BAD_DECODE = [
     ("attn_sink", dict(attn_sink=np.zeros(16, np.float64)), TypeError),
     ("topk_length", dict(topk_length=np.zeros((2, 3), np.int32)), ValueError),
     ("topk_length", dict(topk_length=np.zeros((2, 2), np.float32)), TypeError),
+    ("precision", dict(precision="medium"), ValueError),
+    ("precision", dict(precision="High"), ValueError),
+    ("precision", dict(precision=1), TypeError),
+    ("precision", dict(precision=None), TypeError),
 ]
 
 

@@ -84,15 +84,16 @@ def run_prefill(c, **kw):
                                    topk_length=c["topk_length"], attn_sink=c["attn_sink"], **kw)
 
 
-def ref_prefill(c):
+def ref_prefill(c, return_abs=False):
     kv = np.ascontiguousarray(c["kv"]).reshape(-1, 576)
     return ref.sparse_mla_prefill_ref(np.ascontiguousarray(c["q"]), kv, c["indices"], c["softmax_scale"],
-                                      c["topk_length"], c["attn_sink"])
+                                      c["topk_length"], c["attn_sink"], return_abs)
 
 
-def check_against_ref(c, out, lse, ml):
-    out_ref, lse_ref, ml_ref = ref_prefill(c)
-    ref.check_prefill(out, lse, ml, out_ref, lse_ref, ml_ref)
+def check_against_ref(c, out, lse, ml, precision="high"):
+    out_ref, lse_ref, ml_ref, *out_abs = ref_prefill(c, return_abs=precision == "fast")  # out_abs: fast's rule
+    ref.check_prefill(out, lse, ml, out_ref, lse_ref, ml_ref, precision=precision,
+                      out_abs=out_abs[0] if out_abs else None)
     assert out.dtype == BF16 and out.shape == out_ref.shape
     assert lse.dtype == np.float32 and ml.dtype == np.float32 and lse.shape == ml.shape == lse_ref.shape
 
@@ -238,6 +239,22 @@ def test_prefill_matches_decode():
     np.testing.assert_array_equal(lse_d[0], lse)
 
 
+@pytest.mark.parametrize("v_scale", [1.0, 10.0])
+def test_prefill_precision(v_scale):
+    """precision="high" and "fast": the CPU runs high either way (the same bits), within both rules,
+    latent values of magnitude ~10 included (q's latent part scaled down as much)."""
+    c = make_prefill_case(40, 16, 300, 128, seed=43, kv_layout="strided")
+    if v_scale != 1:
+        c["kv"][:, :512] = (c["kv"][:, :512].astype(np.float32) * v_scale).astype(BF16)  # NaN rows stay NaN
+        c["q"][..., :512] = (c["q"][..., :512].astype(np.float32) / v_scale).astype(BF16)
+    res = {p: run_prefill(c, precision=p) for p in ("high", "fast")}
+    for p, (out, lse, ml) in res.items():
+        check_against_ref(c, out, lse, ml, precision=p)
+    ref.assert_bf16_equal(res["fast"][0], res["high"][0])
+    for i in (1, 2):
+        np.testing.assert_array_equal(res["fast"][i], res["high"][i])
+
+
 # ---------------------------------------------------------------------------------------------
 # bad inputs
 # ---------------------------------------------------------------------------------------------
@@ -276,6 +293,9 @@ BAD_PREFILL = [
     ("attn_sink", dict(attn_sink=np.zeros((1, 16), np.float32)), ValueError),
     ("topk_length", dict(topk_length=np.zeros(5, np.int32)), ValueError),
     ("topk_length", dict(topk_length=np.zeros(4, np.int64)), TypeError),
+    ("precision", dict(precision="medium"), ValueError),
+    ("precision", dict(precision=1), TypeError),
+    ("precision", dict(precision=None), TypeError),
 ]
 
 

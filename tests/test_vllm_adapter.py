@@ -110,6 +110,20 @@ def test_smla_config_mode(tmp_path, monkeypatch):
         sv.smla_config(vc, BS)
 
 
+def test_smla_config_precision(tmp_path, monkeypatch):
+    """precision "high" unless SMLA_VLLM_PRECISION says "fast"; the impl's layer passes it on."""
+    monkeypatch.delenv("SMLA_VLLM_MODE", raising=False)
+    monkeypatch.delenv("SMLA_VLLM_PRECISION", raising=False)
+    vc = _vllm_config(tmp_path, 16, "fp8_ds_mla")
+    assert sv.smla_config(vc, BS).precision == "high"
+    monkeypatch.setenv("SMLA_VLLM_PRECISION", "fast")
+    cfg = sv.smla_config(vc, BS)
+    assert cfg.precision == "fast" and cfg == sv.smla_config(vc, BS)
+    monkeypatch.setenv("SMLA_VLLM_PRECISION", "medium")
+    with pytest.raises(ValueError, match='^precision: expected "high" or "fast", got "medium"$'):
+        sv.smla_config(vc, BS)
+
+
 @pytest.mark.parametrize("use_workspace_manager", [False, True], ids=["own-alloc", "vllm-workspace"])
 @pytest.mark.parametrize("h", [16, 20])
 @pytest.mark.parametrize("cache_dtype,mode", [("auto", "auto"), ("fp8_ds_mla", "mixed"), ("fp8_ds_mla", "split")],

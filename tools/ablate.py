@@ -2,10 +2,12 @@
 SMLA_PROFILE_BUILD=1, compiles them) at the issue shapes, next to the full kernel. Each variant leaves
 one stage out (cuda/attention/sm90/kernel.cuh, ABL bits): 1 global K loads, 2 the S = Q K^T wgmma, 4 the
 P V wgmma, 6 both MMA phases, 7 loads and both MMA phases, 8 the fp8 dequant, 16 the P_lo half of P V.
-Their results are wrong by design; only the times mean anything.
+Their results are wrong by design; only the times mean anything. --precision is the calls' precision=
+(default fast, the recipe compared with FlashMLA; docs/design.md section 4).
 
-    SMLA_PROFILE_BUILD=1 python setup.py build_ext --inplace && python tools/ablate.py
+    SMLA_PROFILE_BUILD=1 python setup.py build_ext --inplace && python tools/ablate.py [--precision high|fast]
 """
+import argparse
 import os
 import sys
 
@@ -19,12 +21,15 @@ VARIANTS = [0, 1, 2, 4, 6, 7, 8, 16]
 
 
 def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--precision", default="fast", choices=["high", "fast"], help="precision= of the calls")
+    prec = ap.parse_args().precision
     os.environ["SMLA_ATTN_KERNEL"] = "sm90"
     gpu = open_gpu("ablate")
     if gpu is None:
         return 0
     torch, smla = gpu
-    print(f"{'case':<26} " + " ".join(f"{'abl' + str(v):>8}" for v in VARIANTS) + "   (us per call)")
+    print(f"{'case':<26} " + " ".join(f"{'abl' + str(v):>8}" for v in VARIANTS) + f"   (us per call, {prec})")
     dec = [(128, 2, 128), (64, 2, 128), (128, 1, 2)]
     cache, bt = bd.build_cache(torch, smla, max(b for _, _, b in dec), "fp8_ds_mla")
     for h, s_q, b in dec:
@@ -38,10 +43,10 @@ def main():
         for v in VARIANTS:
             os.environ["SMLA_ATTN_ABLATE"] = str(v)
             row.append(time_us(torch, lambda: smla.sparse_mla_decode(
-                q, cache, idx, softmax_scale=bd.SCALE, kv_cache_dtype="fp8_ds_mla", out=out, lse=lse, workspace=ws),
-                20, 3, True))
+                q, cache, idx, softmax_scale=bd.SCALE, kv_cache_dtype="fp8_ds_mla", out=out, lse=lse, workspace=ws,
+                precision=prec), 20, 3, True))
         print(f"{f'decode h{h} s_q{s_q} b{b}':<26} " + " ".join(f"{t:>8.1f}" for t in row), flush=True)
-    del cache
+    cache = None  # free it before the prefill cases
     torch.cuda.empty_cache()
     for h, s_kv in [(128, 32768), (64, 32768)]:
         kv = torch.randn((s_kv, 576), device="cuda").to(torch.bfloat16)
@@ -50,8 +55,8 @@ def main():
         row = []
         for v in VARIANTS:
             os.environ["SMLA_ATTN_ABLATE"] = str(v)
-            row.append(time_us(torch, lambda: smla.sparse_mla_prefill(q, kv, idx, softmax_scale=bp.SCALE), 6, 2,
-                               True))
+            row.append(time_us(torch, lambda: smla.sparse_mla_prefill(q, kv, idx, softmax_scale=bp.SCALE,
+                                                                      precision=prec), 6, 2, True))
         print(f"{f'prefill h{h} s_kv{s_kv}':<26} " + " ".join(f"{t:>8.1f}" for t in row), flush=True)
     os.environ["SMLA_ATTN_ABLATE"] = "0"
     return 0

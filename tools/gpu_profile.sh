@@ -3,17 +3,20 @@
 # compiled in), tools/ablate.py (time of each stage by leaving it out), then Nsight Compute's full set
 # on one launch each of decode (h=128 b=128 s_q=2, fp8) and prefill (h=128 s_kv=32K): the .ncu-rep
 # files, the details page, and the per-instruction (SASS) warp-stall samples as CSV. Output in $OUT.
+# PRECISION=fast (default; the recipe compared with FlashMLA) or high: the calls' precision=.
 set -u
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/smla-out}; mkdir -p "$OUT"
 export PYTHONPATH=$PWD/src PYTHONUNBUFFERED=1
 SMLA_PROFILE_BUILD=1 python3 setup.py build_ext --inplace -j "$(nproc)" > "$OUT/build.log" 2>&1 || { tail -30 "$OUT/build.log"; exit 1; }
 grep -iE "warning" "$OUT/build.log" | head -5
-timeout 240 python3 tools/ablate.py 2>&1 | tee "$OUT/ablate.txt"
+P=${PRECISION:-fast}
+timeout 240 python3 tools/ablate.py --precision "$P" 2>&1 | tee "$OUT/ablate.txt"
 N="ncu --clock-control none -k regex:attn_sm90 --launch-skip 2 --launch-count 1 --set full --import-source no"
-for c in "decode:bench_sparse_mla_decode.py --shape 128,2,128" "prefill:bench_sparse_mla_prefill.py --shape 128,32768"; do
+for c in "decode:bench_sparse_mla_decode.py --shape 128,2,128 --no-graph" "prefill:bench_sparse_mla_prefill.py --shape 128,32768"; do
   n=${c%%:*}; set -- ${c#*:}
-  timeout 150 $N -f -o "/tmp/$n" python3 "benchmarks/$1" "${@:2}" --no-baseline --iters 1 --quick > "$OUT/ncu_$n.log" 2>&1
+  timeout 150 $N -f -o "/tmp/$n" python3 "benchmarks/$1" "${@:2}" --precision "$P" --no-baseline --iters 1 --quick \
+    > "$OUT/ncu_$n.log" 2>&1
   ncu -i "/tmp/$n.ncu-rep" --page details > "$OUT/${n}_details.txt" 2>&1
   ncu -i "/tmp/$n.ncu-rep" --page source --csv --print-source sass > "$OUT/${n}_sass.csv" 2>&1
   echo "== $n"; grep -E "Duration|Throughput|Pipe|Warp Cycles|Issued Warp|Achieved Occupancy|L2 Hit|No Eligible" "$OUT/${n}_details.txt" | head -24

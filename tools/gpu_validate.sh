@@ -16,7 +16,8 @@ el build done
 P="timeout ${TL:-200} python3 -m pytest -q -rf --tb=line -p no:cacheprovider -m cuda"
 A=tests/test_cuda_attention.py
 $P $A -k "decode_grid" > "$OUT/t_attn_decode.log" 2>&1 &
-$P $A tests/test_overflow.py -k "not decode_grid" > "$OUT/t_attn_other.log" 2>&1 &
+$P $A -k "prefill_grid" > "$OUT/t_attn_prefill.log" 2>&1 &  # the grids run each case at both precisions
+$P $A tests/test_overflow.py -k "not decode_grid and not prefill_grid" > "$OUT/t_attn_other.log" 2>&1 &
 $P tests/test_sparse_mla_decode.py tests/test_sparse_mla_prefill.py > "$OUT/t_ops_attn.log" 2>&1 &
 $P tests/test_cuda_memory_ops.py tests/test_pack_kv.py tests/test_unpack_kv.py tests/test_gather_upconvert.py \
    tests/test_convert_topk_indices.py tests/test_merge_attn_states.py tests/test_data_checks.py tests/test_edge.py \

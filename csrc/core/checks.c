@@ -160,6 +160,8 @@ int smla_check_attn_shape(int64_t b, int64_t s_q, int64_t h, int64_t topk, int s
 /* What decode and prefill share, after their own cache rules. */
 static int check_attn(const smla_attn_params *p, int on_cuda, const char *kv, smla_status *st)
 {
+    if (p->precision != SMLA_PRECISION_HIGH && p->precision != SMLA_PRECISION_FAST)
+        return smla_fail(st, SMLA_ERR_VALUE, "precision: unknown precision code %d", p->precision);
     if (p->kv.block_size > ATTN_MAX_BLOCK_SIZE)
         return smla_fail(st, SMLA_ERR_VALUE, "%s: expected at most %lld tokens per block, got %lld", kv,
                          (long long)ATTN_MAX_BLOCK_SIZE, (long long)p->kv.block_size);

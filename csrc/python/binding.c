@@ -621,6 +621,17 @@ int smla_parse_cache_dtype(const char *s)
     return -1;
 }
 
+const char *const smla_precision_names[SMLA_PRECISION_NAMES] = {[SMLA_PRECISION_HIGH] = "high",
+                                                                 [SMLA_PRECISION_FAST] = "fast"};
+
+int smla_parse_precision(const char *s)
+{
+    for (int i = 0; i < SMLA_PRECISION_NAMES; i++)
+        if (!strcmp(s, smla_precision_names[i])) return i;
+    PyErr_Format(PyExc_ValueError, "precision: expected \"high\" or \"fast\", got \"%s\"", s);
+    return -1;
+}
+
 int smla_get_cache(const smla_arr *a, int cache_dtype, smla_cache *c)
 {
     static const int fp8_types[] = {SMLA_DT_U8, SMLA_DT_F8E4M3, SMLA_DT_I8};

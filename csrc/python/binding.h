@@ -107,6 +107,11 @@ int smla_check_int_index_64(const smla_arr *a);     /* int32 or int64 */
 
 /* Parse "bf16" / "fp8_ds_mla" into smla_cache_dtype; -1 with ValueError. */
 int smla_parse_cache_dtype(const char *s);
+/* precision= of the attention ops: "high" / "fast" into smla_precision; -1 with ValueError. The names,
+ * indexed by smla_precision, are exported to Python as smla._C.PRECISIONS. */
+#define SMLA_PRECISION_NAMES 2
+extern const char *const smla_precision_names[SMLA_PRECISION_NAMES];
+int smla_parse_precision(const char *s);
 /* Validate the array kv_cache [num_blocks, block_size, entry] for that layout and describe it (its
  * params rules, alignment included, are core/checks.c's). */
 int smla_get_cache(const smla_arr *a, int cache_dtype, smla_cache *c);

@@ -98,6 +98,14 @@ static int module_exec(PyObject *m)
         PyModule_AddIntConstant(m, "D_QK", SMLA_D_QK) < 0 || PyModule_AddIntConstant(m, "D_V", SMLA_D_V) < 0 ||
         PyModule_AddIntConstant(m, "FP8_ENTRY_BYTES", SMLA_FP8_ENTRY) < 0)
         return -1;
+    /* the precision= names the binding accepts, for the layer config's check at construction */
+    PyObject *prec = Py_BuildValue("(ss)", smla_precision_names[SMLA_PRECISION_HIGH],
+                                   smla_precision_names[SMLA_PRECISION_FAST]);
+    if (!prec || PyModule_AddObjectRef(m, "PRECISIONS", prec) < 0) {
+        Py_XDECREF(prec);
+        return -1;
+    }
+    Py_DECREF(prec);
     PyObject *ml = PyImport_ImportModule("ml_dtypes");
     if (!ml) PyErr_Clear();
     S->bf16_typenum = ml_dtypes_typenum(ml, "bfloat16");

@@ -2,8 +2,9 @@
 # keyword arguments only (csrc/python/kwargs.c: a positional, unknown, repeated or missing argument is a
 # TypeError naming the function and the argument). Optional arrays may be left out or given as None;
 # kv_cache_dtype is a canonical name ("bf16" or "fp8_ds_mla": smla.ops.canonical_cache_dtype maps vLLM's
-# aliases); stream is an integer handle, and left out it means 0xFFFFFFFFFFFFFFFF, the current stream of
-# the framework that owns the first CUDA array (the legacy default stream when none says). The extension
+# aliases); precision (the attention ops) is "high" or "fast", required here (smla.ops gives the default);
+# stream is an integer handle, and left out it means 0xFFFFFFFFFFFFFFFF, the current stream of the
+# framework that owns the first CUDA array (the legacy default stream when none says). The extension
 # checks every array and the rules of each op (csrc/core/checks.c). Use the functions of smla instead.
 from typing import Any
 
@@ -20,6 +21,7 @@ D_ROPE: int  # 64
 D_QK: int  # 576
 D_V: int  # 512
 FP8_ENTRY_BYTES: int  # 656, one fp8_ds_mla cache entry
+PRECISIONS: tuple[str, ...]  # ("high", "fast"): the precision= names of the attention ops
 
 def pack_kv(*, kv_c: _Array, k_pe: _Array, kv_cache: _Array, slot_mapping: _Array, kv_cache_dtype: str,
             scale_rule: str, stream: int = ...) -> None: ...
@@ -40,11 +42,11 @@ def merge_attn_states(*, out_a: _Array, lse_a: _Array, out_b: _Array, lse_b: _Ar
                       out_lse: _Array | None = None, stream: int = ...) -> None: ...
 def sparse_mla_decode(*, q: _Array, kv_cache: _Array, indices: _Array, topk_length: _Array | None = None,
                       attn_sink: _Array | None = None, out: _Array, lse: _Array, workspace: _Array | None = None,
-                      softmax_scale: float, kv_cache_dtype: str, stream: int = ...) -> None: ...
+                      softmax_scale: float, kv_cache_dtype: str, precision: str, stream: int = ...) -> None: ...
 def sparse_mla_decode_workspace_size(*, b: int, s_q: int, h: int, topk: int, kv_cache_dtype: str,
                                      device: int) -> int: ...
 def sparse_mla_prefill(*, q: _Array, kv: _Array, indices: _Array, topk_length: _Array | None = None,
                        attn_sink: _Array | None = None, out: _Array, lse: _Array, max_logits: _Array | None = None,
-                       softmax_scale: float, stream: int = ...) -> None: ...
+                       softmax_scale: float, precision: str, stream: int = ...) -> None: ...
 def cuda_device_count() -> int: ...
 def build_info() -> dict[str, Any]: ...

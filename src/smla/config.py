@@ -5,14 +5,14 @@ The layer's widths and head limit are defined here too, once for the Python laye
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from . import _C
 from .ops import _I32_MAX, _int, canonical_cache_dtype
 
-__all__ = ["D_NOPE", "D_QK", "D_ROPE", "D_V", "MAX_HEADS", "MIN_HEADS_FOR_SPLIT", "MODES", "SparseMLAConfig",
-           "expect_config", "resolve_mode"]
+__all__ = ["D_NOPE", "D_QK", "D_ROPE", "D_V", "MAX_HEADS", "MIN_HEADS_FOR_SPLIT", "MODES", "PRECISIONS",
+           "SparseMLAConfig", "expect_config", "resolve_mode"]
 
 # Defined once in csrc/core/smla.h and exported by the extension: the head limit (SMLA_MAX_HEADS) and
 # DeepSeek-V3.2's latent head (q and k are nope + rope wide, values are the nope part).
@@ -28,6 +28,18 @@ D_NOPE, D_ROPE, D_QK, D_V = _C.D_NOPE, _C.D_ROPE, _C.D_QK, _C.D_V
 MIN_HEADS_FOR_SPLIT = 1
 
 MODES = ("auto", "mixed", "split")
+# precision= of the attention ops (docs/design.md section 4): the names the extension accepts, from its
+# one table (csrc/python/binding.c), so that a config is checked when it is made, not at its first step.
+PRECISIONS: tuple = _C.PRECISIONS
+
+
+def _precision(precision: Any) -> str:
+    if not isinstance(precision, str):
+        raise TypeError(f"precision: expected a str, got {type(precision).__name__}")
+    if precision not in PRECISIONS:
+        names = " or ".join(f'"{p}"' for p in PRECISIONS)
+        raise ValueError(f'precision: expected {names}, got "{precision}"')
+    return precision
 
 
 def _plan(num_heads: int, kv_cache_dtype: str, mode: str) -> str:
@@ -59,7 +71,11 @@ class SparseMLAConfig:
 
     Stored validated: integers as int (anything with __index__; num_heads 1..MAX_HEADS, the sizes
     >= 1), kv_cache_dtype canonical ("bf16" or "fp8_ds_mla", vLLM's aliases accepted) and mode
-    resolved ("bf16", "mixed" or "split"; resolve_mode)."""
+    resolved ("bf16", "mixed" or "split"; resolve_mode).
+
+    precision ("high" or "fast", docs/design.md section 4) is what the layers pass to the attention
+    ops; the metadata does not depend on it, so it takes no part in comparisons: a builder serves
+    layers of either precision."""
     num_heads: int
     kv_cache_dtype: str
     block_size: int
@@ -68,6 +84,7 @@ class SparseMLAConfig:
     max_num_seqs: int
     max_num_batched_tokens: int
     mode: str = "auto"
+    precision: str = field(default="high", compare=False)
 
     def __post_init__(self) -> None:
         put = object.__setattr__  # frozen: only __post_init__ stores the validated values
@@ -76,6 +93,7 @@ class SparseMLAConfig:
             put(self, name, _int(getattr(self, name), name, 1, _I32_MAX))  # they size int32 arrays
         put(self, "kv_cache_dtype", canonical_cache_dtype(self.kv_cache_dtype))
         put(self, "mode", _plan(self.num_heads, self.kv_cache_dtype, self.mode))
+        put(self, "precision", _precision(self.precision))
 
     @property
     def max_blocks(self) -> int:
@@ -83,9 +101,9 @@ class SparseMLAConfig:
         return -(-self.max_model_len // self.block_size)
 
     def differences(self, other: SparseMLAConfig) -> str:
-        """"name: mine vs other's, ..." over the fields where the two differ (for messages)."""
+        """"name: mine vs other's, ..." over the compared fields where the two differ (for messages)."""
         return ", ".join(f"{f.name}: {getattr(self, f.name)!r} vs {getattr(other, f.name)!r}"
-                         for f in fields(self) if getattr(self, f.name) != getattr(other, f.name))
+                         for f in fields(self) if f.compare and getattr(self, f.name) != getattr(other, f.name))
 
 
 def expect_config(config: Any) -> SparseMLAConfig:

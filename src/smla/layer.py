@@ -64,13 +64,16 @@ class SparseMLAAttention:
     DeepSeek-V3.2, 192**-0.5 * mscale**2, not 576**-0.5). The other arguments are the model's
     SparseMLAConfig, which must be the configuration of the builder the step's metadata comes
     from: make one config and pass it to both (from_config), or the same values to both
-    constructors. `config` holds it."""
+    constructors. `config` holds it. precision ("high" or "fast", the config's) is passed to every
+    attention op the layer runs (smla.ops.sparse_mla_decode); the builder need not share it."""
 
     def __init__(self, num_heads: int, softmax_scale: float, *, kv_cache_dtype: str, block_size: int, topk: int,
-                 max_model_len: int, max_num_seqs: int, max_num_batched_tokens: int, mode: str = "auto") -> None:
+                 max_model_len: int, max_num_seqs: int, max_num_batched_tokens: int, mode: str = "auto",
+                 precision: str = "high") -> None:
         self._setup(SparseMLAConfig(num_heads=num_heads, kv_cache_dtype=kv_cache_dtype, block_size=block_size,
                                     topk=topk, max_model_len=max_model_len, max_num_seqs=max_num_seqs,
-                                    max_num_batched_tokens=max_num_batched_tokens, mode=mode), softmax_scale)
+                                    max_num_batched_tokens=max_num_batched_tokens, mode=mode,
+                                    precision=precision), softmax_scale)
 
     @classmethod
     def from_config(cls, config: SparseMLAConfig, softmax_scale: float) -> "SparseMLAAttention":
@@ -283,7 +286,8 @@ class SparseMLAAttention:
         if cfg.mode == "bf16":
             kv = _flat_rows(kv_cache)
             if kv is not None:
-                sparse_mla_prefill(q, kv, idx, softmax_scale=self.softmax_scale, out=o, lse=l, max_logits=max_logits)
+                sparse_mla_prefill(q, kv, idx, softmax_scale=self.softmax_scale, out=o, lse=l, max_logits=max_logits,
+                                   precision=cfg.precision)
             else:
                 self._decode(q, kv_cache, idx, o, l, md, n, 1)
             return
@@ -307,7 +311,7 @@ class SparseMLAAttention:
                              kv_cache_dtype=cfg.kv_cache_dtype)
             t = slice(lo - start, hi - start)
             sparse_mla_prefill(q[t], rows, idx[t], softmax_scale=self.softmax_scale, out=o[t], lse=l[t],
-                               max_logits=max_logits[t])
+                               max_logits=max_logits[t], precision=cfg.precision)
 
     __call__ = forward
 
@@ -317,4 +321,4 @@ class SparseMLAAttention:
         sparse_mla_decode(q.reshape(b, s, h, D_QK), kv_cache, idx.reshape(b, s, cfg.topk),
                           softmax_scale=self.softmax_scale, kv_cache_dtype=cfg.kv_cache_dtype,
                           out=o.reshape(b, s, h, D_V), lse=l.reshape(b, s, h),
-                          workspace=md.decode_workspace)
+                          workspace=md.decode_workspace, precision=cfg.precision)

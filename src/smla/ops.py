@@ -234,10 +234,16 @@ def sparse_mla_decode_workspace_size(b: int, s_q: int, h: int, topk: int, kv_cac
 
 def sparse_mla_decode(q: Array, kv_cache: Array, indices: Array, *, softmax_scale: float, kv_cache_dtype: str,
                       topk_length: Array | None = None, attn_sink: Array | None = None, out: Array | None = None,
-                      lse: Array | None = None, workspace: Array | None = None,
-                      stream: int | None = None) -> tuple[Array, Array]:
+                      lse: Array | None = None, workspace: Array | None = None, stream: int | None = None,
+                      precision: str = "high") -> tuple[Array, Array]:
     """Sparse MLA over a paged cache. q [b, s_q, h, 576] bf16, indices [b, s_q, topk] int32 global slots
-    (invalid ones ignored). Returns (out [b, s_q, h, 512] bf16, lse [b, s_q, h] f32, natural log)."""
+    (invalid ones ignored). Returns (out [b, s_q, h, 512] bf16, lse [b, s_q, h] f32, natural log).
+
+    precision: "high" (default) keeps the probabilities at full precision in P.V and meets
+    docs/design.md's tolerances on every input; "fast" lets a kernel that has a fast variant (the
+    Hopper sm90 kernel) round them to bf16 before P.V, FlashMLA's recipe, within the looser bound of
+    docs/design.md section 4 ("Precision"). The CPU and the portable CUDA kernel run high either way.
+    The extension checks the value."""
     cdt = canonical_cache_dtype(kv_cache_dtype)
     scale = _real(softmax_scale, "softmax_scale")
     b, s_q, h, _ = _shape(q, "q", 4, "[b, s_q, h, 576]")
@@ -254,16 +260,18 @@ def sparse_mla_decode(q: Array, kv_cache: Array, indices: Array, *, softmax_scal
         if size > 0:
             workspace = empty(q, (size,), "uint8")
     _C.sparse_mla_decode(q=q, kv_cache=kv_cache, indices=indices, topk_length=topk_length, attn_sink=attn_sink,
-                         out=out, lse=lse, workspace=workspace, softmax_scale=scale, kv_cache_dtype=cdt, stream=s)
+                         out=out, lse=lse, workspace=workspace, softmax_scale=scale, kv_cache_dtype=cdt,
+                         precision=precision, stream=s)
     return out, lse
 
 
 def sparse_mla_prefill(q: Array, kv: Array, indices: Array, *, softmax_scale: float,
                        topk_length: Array | None = None, attn_sink: Array | None = None, out: Array | None = None,
-                       lse: Array | None = None, max_logits: Array | None = None,
-                       stream: int | None = None) -> tuple[Array, Array, Array]:
+                       lse: Array | None = None, max_logits: Array | None = None, stream: int | None = None,
+                       precision: str = "high") -> tuple[Array, Array, Array]:
     """Sparse MLA over bf16 rows. q [s_q, h, 576], kv [s_kv, 576] (or [s_kv, 1, 576]), indices [s_q, topk]
-    int32 rows of kv. Returns (out [s_q, h, 512] bf16, lse [s_q, h] f32, max_logits [s_q, h] f32)."""
+    int32 rows of kv. Returns (out [s_q, h, 512] bf16, lse [s_q, h] f32, max_logits [s_q, h] f32).
+    precision: "high" (default) or "fast", as for sparse_mla_decode."""
     scale = _real(softmax_scale, "softmax_scale")
     s_q, h, _ = _shape(q, "q", 3, "[s_q, h, 576]")
     s = launch_stream(q, stream, "q")
@@ -274,5 +282,5 @@ def sparse_mla_prefill(q: Array, kv: Array, indices: Array, *, softmax_scale: fl
     if max_logits is None:
         max_logits = empty(q, (s_q, h), "float32")
     _C.sparse_mla_prefill(q=q, kv=kv, indices=indices, topk_length=topk_length, attn_sink=attn_sink, out=out, lse=lse,
-                          max_logits=max_logits, softmax_scale=scale, stream=s)
+                          max_logits=max_logits, softmax_scale=scale, precision=precision, stream=s)
     return out, lse, max_logits

@@ -20,7 +20,9 @@ forward_mqa is smla's SparseMLAAttention.attend over tokens (0, n) (the step's t
 the cache: do_kv_cache_update comes first), so the adapter runs smla's plan for the config: with an
 fp8 cache "split" (decodes through the decode kernel, prefills by the bf16 prefill kernel over a
 dequantised workspace) or "mixed" (every token through the decode kernel on the fp8 pages), chosen
-by mode "auto" from the head count; SMLA_VLLM_MODE=mixed|split forces one (tests, benchmarks). The
+by mode "auto" from the head count; SMLA_VLLM_MODE=mixed|split forces one (tests, benchmarks).
+SMLA_VLLM_PRECISION=high|fast (default high) is the attention ops' precision= (docs/design.md section 4;
+"fast" is FlashMLA's recipe, bf16 probabilities in P.V, on the kernels that have it). The
 layer owns q staging (a pair costs one copy). smla's scratch (SparseMLAMetadataBuilder.workspace_specs)
 is reserved through vLLM's workspace manager where one runs and handed to attend per call
 (workspaces=), as vLLM hands its workspaces out at each use; without a manager the builder's own
@@ -75,7 +77,8 @@ def _cache_dtype(kv_cache_dtype: str) -> str:
 def smla_config(vllm_config, block_size: int) -> SparseMLAConfig:
     """The model's SparseMLAConfig from vLLM's config, shared by the builder and every impl (the
     layer's attend checks that they agree). mode: $SMLA_VLLM_MODE ("auto" when unset: smla picks
-    "split" or "mixed" by head count; "mixed" or "split" force one, for tests and benchmarks)."""
+    "split" or "mixed" by head count; "mixed" or "split" force one, for tests and benchmarks).
+    precision: $SMLA_VLLM_PRECISION ("high" when unset, or "fast"), passed to every attention op."""
     mc = vllm_config.model_config
     sc = vllm_config.scheduler_config
     topk = getattr(mc.hf_text_config, "index_topk", None)
@@ -85,7 +88,8 @@ def smla_config(vllm_config, block_size: int) -> SparseMLAConfig:
         num_heads=mc.get_num_attention_heads(vllm_config.parallel_config),
         kv_cache_dtype=_cache_dtype(vllm_config.cache_config.cache_dtype), block_size=block_size,
         topk=int(topk), max_model_len=mc.max_model_len, max_num_seqs=sc.max_num_seqs,
-        max_num_batched_tokens=sc.max_num_batched_tokens, mode=os.environ.get("SMLA_VLLM_MODE", "auto"))
+        max_num_batched_tokens=sc.max_num_batched_tokens, mode=os.environ.get("SMLA_VLLM_MODE", "auto"),
+        precision=os.environ.get("SMLA_VLLM_PRECISION", "high"))
 
 
 def _scratch_specs(config: SparseMLAConfig, device) -> dict:

@@ -52,8 +52,10 @@ void smla_attn_unsqueeze(smla_arr *a)
     a->ndim++;
 }
 
-int smla_attn_fill(smla_args *A, smla_attn_params *p, const smla_attn_arrays *x, double softmax_scale)
+int smla_attn_fill(smla_args *A, smla_attn_params *p, const smla_attn_arrays *x, double softmax_scale,
+                   const char *precision)
 {
+    if ((p->precision = smla_parse_precision(precision)) < 0) return -1;
     smla_status st = {0, {0}};
     if (smla_check_softmax_scale(softmax_scale, &st) != SMLA_OK) {
         smla_raise_status(A->state, &st);

@@ -16,8 +16,10 @@ typedef struct {
  * every array (the limits on h and topk, and alignment, are core/checks.c's). */
 int smla_attn_check(const smla_attn_arrays *x, int batch_dims);
 void smla_attn_unsqueeze(smla_arr *a);
-/* Checks softmax_scale (core/checks.h: before it becomes a float) and copies pointers, strides, sizes
- * (arrays in the batched layout), the stream and the settings of the call; 0, or -1 with ValueError. */
-int smla_attn_fill(smla_args *A, smla_attn_params *p, const smla_attn_arrays *x, double softmax_scale);
+/* Parses precision ("high" / "fast"), checks softmax_scale (core/checks.h: before it becomes a float) and
+ * copies pointers, strides, sizes (arrays in the batched layout), the stream and the settings of the
+ * call; 0, or -1 with ValueError. */
+int smla_attn_fill(smla_args *A, smla_attn_params *p, const smla_attn_arrays *x, double softmax_scale,
+                   const char *precision);
 
 #endif

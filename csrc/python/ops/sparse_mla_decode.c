@@ -3,7 +3,10 @@
 
 #include "attention.h"
 
-enum { Q, KV_CACHE, INDICES, TOPK_LENGTH, ATTN_SINK, OUT, LSE, WORKSPACE, SOFTMAX_SCALE, KV_CACHE_DTYPE, STREAM, NARGS };
+enum {
+    Q, KV_CACHE, INDICES, TOPK_LENGTH, ATTN_SINK, OUT, LSE, WORKSPACE, SOFTMAX_SCALE, KV_CACHE_DTYPE, PRECISION, STREAM,
+    NARGS
+};
 static const smla_kw_spec args_spec[NARGS] = {
     [Q] = {SMLA_N_q, SMLA_KW_OBJ},
     [KV_CACHE] = {SMLA_N_kv_cache, SMLA_KW_OBJ},
@@ -15,6 +18,7 @@ static const smla_kw_spec args_spec[NARGS] = {
     [WORKSPACE] = {SMLA_N_workspace, SMLA_KW_OBJ_OPT},
     [SOFTMAX_SCALE] = {SMLA_N_softmax_scale, SMLA_KW_DOUBLE},
     [KV_CACHE_DTYPE] = {SMLA_N_kv_cache_dtype, SMLA_KW_STR},
+    [PRECISION] = {SMLA_N_precision, SMLA_KW_STR},
     [STREAM] = {SMLA_N_stream, SMLA_KW_STREAM},
 };
 static const smla_kw_fn spec = {"sparse_mla_decode", NARGS, args_spec};
@@ -38,7 +42,8 @@ PyObject *smla_op_sparse_mla_decode(PyObject *module, PyObject *const *args, Py_
     int cdt = smla_parse_cache_dtype(v[KV_CACHE_DTYPE].s);
     if (cdt < 0 || smla_get_cache(cache, cdt, &p.kv) || smla_attn_check(&x, 2)) goto fail;
     if (ws->present && (smla_check_contiguous(ws) || smla_check_writable(ws))) goto fail;
-    if (smla_check_outputs(&A, NULL, 0) || smla_attn_fill(&A, &p, &x, v[SOFTMAX_SCALE].f)) goto fail;
+    if (smla_check_outputs(&A, NULL, 0) || smla_attn_fill(&A, &p, &x, v[SOFTMAX_SCALE].f, v[PRECISION].s))
+        goto fail;
     if (ws->present) {
         p.workspace = ws->data;
         p.workspace_bytes = ws->itemsize;

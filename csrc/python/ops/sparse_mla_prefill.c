@@ -3,7 +3,7 @@
 
 #include "attention.h"
 
-enum { Q, KV, INDICES, TOPK_LENGTH, ATTN_SINK, OUT, LSE, MAX_LOGITS, SOFTMAX_SCALE, STREAM, NARGS };
+enum { Q, KV, INDICES, TOPK_LENGTH, ATTN_SINK, OUT, LSE, MAX_LOGITS, SOFTMAX_SCALE, PRECISION, STREAM, NARGS };
 static const smla_kw_spec args_spec[NARGS] = {
     [Q] = {SMLA_N_q, SMLA_KW_OBJ},
     [KV] = {SMLA_N_kv, SMLA_KW_OBJ},
@@ -14,6 +14,7 @@ static const smla_kw_spec args_spec[NARGS] = {
     [LSE] = {SMLA_N_lse, SMLA_KW_OBJ},
     [MAX_LOGITS] = {SMLA_N_max_logits, SMLA_KW_OBJ_OPT},
     [SOFTMAX_SCALE] = {SMLA_N_softmax_scale, SMLA_KW_DOUBLE},
+    [PRECISION] = {SMLA_N_precision, SMLA_KW_STR},
     [STREAM] = {SMLA_N_stream, SMLA_KW_STREAM},
 };
 static const smla_kw_fn spec = {"sparse_mla_prefill", NARGS, args_spec};
@@ -47,7 +48,7 @@ PyObject *smla_op_sparse_mla_prefill(PyObject *module, PyObject *const *args, Py
     if (smla_attn_check(&x, 1) || smla_check_outputs(&A, NULL, 0)) goto fail;
     smla_arr *all[] = {x.q, x.indices, x.topk_length, x.out, x.lse, x.max_logits};
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) smla_attn_unsqueeze(all[i]);
-    if (smla_attn_fill(&A, &p, &x, v[SOFTMAX_SCALE].f)) goto fail;
+    if (smla_attn_fill(&A, &p, &x, v[SOFTMAX_SCALE].f, v[PRECISION].s)) goto fail;
     /* kv is one block of s_kv rows: slot = row */
     p.kv.data = kv->data;
     p.kv.dtype = SMLA_CACHE_BF16;
