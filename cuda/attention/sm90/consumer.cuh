@@ -5,14 +5,15 @@
 //   WG0, ScoreWarpgroup (setmaxnreg kScoreRegs), per K tile:
 //     acquire  : wait until the producer filled the buffer (XO: and the peer's half arrived);
 //     s_phase  : S[64 heads x 64 tokens] = Q K^T, wgmma m64n64k16 x 36 from smem as 3 chains of 12
-//                summed in fp32 (accuracy, below);
+//                summed in fp32 (accuracy, below); chain 0 was issued behind the previous tile's P V;
 //     softmax  : mask and scale (log2 domain), overflow saturated where it matters, row maxima within
 //                the thread's quad (no exchange: WG0 sees every token), alpha = 2^(m_old - m_new),
 //                P = 2^(S - m) packed as the bf16 A fragments of P V (high: P = P_hi + P_lo, two
 //                bf16 terms, split_bf16x2), row sums in double;
 //     publish  : P_hi into the tile's RoPE block (dead once S is done), P_lo into its own block (high:
 //                after WG1 freed it, kBarFree), alpha into sAlpha[b]; arrive kBarP + b;
-//     pv       : O[:, 0:256] = O * alpha + P V with P from registers (wgmma m64n256k16, register A);
+//     pv       : O[:, 0:256] = O * alpha + P V with P from registers (wgmma m64n256k16, register A),
+//                then the next tile's acquire and S chain 0, queued behind it on the tensor cores;
 //     release  : hand the buffer back to the producer(s).
 //   WG1, ValueWarpgroup (setmaxnreg kValueRegs), per K tile: wait kBarP + b, O[:, 256:512] = O * alpha + P V
 //     with P from smem, free P_lo (kBarFree), release.
@@ -121,7 +122,7 @@ struct ConsumerBase {
 };
 
 // WG0: S, softmax, P for both warpgroups, and P V for output columns 0..255.
-template <int ABL, bool XO, bool FAST>
+template <int ABL, bool XO, bool FAST, bool PF = true>  // TMPHACK PF
 struct ScoreWarpgroup : ConsumerBase<ABL, XO, FAST> {
     using B = ConsumerBase<ABL, XO, FAST>;
     using B::a, B::g, B::t4, B::r0, B::o;
@@ -147,7 +148,12 @@ struct ScoreWarpgroup : ConsumerBase<ABL, XO, FAST> {
 
     // S[64 heads x 64 tokens]. Accuracy: one 36-step tensor-core chain over 576 dims loses up to ~1e-6
     // (natural-log units) on a logit, at docs/design.md's lse / max_logits tolerance; so the 576 dims
-    // are 3 chains of 192 (12 wgmma steps each), summed in fp32 with round-to-nearest.
+    // are 3 chains of 192 (12 wgmma steps each), summed in fp32 with round-to-nearest. Chain 0 (into s)
+    // was issued by the previous tile (issue_s0), behind its P V.
+    __device__ __forceinline__ void issue_s0(const Cta<XO> &c, uint32_t kb, float (&s)[32]) const
+    {
+        if constexpr (!B::kNoS) s_chain(c, s, 0, kb);
+    }
     __device__ __forceinline__ void s_phase(const Cta<XO> &c, uint32_t kb, float (&s)[32]) const
     {
         if constexpr (B::kNoS) {
@@ -155,7 +161,6 @@ struct ScoreWarpgroup : ConsumerBase<ABL, XO, FAST> {
             for (int i = 0; i < 32; ++i) s[i] = 0.f;
         } else {
             float t[32];
-            s_chain(c, s, 0, kb);
             s_chain(c, t, 1, kb);
             wg_wait0();
             fence_regs(s);
@@ -279,7 +284,10 @@ struct ScoreWarpgroup : ConsumerBase<ABL, XO, FAST> {
         named_arrive(kBarP + b, 256);
     }
 
-    __device__ __forceinline__ void pv_phase(uint32_t kb, uint32_t (&hi)[16], uint32_t (&lo)[16])
+    // O[:, 0:256] += P V with P from registers, issued; then (when there is a next tile) its S chain 0
+    // behind it, so the tensor cores have work while this warpgroup waits; returns once P V completed.
+    __device__ __forceinline__ void pv_phase(const Cta<XO> &c, uint32_t kb, uint32_t (&hi)[16], uint32_t (&lo)[16],
+                                             int it, float (&s)[32])
     {
         if constexpr (!B::kNoPV) {
             wg_fence();
@@ -290,28 +298,49 @@ struct ScoreWarpgroup : ConsumerBase<ABL, XO, FAST> {
                 if constexpr (!B::kNoLo) wgmma_n256_rs(o, reinterpret_cast<const uint32_t(&)[4]>(lo[4 * kk]), dv);
             }
             wg_commit();
+        }
+        if (PF && it + 1 < c.nt) {
+            const int nb = (it + 1) & 1;
+            B::acquire(c, nb, (it + 1) >> 1);
+            issue_s0(c, c.sK + nb * kTileBytes, s);
+            if constexpr (!B::kNoPV) wg_wait1();
+        } else if constexpr (!B::kNoPV) {
             wg_wait0();
+        }
+        if constexpr (!B::kNoPV) {
             fence_regs(o);
             fence_regs(hi);
             if constexpr (!B::kNoLo) fence_regs(lo);
         }
     }
 
-    // K tile it (buffer it & 1).
-    __device__ __forceinline__ void tile(const Cta<XO> &c, int it)
+    // All K tiles: tile it's S chain 0 was issued (and its buffer acquired) by tile it - 1.
+    __device__ __forceinline__ void run(const Cta<XO> &c)
     {
-        const int b = it & 1, use = it >> 1;
-        const uint32_t kb = c.sK + b * kTileBytes;
-        B::acquire(c, b, use);
-        float s[32], mx[2], alpha[2];
-        uint32_t hi[16], lo[16];
-        s_phase(c, kb, s);
-        mask_scores(c, b, s, mx);
-        softmax(s, mx, alpha, hi, lo);
-        publish(c, it, b, kb, alpha, hi, lo);
-        B::rescale(alpha);
-        pv_phase(kb, hi, lo);
-        B::release(c, b);
+        if (c.nt <= 0) return;
+        float s[32];
+        if constexpr (PF) {
+            B::acquire(c, 0, 0);
+            issue_s0(c, c.sK, s);
+        }
+#pragma unroll 1
+        for (int it = 0; it < c.nt; ++it) {
+            const int b = it & 1;
+            const uint32_t kb = c.sK + b * kTileBytes;
+            if constexpr (!PF) {
+                B::acquire(c, b, it >> 1);
+                issue_s0(c, kb, s);
+            }
+            float mx[2], alpha[2];
+            uint32_t hi[16], lo[16];
+            s_phase(c, kb, s);
+            mask_scores(c, b, s, mx);
+            softmax(s, mx, alpha, hi, lo);
+            publish(c, it, b, kb, alpha, hi, lo);
+            B::rescale(alpha);
+            pv_phase(c, kb, hi, lo, it, s);
+            B::release(c, b);
+        }
     }
 
     // The row statistics for both warpgroups, then this warpgroup's columns.

@@ -21,9 +21,11 @@ constexpr int kTileBytes = 9 * kBlk;           // 73,728 B: Q or one K buffer
 static_assert(kDqk == 36 * 16, "the S phase is written for 3 chains of 12 k-steps");
 static_assert(kRowChunks == 9 * 8, "a row is 9 column blocks of 8 chunks");
 // Registers per thread after setmaxnreg: WG0 holds half of O (128), S with its second chain (64) and P
-// in registers; WG1 only its half of O. 232 + 160 + 120 = 3 x 168 + 8: the 64K registers of the SM.
-constexpr int kScoreRegs = 232, kValueRegs = 160, kProducerRegs = 120;
-static_assert(kScoreRegs + kValueRegs + kProducerRegs <= 512, "one CTA per SM: 64K registers");
+// in registers; WG1 only its half of O. setmaxnreg.inc only takes what the other warpgroups released
+// with .dec (the CTA's pool), so the three must sum to the launch allocation, 3 x 168 (a larger sum
+// blocks WG0's .inc forever).
+constexpr int kScoreRegs = 224, kValueRegs = 160, kProducerRegs = 120;
+static_assert(kScoreRegs + kValueRegs + kProducerRegs <= 3 * 168, "the launch allocation: 64K / 384 -> 168");
 // Named barriers of the 256 consumer threads: P of K buffer b ready (kBarP + b: WG0 arrives, WG1 waits;
 // one per buffer, so WG0 can never arrive twice on one before WG1 waited: its next arrival there needs
 // the buffer back), P_lo free (WG1 arrives, WG0 waits; high precision only), the epilogue's row
