@@ -16,6 +16,7 @@ constexpr int kCombineWarps = 8;
 
 __global__ void __launch_bounds__(kCombineWarps * 32) attn_combine_kernel(const __grid_constant__ Args a)
 {
+    pdl_wait();  // launched as a programmatic dependent of the main kernel: its partials are complete
     const smla_attn_params &p = a.p;
     const int lane = threadIdx.x & 31;
     const int64_t w = static_cast<int64_t>(blockIdx.x) * kCombineWarps + (threadIdx.x >> 5);
@@ -80,12 +81,24 @@ __global__ void __launch_bounds__(kCombineWarps * 32) attn_combine_kernel(const 
 
 }  // namespace
 
-int launch_combine(const Args &a, cudaStream_t s, const char *op, smla_status *st)
+int launch_combine(const Args &a, cudaStream_t s, bool pdl, const char *op, smla_status *st)
 {
     const int64_t grid = (a.rows * a.p.h + kCombineWarps - 1) / kCombineWarps;
     if (grid > INT32_MAX)
         return smla_fail(st, SMLA_ERR_VALUE, "%s: too many query rows (%lld)", op, (long long)a.rows);
-    attn_combine_kernel<<<static_cast<unsigned>(grid), kCombineWarps * 32, 0, s>>>(a);
+    // pdl (sm_90+): a programmatic dependent of the main kernel, whose CTAs signal early
+    // (pdl_launch_dependents): its launch overlaps the main kernel's tail, pdl_wait orders the reads
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3(static_cast<unsigned>(grid), 1, 1);
+    cfg.blockDim = dim3(kCombineWarps * 32, 1, 1);
+    cfg.dynamicSmemBytes = 0;
+    cfg.stream = s;
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[0].val.programmaticStreamSerializationAllowed = 1;
+    cfg.attrs = attr;
+    cfg.numAttrs = pdl ? 1 : 0;
+    SMLA_CUDA_CHECK(st, cudaLaunchKernelEx(&cfg, attn_combine_kernel, a));
     SMLA_CUDA_LAUNCH_CHECK(st);
     return SMLA_OK;
 }

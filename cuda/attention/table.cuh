@@ -42,9 +42,9 @@ extern const KernelList kSm90Bf16Kernels;  // sm90/bf16.cu
 extern const KernelList kSm90Fp8Kernels;   // sm90/fp8.cu
 #endif
 
-// The split-top-k combine over the partials of a.n_splits splits (combine.cu); `op` names the call
-// in errors.
-int launch_combine(const Args &a, cudaStream_t stream, const char *op, smla_status *st);
+// The split-top-k combine over the partials of a.n_splits splits (combine.cu); pdl: launch it as a
+// programmatic dependent of the main kernel (sm_90+); `op` names the call in errors.
+int launch_combine(const Args &a, cudaStream_t stream, bool pdl, const char *op, smla_status *st);
 
 // Per-device "done once" flags (a kernel's shared-memory attribute set, a device's properties read);
 // a device past kMaxDevices is never marked, so its work is redone on every call.

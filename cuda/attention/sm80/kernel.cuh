@@ -79,6 +79,7 @@ __global__ void __launch_bounds__(C::NT, C::MINB) attn_sm80_kernel(const __grid_
 {
     constexpr int BN = C::BN;
     extern __shared__ __align__(128) uint8_t smem[];
+    pdl_launch_dependents();  // the combine (split mode) may be scheduled; it waits for this grid
     const Cta<C> c(a, smem);
     RowState<C> st;
 #pragma unroll

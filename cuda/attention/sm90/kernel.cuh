@@ -72,6 +72,7 @@ __global__ void __launch_bounds__(kThreads, 1) attn_sm90_kernel(const __grid_con
     extern __shared__ uint8_t smem_raw[];
     const Cta<XO> c(a, smem_raw);
 
+    pdl_launch_dependents();  // the combine (split mode) may be scheduled; it waits for this grid
     init_barriers(c);
     if (c.nt > 0 && c.tid < 256) load_q(a, c);
     if constexpr (XO) cluster_sync();  // both CTAs' barriers initialised
