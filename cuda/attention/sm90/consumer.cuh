@@ -122,7 +122,7 @@ struct ConsumerBase {
 };
 
 // WG0: S, softmax, P for both warpgroups, and P V for output columns 0..255.
-template <int ABL, bool XO, bool FAST, bool PF = true>  // TMPHACK PF
+template <int ABL, bool XO, bool FAST>
 struct ScoreWarpgroup : ConsumerBase<ABL, XO, FAST> {
     using B = ConsumerBase<ABL, XO, FAST>;
     using B::a, B::g, B::t4, B::r0, B::o;
@@ -149,7 +149,7 @@ struct ScoreWarpgroup : ConsumerBase<ABL, XO, FAST> {
     // S[64 heads x 64 tokens]. Accuracy: one 36-step tensor-core chain over 576 dims loses up to ~1e-6
     // (natural-log units) on a logit, at docs/design.md's lse / max_logits tolerance; so the 576 dims
     // are 3 chains of 192 (12 wgmma steps each), summed in fp32 with round-to-nearest. Chain 0 (into s)
-    // was issued by the previous tile (issue_s0), behind its P V.
+    // is issued by issue_s0 right after the buffer is acquired.
     __device__ __forceinline__ void issue_s0(const Cta<XO> &c, uint32_t kb, float (&s)[32]) const
     {
         if constexpr (!B::kNoS) s_chain(c, s, 0, kb);
@@ -284,10 +284,10 @@ struct ScoreWarpgroup : ConsumerBase<ABL, XO, FAST> {
         named_arrive(kBarP + b, 256);
     }
 
-    // O[:, 0:256] += P V with P from registers, issued; then (when there is a next tile) its S chain 0
-    // behind it, so the tensor cores have work while this warpgroup waits; returns once P V completed.
-    __device__ __forceinline__ void pv_phase(const Cta<XO> &c, uint32_t kb, uint32_t (&hi)[16], uint32_t (&lo)[16],
-                                             int it, float (&s)[32])
+    // O[:, 0:256] += P V with P from registers; returns once it completed. (Queuing the next tile's S
+    // chain 0 behind it was measured on the H200 and lost: 224 registers spill then, and decode got
+    // 20 % slower; see benchmarks/README.md.)
+    __device__ __forceinline__ void pv_phase(uint32_t kb, uint32_t (&hi)[16], uint32_t (&lo)[16])
     {
         if constexpr (!B::kNoPV) {
             wg_fence();
@@ -298,47 +298,30 @@ struct ScoreWarpgroup : ConsumerBase<ABL, XO, FAST> {
                 if constexpr (!B::kNoLo) wgmma_n256_rs(o, reinterpret_cast<const uint32_t(&)[4]>(lo[4 * kk]), dv);
             }
             wg_commit();
-        }
-        if (PF && it + 1 < c.nt) {
-            const int nb = (it + 1) & 1;
-            B::acquire(c, nb, (it + 1) >> 1);
-            issue_s0(c, c.sK + nb * kTileBytes, s);
-            if constexpr (!B::kNoPV) wg_wait1();
-        } else if constexpr (!B::kNoPV) {
             wg_wait0();
-        }
-        if constexpr (!B::kNoPV) {
             fence_regs(o);
             fence_regs(hi);
             if constexpr (!B::kNoLo) fence_regs(lo);
         }
     }
 
-    // All K tiles: tile it's S chain 0 was issued (and its buffer acquired) by tile it - 1.
+    // All K tiles; WG1's P V of tile it overlaps this warpgroup's S of tile it + 1.
     __device__ __forceinline__ void run(const Cta<XO> &c)
     {
-        if (c.nt <= 0) return;
-        float s[32];
-        if constexpr (PF) {
-            B::acquire(c, 0, 0);
-            issue_s0(c, c.sK, s);
-        }
 #pragma unroll 1
         for (int it = 0; it < c.nt; ++it) {
             const int b = it & 1;
             const uint32_t kb = c.sK + b * kTileBytes;
-            if constexpr (!PF) {
-                B::acquire(c, b, it >> 1);
-                issue_s0(c, kb, s);
-            }
-            float mx[2], alpha[2];
+            float s[32], mx[2], alpha[2];
             uint32_t hi[16], lo[16];
+            B::acquire(c, b, it >> 1);
+            issue_s0(c, kb, s);
             s_phase(c, kb, s);
             mask_scores(c, b, s, mx);
             softmax(s, mx, alpha, hi, lo);
             publish(c, it, b, kb, alpha, hi, lo);
             B::rescale(alpha);
-            pv_phase(c, kb, hi, lo, it, s);
+            pv_phase(kb, hi, lo);
             B::release(c, b);
         }
     }

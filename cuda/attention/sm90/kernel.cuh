@@ -18,8 +18,6 @@
 // wgmma, 4 no P V wgmma, 8 no fp8 dequant (raw bytes stored), 16 no P_lo V wgmma (bf16 P only).
 // Results are wrong then. run.attn_ablate (SMLA_ATTN_ABLATE) picks the variant at launch.
 #pragma once
-#include <stdlib.h>  // TMPHACK
-
 #include "attention/table.cuh"
 #include "attention/sm90/consumer.cuh"
 #include "attention/sm90/producer.cuh"
@@ -65,7 +63,7 @@ __device__ __forceinline__ void load_q(const Args &a, const Cta<XO> &c)
 namespace {
 
 // XO: launched in clusters of 2, the two head tiles of one query row (grid x even).
-template <bool FP8, int ABL, bool XO, bool FAST, bool PF = true>
+template <bool FP8, int ABL, bool XO, bool FAST>
 __global__ void __launch_bounds__(kThreads, 1) attn_sm90_kernel(const __grid_constant__ Args a)
 {
     static_assert(FP8 || !XO, "the crossover is written for the fp8 producer");
@@ -93,7 +91,7 @@ __global__ void __launch_bounds__(kThreads, 1) attn_sm90_kernel(const __grid_con
     if (c.tid < 128) {
         setmaxnreg_inc<kScoreRegs>();
         wait_q();
-        ScoreWarpgroup<ABL, XO, FAST, PF> wg0(a, c, peer_base);
+        ScoreWarpgroup<ABL, XO, FAST> wg0(a, c, peer_base);
         wg0.run(c);
         if constexpr (XO) cluster_sync();
         wg0.epilogue(c);
@@ -120,18 +118,6 @@ int launch_variant(const Args &a, int64_t grid, cudaStream_t s, int dev, smla_st
     void (*kern)(Args) = attn_sm90_kernel<FP8, ABL, false, FAST>;
     if constexpr (FP8) {
         if (xo) kern = attn_sm90_kernel<FP8, ABL, true, FAST>;
-    }
-    if (getenv("SMLA_TMP_NOPF")) {  // TMPHACK
-        kern = attn_sm90_kernel<FP8, ABL, false, FAST, false>;
-        if constexpr (FP8) {
-            if (xo) kern = attn_sm90_kernel<FP8, ABL, true, FAST, false>;
-        }
-        static OncePerDevice c2;
-        if (c2.needed(dev)) {
-            cudaFuncSetAttribute(attn_sm90_kernel<FP8, ABL, false, FAST, false>, cudaFuncAttributeMaxDynamicSharedMemorySize, Smem::bytes);
-            if constexpr (FP8) cudaFuncSetAttribute(attn_sm90_kernel<FP8, ABL, true, FAST, false>, cudaFuncAttributeMaxDynamicSharedMemorySize, Smem::bytes);
-            c2.mark(dev);
-        }
     }
     if (configured.needed(dev)) {
         SMLA_CUDA_CHECK(st, cudaFuncSetAttribute(attn_sm90_kernel<FP8, ABL, false, FAST>,
