@@ -5,15 +5,14 @@
 //   WG0, ScoreWarpgroup (setmaxnreg kScoreRegs), per K tile:
 //     acquire  : wait until the producer filled the buffer (XO: and the peer's half arrived);
 //     s_phase  : S[64 heads x 64 tokens] = Q K^T, wgmma m64n64k16 x 36 from smem as 3 chains of 12
-//                summed in fp32 (accuracy, below); chain 0 was issued behind the previous tile's P V;
+//                summed in fp32 (accuracy, below);
 //     softmax  : mask and scale (log2 domain), overflow saturated where it matters, row maxima within
 //                the thread's quad (no exchange: WG0 sees every token), alpha = 2^(m_old - m_new),
 //                P = 2^(S - m) packed as the bf16 A fragments of P V (high: P = P_hi + P_lo, two
 //                bf16 terms, split_bf16x2), row sums in double;
 //     publish  : P_hi into the tile's RoPE block (dead once S is done), P_lo into its own block (high:
 //                after WG1 freed it, kBarFree), alpha into sAlpha[b]; arrive kBarP + b;
-//     pv       : O[:, 0:256] = O * alpha + P V with P from registers (wgmma m64n256k16, register A),
-//                then the next tile's acquire and S chain 0, queued behind it on the tensor cores;
+//     pv       : O[:, 0:256] = O * alpha + P V with P from registers (wgmma m64n256k16, register A);
 //     release  : hand the buffer back to the producer(s).
 //   WG1, ValueWarpgroup (setmaxnreg kValueRegs), per K tile: wait kBarP + b, O[:, 256:512] = O * alpha + P V
 //     with P from smem, free P_lo (kBarFree), release.
@@ -69,7 +68,15 @@ struct ConsumerBase {
         }
     }
 
-    // This warp is done with K buffer b (XO: tell the peer's producer too).
+    // This warp is done with K buffer b (XO: tell the peer's producer too). XO arrives once per warp
+    // (16 arrivals per tile on each CTA's empty barrier instead of 512): the other lanes' reads of the
+    // buffer - their wgmma operands, complete at wgmma.wait_group, and WG0's loads of the sValid flags,
+    // consumed by mask_scores - are ordered before lane 0's arrivals by __syncwarp, which orders memory
+    // among the lanes it synchronises; both producers wait on these arrivals before they write the
+    // buffer's next tile. compute-sanitizer racecheck credits an arrival only to the thread that made
+    // it, so it reports those lanes' sValid reads against the producers' next flag stores as WAR hazards
+    // (producer.cuh store / consumer.cuh mask_scores, in the XO kernels only): ordering it cannot see,
+    // not a race (docs/design.md, section 1).
     __device__ __forceinline__ void release(const Cta<XO> &c, int b) const
     {
         if constexpr (XO) {

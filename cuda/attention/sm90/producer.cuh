@@ -214,9 +214,11 @@ struct Fp8Producer {
         const int it = q / kNbq, b = it & 1, use = it >> 1;
         const bool first = q % kNbq == 0, last = q % kNbq == kNbq - 1;
         if (first && use > 0) {
-            // XO: the peer's consumers are done with its buffer b too (their arrivals count here)
-            if constexpr (XO) mbar_wait_cluster(c.bar_empty + 8 * b, (use - 1) & 1);
-            else mbar_wait(c.bar_empty + 8 * b, (use - 1) & 1);
+            // XO: the peer's consumers are done with its buffer b too (their arrivals count here). A
+            // CTA-scope acquire: what follows reads nothing the peers wrote (an acquire.cluster would
+            // invalidate L1 on every tile, CCTL.IVALL), and the writes that follow cannot overtake
+            // reads that completed before the arrivals (ConsumerBase::release).
+            mbar_wait(c.bar_empty + 8 * b, (use - 1) & 1);
         }
         // XO: our rr[b] expects the peer's half of this tile (its phase for tile it - 2 is over:
         // our consumers waited for it before releasing buffer b)
