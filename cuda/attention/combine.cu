@@ -1,10 +1,18 @@
 // Split-top-k combine: when decode has too few query rows to fill the GPU, the launcher splits each
 // row's top-k list across CTAs (launch.cu, plan_splits); each split writes its fp32 partial O and
 // log2-domain lse into the caller's workspace (finish_row, attention/epilogue.cuh) and this kernel
-// merges them, one warp per (row, head): out = sum_s w_s o_s / sum_s w_s, w_s = 2^(lse_s - M). When a
-// split saturated (part_lse's boxes), the splits saturated at +FLT_MAX (else, when no split has an
-// ordinary lse, those at -FLT_MAX) count instead, w_s = their token counts. Empty splits are
-// (0, -inf) and their O is never read.
+// merges them: out = sum_s w_s o_s / sum_s w_s, w_s = 2^(lse_s - M). When a split saturated
+// (part_lse's boxes), the splits saturated at +FLT_MAX (else, when no split has an ordinary lse, those
+// at -FLT_MAX) count instead, w_s = their token counts. Empty splits are (0, -inf) and their O is
+// never read.
+//
+// A group of G threads per (row, head) (G = 128: one CTA, thread t owning columns 4 t .. 4 t + 3; G =
+// 32: one warp, lane l owning the float4s at columns 4 l + 128 i). Each warp finds its pair's weights
+// itself (lane l: splits l, l + 32, ...; no shared memory, no block barrier), then every thread sums
+// its columns over the splits in order, with 8 float4 loads in flight. Many splits (few rows: b = 2 has
+// 32) take G = 128, so that the partials (64 KB per (row, head) at 32 splits) stream from L2 with many
+// loads per thread (one warp per pair and one dependent load per split took 35 us at b = 2, h = 128);
+// few splits take G = 32, where a CTA per pair would be mostly prologue (launch_combine picks).
 #include "attention/epilogue.cuh"
 #include "attention/ptx.cuh"
 #include "attention/table.cuh"
@@ -12,85 +20,131 @@
 namespace attn {
 namespace {
 
-constexpr int kCombineWarps = 8;
+constexpr int kCombineThreads = 128;
+constexpr int kInFlight = 8;  // float4 loads per thread issued together
 
-__global__ void __launch_bounds__(kCombineWarps * 32) attn_combine_kernel(const __grid_constant__ Args a)
+// The weights of the splits of one (row, head), as each warp of its CTA sees them.
+struct SplitWeights {
+    int mode;   // the splits that count: 1 saturated at +FLT_MAX, 0 ordinary, -1 saturated at -FLT_MAX, 2 none
+    float M;    // the largest ordinary lse
+
+    __device__ __forceinline__ SplitWeights(const float *lp, int ns, int64_t sstride, int lane)
+    {
+        M = -INFINITY;
+        bool pos = false, neg = false;
+        for (int s = lane; s < ns; s += 32) {
+            const float ls = lp[s * sstride];
+            const int sb = box_sign(ls);
+            if (sb == 0) M = fmaxf(M, ls);
+            pos = pos || sb > 0;
+            neg = neg || sb < 0;
+        }
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) M = fmaxf(M, __shfl_xor_sync(0xffffffffu, M, o));
+        pos = __any_sync(0xffffffffu, pos);
+        neg = __any_sync(0xffffffffu, neg);
+        mode = pos ? 1 : (M != -INFINITY ? 0 : (neg ? -1 : 2));
+    }
+
+    // w_s of a split with lse ls (not -inf, an empty split, which is skipped).
+    __device__ __forceinline__ float weight(float ls) const
+    {
+        const int sb = box_sign(ls);
+        if (sb != 0) return sb == mode ? box_count(ls) : 0.f;
+        if (mode == 0) return ex2(ls - M);
+        return ls != ls ? ls : 0.f;  // outweighed by saturated splits; a NaN still poisons
+    }
+};
+
+// G threads per (row, head): each owns NV = 128 / G float4s of the row, at columns 4 g + 128 i.
+template <int G>
+__global__ void __launch_bounds__(kCombineThreads) attn_combine_kernel(const __grid_constant__ Args a)
 {
+    constexpr int NV = kDv / 4 / G;
+    constexpr int kBatch = kInFlight / NV;  // splits whose loads are issued together
     pdl_wait();  // launched as a programmatic dependent of the main kernel: its partials are complete
     const smla_attn_params &p = a.p;
-    const int lane = threadIdx.x & 31;
-    const int64_t w = static_cast<int64_t>(blockIdx.x) * kCombineWarps + (threadIdx.x >> 5);
-    const int64_t h = p.h;
-    if (w >= a.rows * h) return;
-    const int64_t row = w / h;
-    const int hr = static_cast<int>(w - row * h);
+    const int gt = threadIdx.x % G, lane = threadIdx.x & 31;
+    const int64_t w = static_cast<int64_t>(blockIdx.x) * (kCombineThreads / G) + threadIdx.x / G;  // (row, head)
+    if (w >= a.rows * p.h) return;
+    const int64_t row = w / p.h;
+    const int hr = static_cast<int>(w - row * p.h);
     const int64_t bi = row / p.s_q, si = row % p.s_q;
     const int ns = a.n_splits;
-    const int64_t sstride = a.rows * h;  // between splits, in (row, head) units
+    const int64_t sstride = a.rows * p.h;  // between splits, in (row, head) units
     const float *lp = a.lse_part + w;
+    const float4 *op = reinterpret_cast<const float4 *>(a.o_part + w * kDv) + gt;
+    const int64_t ostride = sstride * (kDv / 4);  // between splits, in float4
 
-    float M = -INFINITY;  // the largest ordinary lse
-    bool pos = false, neg = false;
-    for (int s = lane; s < ns; s += 32) {
-        const float ls = lp[s * sstride];
-        const int sb = box_sign(ls);
-        if (sb == 0) M = fmaxf(M, ls);
-        pos = pos || sb > 0;
-        neg = neg || sb < 0;
-    }
+    const SplitWeights sw(lp, ns, sstride, lane);
+    const bool none = sw.mode == 2;
+    double W = 0.0;  // this lane's share of sum_s w_s (lane l: splits l, l + 32, ...)
+    float4 acc[NV];
 #pragma unroll
-    for (int o = 16; o > 0; o >>= 1) M = fmaxf(M, __shfl_xor_sync(0xffffffffu, M, o));
-    pos = __any_sync(0xffffffffu, pos);
-    neg = __any_sync(0xffffffffu, neg);
-    // the splits that count: 1 saturated at +FLT_MAX, 0 ordinary, -1 saturated at -FLT_MAX, 2 none
-    const int mode = pos ? 1 : (M != -INFINITY ? 0 : (neg ? -1 : 2));
-    const bool none = mode == 2;
-
-    // this lane's 16 columns: 4 groups of 4, at 4 * lane + 128 k
-    double W = 0.0;
-    float acc[16];
-#pragma unroll
-    for (int i = 0; i < 16; ++i) acc[i] = 0.f;
+    for (int i = 0; i < NV; ++i) acc[i] = make_float4(0.f, 0.f, 0.f, 0.f);
     if (!none) {
-        for (int s = 0; s < ns; ++s) {
-            const float ls = lp[s * sstride];
-            if (ls == -INFINITY) continue;  // empty split: (0, -inf), its O was not written
-            const int sb = box_sign(ls);
-            float ws;
-            if (sb != 0) ws = sb == mode ? box_count(ls) : 0.f;
-            else if (mode == 0) ws = ex2(ls - M);
-            else ws = ls != ls ? ls : 0.f;  // outweighed by saturated splits; a NaN still poisons
-            W += ws;
-            const float4 *op = reinterpret_cast<const float4 *>(a.o_part + (s * sstride + w) * kDv) + lane;
+        for (int s0 = 0; s0 < ns; s0 += 32) {
+            // lane l holds split s0 + l's weight (0 where empty or past ns) and whether to read it
+            const int sl = s0 + lane;
+            const float ls = sl < ns ? lp[sl * sstride] : -INFINITY;
+            const bool use = ls != -INFINITY;  // empty split: (0, -inf), its O was not written
+            const float wl = use ? sw.weight(ls) : 0.f;
+            W += wl;
+            const uint32_t used = __ballot_sync(0xffffffffu, use);
+            const int n = min(32, ns - s0);
+            for (int j0 = 0; j0 < n; j0 += kBatch) {
+                float4 v[kBatch][NV];
 #pragma unroll
-            for (int k = 0; k < 4; ++k) {
-                const float4 v = op[32 * k];
-                acc[4 * k + 0] += ws * v.x;
-                acc[4 * k + 1] += ws * v.y;
-                acc[4 * k + 2] += ws * v.z;
-                acc[4 * k + 3] += ws * v.w;
+                for (int k = 0; k < kBatch; ++k) {
+                    const int j = j0 + k;
+                    const bool rd = j < n && ((used >> j) & 1u);
+#pragma unroll
+                    for (int i = 0; i < NV; ++i)
+                        v[k][i] = rd ? op[(s0 + j) * ostride + 32 * i] : make_float4(0.f, 0.f, 0.f, 0.f);
+                }
+#pragma unroll
+                for (int k = 0; k < kBatch; ++k) {
+                    const int j = j0 + k;
+                    const float ws = __shfl_sync(0xffffffffu, wl, j & 31);
+                    if (j < n && ((used >> j) & 1u)) {
+#pragma unroll
+                        for (int i = 0; i < NV; ++i) {
+                            acc[i].x += ws * v[k][i].x;
+                            acc[i].y += ws * v[k][i].y;
+                            acc[i].z += ws * v[k][i].z;
+                            acc[i].w += ws * v[k][i].w;
+                        }
+                    }
+                }
             }
         }
     }
-    const double lse_d = mode == 0 ? (static_cast<double>(M) + log2(W)) * SMLA_LN2 : (mode == 1 ? INFINITY : -INFINITY);
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) W += __shfl_xor_sync(0xffffffffu, W, o);
+    const int mode = sw.mode;
+    const double lse_d =
+        mode == 0 ? (static_cast<double>(sw.M) + log2(W)) * SMLA_LN2 : (mode == 1 ? INFINITY : -INFINITY);
     const float f = none ? 0.f : static_cast<float>(1.0 / W);
-    store_out_row<4, 4, 128>(
-        p, bi, si, hr, f, none, lse_d, [&] { return 4 * lane; }, [&] { return lane == 0; },
-        [&](int k) { return make_float4(acc[4 * k], acc[4 * k + 1], acc[4 * k + 2], acc[4 * k + 3]); }, [] {});
+    store_out_row<4, NV, 128>(
+        p, bi, si, hr, f, none, lse_d, [&] { return 4 * gt; }, [&] { return gt == 0; },
+        [&](int i) { return acc[i]; }, [] {});
 }
 
 }  // namespace
 
 int launch_combine(const Args &a, cudaStream_t s, bool pdl, const char *op, smla_status *st)
 {
-    const int64_t grid = (a.rows * a.p.h + kCombineWarps - 1) / kCombineWarps;
+    // many splits (few rows): a CTA per (row, head); else a warp per (row, head)
+    const int g = a.n_splits >= 8 ? kCombineThreads : 32;
+    const int64_t pairs = a.rows * a.p.h, per_cta = kCombineThreads / g;
+    const int64_t grid = (pairs + per_cta - 1) / per_cta;
     if (grid > INT32_MAX)
         return smla_fail(st, SMLA_ERR_VALUE, "%s: too many query rows (%lld)", op, (long long)a.rows);
     // pdl (sm_90+): a programmatic dependent of the main kernel, whose CTAs signal early
     // (pdl_launch_dependents): its launch overlaps the main kernel's tail, pdl_wait orders the reads
     cudaLaunchConfig_t cfg = {};
     cfg.gridDim = dim3(static_cast<unsigned>(grid), 1, 1);
-    cfg.blockDim = dim3(kCombineWarps * 32, 1, 1);
+    cfg.blockDim = dim3(kCombineThreads, 1, 1);
     cfg.dynamicSmemBytes = 0;
     cfg.stream = s;
     cudaLaunchAttribute attr[1];
@@ -98,7 +152,7 @@ int launch_combine(const Args &a, cudaStream_t s, bool pdl, const char *op, smla
     attr[0].val.programmaticStreamSerializationAllowed = 1;
     cfg.attrs = attr;
     cfg.numAttrs = pdl ? 1 : 0;
-    SMLA_CUDA_CHECK(st, cudaLaunchKernelEx(&cfg, attn_combine_kernel, a));
+    SMLA_CUDA_CHECK(st, cudaLaunchKernelEx(&cfg, g == 32 ? attn_combine_kernel<32> : attn_combine_kernel<kCombineThreads>, a));
     SMLA_CUDA_LAUNCH_CHECK(st);
     return SMLA_OK;
 }

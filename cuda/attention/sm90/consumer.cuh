@@ -69,14 +69,16 @@ struct ConsumerBase {
     }
 
     // This warp is done with K buffer b (XO: tell the peer's producer too). XO arrives once per warp
-    // (16 arrivals per tile on each CTA's empty barrier instead of 512): the other lanes' reads of the
-    // buffer - their wgmma operands, complete at wgmma.wait_group, and WG0's loads of the sValid flags,
-    // consumed by mask_scores - are ordered before lane 0's arrivals by __syncwarp, which orders memory
-    // among the lanes it synchronises; both producers wait on these arrivals before they write the
-    // buffer's next tile. compute-sanitizer racecheck credits an arrival only to the thread that made
-    // it, so it reports those lanes' sValid reads against the producers' next flag stores as WAR hazards
-    // (producer.cuh store / consumer.cuh mask_scores, in the XO kernels only): ordering it cannot see,
-    // not a race (docs/design.md, section 1).
+    // (16 arrivals per tile on each CTA's empty barrier instead of 512): the other lanes' reads for the
+    // tile - their wgmma operands, complete at wgmma.wait_group, WG0's loads of the sValid flags and
+    // WG1's loads of sAlpha[b], consumed before - are ordered before lane 0's arrivals by __syncwarp,
+    // which orders memory among the lanes it synchronises. The next writes of those bytes come after
+    // the arrivals: the producers' (both CTAs') stores of tile it + 2 wait on them, and WG0 writes
+    // sAlpha[b] again only once it acquired tile it + 2 (full[b], which the producer arrives on after
+    // its wait). compute-sanitizer racecheck credits an arrival only to the thread that made it, so in
+    // the XO kernels it reports those lanes' reads against the next writes as WAR hazards (producer.cuh
+    // store / mask_scores on sValid; publish / ValueWarpgroup::tile on sAlpha, "fast" only: "high" also
+    // orders them through kBarFree): ordering it cannot see, not a race (docs/design.md, section 1).
     __device__ __forceinline__ void release(const Cta<XO> &c, int b) const
     {
         if constexpr (XO) {

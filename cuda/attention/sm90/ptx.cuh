@@ -80,14 +80,18 @@ __device__ __forceinline__ void cluster_sync()
     asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
 }
 __device__ __forceinline__ void fence_async_smem() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+// Named barriers between warpgroups that reach them from different code (WG0 and WG1 each have their
+// own loop): barrier.sync / barrier.arrive without .aligned, which PTX requires when the threads of a
+// barrier do not all execute the same instruction (bar.sync is barrier.sync.aligned; compute-sanitizer
+// synccheck stops the kernel at the first such barrier).
 __device__ __forceinline__ void named_sync(int id, int n)
 {
-    asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(n) : "memory");
+    asm volatile("barrier.sync %0, %1;\n" ::"r"(id), "r"(n) : "memory");
 }
 // Arrive at named barrier id without waiting (a producer side; the consumer side waits with named_sync).
 __device__ __forceinline__ void named_arrive(int id, int n)
 {
-    asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(n) : "memory");
+    asm volatile("barrier.arrive %0, %1;\n" ::"r"(id), "r"(n) : "memory");
 }
 template <int N>
 __device__ __forceinline__ void setmaxnreg_inc()
@@ -102,8 +106,6 @@ __device__ __forceinline__ void setmaxnreg_dec()
 __device__ __forceinline__ void wg_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void wg_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void wg_wait0() { asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory"); }
-// All but the newest wgmma group complete.
-
 // Keeps the compiler from moving reads / writes of wgmma accumulators across the async region.
 template <int N>
 __device__ __forceinline__ void fence_regs(float (&r)[N])
