@@ -2,7 +2,9 @@
 # Whole-suite GPU validation in one call (device time is scarce): build for sm_90a + sm_80 with every
 # core, run every CUDA test in parallel pytest processes, then the quick benchmarks. Logs under $OUT.
 # Env: TL / TB time limits (tests / each benchmark), DEMO=1, BENCHES="a.py args;b.py", ABLATE=1 (a
-# profiling build, SMLA_PROFILE_BUILD=1, and tools/ablate.py after the benchmarks: where the time goes).
+# profiling build, SMLA_PROFILE_BUILD=1, and tools/ablate.py after the benchmarks: where the time goes),
+# SANITIZE=1 (compute-sanitizer memcheck, synccheck and racecheck on the attention tests, alongside the tests;
+# racecheck's hazards summarised by source line: docs/design.md section 1 says which are expected).
 # Each device call pays ~1.5-2 min of machine start: put build, tests, benchmarks and ablation in one.
 set -u
 cd "$(dirname "$0")/.."
@@ -23,8 +25,23 @@ $P tests/test_cuda_memory_ops.py tests/test_pack_kv.py tests/test_unpack_kv.py t
    tests/test_convert_topk_indices.py tests/test_merge_attn_states.py tests/test_data_checks.py tests/test_edge.py \
    > "$OUT/t_mem.log" 2>&1 &
 $P tests/test_layer.py tests/test_parallel.py > "$OUT/t_layer.log" 2>&1 &
+if [ -n "${SANITIZE:-}" ]; then
+  CS="timeout ${TL:-200} compute-sanitizer --print-limit 20"
+  PA="python3 -m pytest -q -p no:cacheprovider -m cuda $A"
+  $CS --tool memcheck $PA -k "vs_cpu_and_reference or all_invalid or split or graph" > "$OUT/s_memcheck.log" 2>&1 &
+  $CS --tool synccheck $PA -k "vs_cpu_and_reference or all_invalid or split" > "$OUT/s_synccheck.log" 2>&1 &
+  $CS --show-backtrace no --print-limit 100000 --tool racecheck --racecheck-report hazard $PA \
+    -k "vs_cpu_and_reference and fp8_ds_mla and (128 or 100) or all_invalid" > "$OUT/s_racecheck.log" 2>&1 &
+fi
 wait
 el tests done
+for f in "$OUT"/s_*.log; do
+  [ -e "$f" ] || continue
+  echo "== $(basename "$f"): $(grep -E "ERROR SUMMARY|RACECHECK SUMMARY" "$f" | tail -n 1)"
+  grep -E "^=========     (Read|Write) Thread" "$f" | sed -E 's/Thread \([0-9,]*\)/Thread/; s/\+0x[0-9a-f]*//' | cut -c1-160 \
+    | sort | uniq -c | sort -rn | head -n 6
+done
+[ -e "$OUT/s_racecheck.log" ] && gzip -f "$OUT/s_racecheck.log"  # one block of lines per hazard
 for f in "$OUT"/t_*.log; do echo "== $(basename "$f"): $(tail -n 1 "$f" | cut -c1-200)"; grep -E "^FAILED" "$f" | cut -c1-220 | head -8; done
 [ -n "${DEMO:-}" ] && { timeout 90 python3 -m smla demo > "$OUT/demo.log" 2>&1; echo "== demo (rc $?)"; tail -n 12 "$OUT/demo.log"; }
 IFS=';' read -r -a BENCHES <<< "${BENCHES:-bench_sparse_mla_decode.py --quick;bench_sparse_mla_prefill.py --quick;bench_memory_ops.py --quick;bench_layer.py}"
