@@ -294,8 +294,8 @@ struct ScoreWarpgroup : ConsumerBase<ABL, XO, FAST> {
     }
 
     // O[:, 0:256] += P V with P from registers; returns once it completed. (Queuing the next tile's S
-    // chain 0 behind it was measured on the H200 and lost: 224 registers spill then, and decode got
-    // 20 % slower; see benchmarks/README.md.)
+    // chain 0 behind it was measured on the H200 and lost: 224 registers spill then, and decode h = 128
+    // s_q = 2 b = 128 took 610 instead of 488 us in "fast"; benchmarks/README.md.)
     __device__ __forceinline__ void pv_phase(uint32_t kb, uint32_t (&hi)[16], uint32_t (&lo)[16])
     {
         if constexpr (!B::kNoPV) {

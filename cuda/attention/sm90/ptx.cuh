@@ -65,8 +65,8 @@ __device__ __forceinline__ void st_async_u32(uint32_t addr, uint32_t v, uint32_t
 // Arrival on a peer CTA's barrier (bar: a shared::cluster address), default semantics (release at CTA
 // scope), as CUTLASS's ClusterBarrier::arrive(cta_id). The consumers only use it to say "done reading
 // this buffer", after reads that have completed (wgmma.wait_group, loaded values consumed), so no
-// cluster-scope release is needed; .release.cluster costs a MEMBAR.GPU per arrival (measured: ~9 % of
-// the decode kernel's stall samples).
+// cluster-scope release is needed; .release.cluster costs a MEMBAR.GPU per arrival (9 % of the decode
+// kernel's warp-stall samples under tools/gpu_profile.sh; benchmarks/README.md).
 __device__ __forceinline__ void mbar_arrive_remote(uint32_t bar)
 {
     asm volatile("mbarrier.arrive.shared::cluster.b64 _, [%0];\n" ::"r"(bar) : "memory");
