@@ -6,7 +6,8 @@ Environment switches:
   SMLA_DEBUG=1            -O0 -g with AddressSanitizer and UBSan (CPU code); importing such a build
                           needs libasan preloaded (README.md, "Building")
   SMLA_NVCC_JOBS=N        parallel nvcc processes (default: CPU count)
-  SMLA_PROFILE_BUILD=1    also compile the attention ablation variants (tools/ablate.py)
+  SMLA_PROFILE_BUILD=1    also compile the attention ablation variants (CUDA: tools/ablate.py; CPU:
+                          SMLA_CPU_ABLATE, benchmarks/bench_cpu.py --stages)
 
 Every configuration builds in its own folder, build/<key> (e.g. build/cpu, build/cuda-90a_80-debug), so
 a build with other switches never reuses the objects or the linked library of another one.
@@ -60,7 +61,7 @@ def cuda_wanted():
 DEBUG = switch("SMLA_DEBUG", False)
 NVCC = cuda_wanted()
 ARCHS = [a.strip() for a in os.environ.get("SMLA_CUDA_ARCHS", "90a;80").replace(",", ";").split(";") if a.strip()]
-PROFILE = bool(NVCC) and switch("SMLA_PROFILE_BUILD", False)
+PROFILE = switch("SMLA_PROFILE_BUILD", False)
 
 # The build folder's name: every switch that changes an object file or the linked library.
 KEY = "-".join(["cuda-" + "_".join(ARCHS) if NVCC else "cpu"] + ["debug"] * DEBUG + ["profile"] * PROFILE)
@@ -85,6 +86,8 @@ if DEBUG:
     macros.append(("SMLA_DEBUG_BUILD", "1"))
 else:
     cflags += ["-O3"]
+if PROFILE:
+    macros.append(("SMLA_ATTN_ABLATION", "1"))
 if NVCC:
     macros += [("SMLA_WITH_CUDA", "1"), ("SMLA_CUDA_ARCHS", '"' + ";".join(ARCHS) + '"')]
 

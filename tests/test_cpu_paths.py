@@ -100,14 +100,15 @@ DECODE_CASES = [  # cd, b, s_q, h, topk, block_size, tl_mode, sink_mode, strided
 
 
 @attn_paths()
+@pytest.mark.parametrize("precision", ["high", "fast"])
 @pytest.mark.parametrize("cd,b,s_q,h,topk,bs,tl_mode,sink_mode,strided_q", DECODE_CASES,
                          ids=[f"{c[0]}-b{c[1]}-sq{c[2]}-h{c[3]}-topk{c[4]}" for c in DECODE_CASES])
-def test_decode(path, cd, b, s_q, h, topk, bs, tl_mode, sink_mode, strided_q):
+def test_decode(path, precision, cd, b, s_q, h, topk, bs, tl_mode, sink_mode, strided_q):
     c = tdec.make_decode_case(cd, b, s_q, h, topk, bs, seed=b * 100 + h, tl_mode=tl_mode, sink_mode=sink_mode)
     if strided_q:
         c["q"] = tdec.strided(c["q"], np.random.default_rng(h))
-    out, lse = tdec.run_decode(c)
-    tdec.check_against_ref(c, out, lse)
+    out, lse = tdec.run_decode(c, precision=precision)
+    tdec.check_against_ref(c, out, lse, precision=precision)
 
 
 @attn_paths()
@@ -144,13 +145,27 @@ PREFILL_CASES = [  # s_q, h, s_kv, topk, tl_mode, sink_mode, layout
 
 
 @attn_paths()
+@pytest.mark.parametrize("precision", ["high", "fast"])
 @pytest.mark.parametrize("s_q,h,s_kv,topk,tl_mode,sink_mode,layout", PREFILL_CASES,
                          ids=[f"sq{c[0]}-h{c[1]}-skv{c[2]}-topk{c[3]}" for c in PREFILL_CASES])
-def test_prefill(path, s_q, h, s_kv, topk, tl_mode, sink_mode, layout):
+def test_prefill(path, precision, s_q, h, s_kv, topk, tl_mode, sink_mode, layout):
     c = tpre.make_prefill_case(s_q, h, s_kv, topk, seed=s_q + h, tl_mode=tl_mode, sink_mode=sink_mode,
                                kv_layout=layout)
-    out, lse, ml = tpre.run_prefill(c)
-    tpre.check_against_ref(c, out, lse, ml)
+    out, lse, ml = tpre.run_prefill(c, precision=precision)
+    tpre.check_against_ref(c, out, lse, ml, precision=precision)
+
+
+@attn_paths()
+@pytest.mark.parametrize("cd", tdec.CACHE_DTYPES)
+def test_decode_fast_large_values(path, cd):
+    """"fast" with latent values of magnitude ~10 and odd valid-row counts (a chunk's last row pairs with
+    the zero row): P rounded to bf16 stays within fast's rule; lse keeps high's bits."""
+    c = tdec.make_decode_case(cd, 2, 3, 20, 157, 16, seed=7, tl_mode="rand", sink_mode="finite", v_scale=10.0)
+    out, lse = tdec.run_decode(c, precision="fast")
+    tdec.check_against_ref(c, out, lse, precision="fast")
+    out_h, lse_h = tdec.run_decode(c, precision="high")
+    tdec.assert_fast_runs_bf16_p(out, out_h)
+    np.testing.assert_array_equal(lse, lse_h)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -162,13 +177,14 @@ def test_prefill(path, s_q, h, s_kv, topk, tl_mode, sink_mode, layout):
 @pytest.mark.parametrize("cd", tdec.CACHE_DTYPES)
 def test_decode_threads(monkeypatch, cd, rows, threads):
     """b * s_q rows on 1..6 threads: whole rows per thread, rows split into parts merged by lse, and
-    more threads than cores."""
+    more threads than cores (both precisions)."""
     monkeypatch.setenv("SMLA_NUM_THREADS", str(threads))
     b, s_q = rows
     c = tdec.make_decode_case(cd, b, s_q, 32, 2048, 64, seed=threads, tl_mode="rand", sink_mode="mixed",
                               all_invalid_frac=0.0)
-    out, lse = tdec.run_decode(c)
-    tdec.check_against_ref(c, out, lse)
+    for precision in ("high", "fast"):
+        out, lse = tdec.run_decode(c, precision=precision)
+        tdec.check_against_ref(c, out, lse, precision=precision)
 
 
 def test_split_rows_with_few_valid_indices(monkeypatch):

@@ -13,6 +13,7 @@ import pytest
 import reference as rp
 import smla
 from smla import layer as layer_mod
+from test_sparse_mla_decode import assert_fast_runs_bf16_p
 from smla.layer import SparseMLAAttention
 from smla.metadata import SparseMLAConfig, SparseMLAMetadataBuilder
 
@@ -94,8 +95,9 @@ class World:
                     seq_lens=np.array(seq_lens, np.int32), block_table=bt, slot_mapping=slot_mapping,
                     req_of=np.array(req_of), T=T)
 
-    def expected(self, st):
-        """Oracle out [T, h, 512], lse [T, h] (float64) of the step's real tokens."""
+    def expected(self, st, return_abs=False):
+        """Oracle out [T, h, 512], lse [T, h] (float64) of the step's real tokens; with return_abs also
+        the output with V replaced by |V| (precision "fast"'s rule)."""
         T = st["T"]
         idx = st["topk"][:T].astype(np.int64)
         reqs = np.unique(st["req_of"])
@@ -115,21 +117,25 @@ class World:
             rows = np.concatenate([c, pe], axis=1)
         local = np.full(gid.shape, -1, np.int64)
         local[gid >= 0] = inv.reshape(-1)
-        out, lse, _ = rp.sparse_mla_attention(st["q"][:T, None], rows, local[:, None], len(uniq), SCALE)
-        return out[:, 0], lse[:, 0]
+        res = rp.sparse_mla_attention(st["q"][:T, None], rows, local[:, None], len(uniq), SCALE,
+                                      return_abs=return_abs)
+        return (res[0][:, 0], res[1][:, 0]) + ((res[3][:, 0],) if return_abs else ())
 
 
-def check(out, lse, ref_out, ref_lse, prefill_kernel, name):
-    """docs/design.md's tolerances for the kernel that produced each token (bool mask prefill_kernel)."""
+def check(out, lse, ref_out, ref_lse, prefill_kernel, name, precision="high", out_abs=None):
+    """docs/design.md's tolerances for the kernel that produced each token (bool mask prefill_kernel) and
+    the precision ("fast" needs out_abs, World.expected(return_abs=True)'s third array)."""
     out, lse = rp.as_f64(out), np.asarray(lse, np.float64)
     for mask, kind in ((~prefill_kernel, "decode"), (prefill_kernel, "prefill")):
         if not mask.any():
             continue
+        o_abs = None if out_abs is None else out_abs[mask]
         if kind == "decode":
-            rp.check_decode(out[mask], lse[mask], ref_out[mask], ref_lse[mask], name=f"{name} ({kind})")
+            rp.check_decode(out[mask], lse[mask], ref_out[mask], ref_lse[mask], name=f"{name} ({kind})",
+                            precision=precision, out_abs=o_abs)
         else:
-            rp.check_close(out[mask], ref_out[mask], abs_tol=rp.PREFILL_OUT_ABS, rel_tol=rp.PREFILL_OUT_REL,
-                           cos_tol=rp.PREFILL_OUT_COS, name=f"{name} out ({kind})")
+            rp.check_close(out[mask], ref_out[mask], **rp.out_rule(precision, o_abs, prefill=True),
+                           name=f"{name} out ({kind})")
             rp.check_close(lse[mask], ref_lse[mask], abs_tol=rp.PREFILL_LSE_ABS, rel_tol=rp.PREFILL_LSE_REL,
                            name=f"{name} lse ({kind})")
 
@@ -378,8 +384,8 @@ def test_layer_rejects_mismatched_metadata():
                          ids=["fp8-mixed", "fp8-split", "bf16"])
 def test_layer_passes_precision(cache_mode, monkeypatch):
     """The config's precision reaches every attention op the layer runs; the metadata does not depend
-    on it (a builder made for "high" serves a "fast" layer); the CPU runs high either way, so the
-    results are the same bits."""
+    on it (a builder made for "high" serves a "fast" layer); on the CPU fast's out differs from high's
+    only where the level has bf16 dot products, its lse never."""
     kv_dtype, mode = cache_mode
     world = World(np.random.default_rng(17), kv_dtype, max_reqs=3)
     world.write_context(0, 100)
@@ -401,8 +407,10 @@ def test_layer_passes_precision(cache_mode, monkeypatch):
         res[layer.config.precision] = layer.forward(st["q"], st["kv_c"], st["k_pe"], world.cache, st["topk"], md,
                                                     return_lse=True)
         assert seen and {p for _, p in seen} == {layer.config.precision}, seen
-    check(*res["fast"], *world.expected(st), prefill_kernel_mask(fast, md, st["T"], world.cache), "fast")
-    rp.assert_bf16_equal(res["fast"][0], res["high"][0])
+    ref_out, ref_lse, ref_abs = world.expected(st, return_abs=True)
+    check(*res["fast"], ref_out, ref_lse, prefill_kernel_mask(fast, md, st["T"], world.cache), "fast",
+          precision="fast", out_abs=ref_abs)
+    assert_fast_runs_bf16_p(res["fast"][0], res["high"][0])
     np.testing.assert_array_equal(res["fast"][1], res["high"][1])
     kw = dict(kv_cache_dtype=kv_dtype, block_size=16, topk=32, max_model_len=512, max_num_seqs=3,
               max_num_batched_tokens=256)

@@ -17,7 +17,7 @@ import smla
 sys.path.insert(0, os.path.dirname(__file__))
 import reference as ref  # noqa: E402
 from test_sparse_mla_decode import (  # noqa: E402
-    SINK_MODES, TL_MODES, from_torch, make_sink, rand_q, run_decode, strided, to_torch)
+    SINK_MODES, TL_MODES, assert_fast_runs_bf16_p, from_torch, make_sink, rand_q, run_decode, strided, to_torch)
 from test_sparse_mla_decode import check_against_ref as check_decode_against_ref  # noqa: E402
 
 BF16 = ml_dtypes.bfloat16
@@ -241,8 +241,9 @@ def test_prefill_matches_decode():
 
 @pytest.mark.parametrize("v_scale", [1.0, 10.0])
 def test_prefill_precision(v_scale):
-    """precision="high" and "fast": the CPU runs high either way (the same bits), within both rules,
-    latent values of magnitude ~10 included (q's latent part scaled down as much)."""
+    """precision="high" and "fast" within both rules, latent values of magnitude ~10 included (q's
+    latent part scaled down as much); fast's out differs from high's only on CPU levels with bf16 dot
+    products, its lse and max_logits never (test_decode_precision)."""
     c = make_prefill_case(40, 16, 300, 128, seed=43, kv_layout="strided")
     if v_scale != 1:
         c["kv"][:, :512] = (c["kv"][:, :512].astype(np.float32) * v_scale).astype(BF16)  # NaN rows stay NaN
@@ -250,7 +251,7 @@ def test_prefill_precision(v_scale):
     res = {p: run_prefill(c, precision=p) for p in ("high", "fast")}
     for p, (out, lse, ml) in res.items():
         check_against_ref(c, out, lse, ml, precision=p)
-    ref.assert_bf16_equal(res["fast"][0], res["high"][0])
+    assert_fast_runs_bf16_p(res["fast"][0], res["high"][0])
     for i in (1, 2):
         np.testing.assert_array_equal(res["fast"][i], res["high"][i])
 

@@ -20,7 +20,19 @@
  * by including this file again with the vector width, tile shapes and a few primitives defined (a
  * #pragma GCC target region per level), and the op picks one level per call. The avx512bf16 level
  * computes the scores with vdpbf16ps on bf16 pairs of q and K (both are exact bf16 values, and the
- * pair products are exact in fp32); P * V stays fp32 on every level.
+ * pair products are exact in fp32). P * V is fp32 ("high", and every level without bf16 dot
+ * products), or, at precision "fast" on the avx512bf16 level (docs/design.md, Precision), vdpbf16ps
+ * over pairs of rows: P rounded to bf16 (RNE) and V (exact bf16 values) interleaved row pair by row
+ * pair, vp[i][c] = (V[2i][c], V[2i+1][c]), so one instruction does two rows' products: half the
+ * instructions of the fp32 form. The running sum l adds the unrounded fp32 P.
+ *
+ * The running max is lazy (as FlashAttention-3 and FlashMLA do): a head keeps its max until a chunk
+ * raises it by more than ATTN_RESCALE (log2 units), so exp2(score - m) <= 2^ATTN_RESCALE and the
+ * accumulator is rescaled only on real jumps, not on every small rise of the max.
+ *
+ * Profiling builds (SMLA_PROFILE_BUILD=1 -> SMLA_ATTN_ABLATION) read SMLA_CPU_ABLATE, bits of stages to
+ * leave out (ATTN_ABL_*), so that benchmarks/bench_cpu.py --stages can time the others; the results are
+ * then wrong by design. Other builds compile the checks away.
  *
  * Overflow (docs/design.md section 4): a score (log2 domain) beyond the fp32 range saturates at
  * +-FLT_MAX as it is stored, so the online softmax never meets inf - inf. A row whose maximum
@@ -47,12 +59,21 @@
 #endif
 
 #define ATTN_INLINE static inline __attribute__((always_inline))
-#define ATTN_CH 64                    /* valid K rows per chunk */
+#define ATTN_CH 96                    /* valid K rows per chunk */
 #define ATTN_DB 192                   /* d block of a score tile: its slice of q^T stays in L1 */
 #define ATTN_PF_ROWS 4                /* rows between the L1 prefetch and the dequantisation of a row */
 #define ATTN_MT_MAX 16                /* largest score tile (rows): a last tile reads up to 15 rows past n */
 #define ATTN_CH_PAD (ATTN_CH + ATTN_MT_MAX)
 #define ATTN_HV_MAX 16                /* widest vector (floats) */
+#define ATTN_RESCALE 8.0f             /* the lazy max: exp2(score - m) stays <= 2^8 */
+/* stages a profiling build can leave out (SMLA_CPU_ABLATE bits): dequantisation after a unit's first
+ * chunk (its rows are reused), the scores, the softmax, P * V, the "fast" row pairs of V */
+enum { ATTN_ABL_DEQUANT = 1, ATTN_ABL_SCORES = 2, ATTN_ABL_SOFTMAX = 4, ATTN_ABL_PV = 8, ATTN_ABL_VPAIRS = 16 };
+#ifdef SMLA_ATTN_ABLATION
+#define ATTN_DO(x, stage) (!((x)->ablate & (stage)))
+#else
+#define ATTN_DO(x, stage) 1
+#endif
 #define ATTN_PRAGMA_(x) _Pragma(#x)
 #define ATTN_PRAGMA(x) ATTN_PRAGMA_(x)
 #define ATTN_CAT2(a, b) a##_##b
@@ -66,9 +87,12 @@ typedef struct {
     float *k;           /* [ATTN_CH_PAD][576] fp32 K rows of the chunk, then rows a last tile may read */
     uint16_t *kb;       /* [ATTN_CH_PAD][576] bf16 K rows (avx512bf16), then rows a last tile may read */
     const uint8_t **rows;   /* [2][ATTN_CH] cache entries of this chunk and of the next */
+    uint32_t *vp;       /* [ATTN_CH / 2][512] V as bf16 row pairs ("fast" on bf16 levels) */
+    uint32_t *pp;       /* [ATTN_CH / 2][hp] P as bf16 row pairs, in head blocks ("fast") */
     float *s;           /* [ATTN_CH_PAD][hp] scores (log2 domain), then exp2(score - m), in head blocks */
     float *acc;         /* [hp][512] unnormalised output, relative to m */
-    float *m;           /* [hp] running max (log2 domain) */
+    float *m;           /* [hp] running (lazy) max (log2 domain) */
+    float *mt;          /* [hp] the scores' true max, for max_logits */
     double *l;          /* [hp] running sum of exp2(score - m) */
     int64_t n_valid;    /* valid rows seen by the unit */
 } attn_scratch;
@@ -80,6 +104,8 @@ typedef struct {
     int64_t limit;      /* num_blocks * block_size */
     int bs_shift;       /* block_size = 1 << bs_shift, or -1 */
     float c2;           /* softmax_scale * log2(e): scores in the log2 domain */
+    int fast;           /* P * V from bf16 P (precision "fast" on a level with bf16 dot products) */
+    int ablate;         /* ATTN_ABL_* bits (profiling builds) */
 } attn_ctx;
 
 static size_t align64(size_t n) { return (n + 63) & ~(size_t)63; }
@@ -89,8 +115,10 @@ static size_t scratch_bytes(int64_t hp)
     const size_t H = (size_t)hp;
     return align64(H * SMLA_D_QK * sizeof(float)) + align64((size_t)ATTN_CH_PAD * SMLA_D_QK * sizeof(float)) +
            align64((size_t)ATTN_CH_PAD * SMLA_D_QK * sizeof(uint16_t)) + align64(2 * ATTN_CH * sizeof(void *)) +
+           align64((size_t)ATTN_CH / 2 * SMLA_D_V * sizeof(uint32_t)) +
+           align64((size_t)ATTN_CH / 2 * H * sizeof(uint32_t)) +
            align64((size_t)ATTN_CH_PAD * H * sizeof(float)) + align64(H * SMLA_D_V * sizeof(float)) +
-           align64(H * sizeof(float)) + align64(H * sizeof(double));
+           2 * align64(H * sizeof(float)) + align64(H * sizeof(double));
 }
 
 static void scratch_carve(attn_scratch *w, char *b, int64_t hp)
@@ -100,9 +128,12 @@ static void scratch_carve(attn_scratch *w, char *b, int64_t hp)
     w->k = (float *)b;            b += align64((size_t)ATTN_CH_PAD * SMLA_D_QK * sizeof(float));
     w->kb = (uint16_t *)b;        b += align64((size_t)ATTN_CH_PAD * SMLA_D_QK * sizeof(uint16_t));
     w->rows = (const uint8_t **)b; b += align64(2 * ATTN_CH * sizeof(void *));
+    w->vp = (uint32_t *)b;        b += align64((size_t)ATTN_CH / 2 * SMLA_D_V * sizeof(uint32_t));
+    w->pp = (uint32_t *)b;        b += align64((size_t)ATTN_CH / 2 * H * sizeof(uint32_t));
     w->s = (float *)b;            b += align64((size_t)ATTN_CH_PAD * H * sizeof(float));
     w->acc = (float *)b;          b += align64(H * SMLA_D_V * sizeof(float));
     w->m = (float *)b;            b += align64(H * sizeof(float));
+    w->mt = (float *)b;           b += align64(H * sizeof(float));
     w->l = (double *)b;
     /* the rows past a full chunk that a last tile reads (their scores are never used, but keep them
      * finite); attn_pad_rows does the same past a partial chunk */
@@ -200,6 +231,26 @@ ATTN_PRAGMA(GCC pop_options)
 
 ATTN_PRAGMA(GCC push_options)
 ATTN_PRAGMA(GCC target(SMLA_TARGET_AVX512BF16))
+/* "fast" P * V operands: dst[c] = (r0[c], r1[c]) for the 512 V columns of two bf16 rows ... */
+static inline void attn_pair_rows_avx512bf16(uint32_t *dst, const uint16_t *r0, const uint16_t *r1)
+{
+    /* vpermt2w word selectors: 0..31 from r0's 32 columns, 32..63 from r1's */
+    const __m512i lo = _mm512_set_epi16(47, 15, 46, 14, 45, 13, 44, 12, 43, 11, 42, 10, 41, 9, 40, 8, 39, 7, 38,
+                                        6, 37, 5, 36, 4, 35, 3, 34, 2, 33, 1, 32, 0);
+    const __m512i hi = _mm512_add_epi16(lo, _mm512_set1_epi16(16));
+    for (int c = 0; c < SMLA_D_V; c += 32) {
+        const __m512i a = _mm512_loadu_si512(r0 + c), b = _mm512_loadu_si512(r1 + c);
+        _mm512_storeu_si512(dst + c, _mm512_permutex2var_epi16(a, lo, b));
+        _mm512_storeu_si512(dst + c + 16, _mm512_permutex2var_epi16(a, hi, b));
+    }
+}
+/* ... and 16 heads' (bf16_rne(p0[h]), bf16_rne(p1[h])) */
+static inline __m512 attn_pair_bf16_avx512bf16(__m512 p0, __m512 p1)
+{
+    const __m512i il = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8, 23, 7, 22, 6,
+                                        21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
+    return _mm512_castsi512_ps(_mm512_permutexvar_epi16(il, (__m512i)_mm512_cvtne2ps_pbh(p1, p0)));
+}
 #define ATTN_SFX avx512bf16
 #define VW 16
 #define SC_MT2 12
@@ -212,6 +263,8 @@ ATTN_PRAGMA(GCC target(SMLA_TARGET_AVX512BF16))
 /* acc += sum over the bf16 pair of a (16 heads' pairs) * b (one broadcast pair) */
 #define VDPBF16(acc, a, b) ((vf)_mm512_dpbf16_ps((__m512)(acc), (__m512bh)(a), (__m512bh)(b)))
 #define VBCAST_U32(x) ((vf)_mm512_set1_epi32((int)(x)))
+#define VPAIR_ROWS(dst, r0, r1) attn_pair_rows_avx512bf16(dst, r0, r1)
+#define VPAIR_BF16(p0, p1) ((vf)attn_pair_bf16_avx512bf16((__m512)(p0), (__m512)(p1)))
 #define ATTN_DPBF16 1
 #include "sparse_mla_attention.c"
 ATTN_PRAGMA(GCC pop_options)
@@ -263,16 +316,18 @@ static void attn_finish(const smla_attn_params *p, int64_t r, attn_scratch *cons
             continue;
         }
         /* log2-domain max over the parts that saw rows; NaN in a part's m propagates via l */
-        double mx = -INFINITY;
-        for (int k = 0; k < ks; k++)
+        double mx = -INFINITY, mt = -INFINITY; /* of the lazy maxima; of the true ones */
+        for (int k = 0; k < ks; k++) {
             if (parts[k]->n_valid > 0 && parts[k]->m[hi] > mx) mx = parts[k]->m[hi];
+            if (parts[k]->n_valid > 0 && parts[k]->mt[hi] > mt) mt = parts[k]->mt[hi];
+        }
         double wk[64], L = 0.0;
         for (int k = 0; k < ks; k++) {
             wk[k] = parts[k]->n_valid > 0 ? exp2((double)parts[k]->m[hi] - mx) : 0.0;
             if (ks == 1) wk[k] = 1.0; /* a NaN max must still reach the output */
             L += parts[k]->l[hi] * wk[k];
         }
-        const double ml_d = smla_row_max_logit(mx, to_ln);
+        const double ml_d = smla_row_max_logit(mt, to_ln);
         const double lse_d = smla_row_lse(mx, L, to_ln);
         double f = 1.0 / L;
         if (p->attn_sink) f *= smla_sink_factor((double)p->attn_sink[hi * p->sink_stride], lse_d);
@@ -300,13 +355,16 @@ static void attn_finish(const smla_attn_params *p, int64_t r, attn_scratch *cons
 typedef void (*attn_unit_fn)(const attn_ctx *x, int64_t r, int64_t p0, int64_t p1, attn_scratch *w);
 
 /* The unit function of a level and its vector width (heads are padded to a multiple of it). */
-static attn_unit_fn attn_pick(int isa, int emulated_bf16, int *vw)
+static attn_unit_fn attn_pick(int isa, int emulated_bf16, int *vw, int *dpbf16)
 {
+    *dpbf16 = 0;
 #if SMLA_X86
     *vw = 8;
+    *dpbf16 = 1;
     if (isa == SMLA_ISA_AVX2 && emulated_bf16) return attn_unit_avx2_emulated_bf16;
     *vw = 16;
     if (isa >= SMLA_ISA_AVX512BF16) return attn_unit_avx512bf16;
+    *dpbf16 = 0;
     if (isa >= SMLA_ISA_AVX512) return attn_unit_avx512;
     *vw = 8;
     if (isa >= SMLA_ISA_AVX2) return attn_unit_avx2;
@@ -349,10 +407,16 @@ static int attn_run(const smla_attn_params *p, const char *op, smla_status *st)
     const int64_t rows = p->b * p->s_q;
     if (rows == 0 || p->h == 0) return SMLA_OK;
 
-    int vw;
-    const attn_unit_fn unit = attn_pick(p->run.cpu_isa, p->run.emulated_bf16, &vw);
+    int vw, dpbf16;
+    const attn_unit_fn unit = attn_pick(p->run.cpu_isa, p->run.emulated_bf16, &vw, &dpbf16);
     attn_ctx x;
     x.p = p;
+    x.fast = dpbf16 && p->precision == SMLA_PRECISION_FAST;
+    x.ablate = 0;
+#ifdef SMLA_ATTN_ABLATION
+    const char *abl = getenv("SMLA_CPU_ABLATE");
+    if (abl) x.ablate = atoi(abl);
+#endif
     x.hp = (p->h + vw - 1) / vw * vw;
     x.limit = p->kv.num_blocks * p->kv.block_size;
     x.bs_shift = -1;
@@ -443,11 +507,13 @@ ATTN_INLINE int64_t FN(block_width)(int64_t hp, int64_t hi)
     return hp - h0 < 2 * VW ? hp - h0 : 2 * VW;
 }
 
-ATTN_INLINE float *FN(block_at)(float *base, int64_t rows, int64_t hi)
+ATTN_INLINE int64_t FN(block_off)(int64_t rows, int64_t hi)
 {
     const int64_t h0 = hi / (2 * VW) * (2 * VW);
-    return base + h0 * rows + (hi - h0);
+    return h0 * rows + (hi - h0);
 }
+
+ATTN_INLINE float *FN(block_at)(float *base, int64_t rows, int64_t hi) { return base + FN(block_off)(rows, hi); }
 
 /* max(a, b) that keeps b when a is NaN */
 ATTN_INLINE vf FN(vmax)(vf a, vf b) { return VSEL(a > b, a, b); }
@@ -563,6 +629,61 @@ ATTN_INLINE void FN(pv_tile)(const float *restrict pm, int64_t hw, const float *
         for (int j = 0; j < NC; j++) STV(o + i * SMLA_D_V + j * VW, a[i][j]);
 }
 
+#ifdef ATTN_DPBF16
+#ifndef VPAIR_ROWS /* the emulated level: the "fast" operands in plain C */
+ATTN_INLINE void FN(pair_rows)(uint32_t *dst, const uint16_t *r0, const uint16_t *r1)
+{
+    for (int c = 0; c < SMLA_D_V; c++) dst[c] = r0[c] | (uint32_t)r1[c] << 16;
+}
+
+/* bf16_rne(x) in the high half, the low half zero (NaN stays a quiet NaN, as smla_f32_to_bf16) */
+ATTN_INLINE vu FN(bf16_hi)(vf x)
+{
+    const vu u = (vu)x;
+    const vi nan = x != x;
+    const vu r = u + 0x7fffu + ((u >> 16) & 1u);
+    return (vu)(((vi)(u | 0x00400000u) & nan) | ((vi)r & ~nan)) & 0xffff0000u;
+}
+#define VPAIR_ROWS(dst, r0, r1) FN(pair_rows)(dst, r0, r1)
+#define VPAIR_BF16(p0, p1) ((vf)((FN(bf16_hi)(p0) >> 16) | FN(bf16_hi)(p1)))
+#endif
+
+/* "fast": acc[h][c..] += sum over row pairs i of (P[2i][h], P[2i+1][h]) . (V[2i][c], V[2i+1][c]) */
+ATTN_INLINE void FN(pv_tile_bf16)(const uint32_t *restrict pp, int64_t hw, const uint32_t *restrict vp, int np,
+                                  float *restrict o, int MH, int NC)
+{
+    vf a[PV_MH][PV_NC];
+    for (int i = 0; i < MH; i++)
+        for (int j = 0; j < NC; j++) a[i][j] = LDV(o + i * SMLA_D_V + j * VW);
+    const uint32_t *vt = vp, *pt = pp;
+    for (int t = 0; t < np; t++, vt += SMLA_D_V, pt += hw) {
+        ATTN_ONE_REGISTER(vt);
+        vf x[PV_NC];
+        for (int j = 0; j < NC; j++) x[j] = LDV(vt + j * VW);
+        for (int i = 0; i < MH; i++) {
+            const vf pb = VBCAST_U32(pt[i]);
+            for (int j = 0; j < NC; j++) a[i][j] = VDPBF16(a[i][j], x[j], pb);
+        }
+    }
+    for (int i = 0; i < MH; i++)
+        for (int j = 0; j < NC; j++) STV(o + i * SMLA_D_V + j * VW, a[i][j]);
+}
+#endif
+
+/* One P * V tile of the chunk's n rows: heads [h0, h0 + MH), column vectors [c, c + NC * VW). */
+ATTN_INLINE void FN(pv_any)(const attn_ctx *x, attn_scratch *w, int n, int64_t h0, int c, int MH, int NC)
+{
+    const int64_t hw = FN(block_width)(x->hp, h0);
+    float *o = w->acc + h0 * SMLA_D_V + c;
+#ifdef ATTN_DPBF16
+    if (x->fast) {
+        FN(pv_tile_bf16)(w->pp + FN(block_off)(ATTN_CH / 2, h0), hw, w->vp + c, (n + 1) / 2, o, MH, NC);
+        return;
+    }
+#endif
+    FN(pv_tile)(FN(block_at)(w->s, ATTN_CH_PAD, h0), hw, w->k + c, n, o, MH, NC);
+}
+
 #ifndef ATTN_DPBF16
 /* Scores of the chunk's n rows for all heads. The last tile may run past n (up to ATTN_MT_MAX - 1
  * rows): those rows hold finite leftovers and their scores are never read. */
@@ -626,15 +747,30 @@ static void FN(chunk_softmax)(const attn_ctx *x, attn_scratch *w, int n)
         vf cm = LDV(s);
         for (int t = 1; t < n; t++) cm = FN(vmax)(LDV(s + t * hw), cm);
         const vf mold = LDV(w->m + hv);
-        const vf mnew = FN(vmax)(cm, mold);
+        /* the lazy max (see the top): a lane moves when the chunk passes it by more than ATTN_RESCALE; a
+         * NaN chunk max keeps the old one, as vmax */
+        const vf mnew = VSEL(cm > mold + VBCAST(ATTN_RESCALE), cm, mold);
         const vf alpha = FN(vexp2)(mold - mnew);
         vf sum = (vf){0};
+#ifdef ATTN_DPBF16
+        if (x->fast) { /* P as bf16 row pairs, for pv_tile_bf16 */
+            uint32_t *pp = w->pp + FN(block_off)(ATTN_CH / 2, hv);
+            for (int t = 0; t < n; t += 2) {
+                const vf e0 = FN(vexp2)(LDV(s + t * hw) - mnew);
+                const vf e1 = t + 1 < n ? FN(vexp2)(LDV(s + (t + 1) * hw) - mnew) : (vf){0};
+                STV(pp + t / 2 * hw, VPAIR_BF16(e0, e1));
+                sum += e0; /* in high's order: l, lse and max_logits keep high's bits */
+                sum += e1;
+            }
+        } else
+#endif
         for (int t = 0; t < n; t++) {
             const vf e = FN(vexp2)(LDV(s + t * hw) - mnew);
             STV(s + t * hw, e);
             sum += e;
         }
         STV(w->m + hv, mnew);
+        STV(w->mt + hv, FN(vmax)(cm, LDV(w->mt + hv)));
         for (int j = 0; j < VW; j++) {
             w->l[hv + j] = w->l[hv + j] * alpha[j] + sum[j];
             if (alpha[j] != 1.0f) {
@@ -653,15 +789,11 @@ static void FN(chunk_pv)(const attn_ctx *x, attn_scratch *w, int n)
      * tile's PV_MH heads never straddle two head blocks (PV_MH divides VW) */
     int c = 0;
     for (; c + PV_NC * VW <= SMLA_D_V; c += PV_NC * VW)
-        for (int64_t h0 = 0; h0 < hp; h0 += PV_MH)
-            FN(pv_tile)(FN(block_at)(w->s, ATTN_CH_PAD, h0), FN(block_width)(hp, h0), w->k + c, n,
-                        w->acc + h0 * SMLA_D_V + c, PV_MH, PV_NC);
+        for (int64_t h0 = 0; h0 < hp; h0 += PV_MH) FN(pv_any)(x, w, n, h0, c, PV_MH, PV_NC);
     const int rest = (SMLA_D_V - c) / VW; /* fewer than PV_NC vectors of columns are left */
     for (int64_t h0 = 0; h0 < hp && rest > 0; h0 += PV_MH) {
-        const float *pm = FN(block_at)(w->s, ATTN_CH_PAD, h0);
-        const int64_t hw = FN(block_width)(hp, h0);
-        if (rest == 1) FN(pv_tile)(pm, hw, w->k + c, n, w->acc + h0 * SMLA_D_V + c, PV_MH, 1);
-        else FN(pv_tile)(pm, hw, w->k + c, n, w->acc + h0 * SMLA_D_V + c, PV_MH, 2);
+        if (rest == 1) FN(pv_any)(x, w, n, h0, c, PV_MH, 1);
+        else FN(pv_any)(x, w, n, h0, c, PV_MH, 2);
     }
 }
 
@@ -692,7 +824,7 @@ static void FN(attn_unit)(const attn_ctx *x, int64_t r, int64_t p0, int64_t p1, 
     }
 #endif
     for (int64_t hi = 0; hi < hp; hi++) {
-        w->m[hi] = -INFINITY;
+        w->m[hi] = w->mt[hi] = -INFINITY;
         w->l[hi] = 0.0;
     }
     memset(w->acc, 0, sizeof(float) * (size_t)hp * SMLA_D_V);
@@ -705,22 +837,31 @@ static void FN(attn_unit)(const attn_ctx *x, int64_t r, int64_t p0, int64_t p1, 
         const uint8_t **rows = w->rows + cur * ATTN_CH;
         const int n_next = attn_next_rows(x, idx, &pos, p1, w->rows + (1 - cur) * ATTN_CH);
 #ifdef ATTN_DPBF16
-        for (int t = 0; t < n; t++) { /* bf16 rows for the scores, fp32 for P*V */
+        /* bf16 rows for the scores; for P*V fp32 rows, or ("fast") bf16 row pairs made while two rows are
+         * still in L1 (an odd last row pairs with the zero row attn_pad_rows puts after it) */
+        uint16_t *kb = w->kb;
+        const int dq = w->n_valid == 0 || ATTN_DO(x, ATTN_ABL_DEQUANT), vpairs = x->fast && ATTN_DO(x, ATTN_ABL_VPAIRS);
+        for (int t = 0; t < n && dq; t++) {
             if (t + ATTN_PF_ROWS < n) FN(prefetch_l1)(&p->kv, rows[t + ATTN_PF_ROWS]);
-            DEQUANT(&p->kv, rows[t], w->kb + (size_t)t * SMLA_D_QK, w->k + (size_t)t * SMLA_D_QK);
+            DEQUANT(&p->kv, rows[t], kb + (size_t)t * SMLA_D_QK, x->fast ? NULL : w->k + (size_t)t * SMLA_D_QK);
+            if (vpairs && (t & 1))
+                VPAIR_ROWS(w->vp + (size_t)(t / 2) * SMLA_D_V, kb + (size_t)(t - 1) * SMLA_D_QK, kb + (size_t)t * SMLA_D_QK);
         }
         attn_pad_rows(w, n);
-        FN(chunk_scores_bf16)(x, w, n);
+        if (vpairs && (n & 1))
+            VPAIR_ROWS(w->vp + (size_t)(n / 2) * SMLA_D_V, kb + (size_t)(n - 1) * SMLA_D_QK, kb + (size_t)n * SMLA_D_QK);
+        if (ATTN_DO(x, ATTN_ABL_SCORES)) FN(chunk_scores_bf16)(x, w, n);
 #else
-        for (int t = 0; t < n; t++) {
+        const int dq = w->n_valid == 0 || ATTN_DO(x, ATTN_ABL_DEQUANT);
+        for (int t = 0; t < n && dq; t++) {
             if (t + ATTN_PF_ROWS < n) FN(prefetch_l1)(&p->kv, rows[t + ATTN_PF_ROWS]);
             DEQUANT(&p->kv, rows[t], NULL, w->k + (size_t)t * SMLA_D_QK);
         }
         attn_pad_rows(w, n);
-        FN(chunk_scores)(x, w, n);
+        if (ATTN_DO(x, ATTN_ABL_SCORES)) FN(chunk_scores)(x, w, n);
 #endif
-        FN(chunk_softmax)(x, w, n);
-        FN(chunk_pv)(x, w, n);
+        if (ATTN_DO(x, ATTN_ABL_SOFTMAX)) FN(chunk_softmax)(x, w, n);
+        if (ATTN_DO(x, ATTN_ABL_PV)) FN(chunk_pv)(x, w, n);
         w->n_valid += n;
         n = n_next;
         cur = 1 - cur;
@@ -746,6 +887,8 @@ static void FN(attn_unit)(const attn_ctx *x, int64_t r, int64_t p0, int64_t p1, 
 #undef DEQUANT
 #undef VDPBF16
 #undef VBCAST_U32
+#undef VPAIR_ROWS
+#undef VPAIR_BF16
 #undef ATTN_DPBF16
 
 #endif /* ATTN_ISA_BODY */

@@ -38,8 +38,14 @@ static PyObject *build_info(PyObject *module, PyObject *unused)
 #else
     int debug = 0;
 #endif
-    return Py_BuildValue("{s:O,s:s,s:s,s:O,s:s,s:s,s:s}", "cuda", cuda ? Py_True : Py_False, "cuda_runtime", rt,
-                         "cuda_archs", archs, "debug", debug ? Py_True : Py_False, "cpu_isa",
+#ifdef SMLA_ATTN_ABLATION
+    int ablation = 1;
+#else
+    int ablation = 0;
+#endif
+    return Py_BuildValue("{s:O,s:s,s:s,s:O,s:O,s:s,s:s,s:s}", "cuda", cuda ? Py_True : Py_False, "cuda_runtime", rt,
+                         "cuda_archs", archs, "debug", debug ? Py_True : Py_False, "ablation",
+                         ablation ? Py_True : Py_False, "cpu_isa",
                          run.emulated_bf16 ? "avx2-emulated-bf16" : smla_cpu_isa_name(run.cpu_isa),
                          "cpu_isa_default", smla_cpu_isa_name(smla_cpu_isa_default()), "compiler",
 #if defined(__clang__)

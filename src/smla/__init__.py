@@ -95,7 +95,8 @@ def cuda_available() -> bool:
 
 
 def build_info() -> dict[str, Any]:
-    """How the extension was built: CUDA or not, CUDA runtime/driver, target archs, debug, compiler, and
+    """How the extension was built: CUDA or not, CUDA runtime/driver, target archs, debug, ablation (a
+    profiling build, SMLA_PROFILE_BUILD=1: stages can be switched off for timing), compiler, and
     the CPU level the next op runs (cpu_isa: SMLA_CPU_ISA if set, within what the CPU has) and the
     default level of this machine (cpu_isa_default)."""
     info = dict(_C.build_info())
