@@ -8,21 +8,32 @@ Measures, all in one process and one run:
   - memory bandwidth: a NumPy copy of 512 MiB (bytes read + bytes written over the time);
   - sparse_mla_decode at h = 16, 64, 128, topk 2048, s_q 1, b = 1..32, fp8_ds_mla and bf16 caches:
     every request owns CTX cached tokens on shuffled blocks (block_size 64, written by pack_kv) and
-    each query token picks 2048 distinct random positions of its request;
-  - sparse_mla_prefill at s_q 256, h 128, topk 2048 over a bf16 kv of 8192 rows;
+    each query token picks 2048 distinct random positions of its request; precision "high" and "fast"
+    (docs/design.md section 4: "fast" rounds P to bf16 for P*V where the level has bf16 dot products);
+  - sparse_mla_prefill at s_q 256 (--quick: 64), h 128, topk 2048 over a bf16 kv of 8192 rows, both
+    precisions;
   - pack_kv (16K tokens to random slots), gather_upconvert (16K rows) and convert_topk_indices
     (4096 x 2048, block_size 64) in GB/s (bytes read + written), against the same op forced onto the
     portable path on one thread (SMLA_CPU_ISA=portable, SMLA_NUM_THREADS=1) and the copy bandwidth.
 GFLOP/s counts 2 * tokens * h * topk * (576 + 512). "x numpy" is the NumPy version's time over
 smla's (gather + dequantise + float32 matmul + softmax + matmul, per query token, with NumPy's BLAS
-threads). "% peak" is smla's GFLOP/s over the FMA peak. "read ms" is the time the step's unique
-cache rows take to read at the copy bandwidth, "x read" smla's time over it (the memory bound);
-"bound ms" is the larger of that and the flops at peak (the roofline), "x bound" smla's time over it.
+threads). Two ceilings, both measured in the run: the fp32 FMA rate and the vdpbf16ps rate; "% path"
+is smla's GFLOP/s over the rate of the instruction the level that ran multiplies with (vdpbf16ps on
+the avx512bf16 level, FMA otherwise), "% fma" and "% bf16" over each ceiling. "read ms" is the time the
+step's unique cache rows take to read at the copy bandwidth, "x read" smla's time over it (the memory
+bound); "bound ms" is the larger of that and the flops at the path's rate (the roofline), "x bound"
+smla's time over it.
+
+--stages (a profiling build, SMLA_PROFILE_BUILD=1, whose CPU attention can leave stages out:
+SMLA_CPU_ABLATE) times decode h=128 / h=16 at b=8 and the prefill with each stage left out in turn and
+prints what each stage costs (full time minus the time without it): the dequantisation of K rows, the
+scores, the softmax, P*V and "fast"'s V row pairs. Perf counters are not available on every machine;
+these are the benchmark's own stage timings.
 Times are the best of the repeats (about a second of calls per shape; the machine may be shared: the
 load average and the busiest other processes before and after the run are printed and stored).
 Outputs are preallocated.
 
-    python benchmarks/bench_cpu.py [--quick] [--json out.json] [--threads N] [--isa avx2]
+    python benchmarks/bench_cpu.py [--quick] [--stages] [--json out.json] [--threads N] [--isa avx2]
 """
 import argparse
 import ctypes
@@ -42,6 +53,7 @@ import numpy as np
 import smla
 
 BF16 = ml_dtypes.bfloat16
+PRECISIONS = ("high", "fast")
 TOPK = 2048
 CTX = 4096
 BLOCK = 64
@@ -107,6 +119,8 @@ def parse():
     ap.add_argument("--threads", type=int, default=0, help="SMLA_NUM_THREADS (default: as set, else all CPUs)")
     ap.add_argument("--isa", default="", help="SMLA_CPU_ISA for the run (default: as set, else smla's default level)")
     ap.add_argument("--no-numpy", action="store_true", help="skip the NumPy baseline")
+    ap.add_argument("--stages", action="store_true",
+                    help="stage timings of the attention kernels (needs a SMLA_PROFILE_BUILD=1 build)")
     return ap.parse_args()
 
 
@@ -304,44 +318,116 @@ def memory_ops(rng, reps, budget):
     return res
 
 
+# SMLA_CPU_ABLATE bits (csrc/cpu/sparse_mla_attention.c, ATTN_ABL_*) and what leaving each out removes
+STAGES = [(1, "dequant"), (2, "scores"), (4, "softmax"), (8, "P*V"), (16, "V pairs")]
+
+
+def stages(rng, reps, budget):
+    """Each attention stage's cost: the full time minus the time with that stage left out (a profiling
+    build; the outputs of the ablated calls are wrong by design)."""
+    if not smla.build_info().get("ablation"):
+        print("stages: this build cannot leave stages out; build with SMLA_PROFILE_BUILD=1 "
+              "(SMLA_CUDA=0 SMLA_PROFILE_BUILD=1 python setup.py build_ext --inplace)")
+        return None
+    cases = []
+    for h in (128, 16):
+        q, cache, idx = decode_case("fp8_ds_mla", 8, h, rng)
+        out, lse = np.empty((8, 1, h, 512), BF16), np.empty((8, 1, h), np.float32)
+        cases.append((f"decode fp8 h={h} b=8",
+                      lambda prec, q=q, cache=cache, idx=idx, out=out, lse=lse: smla.sparse_mla_decode(
+                          q, cache, idx, softmax_scale=SCALE, kv_cache_dtype="fp8_ds_mla", out=out, lse=lse,
+                          precision=prec)))
+    s_q, s_kv = 64, 8192
+    kv = rng.standard_normal((s_kv, 576), dtype=np.float32).astype(BF16)
+    pidx = np.stack([rng.choice(s_kv, TOPK, replace=False) for _ in range(s_q)]).astype(np.int32)
+    pq = rng.standard_normal((s_q, 128, 576), dtype=np.float32).astype(BF16)
+    pout, plse = np.empty((s_q, 128, 512), BF16), np.empty((s_q, 128), np.float32)
+    cases.append(("prefill bf16 h=128 64", lambda prec: smla.sparse_mla_prefill(
+        pq, kv, pidx, softmax_scale=SCALE, out=pout, lse=plse, precision=prec)))
+    res = []
+    print(f"{'stages (ms)':22s} {'prec':4s} {'full':>8s} " + " ".join(f"{n:>8s}" for _, n in STAGES)
+          + f" {'rest':>8s}   (a stage: full minus the time without it; rest: full minus all of them)")
+    try:
+        for name, f in cases:
+            for prec in PRECISIONS:
+                times = {}
+                for bits in [0] + [b for b, _ in STAGES]:
+                    os.environ["SMLA_CPU_ABLATE"] = str(bits)
+                    times[bits], _ = best_of(lambda: f(prec), reps, budget_s=budget)
+                full = times[0] * 1e3
+                cost = {n: full - times[b] * 1e3 for b, n in STAGES}
+                res.append(dict(case=name, precision=prec, full_ms=full, **{n + "_ms": v for n, v in cost.items()}))
+                print(f"{name:22s} {prec:4s} {full:8.2f} " + " ".join(f"{cost[n]:8.2f}" for _, n in STAGES)
+                      + f" {full - sum(cost.values()):8.2f}", flush=True)
+    finally:
+        os.environ.pop("SMLA_CPU_ABLATE", None)
+    return res
+
+
 def print_table(rows):
-    print(f"{'op':8s} {'cache':10s} {'h':>4s} {'b/s_q':>6s} {'ms':>9s} {'GFLOP/s':>8s} {'% peak':>7s} "
-          f"{'numpy ms':>9s} {'x numpy':>8s} {'read ms':>8s} {'x read':>7s} {'bound ms':>9s} {'x bound':>8s}")
+    print(f"{'op':8s} {'cache':10s} {'prec':4s} {'h':>4s} {'b/s_q':>6s} {'ms':>9s} {'GFLOP/s':>8s} {'% path':>7s} "
+          f"{'% fma':>6s} {'% bf16':>7s} {'numpy ms':>9s} {'x numpy':>8s} {'read ms':>8s} {'x read':>7s} "
+          f"{'bound ms':>9s} {'x bound':>8s}")
     for r in rows:
-        print(f"{r['op']:8s} {r['cache']:10s} {r['h']:4d} {r['tokens']:6d} {r['ms']:9.2f} {r['gflops']:8.1f} "
-              f"{r['pct_peak']:6.1f}% "
+        print(f"{r['op']:8s} {r['cache']:10s} {r['precision']:4s} {r['h']:4d} {r['tokens']:6d} {r['ms']:9.2f} "
+              f"{r['gflops']:8.1f} {r['pct_path']:6.1f}% {r['pct_fma']:5.1f}% "
+              + (f"{r['pct_bf16']:6.1f}% " if "pct_bf16" in r else f"{'-':>7s} ")
               + (f"{r['numpy_ms']:9.1f} {r['x_numpy']:8.1f} " if "numpy_ms" in r else f"{'-':>9s} {'-':>8s} ")
               + f"{r['read_ms']:8.2f} {r['x_read']:7.2f} {r['bound_ms']:9.2f} {r['x_bound']:8.2f}")
 
 
-def finish_rows(rows, peak, bw):
-    """Fractions of the peak and the roofline bound, from the run's best peak and bandwidth."""
+def path_peak(peak, isa):
+    """The rate of the instruction the attention level `isa` multiplies with, and its name."""
+    if isa == "avx512bf16" and "dpbf16_gflops" in peak:
+        return peak["dpbf16_gflops"], "vdpbf16ps"
+    return peak["fma_gflops"], peak["fma_isa"] + " FMA"
+
+
+def finish_rows(rows, peak, isa, bw):
+    """Fractions of both ceilings and of the path's, and the roofline bound, from the run's best peak
+    and bandwidth."""
+    rate, _ = path_peak(peak, isa)
     for r in rows:
-        r["pct_peak"] = 100 * r["gflops"] / peak
+        r["pct_path"] = 100 * r["gflops"] / rate
+        r["pct_fma"] = 100 * r["gflops"] / peak["fma_gflops"]
+        if "dpbf16_gflops" in peak:
+            r["pct_bf16"] = 100 * r["gflops"] / peak["dpbf16_gflops"]
         r["read_ms"] = r["unique_bytes"] / (bw * 1e9) * 1e3
         r["x_read"] = r["ms"] / r["read_ms"]
-        r["bound_ms"] = max(r["read_ms"], r["flops"] / (peak * 1e9) * 1e3)
+        r["bound_ms"] = max(r["read_ms"], r["flops"] / (rate * 1e9) * 1e3)
         r["x_bound"] = r["ms"] / r["bound_ms"]
 
 
-def summary(res, peak):
-    rows = res["rows"]
-    h128 = [r for r in rows if r["op"] == "decode" and r["h"] == 128]
-    h16 = [r for r in rows if r["op"] == "decode" and r["h"] == 16]
-    t = {"decode_h128_min_pct_peak": min(r["pct_peak"] for r in h128),
-         "decode_h16_max_x_read": max(r["x_read"] for r in h16),
-         "decode_h16_max_x_bound": max(r["x_bound"] for r in h16)}
-    line = (f"targets: decode h=128 >= 40% of peak: min {t['decode_h128_min_pct_peak']:.1f}%; "
-            f"h=16 within 2x of reading its unique rows: max {t['decode_h16_max_x_read']:.1f}x "
-            f"(of the roofline bound max(read, flops at peak): {t['decode_h16_max_x_bound']:.2f}x)")
-    if all("numpy_ms" in r for r in h128):
+def summary(res, peak, isa):
+    """Issue 20's targets, against the path's rate (vdpbf16ps on the avx512bf16 level)."""
+    rows, (rate, rate_name) = res["rows"], path_peak(peak, isa)
+
+    def pick(op, h, prec, tokens=None):
+        return [r for r in rows if r["op"] == op and r["h"] == h and r["precision"] == prec
+                and (tokens is None or r["tokens"] in tokens)]
+
+    t, parts = {}, []
+    for prec, floor in (("fast", 75), ("high", 60)):
+        sel = pick("decode", 128, prec, (1, 8))
+        if sel:
+            t[f"decode_h128_{prec}_min_pct_path"] = v = min(r["pct_path"] for r in sel)
+            parts.append(f"decode h=128 {prec} >= {floor}%: min {v:.1f}% ({'met' if v >= floor else 'missed'})")
+    sel = pick("prefill", 128, "fast")
+    if sel:
+        t["prefill_h128_fast_pct_path"] = v = min(r["pct_path"] for r in sel)
+        parts.append(f"prefill h=128 fast >= 75%: {v:.1f}% ({'met' if v >= 75 else 'missed'})")
+    for prec in ("fast", "high"):
+        sel = pick("decode", 16, prec)
+        if sel:
+            t[f"decode_h16_{prec}_max_x_bound"] = v = max(r["x_bound"] for r in sel)
+            parts.append(f"decode h=16 {prec} within 2x of max(read, flops at the path's rate): max {v:.2f}x "
+                         f"({'met' if v <= 2 else 'missed'})")
+    h128 = [r for r in rows if r["op"] == "decode" and r["h"] == 128 and "numpy_ms" in r]
+    if h128:
         t["decode_h128_min_x_numpy"] = min(r["x_numpy"] for r in h128)
-        # the best ratio any kernel could reach: the peak over NumPy's own rate (mostly its sgemm)
-        t["decode_h128_x_numpy_ceiling"] = min(peak * r["numpy_ms"] * 1e6 / r["flops"] for r in h128)
-        line += (f"; h=128 >= 10x numpy: min {t['decode_h128_min_x_numpy']:.1f}x (a kernel at 100% of peak: "
-                 f"{t['decode_h128_x_numpy_ceiling']:.1f}x)")
+        parts.append(f"decode h=128 x numpy: min {t['decode_h128_min_x_numpy']:.1f}x")
     res["targets"] = t
-    print(line)
+    print(f"targets (% of {rate_name} {rate:.0f} GFLOP/s): " + "; ".join(parts))
 
 
 def main():
@@ -368,16 +454,20 @@ def main():
     rows = []
 
     def measure(op, cache, h, b, tokens, f, flops, uniq_bytes, numpy_fn):
-        t, tmed = best_of(f, reps, budget_s=budget)
-        row = dict(op=op, cache=cache, h=h, b=b, tokens=tokens, ms=t * 1e3, median_ms=tmed * 1e3, flops=flops,
-                   gflops=flops / t / 1e9, unique_bytes=uniq_bytes)
-        if numpy_fn is not None:
-            tn, _ = best_of(numpy_fn, np_reps, warmup=0)
-            row["numpy_ms"], row["x_numpy"] = tn * 1e3, tn / t
-            time.sleep(0.3)  # let NumPy's BLAS threads go back to sleep before smla runs again
-        rows.append(row)
-        print(f"  {op} {cache} h={h} tokens={tokens}: {t * 1e3:.2f} ms, {row['gflops']:.1f} GFLOP/s"
-              + (f", numpy {row['numpy_ms']:.1f} ms" if numpy_fn else ""), flush=True)
+        """f(precision) runs the op; one row per precision, NumPy's time (one run) next to both."""
+        tn = None
+        for prec in PRECISIONS:
+            t, tmed = best_of(lambda: f(prec), reps, budget_s=budget)
+            row = dict(op=op, cache=cache, precision=prec, h=h, b=b, tokens=tokens, ms=t * 1e3,
+                       median_ms=tmed * 1e3, flops=flops, gflops=flops / t / 1e9, unique_bytes=uniq_bytes)
+            if numpy_fn is not None:
+                if tn is None:
+                    tn, _ = best_of(numpy_fn, np_reps, warmup=0)
+                    time.sleep(0.3)  # let NumPy's BLAS threads go back to sleep before smla runs again
+                row["numpy_ms"], row["x_numpy"] = tn * 1e3, tn / t
+            rows.append(row)
+            print(f"  {op} {cache} {prec} h={h} tokens={tokens}: {t * 1e3:.2f} ms, {row['gflops']:.1f} GFLOP/s"
+                  + (f", numpy {row['numpy_ms']:.1f} ms" if numpy_fn else ""), flush=True)
 
     heads = (16, 128) if args.quick else (16, 64, 128)
     batches = (1, 8) if args.quick else (1, 4, 16, 32)
@@ -388,8 +478,8 @@ def main():
                 q, cache, idx = decode_case(cd, b, h, rng)
                 out = np.empty((b, 1, h, 512), BF16)
                 lse = np.empty((b, 1, h), np.float32)
-                f = lambda: smla.sparse_mla_decode(q, cache, idx, softmax_scale=SCALE, kv_cache_dtype=cd,
-                                                   out=out, lse=lse)
+                f = lambda prec: smla.sparse_mla_decode(q, cache, idx, softmax_scale=SCALE, kv_cache_dtype=cd,
+                                                        out=out, lse=lse, precision=prec)
                 measure("decode", cd, h, b, b, f, 2 * b * h * TOPK * 1088,
                         np.unique(idx).size * cache.shape[2] * cache.itemsize,
                         None if args.no_numpy else (lambda: numpy_decode(q, cache, idx, cd)))
@@ -402,7 +492,8 @@ def main():
     q = rng.standard_normal((s_q, 128, 576), dtype=np.float32).astype(BF16)
     out, lse, ml = (np.empty((s_q, 128, 512), BF16), np.empty((s_q, 128), np.float32),
                     np.empty((s_q, 128), np.float32))
-    f = lambda: smla.sparse_mla_prefill(q, kv, idx, softmax_scale=SCALE, out=out, lse=lse, max_logits=ml)
+    f = lambda prec: smla.sparse_mla_prefill(q, kv, idx, softmax_scale=SCALE, out=out, lse=lse, max_logits=ml,
+                                             precision=prec)
     measure("prefill", "bf16", 128, 1, s_q, f, 2 * s_q * 128 * TOPK * 1088, np.unique(idx).size * 576 * 2,
             None if args.no_numpy else (lambda: numpy_prefill(q, kv, idx)))
 
@@ -422,10 +513,13 @@ def main():
           + f"; NumPy sgemm {res['peak']['numpy_sgemm_gflops']:.1f} GFLOP/s; copy {bw:.1f} GB/s "
           f"(read + written bytes)")
     print(f"busy after: load {res['busy_after']['loadavg']}, top {res['busy_after']['top'][:3]}")
-    finish_rows(rows, peak, bw)
+    isa = smla.build_info()["cpu_isa"]
+    finish_rows(rows, res["peak"], isa, bw)
     res["rows"] = rows
     print_table(rows)
-    summary(res, peak)
+    summary(res, res["peak"], isa)
+    if args.stages:
+        res["stages"] = stages(rng, reps, budget)
     res["memory_ops"] = mem
     print(f"{'memory op':34s} {'ms':>8s} {'GB/s':>7s} {'of copy':>8s} {'portable 1t ms':>15s} {'x portable':>11s}")
     for m in mem:

@@ -157,13 +157,15 @@ def test_prefill(path, precision, s_q, h, s_kv, topk, tl_mode, sink_mode, layout
 
 @attn_paths()
 @pytest.mark.parametrize("cd", tdec.CACHE_DTYPES)
-def test_decode_fast_large_values(path, cd):
-    """"fast" with latent values of magnitude ~10 and odd valid-row counts (a chunk's last row pairs with
-    the zero row): P rounded to bf16 stays within fast's rule; lse keeps high's bits."""
+def test_decode_precisions_large_values(path, cd):
+    """Both precisions with latent values of magnitude ~10 and odd valid-row counts (a chunk's last row
+    pairs with the zero row): "high" within high's rule, "fast" (P rounded to bf16 on the bf16 levels)
+    within fast's; lse the same bits."""
     c = tdec.make_decode_case(cd, 2, 3, 20, 157, 16, seed=7, tl_mode="rand", sink_mode="finite", v_scale=10.0)
     out, lse = tdec.run_decode(c, precision="fast")
     tdec.check_against_ref(c, out, lse, precision="fast")
     out_h, lse_h = tdec.run_decode(c, precision="high")
+    tdec.check_against_ref(c, out_h, lse_h, precision="high")
     tdec.assert_fast_runs_bf16_p(out, out_h)
     np.testing.assert_array_equal(lse, lse_h)
 
