@@ -6,8 +6,8 @@ Environment switches:
   SMLA_DEBUG=1            -O0 -g with AddressSanitizer and UBSan (CPU code); importing such a build
                           needs libasan preloaded (README.md, "Building")
   SMLA_NVCC_JOBS=N        parallel nvcc processes (default: CPU count)
-  SMLA_PROFILE_BUILD=1    also compile the attention ablation variants (CUDA: tools/ablate.py; CPU:
-                          SMLA_CPU_ABLATE, benchmarks/bench_cpu.py --stages)
+  SMLA_PROFILE_BUILD=1    also compile the attention ablation variants, picked by SMLA_ATTN_ABLATE
+                          (CUDA: tools/ablate.py; CPU: benchmarks/bench_cpu.py --stages)
 
 Every configuration builds in its own folder, build/<key> (e.g. build/cpu, build/cuda-90a_80-debug), so
 a build with other switches never reuses the objects or the linked library of another one.

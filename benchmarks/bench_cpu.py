@@ -25,7 +25,7 @@ bound); "bound ms" is the larger of that and the flops at the path's rate (the r
 smla's time over it.
 
 --stages (a profiling build, SMLA_PROFILE_BUILD=1, whose CPU attention can leave stages out:
-SMLA_CPU_ABLATE) times decode h=128 / h=16 at b=8 and the prefill with each stage left out in turn and
+SMLA_ATTN_ABLATE) times decode h=128 / h=16 at b=8 and the prefill with each stage left out in turn and
 prints what each stage costs (full time minus the time without it): the dequantisation of K rows, the
 scores, the softmax, P*V and "fast"'s V row pairs. Perf counters are not available on every machine;
 these are the benchmark's own stage timings.
@@ -318,7 +318,7 @@ def memory_ops(rng, reps, budget):
     return res
 
 
-# SMLA_CPU_ABLATE bits (csrc/cpu/sparse_mla_attention.c, ATTN_ABL_*) and what leaving each out removes
+# SMLA_ATTN_ABLATE bits (csrc/cpu/sparse_mla_attention.c, ATTN_ABL_*) and what leaving each out removes
 STAGES = [(1, "dequant"), (2, "scores"), (4, "softmax"), (8, "P*V"), (16, "V pairs")]
 
 
@@ -344,7 +344,7 @@ def stages(rng, reps, budget):
     pout, plse = np.empty((s_q, 128, 512), BF16), np.empty((s_q, 128), np.float32)
     cases.append(("prefill bf16 h=128 64", lambda prec: smla.sparse_mla_prefill(
         pq, kv, pidx, softmax_scale=SCALE, out=pout, lse=plse, precision=prec)))
-    res = []
+    res, saved = [], os.environ.get("SMLA_ATTN_ABLATE")
     print(f"{'stages (ms)':22s} {'prec':4s} {'full':>8s} " + " ".join(f"{n:>8s}" for _, n in STAGES)
           + f" {'rest':>8s}   (a stage: full minus the time without it; rest: full minus all of them)")
     try:
@@ -352,7 +352,7 @@ def stages(rng, reps, budget):
             for prec in PRECISIONS:
                 times = {}
                 for bits in [0] + [b for b, _ in STAGES]:
-                    os.environ["SMLA_CPU_ABLATE"] = str(bits)
+                    os.environ["SMLA_ATTN_ABLATE"] = str(bits)
                     times[bits], _ = best_of(lambda: f(prec), reps, budget_s=budget)
                 full = times[0] * 1e3
                 cost = {n: full - times[b] * 1e3 for b, n in STAGES}
@@ -360,7 +360,10 @@ def stages(rng, reps, budget):
                 print(f"{name:22s} {prec:4s} {full:8.2f} " + " ".join(f"{cost[n]:8.2f}" for _, n in STAGES)
                       + f" {full - sum(cost.values()):8.2f}", flush=True)
     finally:
-        os.environ.pop("SMLA_CPU_ABLATE", None)
+        if saved is None:
+            os.environ.pop("SMLA_ATTN_ABLATE", None)
+        else:
+            os.environ["SMLA_ATTN_ABLATE"] = saved
     return res
 
 

@@ -30,9 +30,9 @@
  * raises it by more than ATTN_RESCALE (log2 units), so exp2(score - m) <= 2^ATTN_RESCALE and the
  * accumulator is rescaled only on real jumps, not on every small rise of the max.
  *
- * Profiling builds (SMLA_PROFILE_BUILD=1 -> SMLA_ATTN_ABLATION) read SMLA_CPU_ABLATE, bits of stages to
- * leave out (ATTN_ABL_*), so that benchmarks/bench_cpu.py --stages can time the others; the results are
- * then wrong by design. Other builds compile the checks away.
+ * Profiling builds (SMLA_PROFILE_BUILD=1 -> SMLA_ATTN_ABLATION) take run.attn_ablate (SMLA_ATTN_ABLATE)
+ * as bits of stages to leave out (ATTN_ABL_*), so that benchmarks/bench_cpu.py --stages can time the
+ * others; the results are then wrong by design. Other builds compile the checks away.
  *
  * Overflow (docs/design.md section 4): a score (log2 domain) beyond the fp32 range saturates at
  * +-FLT_MAX as it is stored, so the online softmax never meets inf - inf. A row whose maximum
@@ -66,7 +66,7 @@
 #define ATTN_CH_PAD (ATTN_CH + ATTN_MT_MAX)
 #define ATTN_HV_MAX 16                /* widest vector (floats) */
 #define ATTN_RESCALE 8.0f             /* the lazy max: exp2(score - m) stays <= 2^8 */
-/* stages a profiling build can leave out (SMLA_CPU_ABLATE bits): dequantisation after a unit's first
+/* stages a profiling build can leave out (SMLA_ATTN_ABLATE bits): dequantisation after a unit's first
  * chunk (its rows are reused), the scores, the softmax, P * V, the "fast" row pairs of V */
 enum { ATTN_ABL_DEQUANT = 1, ATTN_ABL_SCORES = 2, ATTN_ABL_SOFTMAX = 4, ATTN_ABL_PV = 8, ATTN_ABL_VPAIRS = 16 };
 #ifdef SMLA_ATTN_ABLATION
@@ -412,10 +412,10 @@ static int attn_run(const smla_attn_params *p, const char *op, smla_status *st)
     attn_ctx x;
     x.p = p;
     x.fast = dpbf16 && p->precision == SMLA_PRECISION_FAST;
-    x.ablate = 0;
 #ifdef SMLA_ATTN_ABLATION
-    const char *abl = getenv("SMLA_CPU_ABLATE");
-    if (abl) x.ablate = atoi(abl);
+    x.ablate = p->run.attn_ablate;
+#else
+    x.ablate = 0;
 #endif
     x.hp = (p->h + vw - 1) / vw * vw;
     x.limit = p->kv.num_blocks * p->kv.block_size;
