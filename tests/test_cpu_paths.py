@@ -57,6 +57,7 @@ NEEDS = {
 }
 ATTN_PATHS = ["portable", "avx2", "avx2-emulated-bf16", "avx512", "avx512bf16"]
 MEM_PATHS = ["portable", "avx2", "avx512"]  # pack / convert reuse the avx2 code at the AVX-512 levels
+GATHER_PATHS = MEM_PATHS + ["avx512bf16"]  # its AVX-512BW dequant (power-of-two tiles in 16-bit lanes)
 
 
 def best_level():
@@ -78,8 +79,8 @@ def attn_paths():
     return pytest.mark.parametrize("path", ATTN_PATHS, indirect=True)
 
 
-def mem_paths():
-    return pytest.mark.parametrize("path", MEM_PATHS, indirect=True)
+def mem_paths(paths=MEM_PATHS):
+    return pytest.mark.parametrize("path", paths, indirect=True)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -386,7 +387,7 @@ def test_pack_kv_every_magnitude(path, rule):
     tpack.assert_bytes_equal(cache, expected)
 
 
-@mem_paths()
+@mem_paths(GATHER_PATHS)
 def test_gather_upconvert(path):
     for cd in ["fp8_ds_mla", "bf16"]:
         tgather.test_vllm_seq_starts_cases(cd)
@@ -396,7 +397,7 @@ def test_gather_upconvert(path):
     tgather.test_strided_workspace_and_block_table()
 
 
-@mem_paths()
+@mem_paths(GATHER_PATHS)
 def test_gather_every_scale(path):
     """Rows whose tile scales are not powers of two (rounded path), subnormal / zero / huge / Inf / NaN
     scales (scalar path) and NaN bytes: the same bits as the oracle (any NaN equals any NaN)."""
@@ -415,6 +416,29 @@ def test_gather_every_scale(path):
     lens = np.array([4 * bs, 3 * bs + 5], np.int32)
     starts = np.array([0, 4 * bs], np.int32)
     tgather.run_both(cache, "fp8_ds_mla", int(lens.sum()), bt, lens, starts)
+
+
+@mem_paths(GATHER_PATHS)
+def test_gather_pow2_scales(path):
+    """Power-of-two tile scales over their whole exact range (2^-117 .. 2^119, the 16-bit-lane dequant of
+    the avx512bf16 level) and just outside it, positive and negative, with every byte value (NaN, zero,
+    -0, subnormal, normal) at every position of a 32-byte group: the same bits as the oracle."""
+    rng = np.random.default_rng(9)
+    nb, bs = 16, 16
+    t = nb * bs
+    cache = np.zeros(ref.kv_cache_shape(nb, bs, "fp8_ds_mla"), np.uint8)
+    rows = cache.reshape(t, -1)
+    rows[:, :512] = (np.arange(t * 512) * 7 % 256).reshape(t, 512).astype(np.uint8)  # every byte at every offset
+    rows[t // 2:, :512] = rng.integers(0, 256, (t - t // 2, 512), dtype=np.uint8)
+    k = rng.integers(-117, 120, (t, 4))
+    k[:8] = [[-117, 119, -118, 120], [0, -13, 8, -1], [119, 119, -117, -117], [-126, 127, 1, 2]] * 2
+    scales = np.ldexp(np.float32(1.0), k).astype(np.float32)
+    scales[rng.random((t, 4)) < 0.1] *= -1
+    rows[:, 512:528] = scales.view(np.uint8).reshape(t, 16)
+    rows[:, 528:] = rng.integers(0, 256, (t, 128), dtype=np.uint8)
+    bt = np.arange(nb, dtype=np.int32).reshape(1, nb)
+    lens, starts = np.array([t], np.int32), np.array([0], np.int32)
+    tgather.run_both(cache, "fp8_ds_mla", t, bt, lens, starts)
 
 
 @mem_paths()

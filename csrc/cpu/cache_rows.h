@@ -196,6 +196,34 @@ smla_bf16x16_to_f32_avx512(const void *src)
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(b), 16));
 }
 
+/* One fp8 tile (128 values, scale s of the given kind) as bf16 bits and / or floats. */
+__attribute__((target("avx512f,avx2,fma,f16c"), always_inline)) static inline void
+smla_dequant_tile_avx512(const uint8_t *x, float s, int kind, uint16_t *b, float *f)
+{
+    if (kind == SMLA_TILE_SCALAR) {
+        smla_dequant_tile_scalar(x, s, b, f);
+        return;
+    }
+    const __m512 s256 = _mm512_set1_ps(s * 256.0f);
+    for (int i = 0; i < SMLA_FP8_TILE; i += 16) {
+        const __m512 v = smla_e4m3x16_scaled_avx512(x + i, s256, kind == SMLA_TILE_ROUND);
+        if (f) _mm512_storeu_ps(f + i, v);
+        if (b)
+            _mm256_storeu_si256((__m256i *)(void *)(b + i),
+                                _mm512_cvtepi32_epi16(_mm512_srli_epi32(_mm512_castps_si512(v), 16)));
+    }
+}
+
+/* The k_pe part of an fp8 entry: bits copied, floats widened. */
+__attribute__((target("avx512f,avx2,fma,f16c"), always_inline)) static inline void
+smla_rope_avx512(const uint8_t *entry, uint16_t *bf16, float *f32)
+{
+    if (bf16) memcpy(bf16 + SMLA_D_NOPE, entry + SMLA_FP8_ROPE_OFF, 2 * SMLA_D_ROPE);
+    if (f32)
+        for (int i = 0; i < SMLA_D_ROPE; i += 16)
+            _mm512_storeu_ps(f32 + SMLA_D_NOPE + i, smla_bf16x16_to_f32_avx512(entry + SMLA_FP8_ROPE_OFF + 2 * i));
+}
+
 __attribute__((target("avx512f,avx2,fma,f16c"), always_inline)) static inline void
 smla_dequant_row_avx512(const smla_cache *c, const uint8_t *entry, uint16_t *bf16, float *f32)
 {
@@ -208,28 +236,66 @@ smla_dequant_row_avx512(const smla_cache *c, const uint8_t *entry, uint16_t *bf1
     }
     float s[SMLA_FP8_NUM_TILES];
     smla_fp8_scales(entry, s);
+    for (int t = 0; t < SMLA_FP8_NUM_TILES; t++)
+        smla_dequant_tile_avx512(entry + t * SMLA_FP8_TILE, s[t], smla_fp8_tile_kind(s[t]),
+                                 bf16 ? bf16 + t * SMLA_FP8_TILE : NULL, f32 ? f32 + t * SMLA_FP8_TILE : NULL);
+    smla_rope_avx512(entry, bf16, f32);
+}
+
+/* AVX-512BW, bf16 wanted: a tile with a positive power-of-two scale 2^k (SMLA_TILE_EXACT, the "pow2"
+ * writer rule) is built in 16-bit lanes, 32 values at a time, with few instructions: a normal e4m3
+ * byte is (mag << 4) + ((120 + k) << 7) in bf16 (exponent rebased, mantissa moved; exact, normal for
+ * such k, see above), a subnormal one (exponent 0) is looked up in an 8-entry table of m * 2^(k - 9),
+ * zero stays zero, NaN (magnitude 0x7f) becomes the quiet NaN 0x7fc0, and the byte's sign goes to
+ * bit 15. The same bits as the rule; floats, when wanted too, are the
+ * bf16 widened. Other tiles and rows go through smla_dequant_tile_avx512. */
+__attribute__((target("avx512f,avx512bw,avx2,fma,f16c"), always_inline)) static inline void
+smla_dequant_row_avx512bw(const smla_cache *c, const uint8_t *entry, uint16_t *bf16, float *f32)
+{
+    if (c->dtype != SMLA_CACHE_FP8_DS_MLA || !bf16) {
+        smla_dequant_row_avx512(c, entry, bf16, f32);
+        return;
+    }
+    float s[SMLA_FP8_NUM_TILES];
+    smla_fp8_scales(entry, s);
+    __m512i e78 = _mm512_set1_epi16(0x78), m07 = _mm512_set1_epi16(0x07), m7f0 = _mm512_set1_epi16(0x7f0);
+    __m512i sgn = _mm512_set1_epi16((short)0x8000), qnan = _mm512_set1_epi16(0x7fc0);
+    /* kept in registers: GCC would otherwise rebuild each constant (mov + broadcast) in every iteration */
+    __asm__("" : "+v"(e78), "+v"(m07), "+v"(m7f0), "+v"(sgn), "+v"(qnan));
     for (int t = 0; t < SMLA_FP8_NUM_TILES; t++) {
         const uint8_t *x = entry + t * SMLA_FP8_TILE;
-        uint16_t *b = bf16 ? bf16 + t * SMLA_FP8_TILE : NULL;
+        uint16_t *b = bf16 + t * SMLA_FP8_TILE;
         float *f = f32 ? f32 + t * SMLA_FP8_TILE : NULL;
         const int kind = smla_fp8_tile_kind(s[t]);
-        if (kind == SMLA_TILE_SCALAR) {
-            smla_dequant_tile_scalar(x, s[t], b, f);
+        if (kind != SMLA_TILE_EXACT || s[t] < 0.0f) {
+            smla_dequant_tile_avx512(x, s[t], kind, b, f);
             continue;
         }
-        const __m512 s256 = _mm512_set1_ps(s[t] * 256.0f);
-        for (int i = 0; i < SMLA_FP8_TILE; i += 16) {
-            const __m512 v = smla_e4m3x16_scaled_avx512(x + i, s256, kind == SMLA_TILE_ROUND);
-            if (f) _mm512_storeu_ps(f + i, v);
-            if (b)
-                _mm256_storeu_si256((__m256i *)(void *)(b + i),
-                                    _mm512_cvtepi32_epi16(_mm512_srli_epi32(_mm512_castps_si512(v), 16)));
+        const int k = (int)(smla_f32_to_bits(s[t]) >> 23) - 127;
+        __m512i bias = _mm512_set1_epi16((short)((120 + k) * 128));
+        /* m * 2^(k - 9) for m = 0..7: bf16 of m * 2^-9 (0, 2^-9, 2^-8, 1.5 * 2^-8, 2^-7, ...) rebased by k */
+        static const uint16_t sub9[32] __attribute__((aligned(64))) = {0, 0x3b00, 0x3b80, 0x3bc0, 0x3c00, 0x3c20,
+                                                                        0x3c40, 0x3c60};
+        __m512i sub = _mm512_maskz_add_epi16(0xfe, _mm512_load_si512(sub9), _mm512_set1_epi16((short)(k * 128)));
+        __asm__("" : "+v"(bias), "+v"(sub));
+        for (int i = 0; i < SMLA_FP8_TILE; i += 32) {
+            const __m512i w = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const void *)(x + i)));
+            const __mmask32 normal = _mm512_test_epi16_mask(w, e78);
+            __m512i r = _mm512_and_si512(_mm512_slli_epi16(w, 4), m7f0);
+            const __mmask32 nan = _mm512_cmpeq_epi16_mask(r, m7f0); /* magnitude 0x7f */
+            r = _mm512_mask_add_epi16(r, normal, r, bias);
+            r = _mm512_mask_permutexvar_epi16(r, _mm512_mask_test_epi16_mask((__mmask32)~normal, w, m07), w, sub);
+            r = _mm512_mask_mov_epi16(r, nan, qnan);
+            r = _mm512_ternarylogic_epi32(r, _mm512_slli_epi16(w, 8), sgn, 0xF8); /* r | (sign & 0x8000) */
+            _mm512_storeu_si512(b + i, r);
+            if (f) {
+                _mm512_storeu_si512(f + i, _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm512_castsi512_si256(r)), 16));
+                _mm512_storeu_si512(f + i + 16,
+                                    _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm512_extracti64x4_epi64(r, 1)), 16));
+            }
         }
     }
-    if (bf16) memcpy(bf16 + SMLA_D_NOPE, entry + SMLA_FP8_ROPE_OFF, 2 * SMLA_D_ROPE);
-    if (f32)
-        for (int i = 0; i < SMLA_D_ROPE; i += 16)
-            _mm512_storeu_ps(f32 + SMLA_D_NOPE + i, smla_bf16x16_to_f32_avx512(entry + SMLA_FP8_ROPE_OFF + 2 * i));
+    smla_rope_avx512(entry, bf16, f32);
 }
 #endif /* x86-64 */
 

@@ -39,6 +39,14 @@ __attribute__((target(SMLA_TARGET_AVX512))) static void dequant_avx512(const sml
 {
     smla_dequant_row_avx512(c, entry, bf16, f32);
 }
+
+/* the avx512bf16 level has AVX-512BW: power-of-two tiles in 16-bit lanes */
+__attribute__((target(SMLA_TARGET_AVX512BF16))) static void dequant_avx512bw(const smla_cache *c,
+                                                                             const uint8_t *entry, uint16_t *bf16,
+                                                                             float *f32)
+{
+    smla_dequant_row_avx512bw(c, entry, bf16, f32);
+}
 #endif
 
 /* Rows [lo, hi) of request r (check_requests has seen every row, position and block). */
@@ -111,7 +119,8 @@ int smla_cpu_gather_upconvert(const smla_gather_upconvert_params *p, smla_status
     const int isa = p->run.cpu_isa;
     dequant_fn dq = dequant_portable;
 #if SMLA_X86
-    if (isa >= SMLA_ISA_AVX512) dq = dequant_avx512;
+    if (isa >= SMLA_ISA_AVX512BF16) dq = dequant_avx512bw;
+    else if (isa >= SMLA_ISA_AVX512) dq = dequant_avx512;
     else if (isa >= SMLA_ISA_AVX2) dq = dequant_avx2;
 #endif
     (void)isa;

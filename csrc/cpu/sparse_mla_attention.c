@@ -259,7 +259,7 @@ static inline __m512 attn_pair_bf16_avx512bf16(__m512 p0, __m512 p1)
 #define PV_NC 3
 #define VFMA(a, b, c) ((vf)_mm512_fmadd_ps((__m512)(b), (__m512)(c), (__m512)(a)))
 #define VBCAST(x) ((vf)_mm512_set1_ps(x))
-#define DEQUANT(c, e, bf, f) smla_dequant_row_avx512(c, e, bf, f)
+#define DEQUANT(c, e, bf, f) smla_dequant_row_avx512bw(c, e, bf, f)
 /* acc += sum over the bf16 pair of a (16 heads' pairs) * b (one broadcast pair) */
 #define VDPBF16(acc, a, b) ((vf)_mm512_dpbf16_ps((__m512)(acc), (__m512bh)(a), (__m512bh)(b)))
 #define VBCAST_U32(x) ((vf)_mm512_set1_epi32((int)(x)))
