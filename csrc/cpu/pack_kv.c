@@ -78,31 +78,90 @@ PACK_AVX2 static inline __m256i bytes32_avx2(__m256i c0, __m256i c1, __m256i c2,
     return _mm256_permutevar8x32_epi32(b, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
 }
 
+/* One tile of scale s in fp32 lanes: x / s, 8 at a time (any scale, any input). */
+PACK_AVX2 static void quant_tile_f32_avx2(uint8_t *dst, const uint16_t *x, float s)
+{
+    /* s = 2^k with k <= 126: x / s and x * 2^-k are the same real number (2^-k is a normal float,
+     * so no flush-to-zero mode can touch it), rounded once either way, and a multiply is several
+     * times cheaper than a division */
+    const int pow2 = (smla_f32_to_bits(s) & 0x807fffffu) == 0 && smla_f32_to_bits(s) < 0x7f000000u;
+    const __m256 sv = _mm256_set1_ps(pow2 ? 1.0f / s : s);
+    for (int i = 0; i < SMLA_FP8_TILE; i += 32) {
+        __m256i c[4];
+        for (int j = 0; j < 4; j++) {
+            const __m256 v = smla_bf16x8_to_f32_avx2(x + i + 8 * j);
+            c[j] = e4m3x8_avx2(pow2 ? _mm256_mul_ps(v, sv) : _mm256_div_ps(v, sv));
+        }
+        _mm256_storeu_si256((__m256i *)(void *)(dst + i), bytes32_avx2(c[0], c[1], c[2], c[3]));
+    }
+}
+
+/* One tile of scale 2^k in bf16 lanes, 16 at a time, for a tile with no NaN or Inf and no nonzero
+ * magnitude below 2^(k-6) (no e4m3 subnormal but 0). x / 2^k is exact: its bf16 bits are a - (k << 7)
+ * for magnitude bits a, so smla_f32_to_e4m3's normal branch becomes, with the 4 dropped bits rounded
+ * to nearest even and the exponent rebiased,
+ *     code = (a + 7 + lsb - ((120 + k) << 7)) >> 4,   lsb = bit 4 of a,
+ * in int16 without overflow (a <= amax bits). A zero gives code < 0, which the unsigned-saturating
+ * pack turns into 0; no code exceeds 0x7E: s >= amax / 448 (a power of two can only fall below amax / 448
+ * when amax is not a bf16 value), so |x| / s <= 448. The sign bytes come from a signed-saturating pack
+ * of x itself (negative -> top bit set). */
+PACK_AVX2 static void quant_tile_bf16_avx2(uint8_t *dst, const uint16_t *x, int k)
+{
+    const __m256i mag = _mm256_set1_epi16(0x7fff), one = _mm256_set1_epi16(1), top = _mm256_set1_epi8((char)0x80);
+    const __m256i bias = _mm256_set1_epi16((short)(7 - ((120 + k) << 7)));
+    for (int i = 0; i < SMLA_FP8_TILE; i += 32) {
+        const __m256i x0 = _mm256_loadu_si256((const __m256i *)(const void *)(x + i));
+        const __m256i x1 = _mm256_loadu_si256((const __m256i *)(const void *)(x + i + 16));
+        const __m256i a0 = _mm256_and_si256(x0, mag), a1 = _mm256_and_si256(x1, mag);
+        const __m256i l0 = _mm256_and_si256(_mm256_srli_epi16(a0, 4), one);
+        const __m256i l1 = _mm256_and_si256(_mm256_srli_epi16(a1, 4), one);
+        const __m256i c0 = _mm256_srai_epi16(_mm256_add_epi16(_mm256_add_epi16(a0, l0), bias), 4);
+        const __m256i c1 = _mm256_srai_epi16(_mm256_add_epi16(_mm256_add_epi16(a1, l1), bias), 4);
+        const __m256i b = _mm256_or_si256(_mm256_packus_epi16(c0, c1),
+                                          _mm256_and_si256(_mm256_packs_epi16(x0, x1), top));
+        _mm256_storeu_si256((__m256i *)(void *)(dst + i), _mm256_permute4x64_epi64(b, 0xd8));
+    }
+}
+
+/* Per tile: the largest magnitude's bf16 bits and the smallest nonzero one's (from the same loads the
+ * encoder makes again, out of L1), which pick the encoder: bf16 lanes for a power-of-two scale when no
+ * value needs the e4m3 subnormal rounding, fp32 lanes otherwise. A NaN or Inf (magnitude bits
+ * >= 0x7F80) takes the fp32 lanes' own amax, where maxps drops NaN as fmaxf does. */
 PACK_AVX2 static void pack_fp8_entry_avx2(uint8_t *entry, const uint16_t *kv_c, const uint16_t *k_pe, int rule)
 {
+    const __m256i mag = _mm256_set1_epi16(0x7fff), one = _mm256_set1_epi16(1);
     const __m256 absmask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
     for (int t = 0; t < SMLA_FP8_NUM_TILES; t++) {
         const uint16_t *x = kv_c + t * SMLA_FP8_TILE;
-        __m256 m = _mm256_setzero_ps();
-        for (int i = 0; i < SMLA_FP8_TILE; i += 8) /* maxps returns its second operand for a NaN: dropped */
-            m = _mm256_max_ps(_mm256_and_ps(smla_bf16x8_to_f32_avx2(x + i), absmask), m);
-        __m128 h = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
-        h = _mm_max_ps(h, _mm_movehl_ps(h, h));
-        h = _mm_max_ss(h, _mm_shuffle_ps(h, h, 1));
-        const float s = smla_fp8_scale(_mm_cvtss_f32(h), rule);
         uint8_t *dst = entry + t * SMLA_FP8_TILE;
-        /* s = 2^k with k <= 126: x / s and x * 2^-k are the same real number (2^-k is a normal float,
-         * so no flush-to-zero mode can touch it), rounded once either way, and a multiply is several
-         * times cheaper than a division */
-        const int pow2 = (smla_f32_to_bits(s) & 0x807fffffu) == 0 && smla_f32_to_bits(s) < 0x7f000000u;
-        const __m256 sv = _mm256_set1_ps(pow2 ? 1.0f / s : s);
-        for (int i = 0; i < SMLA_FP8_TILE; i += 32) {
-            __m256i c[4];
-            for (int j = 0; j < 4; j++) {
-                const __m256 v = smla_bf16x8_to_f32_avx2(x + i + 8 * j);
-                c[j] = e4m3x8_avx2(pow2 ? _mm256_mul_ps(v, sv) : _mm256_div_ps(v, sv));
-            }
-            _mm256_storeu_si256((__m256i *)(void *)(dst + i), bytes32_avx2(c[0], c[1], c[2], c[3]));
+        __m256i hi = _mm256_setzero_si256(), lo = _mm256_set1_epi16(-1);
+        for (int i = 0; i < SMLA_FP8_TILE; i += 16) {
+            const __m256i a = _mm256_and_si256(_mm256_loadu_si256((const __m256i *)(const void *)(x + i)), mag);
+            hi = _mm256_max_epu16(hi, a);
+            lo = _mm256_min_epu16(lo, _mm256_sub_epi16(a, one)); /* a zero wraps to 0xFFFF: ignored */
+        }
+        __m128i h = _mm_max_epu16(_mm256_castsi256_si128(hi), _mm256_extracti128_si256(hi, 1));
+        __m128i l = _mm_min_epu16(_mm256_castsi256_si128(lo), _mm256_extracti128_si256(lo, 1));
+        const uint32_t amax = 0xffffu - (uint32_t)_mm_extract_epi16(_mm_minpos_epu16(_mm_xor_si128(h, _mm_set1_epi32(-1))), 0);
+        const uint32_t amin = (uint32_t)_mm_extract_epi16(_mm_minpos_epu16(l), 0) + 1u; /* 0x10000: all zero */
+        float s;
+        if (amax < 0x7f80u) {
+            s = smla_fp8_scale(smla_bf16_to_f32((uint16_t)amax), rule);
+            const uint32_t sb = smla_f32_to_bits(s);
+            const int k = (int)(sb >> 23) - 127;
+            if ((sb & 0x807fffffu) == 0 && k >= -100 && k <= 126 && amin >= (uint32_t)(121 + k) << 7)
+                quant_tile_bf16_avx2(dst, x, k);
+            else
+                quant_tile_f32_avx2(dst, x, s);
+        } else {
+            __m256 m = _mm256_setzero_ps();
+            for (int i = 0; i < SMLA_FP8_TILE; i += 8) /* maxps returns its second operand for a NaN: dropped */
+                m = _mm256_max_ps(_mm256_and_ps(smla_bf16x8_to_f32_avx2(x + i), absmask), m);
+            __m128 f = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+            f = _mm_max_ps(f, _mm_movehl_ps(f, f));
+            f = _mm_max_ss(f, _mm_shuffle_ps(f, f, 1));
+            s = smla_fp8_scale(_mm_cvtss_f32(f), rule);
+            quant_tile_f32_avx2(dst, x, s);
         }
         memcpy(entry + SMLA_FP8_SCALE_OFF + 4 * t, &s, 4);
     }
