@@ -4,7 +4,7 @@
  * Per token t with a slot in [0, num_blocks*block_size):
  *   bf16:        entry = kv_c[t] (512 bf16) then k_pe[t] (64 bf16), bit for bit.
  *   fp8_ds_mla:  per tile of 128 latent values, with core/fp8_ds_mla.h's rules (shared with the GPU):
- *                  amax = fmaxf over fabsf(float(x))      (fmaxf drops NaN; any order gives the same)
+ *                  amax = max over fabsf(float(x))         (NaN dropped, signalling ones too; any order)
  *                  s = smla_fp8_scale(amax, rule)          (pow2 or fp32, one fp32 division)
  *                  byte i = smla_fp8_quant(x_i, s) = e4m3_satfinite_rne(float(x_i) / s)
  *                scale t at byte 512 + 4t (fp32), k_pe bf16 bits at byte 528.
@@ -32,7 +32,10 @@ static void pack_fp8_entry(uint8_t *entry, const uint16_t *kv_c, const uint16_t 
         float amax = 0.0f;
         for (int i = 0; i < SMLA_FP8_TILE; i++) {
             v[i] = smla_bf16_to_f32(x[i]);
-            amax = fmaxf(amax, fabsf(v[i]));
+            /* a compare, not fmaxf: glibc's fmaxf returns NaN for a signalling NaN (IEEE 754-2008
+             * maxNum), which would make the scale NaN's; the comparison drops every NaN */
+            const float a = fabsf(v[i]);
+            amax = a > amax ? a : amax;
         }
         const float s = smla_fp8_scale(amax, rule);
         for (int i = 0; i < SMLA_FP8_TILE; i++)
@@ -126,7 +129,7 @@ PACK_AVX2 static void quant_tile_bf16_avx2(uint8_t *dst, const uint16_t *x, int 
 /* Per tile: the largest magnitude's bf16 bits and the smallest nonzero one's (from the same loads the
  * encoder makes again, out of L1), which pick the encoder: bf16 lanes for a power-of-two scale when no
  * value needs the e4m3 subnormal rounding, fp32 lanes otherwise. A NaN or Inf (magnitude bits
- * >= 0x7F80) takes the fp32 lanes' own amax, where maxps drops NaN as fmaxf does. */
+ * >= 0x7F80) takes the fp32 lanes' own amax, where maxps drops every NaN as the scalar compare does. */
 PACK_AVX2 static void pack_fp8_entry_avx2(uint8_t *entry, const uint16_t *kv_c, const uint16_t *k_pe, int rule)
 {
     const __m256i mag = _mm256_set1_epi16(0x7fff), one = _mm256_set1_epi16(1);
@@ -169,7 +172,7 @@ PACK_AVX2 static void pack_fp8_entry_avx2(uint8_t *entry, const uint16_t *kv_c, 
 }
 #endif
 
-#define PACK_PF_TOKENS 4 /* tokens between the prefetch of an entry and its write */
+#define PACK_PF_TOKENS 4 /* tokens between the prefetch of a token's rows and entry and its write */
 
 static inline int64_t slot_at(const smla_pack_kv_params *p, int64_t t)
 {
@@ -193,6 +196,62 @@ static int64_t first_slot_past(const smla_pack_kv_params *p, int64_t capacity)
         if (slot_at(p, t) >= capacity) return t;
 }
 
+/* Token t into its entry, on the call's path. */
+static inline void pack_token(const smla_pack_kv_params *p, int64_t t, uint8_t *entry, int isa)
+{
+    const uint16_t *kv_c = p->kv_c + t * p->kv_c_stride;
+    const uint16_t *k_pe = p->k_pe + t * p->k_pe_stride;
+    if (p->cache.dtype == SMLA_CACHE_FP8_DS_MLA) {
+#if SMLA_X86
+        if (isa >= SMLA_ISA_AVX2) {
+            pack_fp8_entry_avx2(entry, kv_c, k_pe, p->scale_rule);
+            return;
+        }
+#endif
+        (void)isa;
+        pack_fp8_entry(entry, kv_c, k_pe, p->scale_rule);
+    } else {
+        memcpy(entry, kv_c, 2 * SMLA_D_NOPE);
+        memcpy(entry + 2 * SMLA_D_NOPE, k_pe, 2 * SMLA_D_ROPE);
+    }
+}
+
+/* The tokens whose slot lies in class cls of n (slot / 16 modulo n), in token order, so that of two tokens
+ * with one slot the last still wins. PACK_PF_TOKENS tokens of the class ahead of the one being written
+ * have their input rows and entry prefetched (the class's tokens are not adjacent in memory, so the
+ * hardware's stream prefetch does not cover them). */
+static void pack_class(const smla_pack_kv_params *p, int64_t cls, int64_t n, int isa)
+{
+    const smla_cache *c = &p->cache;
+    const int64_t entry_bytes = smla_cache_entry_bytes(c->dtype);
+    int64_t ring[PACK_PF_TOKENS];
+    uint8_t *ring_entry[PACK_PF_TOKENS];
+    int head = 0, held = 0;
+    int64_t scan = 0;
+    for (;;) {
+        for (; held < PACK_PF_TOKENS && scan < p->num_tokens; scan++) {
+            const int64_t slot = slot_at(p, scan);
+            if (slot < 0 || (n > 1 && (slot >> 4) % n != cls)) continue;
+            uint8_t *entry = smla_cache_entry(c, slot);
+            if (!entry) continue;
+            const uint8_t *kv_c = (const uint8_t *)(p->kv_c + scan * p->kv_c_stride);
+            for (int64_t o = 0; o < 2 * SMLA_D_NOPE; o += 64) __builtin_prefetch(kv_c + o, 0, 3);
+            __builtin_prefetch(p->k_pe + scan * p->k_pe_stride, 0, 3);
+            __builtin_prefetch((const uint8_t *)(p->k_pe + scan * p->k_pe_stride) + 64, 0, 3);
+            for (int64_t o = 0; o < entry_bytes; o += 64) __builtin_prefetch(entry + o, 1, 3);
+            __builtin_prefetch(entry + entry_bytes - 1, 1, 3);
+            const int at = (head + held) % PACK_PF_TOKENS;
+            ring[at] = scan;
+            ring_entry[at] = entry;
+            held++;
+        }
+        if (!held) return;
+        pack_token(p, ring[head], ring_entry[head], isa);
+        head = (head + 1) % PACK_PF_TOKENS;
+        held--;
+    }
+}
+
 /* p passed smla_check_pack_kv (core/checks.c); slots past the cache are checked here, before any write */
 int smla_cpu_pack_kv(const smla_pack_kv_params *p, smla_status *st)
 {
@@ -203,38 +262,12 @@ int smla_cpu_pack_kv(const smla_pack_kv_params *p, smla_status *st)
         return smla_fail(st, SMLA_ERR_VALUE, "slot_mapping: slot %lld (token %lld) is outside the cache of %lld slots",
                          (long long)slot_at(p, bad), (long long)bad, (long long)capacity);
 
-    const int isa = p->run.cpu_isa;
-    (void)isa;
     const int nt = smla_num_threads(p->run.num_threads, p->num_tokens / 64); /* >= 64 tokens per thread */
-#pragma omp parallel num_threads(nt)
-    {
-        const int64_t me = smla_thread_id(), team = smla_team_size();
-        for (int64_t t = 0; t < p->num_tokens; t++) {
-            const int64_t slot = slot_at(p, t);
-            if (team > 1 && (slot < 0 || (slot >> 4) % team != me)) continue;
-            uint8_t *entry = smla_cache_entry(c, slot);
-            if (!entry) continue;
-            if (t + PACK_PF_TOKENS < p->num_tokens) { /* the entry a few tokens on, if it is ours */
-                const int64_t s2 = slot_at(p, t + PACK_PF_TOKENS);
-                uint8_t *e2 = team > 1 && (s2 < 0 || (s2 >> 4) % team != me) ? NULL : smla_cache_entry(c, s2);
-                if (e2)
-                    for (int64_t o = 0; o < smla_cache_entry_bytes(c->dtype); o += 64) __builtin_prefetch(e2 + o, 1, 3);
-            }
-            const uint16_t *kv_c = p->kv_c + t * p->kv_c_stride;
-            const uint16_t *k_pe = p->k_pe + t * p->k_pe_stride;
-            if (c->dtype == SMLA_CACHE_FP8_DS_MLA) {
-#if SMLA_X86
-                if (isa >= SMLA_ISA_AVX2) {
-                    pack_fp8_entry_avx2(entry, kv_c, k_pe, p->scale_rule);
-                    continue;
-                }
-#endif
-                pack_fp8_entry(entry, kv_c, k_pe, p->scale_rule);
-            } else {
-                memcpy(entry, kv_c, 2 * SMLA_D_NOPE);
-                memcpy(entry + 2 * SMLA_D_NOPE, k_pe, 2 * SMLA_D_ROPE);
-            }
-        }
-    }
+    /* Two slot classes per thread, handed out as threads ask: a thread that starts late (its core busy
+     * with another process, or a vCPU to wake) leaves its classes to the others, instead of holding
+     * the call for a fixed share. Each class scans all slots (about 1 ns a token), hence only two. */
+    const int64_t classes = nt > 1 ? 2 * (int64_t)nt : 1;
+#pragma omp parallel for num_threads(nt) schedule(dynamic, 1)
+    for (int64_t cls = 0; cls < classes; cls++) pack_class(p, cls, classes, p->run.cpu_isa);
     return SMLA_OK;
 }
