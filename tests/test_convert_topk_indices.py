@@ -283,6 +283,49 @@ def test_dcp_block_table_and_prefill_rows():
             np.testing.assert_array_equal(counts, exp_counts)
 
 
+@pytest.mark.parametrize("world,il", [(1, 1), (2, 1), (3, 1), (4, 2), (3, 5), (8, 64), (5, 1000), (7, 2**20)])
+@pytest.mark.parametrize("bs", [16, 61])
+@pytest.mark.parametrize("threads", ["1", "2"])
+def test_dcp_every_path(isa, world, il, bs, threads, monkeypatch):
+    """filter_convert_dcp_indices on each SMLA_CPU_ISA level (the vector code divides by the interleave and
+    the world size with shifts or a corrected reciprocal, and compacts 8 entries at a time through a
+    lane table): every rank, compact or not, the zoo of entries, prefill rows (compacted, not filtered),
+    in place, and a block past the cache reported."""
+    monkeypatch.setenv("SMLA_NUM_THREADS", threads)
+    rng = np.random.default_rng(world * 1000 + il)
+    n, r, k = 24, 4, 1003
+    req, bt, tok = zoo_case(rng, n, r, 60, bs, k, nb=5000)
+    tok[:, 20:] = np.where(rng.random((n, k - 20)) < 0.9, rng.integers(0, world * 60 * bs, (n, k - 20)), tok[:, 20:])
+    pids = np.full(n, -1, np.int32)
+    pids[2::6] = rng.integers(0, 3, pids[2::6].size)
+    starts = np.array([5, 9000, I32.max - 77], np.int32)
+    for rank in {0, world - 1, world // 2}:
+        for compact in (True, False):
+            kw = dict(block_size=bs, dcp_size=world, dcp_rank=rank, interleave=il, compact=compact)
+            for extra in ({}, dict(prefill_request_ids=pids, prefill_workspace_starts=starts)):
+                out, counts = smla.filter_convert_dcp_indices(req, bt, tok, **kw, **extra)
+                exp, exp_counts = ref.filter_convert_dcp_indices(req, bt, tok, bs, world, rank, il, compact,
+                                                                 extra.get("prefill_request_ids"),
+                                                                 extra.get("prefill_workspace_starts"))
+                np.testing.assert_array_equal(out, exp)
+                np.testing.assert_array_equal(counts, exp_counts)
+            t2 = tok.copy()
+            smla.filter_convert_dcp_indices(req, bt, t2, out=t2, **kw)
+            np.testing.assert_array_equal(t2, ref.filter_convert_dcp_indices(req, bt, tok, bs, world, rank, il,
+                                                                             compact)[0])
+    # a block past the cache where rank 0 selects it (local position 3 * bs + 1 -> column 3 of request 1)
+    bt[1] = rng.integers(0, 5000, bt.shape[1])  # the zoo's huge ids in this row are past the cache too
+    bt[1, 3] = 6000
+    loc = 3 * bs + 1
+    g = (loc // il) * world * il + loc % il  # rank 0's position loc, as a global one
+    row = int(np.nonzero(req == 1)[0][0])
+    tok[row, 500] = g
+    with pytest.raises(ValueError, match=r"^block_table: block 6000 \(request 1, column 3\) is outside the cache "
+                                         r"of 5000 blocks$"):
+        smla.filter_convert_dcp_indices(req, bt, tok, block_size=bs, dcp_size=world, dcp_rank=0, interleave=il,
+                                        num_blocks=5000)
+
+
 # ---------------------------------------------------------------- CUDA twin, bit for bit
 
 @pytest.mark.cuda
