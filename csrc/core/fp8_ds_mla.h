@@ -10,8 +10,9 @@
  *   write: csrc/cpu/pack_kv.c pack_fp8_entry_avx2 (quant_tile_bf16_avx2, e4m3x8_avx2), cuda/memory/pack_kv.cu
  *          quant8;
  *   read:  csrc/cpu/cache_rows.h smla_dequant_row_table / _avx2 / _avx512, cuda/common.cuh dequant_e4m3x2.
- * The fast write paths use that a power-of-two s whose inverse is a normal float makes x / s exact or
- * rounded once either way: they multiply by 1/s, or (CPU, bf16 x) shift x's exponent by log2(s). */
+ * For a power-of-two s whose inverse is a normal float, x / s and x * (1/s) are the same real number,
+ * rounded once: the fast write paths multiply. The CPU's bf16-lane encoder goes further for tiles with
+ * no value in the e4m3 subnormal range: there x / s is x with its exponent lowered by log2(s), exactly. */
 #ifndef SMLA_CORE_FP8_DS_MLA_H
 #define SMLA_CORE_FP8_DS_MLA_H
 
