@@ -171,8 +171,9 @@ convert_paged_body(const convert_consts *k, const int32_t *in, int32_t *out, int
             slot = _mm256_or_si256(_mm256_sll_epi32(blk, shift), r);
         } else { /* blk * bs fits int32 (blk <= blk_max); past blk_always, + r may not */
             const __m256i prod = _mm256_mullo_epi32(blk, bs);
+            const __m256i room = _mm256_sub_epi32(_mm256_set1_epi32(INT32_MAX), prod);
             const __m256i ovf = _mm256_and_si256(_mm256_cmpgt_epi32(blk, _mm256_set1_epi32(k->blk_always)),
-                                                 _mm256_cmpgt_epi32(r, _mm256_sub_epi32(_mm256_set1_epi32(INT32_MAX), prod)));
+                                                 _mm256_cmpgt_epi32(r, room));
             ok = _mm256_andnot_si256(ovf, ok);
             slot = _mm256_add_epi32(prod, r);
         }

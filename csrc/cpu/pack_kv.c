@@ -155,34 +155,17 @@ static inline float finite_tile_scale(uint32_t hi, uint32_t lo, int rule, int *k
     return s;
 }
 
-/* The tiles of an entry from their statistics: scale, encoder, scale bytes and k_pe. All four tiles'
- * statistics come first, so that their reductions and scale divisions (a chain of about 50 cycles a tile)
- * overlap instead of each waiting before its tile's encoding (89 -> 54 ns a token in L1, measured).
- * A 32-lane AVX512BW encoder measured no faster on Zen 4 (25 ns a token either way): AVX-512 reuses this. */
-#define PACK_TILES(entry, kv_c, k_pe, rule, amax, amin, quant_bf16)                                          \
-    do {                                                                                                     \
-        float s_[SMLA_FP8_NUM_TILES];                                                                        \
-        int k_[SMLA_FP8_NUM_TILES];                                                                          \
-        for (int t = 0; t < SMLA_FP8_NUM_TILES; t++) {                                                       \
-            k_[t] = INT32_MIN;                                                                               \
-            s_[t] = (amax)[t] < 0x7f80u ? finite_tile_scale((amax)[t], (amin)[t], (rule), &k_[t])            \
-                                        : nonfinite_tile_scale_avx2((kv_c) + t * SMLA_FP8_TILE, (rule));     \
-        }                                                                                                    \
-        for (int t = 0; t < SMLA_FP8_NUM_TILES; t++) {                                                       \
-            if (k_[t] != INT32_MIN) quant_bf16((entry) + t * SMLA_FP8_TILE, (kv_c) + t * SMLA_FP8_TILE, k_[t]); \
-            else quant_tile_f32_avx2((entry) + t * SMLA_FP8_TILE, (kv_c) + t * SMLA_FP8_TILE, s_[t]);         \
-        }                                                                                                    \
-        memcpy((entry) + SMLA_FP8_SCALE_OFF, s_, sizeof s_);                                                 \
-        memcpy((entry) + SMLA_FP8_ROPE_OFF, (k_pe), 2 * SMLA_D_ROPE);                                        \
-    } while (0)
-
 /* Per tile: the largest magnitude's bf16 bits and the smallest nonzero one's (from the same loads the
  * encoder makes again, out of L1), which pick the encoder: bf16 lanes for a power-of-two scale when no
- * value needs the e4m3 subnormal rounding, fp32 lanes otherwise. */
+ * value needs the e4m3 subnormal rounding, fp32 lanes otherwise. All four tiles' statistics and scales
+ * come before any encoding, so that their reduction + division chains (about 50 cycles a tile) overlap
+ * instead of each holding up its tile (89 -> 54 ns a token in L1, measured). A 32-lane AVX512BW encoder
+ * measured no faster on Zen 4 (25 ns a token either way), hence the AVX-512 levels run this. */
 PACK_AVX2 static void pack_fp8_entry_avx2(uint8_t *entry, const uint16_t *kv_c, const uint16_t *k_pe, int rule)
 {
     const __m256i mag = _mm256_set1_epi16(0x7fff), one = _mm256_set1_epi16(1);
-    uint32_t amax[SMLA_FP8_NUM_TILES], amin[SMLA_FP8_NUM_TILES];
+    float s[SMLA_FP8_NUM_TILES];
+    int k[SMLA_FP8_NUM_TILES];
     for (int t = 0; t < SMLA_FP8_NUM_TILES; t++) {
         const uint16_t *x = kv_c + t * SMLA_FP8_TILE;
         __m256i hi = _mm256_setzero_si256(), lo = _mm256_set1_epi16(-1);
@@ -193,10 +176,18 @@ PACK_AVX2 static void pack_fp8_entry_avx2(uint8_t *entry, const uint16_t *kv_c, 
         }
         const __m128i h = _mm_max_epu16(_mm256_castsi256_si128(hi), _mm256_extracti128_si256(hi, 1));
         const __m128i l = _mm_min_epu16(_mm256_castsi256_si128(lo), _mm256_extracti128_si256(lo, 1));
-        amax[t] = 0xffffu - (uint32_t)_mm_extract_epi16(_mm_minpos_epu16(_mm_xor_si128(h, _mm_set1_epi32(-1))), 0);
-        amin[t] = (uint32_t)_mm_extract_epi16(_mm_minpos_epu16(l), 0) + 1u;
+        const __m128i not_h = _mm_xor_si128(h, _mm_set1_epi32(-1)); /* max = ~min of ~x (phminposuw) */
+        const uint32_t amax = 0xffffu - (uint32_t)_mm_extract_epi16(_mm_minpos_epu16(not_h), 0);
+        const uint32_t amin = (uint32_t)_mm_extract_epi16(_mm_minpos_epu16(l), 0) + 1u;
+        k[t] = INT32_MIN;
+        s[t] = amax < 0x7f80u ? finite_tile_scale(amax, amin, rule, &k[t]) : nonfinite_tile_scale_avx2(x, rule);
     }
-    PACK_TILES(entry, kv_c, k_pe, rule, amax, amin, quant_tile_bf16_avx2);
+    for (int t = 0; t < SMLA_FP8_NUM_TILES; t++) {
+        if (k[t] != INT32_MIN) quant_tile_bf16_avx2(entry + t * SMLA_FP8_TILE, kv_c + t * SMLA_FP8_TILE, k[t]);
+        else quant_tile_f32_avx2(entry + t * SMLA_FP8_TILE, kv_c + t * SMLA_FP8_TILE, s[t]);
+    }
+    memcpy(entry + SMLA_FP8_SCALE_OFF, s, sizeof s);
+    memcpy(entry + SMLA_FP8_ROPE_OFF, k_pe, 2 * SMLA_D_ROPE);
 }
 
 #endif
@@ -245,10 +236,10 @@ static inline void pack_token(const smla_pack_kv_params *p, int64_t t, uint8_t *
     }
 }
 
-/* The tokens whose slot lies in class cls of n (slot / 16 modulo n, n a power of two), in token order, so that of two tokens
- * with one slot the last still wins. PACK_PF_TOKENS tokens of the class ahead of the one being written
- * have their input rows and entry prefetched (the class's tokens are not adjacent in memory, so the
- * hardware's stream prefetch does not cover them). */
+/* The tokens whose slot lies in class cls of n (slot / 16 modulo n, n a power of two), in token order,
+ * so that of two tokens with one slot the last still wins. The input rows and entries of the class's
+ * next PACK_PF_TOKENS tokens are prefetched (they are not adjacent in memory, so the hardware's stream
+ * prefetch does not cover them). */
 static void pack_class(const smla_pack_kv_params *p, int64_t cls, int64_t n, int isa)
 {
     const smla_cache *c = &p->cache;
