@@ -10,6 +10,7 @@ import smla
 
 sys.path.insert(0, os.path.dirname(__file__))
 import reference as ref  # noqa: E402
+from test_pack_kv import isa  # noqa: E402,F401 (the SMLA_CPU_ISA levels fixture)
 from torch_arrays import to_torch as to_cuda  # noqa: E402
 
 I32 = np.iinfo(np.int32)
@@ -127,6 +128,97 @@ def test_bad_arguments():
         smla.filter_convert_dcp_indices(req, bt, tok, block_size=64, dcp_size=2, dcp_rank=0, interleave=0)
 
 
+# ---------------------------------------------------------------- every CPU path
+
+def zoo_case(rng, n, r, mb, bs, k, nb):
+    """Paged rows whose entries hit every branch of the rule: negative positions (INT32_MIN included),
+    positions past the block table and at its last entry, block ids -1, INT32_MIN, past the cache
+    (when nb is given), and ones whose slot overflows int32; rows of no request; k not a multiple of 8."""
+    bt = rng.integers(0, nb, (r, mb)).astype(np.int32)
+    bt[rng.random(bt.shape) < 0.1] = -1
+    bt[0, -1] = I32.min
+    big = I32.max // bs
+    bt[1, : min(mb, 4)] = [big, min(big + 1, I32.max), max(big - 1, 0), I32.max][: min(mb, 4)]
+    req = rng.integers(0, r, n).astype(np.int32)
+    req[::7] = rng.choice([-1, r, I32.max, I32.min], req[::7].shape)
+    hi = min(mb * bs + 3, I32.max)
+    tok = rng.integers(-3, hi, (n, k), dtype=np.int64).astype(np.int32)
+    zoo = np.array([I32.min, -(2**30), -bs, -1, 0, bs - 1, bs, min(mb * bs - 1, I32.max), min(mb * bs, I32.max),
+                    I32.max], np.int64).astype(np.int32)
+    tok[:, : zoo.size] = zoo[: min(k, zoo.size)]
+    return req, bt, tok
+
+
+@pytest.mark.parametrize("bs", [1, 2, 3, 16, 61, 64, 1000, 2**20, 2**30, 2**31 - 1])
+@pytest.mark.parametrize("threads", ["1", "2"])
+def test_every_path_matches_reference(isa, bs, threads, monkeypatch):
+    """Each SMLA_CPU_ISA level (the vector code: shifts for power-of-two block sizes, a corrected
+    reciprocal otherwise, unsigned range tests, a masked gather) against the oracle on every branch of
+    the rule, with and without prefill rows, in place, on one and two threads."""
+    monkeypatch.setenv("SMLA_NUM_THREADS", threads)
+    rng = np.random.default_rng(bs % 9973)
+    n, r, k = 40, 5, 2051
+    mb = max(1, min(300, (I32.max // bs) + 3))  # past INT32_MAX // bs columns: no position reaches them
+    req, bt, tok = zoo_case(rng, n, r, mb, bs, k, nb=5000)
+    convert(req, bt, tok, bs)
+    pids = np.full(n, -1, np.int32)
+    pids[3::4] = rng.integers(0, 3, pids[3::4].size)
+    pids[5] = 3  # past num_prefills
+    starts = np.array([0, 7777, I32.max - 1000], np.int32)
+    convert(req, bt, tok, bs, prefill_request_ids=pids, prefill_workspace_starts=starts)
+    exp = ref.convert_topk_indices(req, bt, tok, bs)[0]
+    t2 = tok.copy()
+    smla.convert_topk_indices(req, bt, t2, block_size=bs, out=t2)
+    np.testing.assert_array_equal(t2, exp)
+
+
+@pytest.mark.parametrize("bs,mb", [(2**20, 4096), (2**30, 8), (2**16, 2**15 + 7)])
+def test_negative_positions_with_a_wide_block_table(isa, bs, mb):
+    """A power-of-two block size with more block-table columns than any position can reach
+    (INT32_MAX // bs + 1): a negative position shifted right lands on such a column, and must still be -1."""
+    rng = np.random.default_rng(mb)
+    bt = rng.integers(0, 100, (2, mb)).astype(np.int32)
+    tok = np.array([[I32.min, -1, -bs, -(2**30), I32.min + bs, 0, bs, I32.max, I32.max - bs, -2, 5, 6, 7, 8, 9,
+                     -bs - 1, min(3 * bs, I32.max)]] * 3, np.int32)
+    convert(np.array([0, 1, 0], np.int32), bt, tok, bs)
+
+
+def test_empty_block_table_and_rows(isa):
+    """max_blocks = 0 (every paged entry -1, prefill rows still mapped), topk = 0 and no rows."""
+    rng = np.random.default_rng(41)
+    tok = rng.integers(-1, 100, (6, 37)).astype(np.int32)
+    pids = np.array([-1, 0, -1, 1, -1, 0], np.int32)
+    convert(np.zeros(6, np.int32), np.zeros((2, 0), np.int32), tok, 16, prefill_request_ids=pids,
+            prefill_workspace_starts=np.array([10, 20], np.int32))
+    convert(np.zeros(3, np.int32), np.zeros((2, 4), np.int32), np.zeros((3, 0), np.int32), 16)
+    convert(np.zeros(0, np.int32), np.zeros((2, 4), np.int32), np.zeros((0, 8), np.int32), 16)
+
+
+@pytest.mark.parametrize("threads", ["1", "2", "3"])
+def test_num_blocks_check_on_every_path(isa, threads, monkeypatch):
+    """With num_blocks the vector code tests every selected block against it; without an offending
+    entry the result is the oracle's (blocks past INT32_MAX // bs but inside the cache are -1, not
+    errors), and the first offending entry in row order is the one reported, whichever thread meets it."""
+    monkeypatch.setenv("SMLA_NUM_THREADS", threads)
+    rng = np.random.default_rng(42)
+    for bs in (64, 61):
+        req, bt, tok = zoo_case(rng, 300, 4, 40, bs, 100, nb=50)
+        bt[bt >= 50] = 7  # the zoo's huge ids are past a 50-block cache: keep one overflow case only
+        nb = I32.max // bs + 10
+        bt[2, 3] = nb - 1  # inside the cache, but its slots overflow int32: -1
+        out, counts = smla.convert_topk_indices(req, bt, tok, block_size=bs, num_blocks=nb, return_valid_counts=True)
+        exp, exp_counts = ref.convert_topk_indices(req, bt, tok, bs)
+        np.testing.assert_array_equal(out, exp)
+        np.testing.assert_array_equal(counts, exp_counts)
+        bt[2, 3], bt[3, 5] = 0, 60
+        rows = np.nonzero(req == 3)[0]
+        tok[rows[1], 50] = 5 * bs + 1  # the first in row order; later rows select it too
+        tok[rows[2:], 9] = 5 * bs
+        with pytest.raises(ValueError, match=r"^block_table: block 60 \(request 3, column 5\) is outside the "
+                                             r"cache of 50 blocks$"):
+            smla.convert_topk_indices(req, bt, tok, block_size=bs, num_blocks=50)
+
+
 # ---------------------------------------------------------------- decode context parallel
 
 def dcp_local_len(seq_len, world, il, rank):
@@ -189,6 +281,49 @@ def test_dcp_block_table_and_prefill_rows():
                                                              starts)
             np.testing.assert_array_equal(out, exp)
             np.testing.assert_array_equal(counts, exp_counts)
+
+
+@pytest.mark.parametrize("world,il", [(1, 1), (2, 1), (3, 1), (4, 2), (3, 5), (8, 64), (5, 1000), (7, 2**20)])
+@pytest.mark.parametrize("bs", [16, 61])
+@pytest.mark.parametrize("threads", ["1", "2"])
+def test_dcp_every_path(isa, world, il, bs, threads, monkeypatch):
+    """filter_convert_dcp_indices on each SMLA_CPU_ISA level (the vector code divides by the interleave and
+    the world size with shifts or a corrected reciprocal, and compacts 8 entries at a time through a
+    lane table): every rank, compact or not, the zoo of entries, prefill rows (compacted, not filtered),
+    in place, and a block past the cache reported."""
+    monkeypatch.setenv("SMLA_NUM_THREADS", threads)
+    rng = np.random.default_rng(world * 1000 + il)
+    n, r, k = 24, 4, 1003
+    req, bt, tok = zoo_case(rng, n, r, 60, bs, k, nb=5000)
+    tok[:, 20:] = np.where(rng.random((n, k - 20)) < 0.9, rng.integers(0, world * 60 * bs, (n, k - 20)), tok[:, 20:])
+    pids = np.full(n, -1, np.int32)
+    pids[2::6] = rng.integers(0, 3, pids[2::6].size)
+    starts = np.array([5, 9000, I32.max - 77], np.int32)
+    for rank in {0, world - 1, world // 2}:
+        for compact in (True, False):
+            kw = dict(block_size=bs, dcp_size=world, dcp_rank=rank, interleave=il, compact=compact)
+            for extra in ({}, dict(prefill_request_ids=pids, prefill_workspace_starts=starts)):
+                out, counts = smla.filter_convert_dcp_indices(req, bt, tok, **kw, **extra)
+                exp, exp_counts = ref.filter_convert_dcp_indices(req, bt, tok, bs, world, rank, il, compact,
+                                                                 extra.get("prefill_request_ids"),
+                                                                 extra.get("prefill_workspace_starts"))
+                np.testing.assert_array_equal(out, exp)
+                np.testing.assert_array_equal(counts, exp_counts)
+            t2 = tok.copy()
+            smla.filter_convert_dcp_indices(req, bt, t2, out=t2, **kw)
+            np.testing.assert_array_equal(t2, ref.filter_convert_dcp_indices(req, bt, tok, bs, world, rank, il,
+                                                                             compact)[0])
+    # a block past the cache where rank 0 selects it (local position 3 * bs + 1 -> column 3 of request 1)
+    bt[1] = rng.integers(0, 5000, bt.shape[1])  # the zoo's huge ids in this row are past the cache too
+    bt[1, 3] = 6000
+    loc = 3 * bs + 1
+    g = (loc // il) * world * il + loc % il  # rank 0's position loc, as a global one
+    row = int(np.nonzero(req == 1)[0][0])
+    tok[row, 500] = g
+    with pytest.raises(ValueError, match=r"^block_table: block 6000 \(request 1, column 3\) is outside the cache "
+                                         r"of 5000 blocks$"):
+        smla.filter_convert_dcp_indices(req, bt, tok, block_size=bs, dcp_size=world, dcp_rank=0, interleave=il,
+                                        num_blocks=5000)
 
 
 # ---------------------------------------------------------------- CUDA twin, bit for bit

@@ -235,6 +235,132 @@ def test_bad_arguments():
         smla.pack_kv(kv_c[:1], k_pe, cache, slots, kv_cache_dtype="fp8_ds_mla")
 
 
+# ---------------------------------------------------------------- every CPU path, every e4m3 case
+
+ISA_LEVELS = ["portable", "avx2", "avx512", "avx512bf16"]  # SMLA_CPU_ISA, csrc/cpu/cpu_features.h
+
+
+@pytest.fixture(params=ISA_LEVELS)
+def isa(request, monkeypatch):
+    """Each level this CPU has, forced (the binding reads SMLA_CPU_ISA at every call; a level the CPU
+    lacks runs the best one below it, which build_info() names). Shared with
+    test_convert_topk_indices.py."""
+    monkeypatch.setenv("SMLA_CPU_ISA", request.param)
+    if smla.build_info()["cpu_isa"] != request.param:
+        pytest.skip(f"this CPU has no {request.param} level")
+    return request.param
+
+
+def every_magnitude_tiles(k, rng):
+    """Tiles (uint16 bf16 bits, [n, 128]) whose pow2 scale is 2^k: element 0 is 448 * 2^k (amax / 448 =
+    2^k exactly; for k = 120, past bf16's range, the largest bf16), the other 127 run through every bf16
+    magnitude up to it, in order, with random signs, so that some tiles hold only values the bf16-lane
+    encoder takes (|x| >= 2^(k-6)) and some straddle the e4m3 subnormal range (fp32 lanes); then the
+    magnitudes from 2^(k-6) up again, so that each of those is in a bf16-lane tile once. Every
+    fourth tile also gets a +0.0 or -0.0 at a random place (zeros do not leave the bf16 lanes)."""
+    amax = 0x7F7F if k == 120 else int(bf16(448.0 * 2.0**k)[()])
+    low = (121 + k) << 7  # 2^(k-6): a second run starts here, so that no value above it shares a tile with one below
+    mags = np.r_[np.arange(0, amax + 1), np.arange(low, amax + 1)].astype(np.uint16)
+    n = -(-mags.size // 127)
+    body = np.resize(mags, n * 127).reshape(n, 127)
+    body |= (rng.random(body.shape) < 0.5).astype(np.uint16) << 15
+    tiles = np.concatenate([np.full((n, 1), amax, np.uint16), body], axis=1)
+    z = np.arange(0, n, 4)
+    tiles[z, rng.integers(1, 128, z.size)] = rng.choice(np.array([0, 0x8000], np.uint16), z.size)
+    return tiles
+
+
+@pytest.mark.parametrize("rule", RULES)
+@pytest.mark.parametrize("threads", ["1", "2"])
+def test_every_bf16_value_at_every_pow2_scale(isa, rule, threads, monkeypatch):
+    """Every bf16 magnitude below 448 * 2^k, both signs, for every power-of-two scale 2^k a tile can
+    get (k = -13 .. 120; under the fp32 rule the same tiles also have scale 2^k), byte for byte against
+    the oracle: every round-to-nearest-even tie of e4m3, every subnormal result, the 448 edge."""
+    monkeypatch.setenv("SMLA_NUM_THREADS", threads)
+    rng = np.random.default_rng(11)
+    tiles = np.concatenate([every_magnitude_tiles(k, rng) for k in range(-13, 121)])
+    tiles = np.resize(tiles, (-(-tiles.shape[0] // 4) * 4, 128))  # whole tokens
+    kv_c = tiles.reshape(-1, 512)
+    t = kv_c.shape[0]
+    k_pe = ref.rand_bf16((t, 64), rng)
+    cache = new_cache(-(-t // 64), 64, "fp8_ds_mla")
+    slots = rng.permutation(cache.shape[0] * 64)[:t].astype(np.int64)
+    expected = pack_both(kv_c, k_pe, cache, slots, "fp8_ds_mla", rule)
+    assert_bytes_equal(cache, expected)
+
+
+# corner values as bf16 bits: NaNs (quiet, signalling payloads, both signs), +-Inf, +-0, bf16 subnormals,
+# the largest finite, 448 and its neighbours, e4m3 ties around 1 (1.0625 = 1 + 1/16 ties to 1, 1.1875
+# ties to 1.25), the smallest e4m3 subnormal's half (a tie to 0) and just above it
+CORNERS = np.array([0x7FC0, 0xFFC0, 0x7F81, 0xFF81, 0x7FFF, 0x7FA5, 0x7F80, 0xFF80, 0x0000, 0x8000, 0x0001,
+                    0x8001, 0x007F, 0x0080, 0x7F7F, 0xFF7F, 0x43E0, 0xC3E0, 0x43DF, 0x43E1, 0x3F88, 0xBF98,
+                    0x3A80, 0x3A81, 0xBA81, 0x3B00], np.uint16)
+
+
+@pytest.mark.parametrize("rule", RULES)
+def test_corner_values_in_every_tile_position(isa, rule):
+    """Each corner value alone in a tile of zeros, next to 1.0, and next to a large value (its tile's
+    scale decides what it becomes), at every position of a vector and of the tile: NaN -> 0x7F | sign,
+    Inf -> scale Inf and NaN bytes, -0.0 -> 0x80, saturation, ties, subnormals."""
+    rng = np.random.default_rng(12)
+    rows = []
+    for v in CORNERS:
+        for fill in (0x0000, 0x3F80, 0x4700):  # 0, 1.0, 32768
+            for pos in (0, 1, 7, 8, 15, 16, 31, 63, 127):
+                tile = np.full(128, fill, np.uint16)
+                tile[(pos + 1) % 128] ^= 0x8000  # a negative neighbour
+                tile[pos] = v
+                rows.append(tile)
+    tiles = np.array(rows)
+    tiles = np.resize(tiles, (-(-tiles.shape[0] // 4) * 4, 128))
+    kv_c = tiles.reshape(-1, 512)
+    t = kv_c.shape[0]
+    cache = new_cache(t, 1, "fp8_ds_mla", fill=0x5A)
+    expected = pack_both(kv_c, ref.rand_bf16((t, 64), rng), cache, np.arange(t, dtype=np.int32), "fp8_ds_mla",
+                         rule)
+    assert_bytes_equal(cache, expected)
+
+
+@pytest.mark.parametrize("rule", RULES)
+def test_scale_boundaries_and_all_zero_tiles(isa, rule):
+    """amax exactly 448 * 2^k (scale 2^k) and one bf16 step above (scale 2^(k+1)), amax at the 1e-4
+    floor, all-zero and all -0.0 tiles, tiles of bf16 subnormals, and negative slots (skipped) mixed
+    with real ones."""
+    rng = np.random.default_rng(13)
+    rows = []
+    for k in range(-20, 121):
+        for amax in (448.0 * 2.0**k, 450.0 * 2.0**k, 1e-4 * 448.0):
+            tile = ref.bf16_rne(rng.standard_normal(128) * min(amax, 3e38) / 4)
+            tile[rng.integers(128)] = bf16(min(amax, 3.3e38))[()]
+            rows.append(tile)
+    rows += [np.zeros(128, np.uint16), np.full(128, 0x8000, np.uint16),
+             rng.integers(0, 0x80, 128).astype(np.uint16) | (rng.integers(0, 2, 128) << 15).astype(np.uint16)]
+    tiles = np.resize(np.array(rows, np.uint16), (-(-len(rows) // 4) * 4, 128))
+    kv_c = tiles.reshape(-1, 512)
+    t = kv_c.shape[0]
+    nb, bs = -(-t // 16) + 1, 16
+    cache = new_cache(nb, bs, "fp8_ds_mla", fill=0x33)
+    slots = rng.permutation(nb * bs)[:t].astype(np.int32)
+    slots[::5] = -1
+    expected = pack_both(kv_c, ref.rand_bf16((t, 64), rng), cache, slots, "fp8_ds_mla", rule)
+    assert_bytes_equal(cache, expected)
+
+
+@pytest.mark.parametrize("threads", ["1", "2", "3", "8"])
+def test_duplicate_slots_last_wins_on_every_team(isa, threads, monkeypatch):
+    """Tokens spread over slot classes per thread: of tokens that share a slot the last one wins on any
+    team size (more threads than cores included), for both cache dtypes."""
+    monkeypatch.setenv("SMLA_NUM_THREADS", threads)
+    rng = np.random.default_rng(14)
+    nb, bs, t = 20, 16, 1500
+    kv_c, k_pe = varied_tokens(t, rng)
+    slots = rng.integers(-3, nb * bs, t).astype(np.int64)  # many duplicates
+    for cd in CACHE_DTYPES:
+        cache = new_cache(nb, bs, cd)
+        expected = pack_both(kv_c, k_pe, cache, slots, cd, "pow2")
+        assert_bytes_equal(cache, expected)
+
+
 # ---------------------------------------------------------------- CUDA twin, bit for bit
 
 def from_cuda(t, like):

@@ -7,10 +7,12 @@
  * The scalar functions here are the rules. The fast paths compute the same bits in vector form and are
  * tested against them (tests/test_pack_kv.py, test_unpack_kv.py, test_cpu_paths.py, and on the GPU
  * test_cuda_memory_ops.py):
- *   write: csrc/cpu/pack_kv.c pack_fp8_entry_avx2 / e4m3x8_avx2, cuda/memory/pack_kv.cu quant8;
+ *   write: csrc/cpu/pack_kv.c pack_fp8_entry_avx2 (quant_tile_bf16_avx2, e4m3x8_avx2), cuda/memory/pack_kv.cu
+ *          quant8;
  *   read:  csrc/cpu/cache_rows.h smla_dequant_row_table / _avx2 / _avx512, cuda/common.cuh dequant_e4m3x2.
- * Both fast write paths multiply by 1/s where s is a power of two whose inverse is a normal float: x / s
- * and x * (1/s) are then the same real number, rounded once. */
+ * For a power-of-two s whose inverse is a normal float, x / s and x * (1/s) are the same real number,
+ * rounded once: the fast write paths multiply. The CPU's bf16-lane encoder goes further for tiles with
+ * no value in the e4m3 subnormal range: there x / s is x with its exponent lowered by log2(s), exactly. */
 #ifndef SMLA_CORE_FP8_DS_MLA_H
 #define SMLA_CORE_FP8_DS_MLA_H
 

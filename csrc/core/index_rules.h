@@ -6,7 +6,7 @@
  * cuda/memory (the same ops).
  *
  * The CPU's AVX2 convert path (csrc/cpu/convert_topk_indices.c) is the vector twin of smla_convert_index
- * for rows without DCP; its scalar path and the GPU call the function here. The one difference between
+ * (DCP included); its scalar path and the GPU call the function here. The one difference between
  * the backends is kept out of the rule: a block id >= num_blocks makes smla_convert_index return -1 and
  * report the column, which the CPU turns into an error and the GPU ignores (reporting it would need a
  * sync). */
