@@ -3,12 +3,24 @@
 // shared with the CPU; a block id >= num_blocks (when given), an error on the CPU, is -1 here, since
 // reporting it would need a sync; the attention kernels then never read past the cache for it.
 //
-// One block per row. The row is walked in chunks of blockDim.x * 8 entries, 8 consecutive entries per
-// thread (two 16-byte accesses when aligned). Counts come from a block-wide scan of the per-thread
-// counts; with DCP compaction the same exclusive scan gives each thread its output position, so the
-// valid entries land at the front in their original order (deterministic), and the tail gets -1.
-// out may alias topk_indices: a chunk is read completely (the scan's barriers) before any of it is
-// written, and compacted writes never reach past the chunk being processed.
+// One CTA per row, W warps (W = ceil(topk / 512), at most 8), one pass over the row. The row is walked in
+// rounds of W * 512 entries; in a round warp w owns 512 consecutive entries as 4 groups of 128, lane l
+// reading and writing entries 4l..4l+3 of each group: every warp access is 512 contiguous bytes (one
+// 16-byte access per lane when the rows are 16-byte aligned), and each lane has its 4 loads in flight at
+// once. Counts are ballots: a warp's valid entries are popc of 4 ballots, and with DCP compaction a lane's
+// output position is the row's count so far + the counts of the warps before it in this round (one
+// barrier per round, through a double-buffered shared array) + the popc of the ballots below its lane:
+// the valid entries land at the front in their original order (deterministic), the tail gets -1.
+// The block-table row is cached in shared memory when it is short next to the row (max_blocks <=
+// topk / 2 and <= kSmemBt): one coalesced load per CTA, L2 hits, instead of a dependent gather per entry.
+// out may alias topk_indices: a round is read completely (before its barrier, or by the same thread)
+// before any of it is written, and compacted writes never reach past the round being processed.
+//
+// DCP ownership (smla_dcp_owns) divides by dcp_size, interleave and their product, which are fixed for the
+// launch: here each division is a 32x32->64-bit multiply and a shift by a magic number made on the host
+// (Div31 below; exact for every dividend < 2^31, i.e. every valid position), the rest of the rule is
+// smla_convert_index itself on the local position. Tested against the CPU (which runs smla_dcp_owns) over
+// dcp sizes 1-4 and interleaves 1-4, positions up to 2^31 - 1.
 #include "cache_rows.cuh"
 #include "core/index_rules.h"
 
@@ -16,96 +28,154 @@ namespace {
 
 using namespace smla;
 
-constexpr int kPerThread = 8;
-constexpr int kMaxThreads = 256;
-constexpr int kMaxWarps = kMaxThreads / kWarp;
+constexpr int kGroup = 128;              // entries of one warp access (4 per lane)
+constexpr int kGroups = 4;               // groups per warp per round
+constexpr int kWarpSpan = kGroup * kGroups;
+constexpr int kMaxWarps = 8;
+constexpr int kSmemBt = 4096;            // block-table entries cached per CTA at most (16 KB, under the
+                                         // 48 KB of dynamic shared memory a launch gets without opting in)
 
-// Exclusive scan of v over the block; *total gets the block sum. Every thread must call it.
-__device__ __forceinline__ int block_exclusive_scan(int v, int *total)
+// x / d for 0 <= x < 2^31 and a launch-invariant d >= 1: floor(x * m / 2^s) with m = ceil(2^(31+l) / d),
+// l = ceil(log2 d), s = 31 + l. m * d - 2^s < d <= 2^l, so the error term x * (m * d - 2^s) / (d * 2^s) <
+// 2^-l <= 1/d: exact (Granlund-Montgomery). d >= 2^31 gives 0 for every such x (m = 0).
+struct Div31 {
+    uint32_t m;
+    int s;
+};
+Div31 make_div31(uint64_t d)
 {
-    __shared__ int warp_sums[kMaxWarps];
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = (blockDim.x + 31) >> 5;
-    int x = v;
-#pragma unroll
-    for (int o = 1; o < 32; o <<= 1) {
-        const int y = __shfl_up_sync(kFullMask, x, o);
-        if (lane >= o) x += y;
+    if (d >= (1ull << 31)) return Div31{0u, 0};
+    int l = 0;
+    while ((1ull << l) < d) ++l;
+    return Div31{static_cast<uint32_t>(((1ull << (31 + l)) + d - 1) / d), 31 + l};
+}
+__device__ __forceinline__ uint32_t div31(uint32_t x, Div31 v)
+{
+    return static_cast<uint32_t>((static_cast<uint64_t>(x) * v.m) >> v.s);
+}
+
+// smla_dcp_owns with the launch's divisors (index_rules.h: position t belongs to rank (t / I) % D and sits at
+// (t / (D*I)) * I + t % I there).
+struct Dcp {
+    int on;
+    uint32_t rank, d, i;
+    Div31 by_i, by_d, by_di;
+};
+__device__ __forceinline__ bool dcp_owns(const Dcp &c, uint32_t t, uint32_t *local)
+{
+    const uint32_t g = div31(t, c.by_i);
+    if (g - div31(g, c.by_d) * c.d != c.rank) return false;
+    *local = div31(t, c.by_di) * c.i + (t - g * c.i);
+    return true;
+}
+
+// One entry: smla_convert_index, with DCP paged rows filtered and mapped here first (p has dcp_size 0).
+__device__ __forceinline__ int32_t convert_one(const smla_convert_indices_params &p, const smla_index_row &rc,
+                                               const Dcp &dcp, int32_t tok)
+{
+    int64_t past_col; // a block past the cache: -1 here (the CPU's error)
+    if (dcp.on && tok >= 0 && rc.ws_base == SMLA_PAGED_ROW) {
+        uint32_t local;
+        if (!dcp_owns(dcp, static_cast<uint32_t>(tok), &local)) return -1;
+        tok = static_cast<int32_t>(local);
     }
-    if (lane == 31) warp_sums[warp] = x;
-    __syncthreads();
-    if (warp == 0) {
-        int w = lane < nwarps ? warp_sums[lane] : 0;
-#pragma unroll
-        for (int o = 1; o < kMaxWarps; o <<= 1) {
-            const int y = __shfl_up_sync(kFullMask, w, o);
-            if (lane >= o) w += y;
-        }
-        if (lane < nwarps) warp_sums[lane] = w;
-    }
-    __syncthreads();
-    const int excl = x - v + (warp > 0 ? warp_sums[warp - 1] : 0);
-    *total = warp_sums[nwarps - 1];
-    __syncthreads(); // warp_sums is reused by the next call
-    return excl;
+    return smla_convert_index(&p, &rc, tok, &past_col);
 }
 
 template <bool VEC, bool COMPACT>
-__global__ void __launch_bounds__(kMaxThreads) convert_kernel(smla_convert_indices_params p)
+__global__ void __launch_bounds__(kMaxWarps * kWarp) convert_kernel(smla_convert_indices_params p, Dcp dcp,
+                                                                    int bt_cached)
 {
+    extern __shared__ int32_t s_bt[]; // [max_blocks] when bt_cached
+    __shared__ int s_cnt[2][kMaxWarps];
     const int64_t n = blockIdx.x;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
     const int32_t *in = p.topk_indices + n * p.in_stride;
     int32_t *out = p.out + n * p.out_stride;
-
-    const smla_index_row rc = smla_index_row_of(&p, n);
-
     const int64_t K = p.topk;
-    const int64_t chunk = static_cast<int64_t>(blockDim.x) * kPerThread;
-    int64_t count = 0;  // COMPACT: entries written so far (block-uniform); else this thread's count
-    for (int64_t c0 = 0; c0 < K; c0 += chunk) {
-        const int64_t k0 = c0 + static_cast<int64_t>(threadIdx.x) * kPerThread;
-        int32_t v[kPerThread];
-        const bool full = VEC && k0 + kPerThread <= K;
-        if (full) {
-            const int4 a = *reinterpret_cast<const int4 *>(in + k0);
-            const int4 b = *reinterpret_cast<const int4 *>(in + k0 + 4);
-            v[0] = a.x; v[1] = a.y; v[2] = a.z; v[3] = a.w;
-            v[4] = b.x; v[5] = b.y; v[6] = b.z; v[7] = b.w;
-        } else {
+    const int64_t round = static_cast<int64_t>(nwarps) * kWarpSpan;
+
+    smla_index_row rc = smla_index_row_of(&p, n);
+    if (bt_cached && rc.bt_row) {
+        for (int64_t b = threadIdx.x; b < p.max_blocks; b += blockDim.x) s_bt[b] = rc.bt_row[b];
+        rc.bt_row = s_bt;
+        __syncthreads();
+    }
+
+    int64_t count = 0; // COMPACT: entries of the row written so far (CTA-uniform); else this warp's count
+    int par = 0;
+    for (int64_t r0 = 0; r0 < K; r0 += round, par ^= 1) {
+        const int64_t w0 = r0 + static_cast<int64_t>(warp) * kWarpSpan + 4 * lane;
+        int32_t v[kGroups][4];
 #pragma unroll
-            for (int e = 0; e < kPerThread; ++e) v[e] = k0 + e < K ? in[k0 + e] : -1;
-        }
-        int cnt = 0;
-#pragma unroll
-        for (int e = 0; e < kPerThread; ++e) {
-            int64_t past_col; // a block past the cache: -1 here (the CPU's error)
-            v[e] = k0 + e < K ? smla_convert_index(&p, &rc, v[e], &past_col) : -1;
-            cnt += v[e] != -1;
-        }
-        if (COMPACT) {
-            int total;
-            int64_t pos = count + block_exclusive_scan(cnt, &total);
-#pragma unroll
-            for (int e = 0; e < kPerThread; ++e)
-                if (v[e] != -1) out[pos++] = v[e];
-            count += total;
-        } else {
-            count += cnt;
-            if (full) {
-                *reinterpret_cast<int4 *>(out + k0) = make_int4(v[0], v[1], v[2], v[3]);
-                *reinterpret_cast<int4 *>(out + k0 + 4) = make_int4(v[4], v[5], v[6], v[7]);
+        for (int g = 0; g < kGroups; ++g) {
+            const int64_t k = w0 + g * kGroup;
+            if (VEC && k + 4 <= K) {
+                const int4 a = *reinterpret_cast<const int4 *>(in + k);
+                v[g][0] = a.x; v[g][1] = a.y; v[g][2] = a.z; v[g][3] = a.w;
             } else {
 #pragma unroll
-                for (int e = 0; e < kPerThread; ++e)
-                    if (k0 + e < K) out[k0 + e] = v[e];
+                for (int e = 0; e < 4; ++e) v[g][e] = k + e < K ? in[k + e] : -1;
+            }
+        }
+        // a warp's entries in row order: group g, then lane, then e. below[g]: valid entries of group g in
+        // the lanes below this one; total: valid entries of the warp in this round
+        int below[kGroups], in_group[kGroups], total = 0;
+#pragma unroll
+        for (int g = 0; g < kGroups; ++g) {
+            below[g] = in_group[g] = 0;
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const int64_t k = w0 + g * kGroup + e;
+                v[g][e] = k < K ? convert_one(p, rc, dcp, v[g][e]) : -1;
+                const unsigned m = __ballot_sync(kFullMask, v[g][e] != -1);
+                below[g] += __popc(m & ((1u << lane) - 1u));
+                in_group[g] += __popc(m);
+            }
+            total += in_group[g];
+        }
+        if (COMPACT) {
+            if (lane == 0) s_cnt[par][warp] = total;
+            __syncthreads();
+            int64_t pos = count, round_total = 0;
+            for (int w = 0; w < nwarps; ++w) {
+                const int c = s_cnt[par][w];
+                if (w < warp) pos += c;
+                round_total += c;
+            }
+#pragma unroll
+            for (int g = 0; g < kGroups; ++g) {
+                int64_t q = pos + below[g];
+#pragma unroll
+                for (int e = 0; e < 4; ++e)
+                    if (v[g][e] != -1) out[q++] = v[g][e];
+                pos += in_group[g];
+            }
+            count += round_total;
+        } else {
+            count += total;
+#pragma unroll
+            for (int g = 0; g < kGroups; ++g) {
+                const int64_t k = w0 + g * kGroup;
+                if (VEC && k + 4 <= K) {
+                    *reinterpret_cast<int4 *>(out + k) = make_int4(v[g][0], v[g][1], v[g][2], v[g][3]);
+                } else {
+#pragma unroll
+                    for (int e = 0; e < 4; ++e)
+                        if (k + e < K) out[k + e] = v[g][e];
+                }
             }
         }
     }
     if (COMPACT) {
         for (int64_t k = count + threadIdx.x; k < K; k += blockDim.x) out[k] = -1;
     } else if (p.valid_counts) {
-        int total;
-        block_exclusive_scan(static_cast<int>(count), &total);
-        count = total;
+        if (lane == 0) s_cnt[0][warp] = static_cast<int>(count);
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            count = 0;
+            for (int w = 0; w < nwarps; ++w) count += s_cnt[0][w];
+        }
     }
     if (p.valid_counts && threadIdx.x == 0) p.valid_counts[n] = static_cast<int32_t>(count);
 }
@@ -119,19 +189,33 @@ extern "C" int smla_cuda_convert_topk_indices(const smla_convert_indices_params 
     if (p->num_tokens > 0x7fffffffLL)
         return smla_fail(st, SMLA_ERR_VALUE, "topk_indices: %lld rows exceed one CUDA grid",
                          static_cast<long long>(p->num_tokens));
-    // enough threads for one chunk to cover the row when it is short, whole warps
-    int threads = static_cast<int>(smla_ceil_div(p->topk < 1 ? 1 : p->topk, kPerThread));
-    threads = threads > kMaxThreads ? kMaxThreads : static_cast<int>(smla_ceil_div(threads, kWarp)) * kWarp;
+    int warps = static_cast<int>(smla_ceil_div(p->topk < 1 ? 1 : p->topk, kWarpSpan));
+    warps = warps > kMaxWarps ? kMaxWarps : warps;
     const bool vec = aligned16(p->topk_indices, 4 * p->in_stride) && aligned16(p->out, 4 * p->out_stride);
     const bool compact = p->dcp_size >= 1 && p->compact;
-    const dim3 g(static_cast<unsigned>(p->num_tokens)), b(threads);
+    // the block-table row in shared memory when its load costs at most half the row's index bytes
+    const int bt_cached = p->max_blocks <= kSmemBt && 2 * p->max_blocks <= p->topk;
+    const size_t smem = bt_cached ? static_cast<size_t>(p->max_blocks) * sizeof(int32_t) : 0;
+    smla_convert_indices_params q = *p;
+    Dcp dcp = {};
+    if (p->dcp_size >= 1) {
+        dcp.on = 1;
+        dcp.rank = static_cast<uint32_t>(p->dcp_rank);
+        dcp.d = static_cast<uint32_t>(p->dcp_size);
+        dcp.i = static_cast<uint32_t>(p->dcp_interleave);
+        dcp.by_i = make_div31(dcp.i);
+        dcp.by_d = make_div31(dcp.d);
+        dcp.by_di = make_div31(static_cast<uint64_t>(dcp.d) * dcp.i);
+        q.dcp_size = 0; // the kernel filters DCP rows itself (convert_one)
+    }
+    const dim3 g(static_cast<unsigned>(p->num_tokens)), b(warps * kWarp);
     cudaStream_t s = smla_stream(p->stream);
     if (compact) {
-        if (vec) convert_kernel<true, true><<<g, b, 0, s>>>(*p);
-        else convert_kernel<false, true><<<g, b, 0, s>>>(*p);
+        if (vec) convert_kernel<true, true><<<g, b, smem, s>>>(q, dcp, bt_cached);
+        else convert_kernel<false, true><<<g, b, smem, s>>>(q, dcp, bt_cached);
     } else {
-        if (vec) convert_kernel<true, false><<<g, b, 0, s>>>(*p);
-        else convert_kernel<false, false><<<g, b, 0, s>>>(*p);
+        if (vec) convert_kernel<true, false><<<g, b, smem, s>>>(q, dcp, bt_cached);
+        else convert_kernel<false, false><<<g, b, smem, s>>>(q, dcp, bt_cached);
     }
     SMLA_CUDA_LAUNCH_CHECK(st);
     return SMLA_OK;
