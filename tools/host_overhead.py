@@ -157,6 +157,13 @@ def main():
     args = ap.parse_args()
     rows = []
     print(f"# smla {getattr(smla, '__file__', '')}; build {_C.build_info().get('cuda_runtime')}")
+    for name in ("torch", "cupy"):
+        try:
+            mod = __import__(name)
+            t = mod.Tensor if name == "torch" else mod.ndarray
+            print(f"# {name} {mod.__version__}: __dlpack_c_exchange_api__ {hasattr(t, '__dlpack_c_exchange_api__')}")
+        except ImportError:
+            pass
     print(f"{'lib':<6} {'op':<21} {'given us':>9} {'python':>7} {'binding':>8} {'launch':>7} {'alloc us':>9}")
     for lib in args.libs.split(","):
         got = library(lib)
@@ -170,7 +177,8 @@ def main():
             t = host_us(given, sync)
             d = host_us(direct, sync)
             e = host_us(empty[op][2], sync)
-            a = host_us(alloc, sync) if alloc else float("nan")
+            # smla allocates with the caller's framework: a plain DLPack producer has none (pass out=)
+            a = host_us(alloc, sync) if alloc and lib != "plain" else float("nan")
             rows.append(dict(lib=lib, op=op, given_us=t, binding_us=d, binding_empty_us=e, alloc_us=a))
             print(f"{lib:<6} {op:<21} {t:>9.2f} {t - d:>7.2f} {d:>8.2f} {d - e:>7.2f} {a:>9.2f}", flush=True)
         if lib == "torch":
