@@ -31,6 +31,8 @@ run() {  # $1: new|base, rest: command (from the tree's root)
   local d=$NEW; [ "$1" = base ] && d=$BASE; shift
   (cd "$d" && PYTHONPATH="$d/src" timeout "${TB:-120}" "$@")
 }
+nvcc -O2 -std=c++17 -gencode=arch=compute_90,code=sm_90 -o /tmp/launch_cost tools/launch_cost.cu 2>/dev/null \
+  && { echo "== launch_cost"; /tmp/launch_cost | tee "$OUT/launch_cost.log"; }
 for t in new base; do
   echo "== host_overhead $t"; run $t python3 "$NEW/tools/host_overhead.py" --json "$OUT/host_$t.json" 2>&1 | tee "$OUT/host_$t.log"
 done
@@ -41,7 +43,7 @@ for t in new base; do
   grep -v "^#" "$OUT/mem_$t.log" | head -20
 done
 el mem done
-for t in new base; do
+for t in ${SCATTER:-new}; do
   echo "== pack_kv_scatter $t"; run $t python3 "$NEW/tools/pack_kv_scatter.py" 2>&1 | tee "$OUT/scatter_$t.log"
 done
 el scatter done
