@@ -160,13 +160,14 @@ class Lib:
     def late(self, a):
         """A device array of a's values, poisoned now and written on the busy stream."""
         raw = a.view(np.uint16) if a.dtype == np.dtype(BF16) else a
+        poison = 0x55 if raw.dtype.kind == "u" else -7
         if self.name == "cupy":
-            d = self.cp.full(raw.shape, 0x55 if raw.dtype == np.uint8 else -7, raw.dtype)
+            d = self.cp.full(raw.shape, poison, raw.dtype)
             d.set(raw)  # on the current (busy) stream
             return d
         t = self.torch
         src = t.from_numpy(raw.view(np.int16) if raw.dtype == np.uint16 else raw).pin_memory()
-        d = t.full(src.shape, 0x55 if raw.dtype == np.uint8 else -7, dtype=src.dtype, device="cuda")
+        d = t.full(src.shape, poison, dtype=src.dtype, device="cuda")
         d.copy_(src, non_blocking=True)
         if a.dtype == np.dtype(BF16):
             d = d.view(t.bfloat16)

@@ -71,7 +71,7 @@ __device__ __forceinline__ uint2 quant8(const float f[8], float s, bool pow2)
 
 // One token per warp: the same loads for both cache dtypes, then an fp8_ds_mla or a bf16 entry.
 template <int DT, bool VIN, bool VOUT, bool I64>
-__global__ void __launch_bounds__(kWarpsPerBlock * kWarp, 7) pack_kernel(smla_pack_kv_params p, bool rope_vec)
+__global__ void __launch_bounds__(kWarpsPerBlock * kWarp) pack_kernel(smla_pack_kv_params p, bool rope_vec)
 {
     const int lane = threadIdx.x & 31;
     const int64_t t = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + (threadIdx.x >> 5);
