@@ -2,7 +2,7 @@
 // Python layer and the binding are cut): an empty kernel launched with <<<>>>, with cudaLaunchKernelEx and
 // the programmatic-dependent-launch attribute (the attention combine's launch), and with the driver's
 // cuLaunchKernel (through cudaGetDriverEntryPoint: no libcuda link), plus cudaGetDevice / cudaGetLastError.
-// Host time = wall time of a burst of 100 calls / 100, median of 51 bursts, the GPU drained in between.
+// Host time = wall time of a burst of 100 calls / 100, median of 51 bursts, the GPU drained in between; the whole set twice.
 //   nvcc -O2 -std=c++17 -o /tmp/launch_cost tools/launch_cost.cu && /tmp/launch_cost
 #include <cuda.h>
 #include <cuda_runtime.h>
@@ -39,6 +39,8 @@ int main()
     cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
     int x = 1, *p = nullptr;
     void *args[] = {&x, &p};
+    for (int round = 0; round < 2; ++round) { // twice: host speed drifts on a shared machine
+    printf("-- round %d\n", round + 1);
     printf("runtime <<<>>>                      %6.2f us\n", host_us([&] { empty_kernel<<<132, 256, 0, s>>>(x, p); }));
     printf("cudaLaunchKernel                    %6.2f us\n",
            host_us([&] { cudaLaunchKernel((const void *)empty_kernel, dim3(132), dim3(256), args, 0, s); }));
@@ -71,6 +73,7 @@ int main()
                (void)cudaGetLastError();
                cudaGetDevice(&dev);
            }));
+    }
     printf("last error: %s\n", cudaGetErrorString(cudaGetLastError()));
     return 0;
 }
