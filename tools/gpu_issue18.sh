@@ -9,8 +9,12 @@ NEW=$PWD; BASE=$(cd "${1:?usage: tools/gpu_issue18.sh BASE_DIR [tests|bench|all]
 OUT=${OUT:-/tmp/smla-out}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 OMP_NUM_THREADS=2
 T0=$(date +%s); el() { echo "[$(( $(date +%s) - T0 )) s] $*"; }
-(cd "$BASE" && SMLA_NVCC_JOBS=7 python3 setup.py build_ext --inplace -j 7 > "$OUT/base_build.log" 2>&1) &
-SMLA_NVCC_JOBS=9 python3 setup.py build_ext --inplace -j 9 > "$OUT/build.log" 2>&1 || { tail -30 "$OUT/build.log"; exit 1; }
+J=$(( $(nproc) / (2 + $(echo ${EXTRA:-} | wc -w)) ))
+(cd "$BASE" && SMLA_NVCC_JOBS=$J python3 setup.py build_ext --inplace -j $J > "$OUT/base_build.log" 2>&1) &
+for x in ${EXTRA:-}; do
+  (cd "$x" && SMLA_NVCC_JOBS=$J python3 setup.py build_ext --inplace -j $J > "$OUT/build_$(basename $x).log" 2>&1) &
+done
+SMLA_NVCC_JOBS=$J python3 setup.py build_ext --inplace -j $J > "$OUT/build.log" 2>&1 || { tail -30 "$OUT/build.log"; exit 1; }
 wait
 el builds done
 if [ "$WHAT" != bench ]; then
@@ -21,6 +25,10 @@ if [ "$WHAT" != bench ]; then
      tests/test_data_checks.py tests/test_edge.py tests/test_host_path.py > "$OUT/t_host.log" 2>&1 &
   [ -n "${QUICK_TESTS:-}" ] || $P tests/test_bindings.py tests/test_layer.py tests/test_parallel.py tests/test_sparse_mla_decode.py \
      tests/test_sparse_mla_prefill.py > "$OUT/t_ops.log" 2>&1 &
+  for x in ${EXTRA:-}; do  # the memory-op tests on each extra tree too
+    (cd "$x" && PYTHONPATH=$x/src $P -m cuda tests/test_cuda_memory_ops.py tests/test_convert_topk_indices.py \
+       > "$OUT/t_mem_$(basename $x).log" 2>&1) &
+  done
   if [ -n "${FULL:-}" ]; then
     $P -m cuda tests/test_cuda_attention.py tests/test_layer_attend.py tests/test_vllm_adapter.py > "$OUT/t_attn.log" 2>&1 &
   fi
@@ -43,7 +51,6 @@ for i in 1 2; do  # host timings on this machine drift between runs: alternate t
 done
 el host done
 for t in new base ${EXTRA:-}; do  # EXTRA: more trees (directories) to measure here
-  d=$t; [ "$t" = new ] || [ "$t" = base ] || { (cd "$t" && SMLA_NVCC_JOBS=16 python3 setup.py build_ext --inplace -j 16 > "$OUT/extra_build.log" 2>&1); }
   echo "== bench_memory_ops --quick $t"
   if [ "$t" = new ] || [ "$t" = base ]; then
     run $t python3 benchmarks/bench_memory_ops.py --quick --json "$OUT/mem_$(basename $t).json" > "$OUT/mem_$(basename $t).log" 2>&1
