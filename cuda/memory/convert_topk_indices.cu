@@ -22,7 +22,7 @@
 // launch: here each division is a 32x32->64-bit multiply and a shift by a magic number made on the host
 // (Div31 below; exact for every dividend < 2^31, i.e. every valid position), the rest of the rule is
 // smla_convert_index itself on the local position. Tested against the CPU (which runs smla_dcp_owns) over
-// dcp sizes 1-4 and interleaves 1-4.
+// dcp sizes 1-7, interleaves 1 to 2^30 and positions up to 2^31 - 1 (tests/test_convert_topk_indices.py).
 #include "cache_rows.cuh"
 #include "core/index_rules.h"
 
