@@ -225,11 +225,11 @@ def test_cuda_matches_cpu(k):
 @pytest.mark.parametrize("world,il", [(3, 1), (5, 3), (7, 64), (2, 1000), (6, 7), (1, 1 << 30)])
 @pytest.mark.parametrize("k", [300, 4096 + 40])
 def test_cuda_dcp_positions_up_to_2_pow_31(world, il, k):
-    """The GPU's DCP ownership divides by launch-invariant magic numbers (cuda/memory/
-    convert_topk_indices.cu, Div31): positions over the whole int32 range, odd world sizes and
-    interleaves, against the CPU's divisions. Block size 2^24 keeps the local positions inside the
-    block table (128 blocks of 2^24 tokens), so ownership and local position decide each entry; rows
-    longer than one chunk take the multi-chunk path."""
+    """GPU DCP conversion against the CPU over the whole int32 position range, odd world sizes and
+    interleaves up to 2^30 (a kernel that divides differently, e.g. by multiply-shift magic numbers,
+    must agree everywhere). Block size 2^24 keeps the local positions inside the block table (128
+    blocks of 2^24 tokens), so ownership and local position decide each entry; rows longer than 4096
+    entries take the multi-chunk path."""
     rng = np.random.default_rng(180 + world)
     bs, mb, n = 1 << 24, 128, 64
     bt = rng.integers(0, 128, (4, mb)).astype(np.int32)
