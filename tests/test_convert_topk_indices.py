@@ -354,3 +354,29 @@ def test_cuda_matches_cpu(k):
             gpu = smla.filter_convert_dcp_indices(g[0], g[1], g[2], **kw)
             np.testing.assert_array_equal(gpu[0].cpu().numpy(), cpu[0])  # compaction is stable on both
             np.testing.assert_array_equal(gpu[1].cpu().numpy(), cpu[1])
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("world,il", [(3, 1), (5, 3), (7, 64), (2, 1000), (6, 7), (1, 1 << 30)])
+@pytest.mark.parametrize("k", [300, 4096 + 40])
+def test_cuda_dcp_positions_up_to_2_pow_31(world, il, k):
+    """GPU DCP conversion against the CPU over the whole int32 position range, odd world sizes and
+    interleaves up to 2^30 (a kernel that divides differently, e.g. by multiply-shift magic numbers,
+    must agree everywhere). Block size 2^24 keeps the local positions inside the block table (128
+    blocks of 2^24 tokens), so ownership and local position decide each entry; rows longer than 4096
+    entries take the multi-chunk path."""
+    rng = np.random.default_rng(180 + world)
+    bs, mb, n = 1 << 24, 128, 64
+    bt = rng.integers(0, 128, (4, mb)).astype(np.int32)
+    req = rng.integers(0, 4, n).astype(np.int32)
+    tok = rng.integers(0, I32.max, (n, k), dtype=np.int64).astype(np.int32)
+    tok[:, :8] = [0, 1, il - 1, il, world * il - 1, world * il, I32.max, I32.max - 1]
+    g = [to_cuda(a) for a in (req, bt, tok)]
+    for rank in sorted({0, world - 1, world // 2}):
+        for compact in (True, False):
+            kw = dict(block_size=bs, dcp_size=world, dcp_rank=rank, interleave=il, compact=compact)
+            cpu = smla.filter_convert_dcp_indices(req, bt, tok, **kw)
+            assert (cpu[1] > 0).all(), "every row keeps some entries: the case tests the mapping"
+            gpu = smla.filter_convert_dcp_indices(g[0], g[1], g[2], **kw)
+            np.testing.assert_array_equal(gpu[0].cpu().numpy(), cpu[0])
+            np.testing.assert_array_equal(gpu[1].cpu().numpy(), cpu[1])

@@ -157,24 +157,16 @@ static int fill_from_dltensor(smla_arr *a, const smla_dl_tensor *t)
     return 0;
 }
 
-/* Call obj.__dlpack__(stream=..., max_version=(1, 3)), falling back to the legacy signature. */
-static PyObject *export_capsule(PyObject *obj, PyObject *stream)
+/* Call obj.__dlpack__(stream=..., max_version=(1, 3)), falling back to the legacy signature: one vectorcall
+ * with the names and the version tuple made once (module state), no dict per call. */
+static PyObject *export_capsule(smla_state *S, PyObject *obj, PyObject *stream)
 {
-    PyObject *meth = PyObject_GetAttrString(obj, "__dlpack__");
-    if (!meth) return NULL;
-    PyObject *kw = Py_BuildValue("{s:O,s:(ii)}", "stream", stream, "max_version", 1, 3);
-    PyObject *empty = PyTuple_New(0), *cap = NULL;
-    if (kw && empty) {
-        cap = PyObject_Call(meth, empty, kw);
-        if (!cap && PyErr_ExceptionMatches(PyExc_TypeError)) {
-            PyErr_Clear();
-            PyDict_DelItemString(kw, "max_version");
-            cap = PyObject_Call(meth, empty, kw);
-        }
+    PyObject *args[3] = {obj, stream, S->max_version};
+    PyObject *cap = PyObject_VectorcallMethod(S->str_dlpack, args, 1, S->kw_stream_version);
+    if (!cap && PyErr_ExceptionMatches(PyExc_TypeError)) {
+        PyErr_Clear();
+        cap = PyObject_VectorcallMethod(S->str_dlpack, args, 1, S->kw_stream);
     }
-    Py_XDECREF(kw);
-    Py_XDECREF(empty);
-    Py_DECREF(meth);
     return cap;
 }
 
@@ -240,7 +232,7 @@ static int from_exchange_api(smla_args *A, const smla_dl_exchange_api *api, PyOb
 
 static int from_dlpack(smla_args *A, PyObject *obj, smla_arr *a)
 {
-    PyObject *dev = PyObject_CallMethod(obj, "__dlpack_device__", NULL);
+    PyObject *dev = PyObject_CallMethodNoArgs(obj, A->state->str_dlpack_device);
     if (!dev) return -1;
     long dev_type = -1;
     if (PyTuple_Check(dev) && PyTuple_GET_SIZE(dev) == 2) dev_type = PyLong_AsLong(PyTuple_GET_ITEM(dev, 0));
@@ -255,7 +247,7 @@ static int from_dlpack(smla_args *A, PyObject *obj, smla_arr *a)
         Py_INCREF(stream);
     }
     if (!stream) return -1;
-    PyObject *cap = export_capsule(obj, stream);
+    PyObject *cap = export_capsule(A->state, obj, stream);
     Py_DECREF(stream);
     if (!cap) return -1;
 
@@ -307,7 +299,7 @@ static smla_arr *acquire(smla_args *A, PyObject *obj, const char *name, int opti
     else if ((api = exchange_api(A->state, obj, &api_cap)) != NULL) {
         rc = from_exchange_api(A, api, obj, a);
         Py_DECREF(api_cap);
-    } else if (PyObject_HasAttrString(obj, "__dlpack__")) {
+    } else if (PyObject_HasAttr(obj, A->state->str_dlpack)) {
         A->stream_pending = 0; /* no framework stream to ask: the legacy default stream */
         rc = from_dlpack(A, obj, a);
     }

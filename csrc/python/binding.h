@@ -28,6 +28,10 @@ typedef struct {
     PyObject *api_capsule; /* NULL when the type has no usable table */
     const void *api;       /* the table inside api_capsule, or NULL */
     PyObject *names[SMLA_N_COUNT]; /* the interned argument names (kwargs.h) */
+    /* the plain DLPack protocol's call, made once (binding.c: export_capsule) */
+    PyObject *str_dlpack, *str_dlpack_device; /* "__dlpack__", "__dlpack_device__" */
+    PyObject *kw_stream_version, *kw_stream;   /* ("stream", "max_version"), ("stream",) */
+    PyObject *max_version;                     /* (1, 3) */
 } smla_state;
 
 /* stream value meaning "the current stream of the framework that owns the first CUDA array" */

@@ -97,6 +97,11 @@ static int module_exec(PyObject *m)
     }
     for (int i = 0; i < SMLA_N_COUNT; i++)
         if (!(S->names[i] = PyUnicode_InternFromString(smla_arg_names[i]))) return -1;
+    if (!(S->str_dlpack = PyUnicode_InternFromString("__dlpack__")) ||
+        !(S->str_dlpack_device = PyUnicode_InternFromString("__dlpack_device__")) ||
+        !(S->kw_stream_version = Py_BuildValue("(ss)", "stream", "max_version")) ||
+        !(S->kw_stream = Py_BuildValue("(s)", "stream")) || !(S->max_version = Py_BuildValue("(ii)", 1, 3)))
+        return -1;
     /* the limits and sizes the Python layer uses, from their one definition (core/smla.h) */
     if (PyModule_AddIntConstant(m, "MAX_HEADS", SMLA_MAX_HEADS) < 0 ||
         PyModule_AddIntConstant(m, "MAX_TOPK", SMLA_MAX_TOPK) < 0 ||
@@ -137,6 +142,11 @@ static int module_clear(PyObject *m)
     Py_CLEAR(S->api_type);
     Py_CLEAR(S->api_capsule);
     for (int i = 0; i < SMLA_N_COUNT; i++) Py_CLEAR(S->names[i]);
+    Py_CLEAR(S->str_dlpack);
+    Py_CLEAR(S->str_dlpack_device);
+    Py_CLEAR(S->kw_stream_version);
+    Py_CLEAR(S->kw_stream);
+    Py_CLEAR(S->max_version);
     return 0;
 }
 

@@ -77,6 +77,12 @@ template <bool V> __device__ __forceinline__ uint4 ld16_u16(const uint16_t *p)
     return make_uint4(p[0] | (static_cast<uint32_t>(p[1]) << 16), p[2] | (static_cast<uint32_t>(p[3]) << 16),
                       p[4] | (static_cast<uint32_t>(p[5]) << 16), p[6] | (static_cast<uint32_t>(p[7]) << 16));
 }
+// The same for data read once (ld.global.cs: evict-first in L1 and L2).
+template <bool V> __device__ __forceinline__ uint4 ld16_u16_stream(const uint16_t *p)
+{
+    if (V) return __ldcs(reinterpret_cast<const uint4 *>(p));
+    return ld16_u16<false>(p);
+}
 template <bool V> __device__ __forceinline__ void st16_u16(uint16_t *p, uint4 v)
 {
     if (V) {

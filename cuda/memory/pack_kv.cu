@@ -24,7 +24,7 @@ template <bool I64> __device__ __forceinline__ int64_t load_slot(const void *s, 
 // k_pe is often a slice of a wider activation, so its alignment is checked on its own (run time).
 __device__ __forceinline__ uint4 load_rope(const uint16_t *p, bool vec)
 {
-    return vec ? ld16_u16<true>(p) : ld16_u16<false>(p);
+    return vec ? ld16_u16_stream<true>(p) : ld16_u16_stream<false>(p);
 }
 
 // 8 bf16 (one uint4, low half first) -> 8 floats.
@@ -76,14 +76,17 @@ __global__ void __launch_bounds__(kWarpsPerBlock * kWarp) pack_kernel(smla_pack_
     const int lane = threadIdx.x & 31;
     const int64_t t = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + (threadIdx.x >> 5);
     if (t >= p.num_tokens) return;
-    uint8_t *e = smla_cache_entry(&p.cache, load_slot<I64>(p.slot_mapping, t));
-    if (e == nullptr) return; // padded / invalid slot: nothing is written
-
+    // the token's row is read once: streaming loads (evict first), so that it does not push the cache
+    // lines this kernel writes out of L2 before their neighbouring entries (656-byte entries share a
+    // 32-byte sector with a neighbour) are written too; issued before the slot is known
+    const int64_t slot = load_slot<I64>(p.slot_mapping, t);
     const uint16_t *x = p.kv_c + t * p.kv_c_stride;
-    uint4 va = ld16_u16<VIN>(x + 8 * lane);
-    uint4 vb = ld16_u16<VIN>(x + 256 + 8 * lane);
+    uint4 va = ld16_u16_stream<VIN>(x + 8 * lane);
+    uint4 vb = ld16_u16_stream<VIN>(x + 256 + 8 * lane);
     uint4 vr;
     if (lane < 8) vr = load_rope(p.k_pe + t * p.k_pe_stride + 8 * lane, rope_vec);
+    uint8_t *e = smla_cache_entry(&p.cache, slot);
+    if (e == nullptr) return; // padded / invalid slot: nothing is written
 
     if constexpr (DT == SMLA_CACHE_BF16) {
         st16<VOUT>(e + 16 * lane, va);

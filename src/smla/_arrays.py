@@ -52,16 +52,92 @@ def device(x, name="array"):
     return (int(t), int(i))
 
 
-def is_cuda(x, name="array"):
+def _is_cuda_dlpack(x, name="array"):
     return device(x, name)[0] in (_DL_CUDA, _DL_CUDA_MANAGED)
+
+
+def _cuda_rule(x, name):
+    """How to tell whether an array of type(x) is on CUDA: a constant, or a function of the array."""
+    fw = framework(x)
+    if fw == "numpy":
+        return False
+    if fw == "torch":
+        return lambda a, name: a.is_cuda
+    if fw == "cupy":
+        return True
+    check_array(x, name)
+    return _is_cuda_dlpack
+
+
+def is_cuda(x, name="array"):
+    r = _CUDA_RULES.get(x, name)
+    return r if type(r) is bool else r(x, name)
 
 
 # Passed to the extension to mean "ask the array's framework for its current stream" through the DLPack
 # C exchange API (no Python round trip); see csrc/python/binding.c.
 STREAM_CURRENT = 0xFFFFFFFFFFFFFFFF
-# type -> has the exchange API; weak, so that it neither keeps the caller's types alive nor serves a
-# dead type's answer to a new type at the same address
-_HAS_EXCHANGE_API: weakref.WeakKeyDictionary[type, bool] = weakref.WeakKeyDictionary()
+
+
+class _PerType:
+    """type -> a value computed once per type, looked up in one dict access by id(type) (a
+    WeakKeyDictionary lookup builds a weak reference per call, ~0.3 us on the hot path). The entry keeps
+    only a weak reference to its type: it neither keeps the caller's types alive nor serves a dead
+    type's answer to a new type at the same address (the weak reference is checked, and its callback
+    drops the entry)."""
+
+    def __init__(self, make):
+        self._make = make  # make(x, name) -> value for type(x); may raise (then nothing is cached)
+        self._d = {}
+
+    def get(self, x, name):
+        t = type(x)
+        e = self._d.get(id(t))
+        if e is not None and e[0]() is t:
+            return e[1]
+        v = self._make(x, name)
+        k = id(t)
+        d = self._d
+        try:
+            ref = weakref.ref(t, lambda r, k=k, d=d: d.pop(k, None) if d.get(k, (None,))[0] is r else None)
+        except TypeError:  # a type that cannot be weakly referenced: not cached
+            return v
+        d[k] = (ref, v)
+        return v
+
+
+def _torch_current_stream(x):
+    import torch
+
+    return int(torch.cuda.current_stream(x.device).cuda_stream) if x.is_cuda else 0
+
+
+def _cupy_current_stream(x):
+    import cupy
+
+    return int(cupy.cuda.get_current_stream().ptr)
+
+
+def _stream_rule(x, name):
+    """How to find the default launch stream of arrays of type(x): an int (the same for every array of
+    the type: 0 for NumPy, STREAM_CURRENT for exchange-API types, whose current stream the extension
+    asks for itself) or a function of the array (the framework's current stream, from Python)."""
+    if isinstance(x, np.ndarray):
+        return 0
+    check_array(x, name)
+    t = type(x)
+    if hasattr(t, "__dlpack_c_exchange_api__"):
+        return STREAM_CURRENT
+    fw = framework(x)
+    if fw == "torch":
+        return _torch_current_stream
+    if fw == "cupy":
+        return _cupy_current_stream
+    return 0  # another DLPack producer: the legacy default stream
+
+
+_STREAM_RULES = _PerType(_stream_rule)
+_CUDA_RULES = _PerType(_cuda_rule)
 
 
 def strides_elems(x):
@@ -80,65 +156,69 @@ def dtype_name(x):
 
 def launch_stream(x, stream=None, name="array"):
     """The stream handle to launch on: the caller's `stream=`, else the current stream of the framework
-    that owns x (`name` in messages: torch / cupy), else 0 (the legacy default stream)."""
-    if type(x) is np.ndarray and stream is None:
-        return 0
+    that owns x (`name` in messages: torch / cupy), else 0 (the legacy default stream). One dict lookup
+    per call for exchange-API types and NumPy."""
+    if stream is None:
+        r = _STREAM_RULES.get(x, name)
+        return r if type(r) is int else r(x)
     check_array(x, name)
-    if stream is not None:
-        try:
-            s = operator.index(stream)
-        except TypeError:
-            raise TypeError(f"stream: expected an integer stream handle, got {type(stream).__name__}") from None
-        if not 0 <= s < STREAM_CURRENT:
-            raise ValueError(f"stream: expected a stream handle from 0 to 2**64 - 2, got {s}")
-        return s
-    t = type(x)
-    api = _HAS_EXCHANGE_API.get(t)
-    if api is None:
-        api = _HAS_EXCHANGE_API[t] = hasattr(t, "__dlpack_c_exchange_api__")
-    if api:
-        return STREAM_CURRENT
-    if isinstance(x, np.ndarray) or not is_cuda(x, name):
-        return 0
-    fw = framework(x)
-    if fw == "torch":
+    try:
+        s = operator.index(stream)
+    except TypeError:
+        raise TypeError(f"stream: expected an integer stream handle, got {type(stream).__name__}") from None
+    if not 0 <= s < STREAM_CURRENT:
+        raise ValueError(f"stream: expected a stream handle from 0 to 2**64 - 2, got {s}")
+    return s
+
+
+def _empty_numpy(ref, shape, dtype):
+    return np.empty(shape, _NUMPY_DTYPES[dtype])
+
+
+_TORCH_DTYPES = {}
+
+
+def _empty_torch(ref, shape, dtype):
+    dt = _TORCH_DTYPES.get(dtype)
+    if dt is None:
         import torch
 
-        return int(torch.cuda.current_stream(x.device).cuda_stream)
-    if fw == "cupy":
-        import cupy
+        dt = _TORCH_DTYPES[dtype] = getattr(torch, dtype)
+    return ref.new_empty(shape, dtype=dt)  # ref's device; no autograd history to keep
 
-        return int(cupy.cuda.get_current_stream().ptr)
-    return 0
+
+def _empty_cupy(ref, shape, dtype):
+    import cupy
+
+    with cupy.cuda.Device(device(ref)[1]):
+        if dtype == "bfloat16":
+            try:
+                return cupy.empty(shape, dtype=_NUMPY_DTYPES[dtype])
+            except (TypeError, ValueError):
+                return cupy.empty(shape, dtype=cupy.uint16)  # raw bf16 bits, accepted by every op
+        return cupy.empty(shape, dtype=_NUMPY_DTYPES[dtype])
+
+
+def _empty_other(ref, shape, dtype):
+    if not is_cuda(ref):
+        return np.empty(shape, _NUMPY_DTYPES[dtype])
+    raise TypeError(
+        f"cannot allocate an output for a {type(ref).__module__}.{type(ref).__name__} array on CUDA: "
+        "pass out= (and lse=, etc.) explicitly"
+    )
+
+
+_ALLOCATORS = _PerType(lambda x, name: {"numpy": _empty_numpy, "torch": _empty_torch, "cupy": _empty_cupy,
+                                         "other": _empty_other}[framework(x)])
 
 
 def empty(ref, shape, dtype):
     """An uninitialised array of `shape` and `dtype` ('bfloat16', 'float32', 'int32', 'uint8') made by
     the framework that owns `ref`, on ref's device."""
-    shape = tuple(int(s) for s in shape)
+    shape = tuple(map(int, shape))
     if dtype not in _NUMPY_DTYPES:
         raise TypeError(f"cannot allocate an output of dtype {dtype}: expected one of {sorted(_NUMPY_DTYPES)}")
-    fw = framework(ref)
-    if fw == "numpy" or (fw == "other" and not is_cuda(ref)):
-        return np.empty(shape, _NUMPY_DTYPES[dtype])
-    if fw == "torch":
-        import torch
-
-        return torch.empty(shape, dtype=getattr(torch, dtype), device=ref.device)
-    if fw == "cupy":
-        import cupy
-
-        with cupy.cuda.Device(device(ref)[1]):
-            if dtype == "bfloat16":
-                try:
-                    return cupy.empty(shape, dtype=_NUMPY_DTYPES[dtype])
-                except (TypeError, ValueError):
-                    return cupy.empty(shape, dtype=cupy.uint16)  # raw bf16 bits, accepted by every op
-            return cupy.empty(shape, dtype=_NUMPY_DTYPES[dtype])
-    raise TypeError(
-        f"cannot allocate an output for a {type(ref).__module__}.{type(ref).__name__} array on CUDA: "
-        "pass out= (and lse=, etc.) explicitly"
-    )
+    return _ALLOCATORS.get(ref, "array")(ref, shape, dtype)
 
 
 def zeros(ref, shape, dtype):

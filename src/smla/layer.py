@@ -46,6 +46,12 @@ def _shape(x, name):
     return tuple(int(s) for s in x.shape)
 
 
+def _first(x, n):
+    """x's first n rows: x itself when it has exactly n (a slice costs ~1-3 us of host time per array
+    with torch, the largest part of a decode step's host time next to the kernel launches)."""
+    return x if x.shape[0] == n else x[:n]
+
+
 def _flat_rows(kv_cache):
     """kv[num_blocks*block_size, 576] view of a bf16 cache whose blocks are back to back, else None."""
     if _arrays.framework(kv_cache) not in ("numpy", "torch", "cupy"):
@@ -169,7 +175,8 @@ class SparseMLAAttention:
 
     def _write(self, kv_c, k_pe, kv_cache, md, T):
         if T:
-            pack_kv(kv_c[:T], k_pe[:T], kv_cache, md.slot_mapping, kv_cache_dtype=self.config.kv_cache_dtype)
+            # the slot mapping sets the token count: longer (padded) inputs need no slice
+            pack_kv(kv_c, k_pe, kv_cache, md.slot_mapping, kv_cache_dtype=self.config.kv_cache_dtype)
 
     def attend(self, q: Array | tuple[Array, Array], kv_cache: Array, topk_indices: Array, md: SparseMLAMetadata,
                *, tokens: tuple[int, int] | slice | None = None, out: Array | None = None,
@@ -218,7 +225,8 @@ class SparseMLAAttention:
             lse = _arrays.empty(ref, (n, h), "float32")
         if n:
             q = self._join(q[0], q[1], md, n) if pair else q
-            self._attend(q[:n], kv_cache, topk_indices[:n], md, start, end, out[:n], lse[:n])
+            self._attend(_first(q, n), kv_cache, _first(topk_indices, n), md, start, end, _first(out, n),
+                         _first(lse, n))
         return out, lse
 
     def _join(self, q_nope, q_pe, md, n):
@@ -265,8 +273,8 @@ class SparseMLAAttention:
             lse = _arrays.empty(q, (T, h), "float32")
         if T:
             self._write(kv_c, k_pe, kv_cache, md, T)
-            self._attend(q[:T], kv_cache, topk_indices[:T], md, 0, T, out[:T],
-                         lse[:T] if return_lse else md.lse_scratch)
+            self._attend(_first(q, T), kv_cache, _first(topk_indices, T), md, 0, T, _first(out, T),
+                         _first(lse, T) if return_lse else md.lse_scratch)
         return (out, lse) if return_lse else out
 
     def _attend(self, q, kv_cache, topk_indices, md, start, end, o, l):
@@ -281,13 +289,12 @@ class SparseMLAAttention:
             md.req_id_per_token[tok], md.block_table, topk_indices, block_size=cfg.block_size,
             num_blocks=int(kv_cache.shape[0]), prefill_request_ids=None if ids is None else ids[tok],
             prefill_workspace_starts=md.prefill_workspace_starts, out=md.indices[tok])
-        max_logits = md.max_logits_scratch[tok]
 
         if cfg.mode == "bf16":
             kv = _flat_rows(kv_cache)
             if kv is not None:
-                sparse_mla_prefill(q, kv, idx, softmax_scale=self.softmax_scale, out=o, lse=l, max_logits=max_logits,
-                                   precision=cfg.precision)
+                sparse_mla_prefill(q, kv, idx, softmax_scale=self.softmax_scale, out=o, lse=l,
+                                   max_logits=md.max_logits_scratch[tok], precision=cfg.precision)
             else:
                 self._decode(q, kv_cache, idx, o, l, md, n, 1)
             return
@@ -302,6 +309,7 @@ class SparseMLAAttention:
             whole = start % s == 0 and d % s == 0
             self._decode(q[:d], kv_cache, idx[:d], o[:d], l[:d], md, d // s if whole else d, s if whole else 1)
         ws = md.prefill_workspace
+        max_logits = md.max_logits_scratch[tok] if md.chunks else None
         for c in md.chunks:
             lo, hi = max(c.token_start, start), min(c.token_end, end)
             if lo >= hi:

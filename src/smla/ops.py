@@ -25,9 +25,17 @@ _I32_MAX = 2**31 - 1
 _I64_MAX = 2**63 - 1
 
 
+# every accepted spelling -> its canonical name: the hot path's one dict lookup
+_CANONICAL = {**{n: n for n in _ENTRY}, **CACHE_DTYPE_ALIASES}
+
+
 def canonical_cache_dtype(kv_cache_dtype: str) -> str:
     """"bf16" or "fp8_ds_mla" for a layout name or one of vLLM's aliases ("auto", "bfloat16", "fp8",
     "fp8_e4m3")."""
+    if type(kv_cache_dtype) is str:
+        name = _CANONICAL.get(kv_cache_dtype)
+        if name is not None:
+            return name
     if not isinstance(kv_cache_dtype, str):
         raise TypeError(f"kv_cache_dtype: expected a str, got {type(kv_cache_dtype).__name__}")
     name = CACHE_DTYPE_ALIASES.get(kv_cache_dtype, kv_cache_dtype)
@@ -90,8 +98,14 @@ def _dtype_name(x: Any, name: str) -> str:
     if dt is None:
         raise TypeError(f"{name}: a {type(x).__name__} has no .dtype to allocate the outputs with; "
                         "pass them (out=, ...)")
-    s = str(dt).replace("torch.", "")
-    return "bfloat16" if s in ("bfloat16", "uint16") else s
+    name = _DTYPE_NAMES.get(dt)
+    if name is None:
+        s = str(dt).replace("torch.", "")  # str of a NumPy dtype costs ~1.5 us: once per dtype
+        name = _DTYPE_NAMES[dt] = "bfloat16" if s in ("bfloat16", "uint16") else s
+    return name
+
+
+_DTYPE_NAMES: dict[Any, str] = {}
 
 
 def kv_cache_shape(num_blocks: int, block_size: int, kv_cache_dtype: str) -> tuple[int, int, int]:
@@ -162,8 +176,9 @@ def convert_topk_indices(req_id, block_table, topk_indices, *, block_size, num_b
     num_blocks: the cache's block count; a selected token whose block id is >= it raises ValueError on
     the CPU and gives -1 on the GPU (None: no such check).
     out may be topk_indices itself (in place); any other overlap between the arrays raises."""
-    bs = _int(block_size, "block_size", 1)
-    return_valid_counts = _bool(return_valid_counts, "return_valid_counts")
+    bs = block_size if type(block_size) is int and 1 <= block_size <= _I64_MAX else _int(block_size, "block_size", 1)
+    if return_valid_counts is not True and return_valid_counts is not False:
+        return_valid_counts = _bool(return_valid_counts, "return_valid_counts")
     s = launch_stream(topk_indices, stream, "topk_indices")
     if out is None:
         out = empty(topk_indices, _shape(topk_indices, "topk_indices", 2), "int32")
@@ -245,9 +260,20 @@ def sparse_mla_decode(q: Array, kv_cache: Array, indices: Array, *, softmax_scal
     docs/design.md section 4 ("Precision"). The CPU and the portable CUDA kernel run high either way.
     The extension checks the value."""
     cdt = canonical_cache_dtype(kv_cache_dtype)
-    scale = _real(softmax_scale, "softmax_scale")
-    b, s_q, h, _ = _shape(q, "q", 4, "[b, s_q, h, 576]")
     s = launch_stream(q, stream, "q")
+    if out is None or lse is None or (workspace is None and is_cuda(q, "q")):
+        out, lse, workspace = _decode_outputs(q, indices, cdt, out, lse, workspace)
+    # softmax_scale and the arrays are checked by the extension, each message naming its argument
+    _C.sparse_mla_decode(q=q, kv_cache=kv_cache, indices=indices, topk_length=topk_length, attn_sink=attn_sink,
+                         out=out, lse=lse, workspace=workspace, softmax_scale=softmax_scale, kv_cache_dtype=cdt,
+                         precision=precision, stream=s)
+    return out, lse
+
+
+def _decode_outputs(q, indices, cdt, out, lse, workspace):
+    """The outputs sparse_mla_decode was not given, made with q's framework (workspace: CUDA only).
+    The workspace size comes from the extension, whose launcher plans the split."""
+    b, s_q, h, _ = _shape(q, "q", 4, "[b, s_q, h, 576]")
     if out is None:
         out = empty(q, (b, s_q, h, _C.D_V), "bfloat16")
     if lse is None:
@@ -259,10 +285,7 @@ def sparse_mla_decode(q: Array, kv_cache: Array, indices: Array, *, softmax_scal
                                                    kv_cache_dtype=cdt, device=device(q)[1])
         if size > 0:
             workspace = empty(q, (size,), "uint8")
-    _C.sparse_mla_decode(q=q, kv_cache=kv_cache, indices=indices, topk_length=topk_length, attn_sink=attn_sink,
-                         out=out, lse=lse, workspace=workspace, softmax_scale=scale, kv_cache_dtype=cdt,
-                         precision=precision, stream=s)
-    return out, lse
+    return out, lse, workspace
 
 
 def sparse_mla_prefill(q: Array, kv: Array, indices: Array, *, softmax_scale: float,
@@ -272,15 +295,15 @@ def sparse_mla_prefill(q: Array, kv: Array, indices: Array, *, softmax_scale: fl
     """Sparse MLA over bf16 rows. q [s_q, h, 576], kv [s_kv, 576] (or [s_kv, 1, 576]), indices [s_q, topk]
     int32 rows of kv. Returns (out [s_q, h, 512] bf16, lse [s_q, h] f32, max_logits [s_q, h] f32).
     precision: "high" (default) or "fast", as for sparse_mla_decode."""
-    scale = _real(softmax_scale, "softmax_scale")
-    s_q, h, _ = _shape(q, "q", 3, "[s_q, h, 576]")
     s = launch_stream(q, stream, "q")
-    if out is None:
-        out = empty(q, (s_q, h, _C.D_V), "bfloat16")
-    if lse is None:
-        lse = empty(q, (s_q, h), "float32")
-    if max_logits is None:
-        max_logits = empty(q, (s_q, h), "float32")
+    if out is None or lse is None or max_logits is None:
+        s_q, h, _ = _shape(q, "q", 3, "[s_q, h, 576]")
+        if out is None:
+            out = empty(q, (s_q, h, _C.D_V), "bfloat16")
+        if lse is None:
+            lse = empty(q, (s_q, h), "float32")
+        if max_logits is None:
+            max_logits = empty(q, (s_q, h), "float32")
     _C.sparse_mla_prefill(q=q, kv=kv, indices=indices, topk_length=topk_length, attn_sink=attn_sink, out=out, lse=lse,
-                          max_logits=max_logits, softmax_scale=scale, precision=precision, stream=s)
+                          max_logits=max_logits, softmax_scale=softmax_scale, precision=precision, stream=s)
     return out, lse, max_logits
