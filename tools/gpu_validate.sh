@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Whole-suite GPU validation in one call (device time is scarce): build for sm_90a + sm_80 with every
 # core, run every CUDA test in parallel pytest processes, then the quick benchmarks. Logs under $OUT.
-# Env: TL / TB time limits (tests / each benchmark), DEMO=1, BENCHES="a.py args;b.py", ABLATE=1 (a
+# Env: TL / TB time limits (tests / each benchmark), DEMO=1, BENCHES="a.py args;b.py" (none: no benchmark), ABLATE=1 (a
 # profiling build, SMLA_PROFILE_BUILD=1, and tools/ablate.py after the benchmarks: where the time goes),
 # SANITIZE=1 (compute-sanitizer memcheck, synccheck and racecheck on the attention tests, alongside the tests;
 # racecheck's hazards summarised by source line: docs/design.md section 1 says which are expected).
@@ -23,8 +23,8 @@ $P $A tests/test_overflow.py -k "not decode_grid and not prefill_grid" > "$OUT/t
 $P tests/test_sparse_mla_decode.py tests/test_sparse_mla_prefill.py > "$OUT/t_ops_attn.log" 2>&1 &
 $P tests/test_cuda_memory_ops.py tests/test_pack_kv.py tests/test_unpack_kv.py tests/test_gather_upconvert.py \
    tests/test_convert_topk_indices.py tests/test_merge_attn_states.py tests/test_data_checks.py tests/test_edge.py \
-   > "$OUT/t_mem.log" 2>&1 &
-$P tests/test_layer.py tests/test_parallel.py > "$OUT/t_layer.log" 2>&1 &
+   tests/test_host_path.py > "$OUT/t_mem.log" 2>&1 &
+$P tests/test_layer.py tests/test_layer_attend.py tests/test_parallel.py tests/test_metadata.py > "$OUT/t_layer.log" 2>&1 &
 if [ -n "${SANITIZE:-}" ]; then
   CS="timeout ${TL:-200} compute-sanitizer --print-limit 20"
   PA="python3 -m pytest -q -p no:cacheprovider -m cuda $A"
@@ -45,6 +45,7 @@ done
 for f in "$OUT"/t_*.log; do echo "== $(basename "$f"): $(tail -n 1 "$f" | cut -c1-200)"; grep -E "^FAILED" "$f" | cut -c1-220 | head -8; done
 [ -n "${DEMO:-}" ] && { timeout 90 python3 -m smla demo > "$OUT/demo.log" 2>&1; echo "== demo (rc $?)"; tail -n 12 "$OUT/demo.log"; }
 IFS=';' read -r -a BENCHES <<< "${BENCHES:-bench_sparse_mla_decode.py --quick;bench_sparse_mla_prefill.py --quick;bench_memory_ops.py --quick;bench_layer.py}"
+[ "${BENCHES:-}" = none ] && BENCHES=()  # BENCHES=none: tests only
 for b in "${BENCHES[@]}"; do
   set -- $b
   timeout "${TB:-100}" python3 "benchmarks/$1" "${@:2}" --json "$OUT/${1%.py}.json" > "$OUT/${1%.py}.log" 2>&1
