@@ -104,7 +104,7 @@ typedef struct {
     int64_t limit;      /* num_blocks * block_size */
     int bs_shift;       /* block_size = 1 << bs_shift, or -1 */
     float c2;           /* softmax_scale * log2(e): scores in the log2 domain */
-    int fast;           /* P * V from bf16 P (precision "fast" on a level with bf16 dot products) */
+    int fast;           /* precision "fast": P * V from bf16 P on the levels with bf16 dot products */
     int ablate;         /* ATTN_ABL_* bits (profiling builds) */
 } attn_ctx;
 
@@ -355,16 +355,13 @@ static void attn_finish(const smla_attn_params *p, int64_t r, attn_scratch *cons
 typedef void (*attn_unit_fn)(const attn_ctx *x, int64_t r, int64_t p0, int64_t p1, attn_scratch *w);
 
 /* The unit function of a level and its vector width (heads are padded to a multiple of it). */
-static attn_unit_fn attn_pick(int isa, int emulated_bf16, int *vw, int *dpbf16)
+static attn_unit_fn attn_pick(int isa, int emulated_bf16, int *vw)
 {
-    *dpbf16 = 0;
 #if SMLA_X86
     *vw = 8;
-    *dpbf16 = 1;
     if (isa == SMLA_ISA_AVX2 && emulated_bf16) return attn_unit_avx2_emulated_bf16;
     *vw = 16;
     if (isa >= SMLA_ISA_AVX512BF16) return attn_unit_avx512bf16;
-    *dpbf16 = 0;
     if (isa >= SMLA_ISA_AVX512) return attn_unit_avx512;
     *vw = 8;
     if (isa >= SMLA_ISA_AVX2) return attn_unit_avx2;
@@ -407,11 +404,11 @@ static int attn_run(const smla_attn_params *p, const char *op, smla_status *st)
     const int64_t rows = p->b * p->s_q;
     if (rows == 0 || p->h == 0) return SMLA_OK;
 
-    int vw, dpbf16;
-    const attn_unit_fn unit = attn_pick(p->run.cpu_isa, p->run.emulated_bf16, &vw, &dpbf16);
+    int vw;
+    const attn_unit_fn unit = attn_pick(p->run.cpu_isa, p->run.emulated_bf16, &vw);
     attn_ctx x;
     x.p = p;
-    x.fast = dpbf16 && p->precision == SMLA_PRECISION_FAST;
+    x.fast = p->precision == SMLA_PRECISION_FAST; /* read only by the levels with bf16 dot products */
 #ifdef SMLA_ATTN_ABLATION
     x.ablate = p->run.attn_ablate;
 #else
