@@ -666,8 +666,9 @@ def test_prefill_peaked_softmax_and_max_logits():
 
 
 # =============================================================================================
-# both kernel families on every shape class: SMLA_ATTN_KERNEL=portable (mma.sync, any GPU) and
-# sm90 (wgmma, Hopper; forced here also for h <= 32, which "auto" leaves to the portable kernel)
+# every kernel family on every shape class: SMLA_ATTN_KERNEL=portable (mma.sync, any GPU), sm90 (the
+# wide wgmma kernel, Hopper; forced here also for h <= 32, which "auto" gives the narrow one) and sm90n
+# (the narrow wgmma kernel where h <= 32, the wide one above)
 # =============================================================================================
 
 def _is_hopper():
@@ -680,9 +681,9 @@ FAMILY_PREFILL = [(128, 213, 1840, 256), (64, 62, 32, 2048), (16, 300, 8192, 204
 
 
 @pytest.mark.parametrize("precision", ref.PRECISIONS)
-@pytest.mark.parametrize("family", ["portable", "sm90"])
+@pytest.mark.parametrize("family", ["portable", "sm90", "sm90n"])
 def test_kernel_families(family, precision, monkeypatch):
-    if family == "sm90" and not _is_hopper():
+    if family != "portable" and not _is_hopper():
         pytest.skip("the sm90 kernel family needs a compute capability 9.0 GPU")
     monkeypatch.setenv("SMLA_ATTN_KERNEL", family)
     for i, (cd, h, s_q, topk, bs, b) in enumerate(FAMILY_DECODE):
@@ -729,7 +730,7 @@ def test_portable_kernel_fast_is_high(monkeypatch):
 
 @pytest.mark.parametrize("precision", ref.PRECISIONS)
 @pytest.mark.parametrize("cd", CACHE_DTYPES)
-@pytest.mark.parametrize("h,s_q,b", [(64, 2, 37), (128, 1, 64), (128, 2, 2)])
+@pytest.mark.parametrize("h,s_q,b", [(16, 2, 37), (32, 1, 64), (64, 2, 37), (128, 1, 64), (128, 2, 2)])
 def test_decode_large_values(h, s_q, b, cd, precision):
     c = decode_case(cd, b, s_q, h, 2048, 64, seed=900 + h + b, tl_mode="none", sink_mode="none", v_scale=10.0,
                     all_invalid_frac=0.0)
@@ -740,11 +741,79 @@ def test_decode_large_values(h, s_q, b, cd, precision):
 
 
 @pytest.mark.parametrize("precision", ref.PRECISIONS)
-@pytest.mark.parametrize("h", [64, 128])
+@pytest.mark.parametrize("h", [16, 64, 128])
 def test_prefill_large_values(h, precision):
     c = prefill_case(256, h, 8192, 2048, seed=950 + h, tl_mode="none", sink_mode="none", v_scale=10.0,
                      all_invalid_frac=0.0)
     out_ref, lse_ref, ml_ref, out_abs = prefill_oracle(c, return_abs=True)
     out, lse, ml = run_prefill(c, precision=precision)
     check_prefill(out, lse, ml, out_ref, lse_ref, ml_ref, name=f"|V|~10 {precision}", precision=precision,
+                  out_abs=out_abs)
+
+
+# =============================================================================================
+# small head counts (h <= 32): the narrow wgmma kernel on Hopper ("auto") and the portable kernel (the
+# sm_80 path) on every h from 1 to 32 the issue names, both cache dtypes, both precisions
+# =============================================================================================
+
+SMALL_H = [1, 3, 8, 16, 20, 32]
+
+
+def _small_head_decode_grid():
+    cases = []
+    for i, (h, cd) in enumerate(itertools.product(SMALL_H, CACHE_DTYPES)):
+        s_q, topk, bs = [1, 2, 4][i % 3], [2048, 2112, 64, 300][i % 4], [64, 1, 61][(i // 3) % 3]
+        b = [37, 5, 1, 130][i % 4]
+        cases.append(pytest.param(cd, h, s_q, topk, bs, b, TL_MODES[i % 4], SINK_MODES[i % 5], i,
+                                  id=f"{cd}-h{h}-sq{s_q}-topk{topk}-bs{bs}-b{b}-tl_{TL_MODES[i % 4]}-"
+                                     f"sink_{SINK_MODES[i % 5]}"))
+    return cases
+
+
+@pytest.mark.parametrize("precision", ref.PRECISIONS)
+@pytest.mark.parametrize("family", ["auto", "portable"])
+@pytest.mark.parametrize("cd,h,s_q,topk,bs,b,tl_mode,sink_mode,seed", _small_head_decode_grid())
+def test_small_heads_decode(cd, h, s_q, topk, bs, b, tl_mode, sink_mode, seed, family, precision, monkeypatch):
+    monkeypatch.setenv("SMLA_ATTN_KERNEL", family)
+
+    def make():
+        c = decode_case(cd, b, s_q, h, topk, bs, seed=1000 + seed, tl_mode=tl_mode, sink_mode=sink_mode,
+                        strided_q=seed % 2 == 1, layers=1 + seed % 2)
+        return c, decode_oracle(c, return_abs=True)
+
+    c, (out_ref, lse_ref, out_abs) = shared(("small heads decode", seed), make)
+    out, lse = run_decode(c, precision=precision)
+    check_decode(out, lse, out_ref, lse_ref, name=f"{family} {precision}", precision=precision, out_abs=out_abs)
+    if b <= 5:  # the same call without a workspace: no top-k split
+        out2, lse2 = run_decode(c, workspace=torch.empty(0, dtype=torch.uint8, device=DEV), precision=precision)
+        check_decode(out2, lse2, out_ref, lse_ref, name=f"{family} {precision} unsplit", precision=precision,
+                     out_abs=out_abs)
+
+
+def _small_head_prefill_grid():
+    cases = []
+    shapes = [(62, 592, 128), (213, 8192, 2048), (5, 32, 2048), (300, 1840, 256)]
+    for i, h in enumerate(SMALL_H):
+        s_q, s_kv, topk = shapes[i % 4]
+        cases.append(pytest.param(h, s_q, s_kv, topk, TL_MODES[(i + 1) % 4], SINK_MODES[(i + 2) % 5],
+                                  ["plain", "strided", "3d"][i % 3], i,
+                                  id=f"h{h}-sq{s_q}-skv{s_kv}-topk{topk}"))
+    return cases
+
+
+@pytest.mark.parametrize("precision", ref.PRECISIONS)
+@pytest.mark.parametrize("family", ["auto", "portable"])
+@pytest.mark.parametrize("h,s_q,s_kv,topk,tl_mode,sink_mode,kv_layout,seed", _small_head_prefill_grid())
+def test_small_heads_prefill(h, s_q, s_kv, topk, tl_mode, sink_mode, kv_layout, seed, family, precision,
+                             monkeypatch):
+    monkeypatch.setenv("SMLA_ATTN_KERNEL", family)
+
+    def make():
+        c = prefill_case(s_q, h, s_kv, topk, seed=1100 + seed, tl_mode=tl_mode, sink_mode=sink_mode,
+                         kv_layout=kv_layout)
+        return c, prefill_oracle(c, return_abs=True)
+
+    c, (out_ref, lse_ref, ml_ref, out_abs) = shared(("small heads prefill", seed), make)
+    out, lse, ml = run_prefill(c, precision=precision)
+    check_prefill(out, lse, ml, out_ref, lse_ref, ml_ref, name=f"{family} {precision}", precision=precision,
                   out_abs=out_abs)

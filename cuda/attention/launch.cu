@@ -8,9 +8,11 @@
 //   (a bf16 kv[s_kv, 576] seen as one block of s_kv rows, b = 1) is never split: it has thousands of
 //   rows, and neighbouring tokens, whose top-k sets overlap, run at the same time, so K rows are
 //   loaded with an L2 evict_last hint.
-// - h > 32 on sm_90: the warp-specialised wgmma kernel (sm90/). Otherwise the portable mma.sync
-//   kernel (sm80/). Both give the exact bf16 values of the CPU path (bf16_rne(float(e4m3) * scale)).
-//   SMLA_ATTN_KERNEL=portable|sm90|auto (run.attn_kernel) picks the family at run time (tests, A/B).
+// - On sm_90: h > 32 the warp-specialised wgmma kernel (sm90/kernel.cuh), h <= 32 the narrow wgmma
+//   kernel with tokens on M (sm90/narrow_kernel.cuh). Elsewhere the portable mma.sync kernel (sm80/).
+//   All give the exact bf16 values of the CPU path (bf16_rne(float(e4m3) * scale)).
+//   SMLA_ATTN_KERNEL=auto|portable|sm90|sm90n (run.attn_kernel) picks the family at run time (tests,
+//   A/B): sm90 the wide kernel for any h, sm90n the narrow one where h <= 32 (the wide one above).
 // - When b * s_q * head_tiles CTAs cannot fill the GPU, decode splits the top-k list across CTAs:
 //   each writes fp32 partial O and a log2 lse into the caller's workspace and the combine kernel
 //   (combine.cu) merges them. A missing or smaller workspace means fewer splits.
@@ -61,13 +63,13 @@ int get_props(DevProps *d, int *dev_out, smla_status *st)
 }
 
 // The kernel family a call asks for (smla_run.attn_kernel, from SMLA_ATTN_KERNEL).
-enum Request { kAuto = 0, kPortable = 1, kSm90 = 2 };
+enum Request { kAuto = 0, kPortable = 1, kSm90 = 2, kSm90n = 3 };
 
 // Every kernel in this binary; the sm90 ones only when setup.py compiled them.
 const KernelList *const kLists[] = {
     &kSm80Bf16Kernels, &kSm80Fp8Kernels,
 #if SMLA_HAVE_SM90
-    &kSm90Bf16Kernels, &kSm90Fp8Kernels,
+    &kSm90Bf16Kernels, &kSm90Fp8Kernels, &kSm90nBf16Kernels, &kSm90nFp8Kernels,
 #endif
 };
 
@@ -106,9 +108,10 @@ const KernelEntry *largest_fitting_tile(int ht, bool fp8, const DevProps &d)
 }
 
 // The kernel for h heads over a cache of format fp8 on device d, by these rules:
-// 1. sm90 when this binary has it (SMLA_HAVE_SM90), the device is compute capability 9.0 (sm_90a
-//    code runs nowhere else), the call did not ask for portable, and h > 32 or it asked for sm90;
-//    and only if its shared memory fits (else the rules below).
+// 1. On a compute capability 9.0 device (sm_90a code runs nowhere else) of a binary that has the sm90
+//    kernels (SMLA_HAVE_SM90), unless the call asked for portable: for h <= 32 the narrow kernel
+//    (sm90n, the smallest head tile that holds h) unless the call asked for sm90; otherwise, or when
+//    it asked for sm90, the wide kernel. Only kernels whose shared memory fits (else the rules below).
 // 2. sm80: the head tile is the smallest one that holds h (the largest one for more heads than
 //    that), with the largest K tile that fits the device's shared memory; when none does, the
 //    smallest head tile's largest fitting K tile (the fallback, ~100 KB, fits every sm_80+ GPU).
@@ -116,11 +119,16 @@ const KernelEntry *largest_fitting_tile(int ht, bool fp8, const DevProps &d)
 bool choose(int64_t h, bool fp8, int request, const DevProps &d, Choice *out, int *need)
 {
 #if SMLA_HAVE_SM90
-    if (request != kPortable && d.cc == 90 && (h > 32 || request == kSm90)) {
+    if (request != kPortable && d.cc == 90) {
         const KernelEntry *k = nullptr;
-        for_each_kernel(Family::sm90, fp8, [&](const KernelEntry &e) {
-            if (!k && e.smem <= d.smem_optin) k = &e;
-        });
+        if (request != kSm90)
+            for_each_kernel(Family::sm90n, fp8, [&](const KernelEntry &e) {
+                if (e.ht >= h && e.smem <= d.smem_optin && (!k || e.ht < k->ht)) k = &e;
+            });
+        if (!k && (h > 32 || request == kSm90 || request == kSm90n))
+            for_each_kernel(Family::sm90, fp8, [&](const KernelEntry &e) {
+                if (!k && e.smem <= d.smem_optin) k = &e;
+            });
         if (k) {
             *out = make_choice(k, d);
             return true;

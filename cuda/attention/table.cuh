@@ -1,5 +1,5 @@
 // The kernel table: what each instantiation file (sm80/bf16.cu, sm80/fp8.cu, sm90/bf16.cu,
-// sm90/fp8.cu) offers the launcher (launch.cu), one entry per compiled kernel configuration, and
+// sm90/fp8.cu, sm90/narrow_bf16.cu, sm90/narrow_fp8.cu) offers the launcher (launch.cu), one entry per compiled kernel configuration, and
 // the combine kernel's launch (combine.cu). launch.cu chooses an entry by rule from these numbers
 // alone; nothing else ties a configuration to the launcher, so adding one is adding an entry.
 //
@@ -17,6 +17,7 @@ using LaunchFn = int (*)(const Args &a, int64_t grid, cudaStream_t stream, int d
 enum class Family {
     sm80,  // portable: mma.sync, any head tile, sm_80 and later (sm80/)
     sm90,  // Hopper: warp-specialised wgmma, head tile 64, compute capability 9.0 only (sm90/)
+    sm90n, // Hopper, h <= 32: wgmma with tokens on M, head tile 16 or 32 (sm90/narrow_kernel.cuh)
 };
 
 struct KernelEntry {
@@ -40,6 +41,8 @@ extern const KernelList kSm80Fp8Kernels;   // sm80/fp8.cu
 #if SMLA_HAVE_SM90
 extern const KernelList kSm90Bf16Kernels;  // sm90/bf16.cu
 extern const KernelList kSm90Fp8Kernels;   // sm90/fp8.cu
+extern const KernelList kSm90nBf16Kernels;  // sm90/narrow_bf16.cu
+extern const KernelList kSm90nFp8Kernels;   // sm90/narrow_fp8.cu
 #endif
 
 // The split-top-k combine over the partials of a.n_splits splits (combine.cu); pdl: launch it as a

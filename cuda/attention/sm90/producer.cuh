@@ -41,27 +41,33 @@ struct KvSource {
     }
 };
 
-// bf16 rows. Lanes 8s..8s+7 of producer warp pw copy row r_i = 16 pw + 4 i + s (i = 0..3) of each
-// tile: lane chunk cl = lane & 7 of each of the 9 column blocks, so a lane's 9 cp.async share one
-// swizzled offset (block c8 at +c8 * kBlk in smem, +c8 * 128 B in the row). Each lane finds its own 4
-// rows' addresses (indices fetched a tile ahead): no per-row work is serialised across the warp.
-template <int ABL>
-__device__ __forceinline__ void produce_bf16(const Args &a, const Cta<false> &c)
+// Who produces: the PW warps from thread P0 on (the wide kernel: WG2, 4 warps from thread 256; the
+// narrow one, sm90/narrow_kernel.cuh: WG1 and WG2, 8 warps from thread 128). Each warp owns 64 / PW
+// rows of every tile. C is the kernel's Cta type (it names the K buffers, barriers and row flags).
+//
+// bf16 rows. Lanes 8s..8s+7 of producer warp pw copy row r_i = (64 / PW) pw + 4 i + s of each tile:
+// lane chunk cl = lane & 7 of each of the 9 column blocks, so a lane's 9 cp.async share one swizzled
+// offset (block c8 at +c8 * kBlk in smem, +c8 * 128 B in the row). Each lane finds its own rows'
+// addresses (indices fetched a tile ahead): no per-row work is serialised across the warp.
+template <int ABL, int P0 = 256, int PW = 4, class C>
+__device__ __forceinline__ void produce_bf16(const Args &a, const C &c)
 {
     constexpr bool kNoLoad = (ABL & 1) != 0;
+    constexpr int kRows = kBN / PW, kNi = kRows / 4;  // rows per warp, 4-row steps
+    static_assert(kRows % 4 == 0, "4 rows per warp step");
     const KvSource kv(a);
     const int lane = c.lane;
-    const int pw = (c.tid - 256) >> 5;
+    const int pw = (c.tid - P0) >> 5;
     const uint64_t pol = a.evict_last ? policy_evict_last() : 0;
     const int sub = lane >> 3, cl = lane & 7;
-    auto fetch_idx = [&](int it, int (&v)[4]) {
+    auto fetch_idx = [&](int it, int (&v)[kNi]) {
 #pragma unroll
-        for (int i = 0; i < 4; ++i) {
-            const int pos = (c.j0 + it) * kBN + 16 * pw + 4 * i + sub;
+        for (int i = 0; i < kNi; ++i) {
+            const int pos = (c.j0 + it) * kBN + kRows * pw + 4 * i + sub;
             v[i] = (it < c.nt && pos < c.L) ? __ldg(c.idx_row + pos) : -1;
         }
     };
-    int idx_cur[4], idx_nxt[4];
+    int idx_cur[kNi], idx_nxt[kNi];
     fetch_idx(0, idx_cur);
     for (int it = 0; it < c.nt; ++it) {
         const int b = it & 1, use = it >> 1;
@@ -69,8 +75,8 @@ __device__ __forceinline__ void produce_bf16(const Args &a, const Cta<false> &c)
         if (use > 0) mbar_wait(c.bar_empty + 8 * b, (use - 1) & 1);
         const uint32_t kb = c.sK + b * kTileBytes;
 #pragma unroll
-        for (int i = 0; i < 4; ++i) {
-            const int r = 16 * pw + 4 * i + sub;
+        for (int i = 0; i < kNi; ++i) {
+            const int r = kRows * pw + 4 * i + sub;
             const int idx = idx_cur[i];
             const bool ok = idx >= 0 && static_cast<int64_t>(idx) < kv.limit;  // -1 past L
             const uint8_t *src = kv.row(idx, ok) + cl * 16;
@@ -85,14 +91,14 @@ __device__ __forceinline__ void produce_bf16(const Args &a, const Cta<false> &c)
         }
         cp_async_commit();
 #pragma unroll
-        for (int i = 0; i < 4; ++i) idx_cur[i] = idx_nxt[i];
+        for (int i = 0; i < kNi; ++i) idx_cur[i] = idx_nxt[i];
         cp_async_wait_all();
         fence_async_smem();
         mbar_arrive(c.bar_full + 8 * b);
     }
 }
 
-// One warp's share of an fp8 tile: 4 rows (r = warp + 4 * (4 * batch + k)); lane l holds latent
+// One batch of a warp: 4 rows (r = pw + PW * (4 * batch + k)); lane l holds latent
 // values 16l..16l+15 (scale tile l/8) and bytes 4l..4l+3 of the row's k_pe.
 struct Fp8Batch {
     uint4 e[4];
@@ -101,38 +107,41 @@ struct Fp8Batch {
     bool ok[4];
 };
 
-// fp8_ds_mla rows: batches of 4 rows per warp, 4 batches per tile (2 with XO); batch q+1 is loaded
-// while q is stored. Row m of a warp's tile is row pw + 4m. Per tile, lane m < 16 turns its row's
+// fp8_ds_mla rows: batches of 4 rows per warp, 64 / (4 PW) batches per tile (half with XO); batch q+1
+// is loaded while q is stored. Row m of a warp's tile is row pw + PW m. Per tile, lane m < 64 / PW turns its row's
 // index into the entry address (ptr) and validity bit (okm, a ballot), one tile ahead; the indices
 // themselves are loaded two tiles ahead. No address arithmetic is serialised across the warp: a
 // batch's row gets its address by two shuffles. (A bulk L2 prefetch of the entries a tile ahead was
 // measured: no gain; benchmarks/README.md.)
-template <int ABL, bool XO>
+template <int ABL, bool XO, class C = Cta<XO>, int P0 = 256, int PW = 4>
 struct Fp8Producer {
     static constexpr bool kNoLoad = (ABL & 1) != 0, kNoDq = (ABL & 8) != 0;
-    static constexpr int kNbq = XO ? 2 : 4;                     // batches per tile per warp
+    static constexpr int kRows = kBN / PW;                      // rows of a tile per warp
+    static constexpr int kNbq = (XO ? kRows / 2 : kRows) / 4;   // batches per tile per warp
     static constexpr uint32_t kRemoteBytes = 32 * (2 * kDqk + 4);  // per tile from the peer: rows + valid flags
+    static_assert(kNbq >= 2 && kNbq % 2 == 0, "run() pairs batches");
+    static_assert(!XO || PW == 4, "the crossover is written for one producer warpgroup");
 
-    const Cta<XO> &c;
+    const C &c;
     const KvSource kv;
     const int lane, pw;
     const int bq0;              // XO: this CTA's rows 32 * rank ..
     const uint32_t peer_base;   // XO: the peer's address of our smem base
     const int nq;               // batches of this warp
-    const uint8_t *ptr_cur, *ptr_nxt;  // lane m < 16: the entry of row m of the current / next tile
+    const uint8_t *ptr_cur, *ptr_nxt;  // lane m < kRows: the entry of row m of the current / next tile
     uint32_t okm_cur, okm_nxt;         // their validity bits
-    int idx_nn;                        // lane m < 16: the index of row m two tiles ahead
+    int idx_nn;                        // lane m < kRows: the index of row m two tiles ahead
 
-    __device__ __forceinline__ Fp8Producer(const Args &a, const Cta<XO> &cta, uint32_t peer, uint32_t peer_base_)
-        : c(cta), kv(a), lane(cta.lane), pw((cta.tid - 256) >> 5), bq0(XO ? 2 * static_cast<int>(peer ^ 1u) : 0),
+    __device__ __forceinline__ Fp8Producer(const Args &a, const C &cta, uint32_t peer, uint32_t peer_base_)
+        : c(cta), kv(a), lane(cta.lane), pw((cta.tid - P0) >> 5), bq0(XO ? kNbq * static_cast<int>(peer ^ 1u) : 0),
           peer_base(peer_base_), nq(cta.nt * kNbq)
     {
     }
 
     __device__ __forceinline__ int fetch_idx(int it) const
     {
-        if (it >= c.nt || lane >= 16) return -1;
-        const int pos = (c.j0 + it) * kBN + pw + 4 * lane;
+        if (it >= c.nt || lane >= kRows) return -1;
+        const int pos = (c.j0 + it) * kBN + pw + PW * lane;
         return pos < c.L ? __ldg(c.idx_row + pos) : -1;
     }
     __device__ __forceinline__ void locate(int idx, const uint8_t *&ptr, uint32_t &okm) const
@@ -180,7 +189,7 @@ struct Fp8Producer {
         const uint32_t rbar = peer_base + (c.bar_rr + 8 * b - c.base);  // the peer's rr[b]
 #pragma unroll
         for (int k = 0; k < 4; ++k) {
-            const int r = pw + 4 * (4 * bq + k);
+            const int r = pw + PW * (4 * bq + k);
             const uint4 z = make_uint4(0, 0, 0, 0);
             uint4 v0, v1;
             if constexpr (kNoDq) {
@@ -222,7 +231,7 @@ struct Fp8Producer {
         }
         // XO: our rr[b] expects the peer's half of this tile (its phase for tile it - 2 is over:
         // our consumers waited for it before releasing buffer b)
-        if (XO && first && c.tid == 256) mbar_arrive_expect_tx(c.bar_rr + 8 * b, kRemoteBytes);
+        if (XO && first && c.tid == P0) mbar_arrive_expect_tx(c.bar_rr + 8 * b, kRemoteBytes);
         store(B, q);
         if (last) {
             fence_async_smem();

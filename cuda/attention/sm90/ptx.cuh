@@ -190,7 +190,34 @@ __device__ __forceinline__ void wgmma_n256_rs(float (&d)[128], const uint32_t (&
           SMLA_F8(64), SMLA_F8(72), SMLA_F8(80), SMLA_F8(88), SMLA_F8(96), SMLA_F8(104), SMLA_F8(112), SMLA_F8(120)
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(1));
 }
+
+// The narrow kernel's products (sm90/narrow_kernel.cuh), tokens on M: D[64 x N] (+)= A[64 x 16] B[16 x N]
+// with both operands in smem, B K-major; A K-major (TA = 0: S^T = K Q^T) or M-major (TA = 1: O^T = V^T P^T,
+// V^T read from the K tile as stored).
+template <int TA>
+__device__ __forceinline__ void wgmma_ss(float (&d)[8], uint64_t da, uint64_t db, int accumulate)
+{
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %10, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n16k16.f32.bf16.bf16 "
+                 "{%0, %1, %2, %3, %4, %5, %6, %7}, %8, %9, p, 1, 1, %11, 0;\n}\n"
+                 : SMLA_F8(0)
+                 : "l"(da), "l"(db), "r"(accumulate), "n"(TA));
+}
+template <int TA>
+__device__ __forceinline__ void wgmma_ss(float (&d)[16], uint64_t da, uint64_t db, int accumulate)
+{
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 "
+                 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, %16, %17, p, 1, 1, %19, 0;\n}\n"
+                 : SMLA_F8(0), SMLA_F8(8)
+                 : "l"(da), "l"(db), "r"(accumulate), "n"(TA));
+}
 #undef SMLA_F8
+
+__device__ __forceinline__ void st_shared_u16(uint32_t addr, uint16_t v)
+{
+    asm volatile("st.shared.u16 [%0], %1;\n" ::"r"(addr), "h"(v) : "memory");
+}
 
 __device__ __forceinline__ uint2 ldg_nc_v2(const uint8_t *p)
 {

@@ -1,0 +1,363 @@
+// Hopper (sm_90a) sparse MLA kernel for small head counts (h <= 32): tokens on the MMA's M dimension,
+// so that a wgmma is full with 16 heads. Used for h <= 32 on compute capability 9.0 (SMLA_ATTN_KERNEL=
+// auto or sm90n); semantics, outputs and the split-top-k partials are those of the other kernels.
+//
+// With heads on M (the wide kernel, sm90/kernel.cuh) a 64-row wgmma would carry 16 heads and 48 rows of
+// padding; here the K tile is the M side:
+//   S^T [64 tokens x NH heads] = K [64 x 576] Q^T        (wgmma m64nNHk16, A = K tile K-major, B = Q)
+//   O^T [512 dims x NH heads] += V^T [512 x 64] P^T      (8 x m64nNHk16 per k-step, A = the K tile read
+//                                                          M-major, B = P^T stored by the softmax)
+// so the MMA work is proportional to h and the kernel is bound by the cache reads.
+//
+// CTA = one query row x all heads (NH = 16 or 32, rows past h are zero) x one top-k split, 384 threads:
+//   WG1, WG2, the producers (setmaxnreg kProducerRegs; sm90/producer.cuh with 8 warps): fill the two K
+//     buffers as in the wide kernel, a whole tile of fp8 rows in flight in registers.
+//   WG0, the consumer (setmaxnreg kConsumerRegs), per K tile:
+//     acquire : wait until the producers filled the buffer;
+//     scores  : S^T in 3 chains of 12 k-steps summed in fp32 (the wide kernel's accuracy rule);
+//     softmax : mask and scale (log2 domain), overflow saturated, each head's tile maximum over the
+//               column's 64 tokens (in-warp shuffles, then the 4 warps through smem: kBarRed), alpha,
+//               P = 2^(S - m), row sums per thread in double; P^T stored as bf16 (high: P_hi and P_lo,
+//               split_bf16x2) for all 4 warps' wgmma (kBarP); O^T rescaled by alpha;
+//     pv      : O^T += V^T P^T (high: + V^T P_lo^T);
+//     release : hand the buffer back.
+//   Then the epilogue: row sums across the warps (kBarE), O^T staged transposed in smem, and each warp
+//   writes whole head rows (finish_row, attention/epilogue.cuh).
+// FAST: precision="fast" (P rounded to bf16, one P V MMA per k-step).
+// ABL != 0 only in profiling builds (sm90/kernel.cuh's bits): 1 no K loads, 2 no S wgmma, 4 no P V
+// wgmma, 8 no dequant, 16 no P_lo V wgmma.
+#pragma once
+#include "attention/epilogue.cuh"
+#include "attention/table.cuh"
+#include "attention/sm90/narrow_plan.cuh"
+#include "attention/sm90/producer.cuh"
+
+namespace attn {
+namespace sm90 {
+namespace narrow {
+
+// Q [NH heads x 576] into its column blocks (heads past h zero), issued and waited for by the consumer.
+template <class C>
+__device__ __forceinline__ void load_q(const Args &a, const Cta<C> &c)
+{
+    const smla_attn_params &p = a.p;
+    const uint16_t *qb = p.q + c.bi * p.q_stride_b + c.si * p.q_stride_s;
+    for (int i = c.tid; i < C::NH * kRowChunks; i += 128) {
+        const int r = i / kRowChunks, ch = i - r * kRowChunks;
+        const bool ok = r < c.h;
+        const uint16_t *src = ok ? qb + static_cast<int64_t>(r) * p.q_stride_h + ch * 8 : qb;
+        cp_async16(c.sQ + (ch >> 3) * C::kQBlk + r * 128 + (((ch & 7) ^ (r & 7)) << 4), src, ok ? 16 : 0);
+    }
+    cp_async_commit();
+    cp_async_wait_all();
+    fence_async_smem();
+    named_sync(kBarQ, 128);
+}
+
+// The consumer warpgroup. Thread (warp w, lane = 4 g + t4) holds, of every [64 x NH] accumulator, rows
+// 16 w + g and + 8 (tokens of S^T; dims of an O^T m-tile) and columns 8 jn + 2 t4 + e (heads), element
+// 4 jn + 2 hf + e for row + 8 hf. Its heads: hl = 2 jn + e -> head 8 jn + 2 t4 + e.
+template <class C, int ABL, bool FAST>
+struct Consumer {
+    static constexpr int NH = C::NH, NJ = C::NJ, NS = C::NS, NL = 2 * C::NJ;
+    static constexpr bool kNoS = (ABL & 2) != 0, kNoPV = (ABL & 4) != 0, kNoLo = FAST || (ABL & 16) != 0;
+
+    const Args &a;
+    const int w, g, t4;
+    float o[8][NS];     // O^T m-tile mt: dims 64 mt ..
+    float m_r[NL];      // running maxima (log2 domain), the same in every thread holding the head
+    double l_r[NL];     // this thread's share of the row sums
+
+    __device__ __forceinline__ Consumer(const Args &a_, const Cta<C> &c)
+        : a(a_), w(c.tid >> 5), g(c.lane >> 2), t4(c.lane & 3)
+    {
+#pragma unroll
+        for (int mt = 0; mt < 8; ++mt)
+#pragma unroll
+            for (int i = 0; i < NS; ++i) o[mt][i] = 0.f;
+#pragma unroll
+        for (int hl = 0; hl < NL; ++hl) {
+            m_r[hl] = -INFINITY;
+            l_r[hl] = 0.0;
+        }
+    }
+    __device__ __forceinline__ int head(int hl) const { return 8 * (hl >> 1) + 2 * t4 + (hl & 1); }
+
+    // S^T of K buffer kb: k-step kk reads K columns 16 kk.. (A) and Q columns 16 kk.. (B); chains of 12
+    // k-steps into t0, t1, t2, summed (t0 + t1) + t2 as the wide kernel does.
+    __device__ __forceinline__ void scores(const Cta<C> &c, uint32_t kb, float (&s)[NS]) const
+    {
+        if constexpr (kNoS) {
+#pragma unroll
+            for (int i = 0; i < NS; ++i) s[i] = 0.f;
+        } else {
+            float t0[NS], t1[NS], t2[NS];
+            wg_fence();
+#pragma unroll
+            for (int kk = 0; kk < 36; ++kk) {
+                const uint64_t da = desc(kb + (kk >> 2) * kBlk + (kk & 3) * 32, 16, 1024);
+                const uint64_t db = desc(c.sQ + (kk >> 2) * C::kQBlk + (kk & 3) * 32, 16, 1024);
+                if (kk < 12) wgmma_ss<0>(t0, da, db, kk > 0);
+                else if (kk < 24) wgmma_ss<0>(t1, da, db, kk > 12);
+                else wgmma_ss<0>(t2, da, db, kk > 24);
+            }
+            wg_commit();
+            wg_wait0();
+            fence_regs(t0);
+            fence_regs(t1);
+            fence_regs(t2);
+#pragma unroll
+            for (int i = 0; i < NS; ++i) s[i] = (t0[i] + t1[i]) + t2[i];
+        }
+    }
+
+    // Mask and scale this thread's scores of buffer b, saturate overflow where it matters (attention/
+    // softmax.cuh), and each head's maximum over the tile's 64 tokens (all 128 threads agree on it).
+    __device__ __forceinline__ void tile_max(const Cta<C> &c, int it, int b, float (&s)[NS], float (&mx)[NL]) const
+    {
+        const int tok = 16 * w + g;
+        const bool ok0 = c.sValid[b * kBN + tok] != 0, ok1 = c.sValid[b * kBN + tok + 8] != 0;
+#pragma unroll
+        for (int hl = 0; hl < NL; ++hl) {
+            const int i0 = 4 * (hl >> 1) + (hl & 1), i1 = i0 + 2;
+            s[i0] = ok0 ? s[i0] * a.scale_log2 : -INFINITY;
+            s[i1] = ok1 ? s[i1] * a.scale_log2 : -INFINITY;
+            mx[hl] = fmaxf(s[i0], s[i1]);
+            if (sat_needed(mx[hl], m_r[hl])) {
+                if (ok0) s[i0] = sat_score(s[i0]);
+                if (ok1) s[i1] = sat_score(s[i1]);
+                mx[hl] = fmaxf(s[i0], s[i1]);
+            }
+#pragma unroll
+            for (int x = 4; x < 32; x <<= 1) mx[hl] = fmaxf(mx[hl], __shfl_xor_sync(0xffffffffu, mx[hl], x));
+        }
+        float *red = c.sRed + (it & 1) * 4 * NH;  // the other parity is still being read by slower warps
+        if (g == 0) {
+#pragma unroll
+            for (int hl = 0; hl < NL; ++hl) red[w * NH + head(hl)] = mx[hl];
+        }
+        named_sync(kBarRed, 128);
+#pragma unroll
+        for (int hl = 0; hl < NL; ++hl) {
+            const int hd = head(hl);
+            mx[hl] = fmaxf(fmaxf(red[hd], red[NH + hd]), fmaxf(red[2 * NH + hd], red[3 * NH + hd]));
+        }
+    }
+
+    // New maxima, alpha, P = 2^(S - m) into P^T (bf16; high: P_hi and P_lo), row sums; O^T rescaled.
+    __device__ __forceinline__ void softmax(const Cta<C> &c, const float (&s)[NS], const float (&mx)[NL])
+    {
+        float base_[NL], alpha[NL];
+#pragma unroll
+        for (int hl = 0; hl < NL; ++hl) {
+            const float mn = fmaxf(m_r[hl], mx[hl]);
+            base_[hl] = mn == -INFINITY ? 0.f : mn;
+            alpha[hl] = ex2(m_r[hl] - base_[hl]);
+            m_r[hl] = mn;
+        }
+        const int tok = 16 * w + g;
+#pragma unroll
+        for (int hl = 0; hl < NL; ++hl) {
+            const int i0 = 4 * (hl >> 1) + (hl & 1), i1 = i0 + 2;
+            const float p0 = ex2(s[i0] - base_[hl]), p1 = ex2(s[i1] - base_[hl]);
+            l_r[hl] = l_r[hl] * static_cast<double>(alpha[hl]) + static_cast<double>(p0 + p1);
+            // P^T[head][tok], K-major with the 128-byte swizzle: tokens tok and tok + 8 are chunks
+            // tok >> 3 and + 1 of the head's 128-byte row
+            const int hd = head(hl);
+            const uint32_t row = c.sP + hd * 128 + (tok & 7) * 2;
+            const uint32_t a0 = row + ((((tok >> 3)) ^ (hd & 7)) << 4), a1 = row + ((((tok >> 3) + 1) ^ (hd & 7)) << 4);
+            if constexpr (kNoLo) {
+                const uint32_t hi = pack_bf16x2(p0, p1);
+                st_shared_u16(a0, static_cast<uint16_t>(hi));
+                st_shared_u16(a1, static_cast<uint16_t>(hi >> 16));
+            } else {
+                uint32_t hi, lo;
+                split_bf16x2(p0, p1, hi, lo);
+                st_shared_u16(a0, static_cast<uint16_t>(hi));
+                st_shared_u16(a1, static_cast<uint16_t>(hi >> 16));
+                st_shared_u16(a0 + C::kPBytes, static_cast<uint16_t>(lo));
+                st_shared_u16(a1 + C::kPBytes, static_cast<uint16_t>(lo >> 16));
+            }
+        }
+        bool moved = false;
+#pragma unroll
+        for (int hl = 0; hl < NL; ++hl) moved |= alpha[hl] != 1.f;
+        if (__any_sync(0xffffffffu, moved)) {
+#pragma unroll
+            for (int mt = 0; mt < 8; ++mt)
+#pragma unroll
+                for (int hl = 0; hl < NL; ++hl) {
+                    const int i0 = 4 * (hl >> 1) + (hl & 1);
+                    o[mt][i0] *= alpha[hl];
+                    o[mt][i0 + 2] *= alpha[hl];
+                }
+        }
+        fence_async_smem();
+        named_sync(kBarP, 128);  // all of P^T written (and visible to wgmma)
+    }
+
+    // O^T += V^T P^T over the 4 k-steps of buffer kb: m-tile mt is column block mt of the tile read
+    // M-major (k-step kk: token rows 16 kk ..).
+    __device__ __forceinline__ void pv(const Cta<C> &c, uint32_t kb)
+    {
+        if constexpr (!kNoPV) {
+            wg_fence();
+#pragma unroll
+            for (int kk = 0; kk < 4; ++kk) {
+                const uint64_t dh = desc(c.sP + kk * 32, 16, 1024);
+                const uint64_t dl = desc(c.sP + C::kPBytes + kk * 32, 16, 1024);
+#pragma unroll
+                for (int mt = 0; mt < 8; ++mt) {
+                    const uint64_t dv = desc(kb + mt * kBlk + kk * 16 * 128, kBlk, 1024);
+                    wgmma_ss<1>(o[mt], dv, dh, 1);
+                    if constexpr (!kNoLo) wgmma_ss<1>(o[mt], dv, dl, 1);
+                }
+            }
+            wg_commit();
+            wg_wait0();
+#pragma unroll
+            for (int mt = 0; mt < 8; ++mt) fence_regs(o[mt]);
+        }
+    }
+
+    __device__ __forceinline__ void run(const Cta<C> &c)
+    {
+#pragma unroll 1
+        for (int it = 0; it < c.nt; ++it) {
+            const int b = it & 1;
+            const uint32_t kb = c.sK + b * kTileBytes;
+            float s[NS], mx[NL];
+            mbar_wait(c.bar_full + 8 * b, (it >> 1) & 1);
+            scores(c, kb, s);
+            tile_max(c, it, b, s, mx);
+            softmax(c, s, mx);
+            pv(c, kb);
+            mbar_arrive(c.bar_empty + 8 * b);
+        }
+    }
+
+    // Row sums across the threads of each head, O^T staged as O [NH][kOStride] floats, then warp w
+    // writes heads w, w + 4, ... (lane: columns 64 (lane >> 2) + 2 (lane & 3) + 8 i).
+    __device__ __forceinline__ void epilogue(const Cta<C> &c)
+    {
+#pragma unroll
+        for (int hl = 0; hl < NL; ++hl) {
+#pragma unroll
+            for (int x = 4; x < 32; x <<= 1) l_r[hl] += __shfl_xor_sync(0xffffffffu, l_r[hl], x);
+        }
+        named_sync(kBarE, 128);  // every warp's last wgmma is done with the K buffers the output goes to
+        if (g == 0) {
+#pragma unroll
+            for (int hl = 0; hl < NL; ++hl) {
+                c.sLsum[w * NH + head(hl)] = l_r[hl];
+                if (w == 0) c.sM[head(hl)] = m_r[hl];
+            }
+        }
+#pragma unroll
+        for (int mt = 0; mt < 8; ++mt)
+#pragma unroll
+            for (int i = 0; i < NS; ++i) {
+                const int hd = 8 * (i >> 2) + 2 * t4 + (i & 1);
+                const int dim = 64 * mt + 16 * w + g + 8 * ((i >> 1) & 1);
+                c.sO[hd * C::kOStride + dim] = o[mt][i];
+            }
+        named_sync(kBarE, 128);
+        const int lane = 4 * g + t4;
+        const bool split = a.n_splits > 1;
+        const int col0 = 64 * (lane >> 2) + 2 * (lane & 3);
+        for (int hd = w; hd < NH && hd < c.h; hd += 4) {
+            const double l = c.sLsum[hd] + c.sLsum[NH + hd] + c.sLsum[2 * NH + hd] + c.sLsum[3 * NH + hd];
+            const float *orow = c.sO + hd * C::kOStride + col0;
+            finish_row<8>(
+                a, c.row, c.bi, c.si, c.sp, c.h, hd, split, c.sM[hd], l, [&] { return col0; },
+                [&] { return lane == 0; }, [&](int i) { return *reinterpret_cast<const float2 *>(orow + 8 * i); });
+        }
+    }
+};
+
+// Internal linkage: each instantiation file owns its kernels.
+namespace {
+
+template <class C, bool FP8, int ABL, bool FAST>
+__global__ void __launch_bounds__(C::kThreads, 1) attn_sm90n_kernel(const __grid_constant__ Args a)
+{
+    extern __shared__ uint8_t smem_raw[];
+    const Cta<C> c(a, smem_raw);
+
+    pdl_launch_dependents();  // the combine (split mode) may be scheduled; it waits for this grid
+    if (c.tid == 0) {
+        mbar_init(c.bar_full, 32 * C::kPW);
+        mbar_init(c.bar_full + 8, 32 * C::kPW);
+        mbar_init(c.bar_empty, 128);
+        mbar_init(c.bar_empty + 8, 128);
+        fence_mbarrier_init();
+    }
+    __syncthreads();
+
+    if (c.tid >= C::kP0) {
+        setmaxnreg_dec<kProducerRegs>();
+        if constexpr (FP8) Fp8Producer<ABL, false, Cta<C>, C::kP0, C::kPW>(a, c, 0u, 0u).run();
+        else produce_bf16<ABL, C::kP0, C::kPW>(a, c);
+        return;
+    }
+    setmaxnreg_inc<kConsumerRegs>();
+    Consumer<C, ABL, FAST> wg(a, c);
+    if (c.nt > 0) {
+        load_q(a, c);
+        wg.run(c);
+    }
+    wg.epilogue(c);
+}
+
+template <class C, bool FP8, int ABL, bool FAST>
+int launch_variant(const Args &a, int64_t grid, cudaStream_t s, int dev, smla_status *st)
+{
+    static OncePerDevice configured;
+    if (configured.needed(dev)) {
+        SMLA_CUDA_CHECK(st, cudaFuncSetAttribute(attn_sm90n_kernel<C, FP8, ABL, FAST>,
+                                                 cudaFuncAttributeMaxDynamicSharedMemorySize, Smem<C>::bytes));
+        configured.mark(dev);
+    }
+    attn_sm90n_kernel<C, FP8, ABL, FAST><<<static_cast<unsigned>(grid), C::kThreads, Smem<C>::bytes, s>>>(a);
+    SMLA_CUDA_LAUNCH_CHECK(st);
+    return SMLA_OK;
+}
+
+template <class C, bool FP8, int ABL>
+int launch_precision(const Args &a, int64_t grid, cudaStream_t s, int dev, smla_status *st)
+{
+    if (a.p.precision == SMLA_PRECISION_FAST) return launch_variant<C, FP8, ABL, true>(a, grid, s, dev, st);
+    return launch_variant<C, FP8, ABL, false>(a, grid, s, dev, st);
+}
+
+template <class C, bool FP8, int ABL, int... MORE>
+int launch_ablation(const Args &a, int64_t grid, cudaStream_t s, int dev, smla_status *st)
+{
+    if (a.p.run.attn_ablate == ABL) return launch_precision<C, FP8, ABL>(a, grid, s, dev, st);
+    if constexpr (sizeof...(MORE) > 0) return launch_ablation<C, FP8, MORE...>(a, grid, s, dev, st);
+    else return launch_precision<C, FP8, 0>(a, grid, s, dev, st);
+}
+
+template <class C, bool FP8>
+int launch(const Args &a, int64_t grid, cudaStream_t s, int dev, smla_status *st)
+{
+#if defined(SMLA_ATTN_ABLATION)
+    return launch_ablation<C, FP8, 1, 2, 4, 6, 7, 8, 16>(a, grid, s, dev, st);
+#else
+    return launch_precision<C, FP8, 0>(a, grid, s, dev, st);
+#endif
+}
+
+}  // namespace
+
+// The table entry of the narrow kernel with NH heads for one cache format.
+template <int NH, bool FP8>
+constexpr KernelEntry entry()
+{
+    using C = Cfg<NH>;
+    return KernelEntry{Family::sm90n, FP8, NH, kBN, Smem<C>::bytes, 1, C::kThreads, &launch<C, FP8>};
+}
+
+}  // namespace narrow
+}  // namespace sm90
+}  // namespace attn

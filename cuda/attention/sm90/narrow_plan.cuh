@@ -1,0 +1,107 @@
+// The narrow wgmma kernel's configuration (sm90/narrow_kernel.cuh: h <= 32 on Hopper, tokens on the
+// MMA's M dimension), its shared-memory plan and Cta, one CTA's share of the work.
+//
+// Shared memory (1024-byte aligned, 128-byte swizzle as in sm90/plan.cuh):
+//   q     : Q [NH heads x 576], 9 column blocks of [NH rows x 128 B] (the B operand of S^T = K Q^T);
+//   k     : two K buffers, each 9 column blocks of [64 tokens x 128 B], filled by the producers exactly
+//           as in the wide kernel (the A operand of S^T, and of O^T = V^T P^T read M-major);
+//   p     : P^T as [NH heads x 64 tokens] bf16, K-major (the B operand of O^T): P_hi, then P_lo;
+//   bar   : mbarriers full[2] (256 producer arrivals), empty[2] (128 consumer arrivals);
+//   valid : int [2][64], row valid per K buffer;
+//   red   : float [2][4][NH], each consumer warp's per-head maxima of a tile (parity of the tile);
+//   lsum  : double [4][NH], each consumer warp's row sums (epilogue), m: float [NH], the row maxima.
+// The epilogue stages O as float [NH][kOStride] over the K buffers (dead by then).
+#pragma once
+
+#include "attention/sm90/plan.cuh"
+
+namespace attn {
+namespace sm90 {
+namespace narrow {
+
+template <int NH_>
+struct Cfg {
+    static constexpr int NH = NH_;           // heads per CTA: the wgmma N
+    static constexpr int NJ = NH / 8;        // n8 column blocks of an accumulator
+    static constexpr int NS = NH / 2;        // accumulator floats per thread of one [64 x NH] tile
+    static constexpr int kThreads = 384;     // WG0: consumer; WG1, WG2: producers
+    static constexpr int kP0 = 128, kPW = 8; // producers: 8 warps from thread 128
+    static constexpr int kQBlk = NH * 128;   // one Q column block
+    static constexpr int kPBytes = NH * 128; // one P^T tile
+    static constexpr int kOStride = kDv + 4; // floats per staged output row: rows 2 apart land 8 banks apart
+    static_assert(NH == 16 || NH == 32, "wgmma n16 / n32");
+};
+
+// Registers after setmaxnreg: the consumer holds O^T (4 NH floats), three S^T chains (1.5 NH) and the
+// per-head state; the producers' batches. The three sum to the launch allocation, 3 x 168.
+constexpr int kConsumerRegs = 240, kProducerRegs = 128;
+static_assert(kConsumerRegs + 2 * kProducerRegs <= 3 * 168, "the launch allocation: 64K / 384 -> 168");
+// Named barriers of the 128 consumer threads.
+constexpr int kBarQ = 1, kBarRed = 2, kBarP = 3, kBarE = 4;
+
+template <class C>
+struct Smem {
+    static constexpr Region q = first_region(9 * C::kQBlk);
+    static constexpr Region k = region_after(q, 2 * kTileBytes);
+    static constexpr Region p = region_after(k, 2 * C::kPBytes);
+    static constexpr Region bar = region_after(p, 64);
+    static constexpr Region valid = region_after(bar, 2 * kBN * 4);
+    static constexpr Region red = region_after(valid, 2 * 4 * C::NH * 4);
+    static constexpr Region lsum = region_after(red, 4 * C::NH * 8);
+    static constexpr Region m = region_after(lsum, C::NH * 4);
+    static constexpr int used = m.end();
+    static constexpr int bytes = used + 1024;  // slack to align the base to 1024 B
+    static_assert(q.off % 1024 == 0 && k.off % 1024 == 0 && p.off % 1024 == 0, "swizzled tiles");
+    static_assert(bar.off % 8 == 0 && lsum.off % 8 == 0, "mbarriers and row sums are 8-byte");
+    static_assert(C::NH * C::kOStride * 4 <= k.bytes, "the staged output fits in the K buffers");
+    static_assert(bytes <= 227 * 1024, "sm_90 opt-in shared memory per block");
+};
+
+// One CTA: query row (bi, si), all h <= NH heads, top-k split sp with nt tiles from j0. The fields the
+// producers read (sm90/producer.cuh) have the wide kernel's names.
+template <class C>
+struct Cta {
+    uint32_t base;
+    uint8_t *smem;
+    int tid, lane;
+    int sp;
+    int64_t row, bi, si;
+    int h;
+    const int32_t *idx_row;
+    int L, j0, nt;
+    uint32_t sQ, sK, sP, bar_full, bar_empty, bar_rr;  // bar_*[b] at + 8 b; bar_rr unused (no cluster)
+    int *sValid;
+    float *sRed, *sM, *sO;
+    double *sLsum;
+
+    __device__ __forceinline__ Cta(const Args &a, uint8_t *smem_raw)
+    {
+        using S = Smem<C>;
+        const uint32_t raw_base = smem_u32(smem_raw);
+        base = (raw_base + 1023u) & ~1023u;
+        smem = smem_raw + (base - raw_base);
+        tid = threadIdx.x;
+        lane = tid & 31;
+        const GridPos gp = grid_pos(a);  // one head tile: n_ht = 1
+        sp = gp.sp, row = gp.row, bi = gp.bi, si = gp.si;
+        h = static_cast<int>(a.p.h);
+        const RowSlice slice = row_slice(a, bi, si, sp, kBN);
+        idx_row = slice.idx;
+        L = slice.L, j0 = slice.j0;
+        nt = slice.j1 > j0 ? slice.j1 - j0 : 0;
+
+        sQ = base + S::q.off;
+        sK = base + S::k.off;
+        sP = base + S::p.off;
+        bar_full = base + S::bar.off, bar_empty = base + S::bar.off + 16, bar_rr = 0;
+        sValid = reinterpret_cast<int *>(smem + S::valid.off);
+        sRed = reinterpret_cast<float *>(smem + S::red.off);
+        sLsum = reinterpret_cast<double *>(smem + S::lsum.off);
+        sM = reinterpret_cast<float *>(smem + S::m.off);
+        sO = reinterpret_cast<float *>(smem + S::k.off);
+    }
+};
+
+}  // namespace narrow
+}  // namespace sm90
+}  // namespace attn
