@@ -5,7 +5,7 @@ P V wgmma, 6 both MMA phases, 7 loads and both MMA phases, 8 the fp8 dequant, 16
 Their results are wrong by design; only the times mean anything. --precision is the calls' precision=
 (default fast, the recipe compared with FlashMLA; docs/design.md section 4).
 
-    SMLA_PROFILE_BUILD=1 python setup.py build_ext --inplace && python tools/ablate.py [--precision high|fast]
+    SMLA_PROFILE_BUILD=1 python setup.py build_ext --inplace && python tools/ablate.py [--precision high|fast] [--small]
 """
 import argparse
 import os
@@ -23,14 +23,17 @@ VARIANTS = [0, 1, 2, 4, 6, 7, 8, 16]
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--precision", default="fast", choices=["high", "fast"], help="precision= of the calls")
-    prec = ap.parse_args().precision
-    os.environ["SMLA_ATTN_KERNEL"] = "sm90"
+    ap.add_argument("--small", action="store_true",
+                    help="the small-head shapes (h 16 / 32) on the narrow kernel (sm90n) instead of h 64 / 128 on sm90")
+    args = ap.parse_args()
+    prec = args.precision
+    os.environ["SMLA_ATTN_KERNEL"] = "sm90n" if args.small else "sm90"
     gpu = open_gpu("ablate")
     if gpu is None:
         return 0
     torch, smla = gpu
     print(f"{'case':<26} " + " ".join(f"{'abl' + str(v):>8}" for v in VARIANTS) + f"   (us per call, {prec})")
-    dec = [(128, 2, 128), (64, 2, 128), (128, 1, 2)]
+    dec = [(16, 1, 128), (32, 1, 128), (16, 2, 128)] if args.small else [(128, 2, 128), (64, 2, 128), (128, 1, 2)]
     cache, bt = bd.build_cache(torch, smla, max(b for _, _, b in dec), "fp8_ds_mla")
     for h, s_q, b in dec:
         q = torch.randn((b, s_q, h, 576), device="cuda").to(torch.bfloat16)
@@ -48,7 +51,7 @@ def main():
         print(f"{f'decode h{h} s_q{s_q} b{b}':<26} " + " ".join(f"{t:>8.1f}" for t in row), flush=True)
     cache = None  # free it before the prefill cases
     torch.cuda.empty_cache()
-    for h, s_kv in [(128, 32768), (64, 32768)]:
+    for h, s_kv in [(16, 32768), (32, 32768)] if args.small else [(128, 32768), (64, 32768)]:
         kv = torch.randn((s_kv, 576), device="cuda").to(torch.bfloat16)
         idx = bp.make_indices(torch, s_kv, seed=2)
         q = torch.randn((bp.S_Q, h, 576), device="cuda").to(torch.bfloat16)

@@ -9,6 +9,19 @@ cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/smla-out}; mkdir -p "$OUT"
 export PYTHONPATH=$PWD/src PYTHONUNBUFFERED=1 OMP_NUM_THREADS=2
 T0=$(date +%s); el() { echo "[$(( $(date +%s) - T0 )) s] $*"; }
+if [ -n "${PROFILE:-}" ]; then  # where the narrow kernel's time goes: ablation (both precisions), then ncu
+  SMLA_PROFILE_BUILD=1 python3 setup.py build_ext --inplace -j "$(nproc)" > "$OUT/build.log" 2>&1 || { tail -30 "$OUT/build.log"; exit 1; }
+  el profiling build done
+  for p in fast high; do timeout 150 python3 tools/ablate.py --small --precision $p 2>&1 | tee "$OUT/ablate_$p.txt"; done
+  N="ncu --clock-control none -k regex:attn_sm90n --launch-skip 2 --launch-count 1 --set full --import-source no"
+  SMLA_ATTN_KERNEL=sm90n timeout 150 $N -f -o /tmp/dec python3 benchmarks/bench_sparse_mla_decode.py --shape 16,1,128 \
+    --no-graph --precision fast --no-baseline --iters 1 --quick > "$OUT/ncu_dec.log" 2>&1
+  ncu -i /tmp/dec.ncu-rep --page details > "$OUT/dec_details.txt" 2>&1
+  ncu -i /tmp/dec.ncu-rep --page source --csv --print-source sass > "$OUT/dec_sass.csv" 2>&1
+  grep -E "Duration|Throughput|Pipe|Warp Cycles|Issued Warp|L2 Hit|No Eligible|Registers" "$OUT/dec_details.txt" | head -24
+  python3 tools/ncu_hot.py "$OUT/dec_sass.csv" 25
+  el profile done; exit 0
+fi
 python3 setup.py build_ext --inplace -j "$(nproc)" > "$OUT/build.log" 2>&1 || { tail -40 "$OUT/build.log"; exit 1; }
 grep -iE "warning|spill" "$OUT/build.log" | grep -v "0 bytes spill" | head -5
 el build done

@@ -83,32 +83,33 @@ struct Consumer {
     }
     __device__ __forceinline__ int head(int hl) const { return 8 * (hl >> 1) + 2 * t4 + (hl & 1); }
 
-    // S^T of K buffer kb: k-step kk reads K columns 16 kk.. (A) and Q columns 16 kk.. (B); chains of 12
-    // k-steps into t0, t1, t2, summed (t0 + t1) + t2 as the wide kernel does.
-    __device__ __forceinline__ void scores(const Cta<C> &c, uint32_t kb, float (&s)[NS]) const
+    // S^T of K buffer kb, issued (one commit group): k-step kk reads K columns 16 kk.. (A) and Q columns
+    // 16 kk.. (B), in chains of 12 k-steps into t0, t1, t2, which sum_scores adds (t0 + t1) + t2 as the
+    // wide kernel does.
+    __device__ __forceinline__ void issue_scores(const Cta<C> &c, uint32_t kb, float (&t0)[NS], float (&t1)[NS],
+                                                 float (&t2)[NS]) const
     {
-        if constexpr (kNoS) {
-#pragma unroll
-            for (int i = 0; i < NS; ++i) s[i] = 0.f;
-        } else {
-            float t0[NS], t1[NS], t2[NS];
+        if constexpr (!kNoS) {
             wg_fence();
 #pragma unroll
             for (int kk = 0; kk < 36; ++kk) {
                 const uint64_t da = desc(kb + (kk >> 2) * kBlk + (kk & 3) * 32, 16, 1024);
                 const uint64_t db = desc(c.sQ + (kk >> 2) * C::kQBlk + (kk & 3) * 32, 16, 1024);
-                if (kk < 12) wgmma_ss<0>(t0, da, db, kk > 0);
-                else if (kk < 24) wgmma_ss<0>(t1, da, db, kk > 12);
-                else wgmma_ss<0>(t2, da, db, kk > 24);
+                float(&t)[NS] = kk < 12 ? t0 : (kk < 24 ? t1 : t2);
+                if (kk % 12 == 0) wgmma_ss_first(t, da, db);
+                else wgmma_ss<0>(t, da, db, 1);
             }
-            wg_commit();
-            wg_wait0();
-            fence_regs(t0);
-            fence_regs(t1);
-            fence_regs(t2);
-#pragma unroll
-            for (int i = 0; i < NS; ++i) s[i] = (t0[i] + t1[i]) + t2[i];
         }
+        wg_commit();
+    }
+    // Once the scores' group completed.
+    __device__ __forceinline__ void sum_scores(float (&t0)[NS], float (&t1)[NS], float (&t2)[NS], float (&s)[NS]) const
+    {
+        fence_regs(t0);
+        fence_regs(t1);
+        fence_regs(t2);
+#pragma unroll
+        for (int i = 0; i < NS; ++i) s[i] = kNoS ? 0.f : (t0[i] + t1[i]) + t2[i];
     }
 
     // Mask and scale this thread's scores of buffer b, saturate overflow where it matters (attention/
@@ -196,9 +197,9 @@ struct Consumer {
         named_sync(kBarP, 128);  // all of P^T written (and visible to wgmma)
     }
 
-    // O^T += V^T P^T over the 4 k-steps of buffer kb: m-tile mt is column block mt of the tile read
-    // M-major (k-step kk: token rows 16 kk ..).
-    __device__ __forceinline__ void pv(const Cta<C> &c, uint32_t kb)
+    // O^T += V^T P^T over the 4 k-steps of buffer kb, issued (one commit group): m-tile mt is column
+    // block mt of the tile read M-major (k-step kk: token rows 16 kk ..).
+    __device__ __forceinline__ void issue_pv(const Cta<C> &c, uint32_t kb)
     {
         if constexpr (!kNoPV) {
             wg_fence();
@@ -213,26 +214,64 @@ struct Consumer {
                     if constexpr (!kNoLo) wgmma_ss<1>(o[mt], dv, dl, 1);
                 }
             }
-            wg_commit();
-            wg_wait0();
-#pragma unroll
-            for (int mt = 0; mt < 8; ++mt) fence_regs(o[mt]);
         }
+        wg_commit();
+    }
+    __device__ __forceinline__ void fence_o()
+    {
+#pragma unroll
+        for (int mt = 0; mt < 8; ++mt) fence_regs(o[mt]);
     }
 
+    // The tile loop. NH = 16: the tensor cores run P V of tile it and then S of tile it + 1 back to
+    // back: the scores of it + 1 are issued behind P V (its own commit group) before waiting for P V,
+    // whose buffer is released as soon as it completes. NH = 32 (O^T is 128 registers; the overlap
+    // spilled): one tile after the other.
     __device__ __forceinline__ void run(const Cta<C> &c)
     {
+        if constexpr (!C::kOverlap) {
+#pragma unroll 1
+            for (int it = 0; it < c.nt; ++it) {
+                const int b = it & 1;
+                const uint32_t kb = c.sK + b * kTileBytes;
+                float t0[NS], t1[NS], t2[NS], s[NS], mx[NL];
+                mbar_wait(c.bar_full + 8 * b, (it >> 1) & 1);
+                issue_scores(c, kb, t0, t1, t2);
+                wg_wait<0>();
+                sum_scores(t0, t1, t2, s);
+                tile_max(c, it, b, s, mx);
+                softmax(c, s, mx);
+                issue_pv(c, kb);
+                wg_wait<0>();
+                fence_o();
+                mbar_arrive(c.bar_empty + 8 * b);
+            }
+            return;
+        }
+        float t0[NS], t1[NS], t2[NS], s[NS], mx[NL];
+        mbar_wait(c.bar_full, 0);
+        issue_scores(c, c.sK, t0, t1, t2);
+        wg_wait<0>();
+        sum_scores(t0, t1, t2, s);
 #pragma unroll 1
         for (int it = 0; it < c.nt; ++it) {
             const int b = it & 1;
-            const uint32_t kb = c.sK + b * kTileBytes;
-            float s[NS], mx[NL];
-            mbar_wait(c.bar_full + 8 * b, (it >> 1) & 1);
-            scores(c, kb, s);
             tile_max(c, it, b, s, mx);
             softmax(c, s, mx);
-            pv(c, kb);
-            mbar_arrive(c.bar_empty + 8 * b);
+            issue_pv(c, c.sK + b * kTileBytes);
+            if (it + 1 < c.nt) {
+                mbar_wait(c.bar_full + 8 * (b ^ 1), ((it + 1) >> 1) & 1);
+                issue_scores(c, c.sK + (b ^ 1) * kTileBytes, t0, t1, t2);
+                wg_wait<1>();  // P V of tile it
+                fence_o();
+                mbar_arrive(c.bar_empty + 8 * b);
+                wg_wait<0>();
+                sum_scores(t0, t1, t2, s);
+            } else {
+                wg_wait<0>();
+                fence_o();
+                mbar_arrive(c.bar_empty + 8 * b);
+            }
         }
     }
 
@@ -295,12 +334,12 @@ __global__ void __launch_bounds__(C::kThreads, 1) attn_sm90n_kernel(const __grid
     __syncthreads();
 
     if (c.tid >= C::kP0) {
-        setmaxnreg_dec<kProducerRegs>();
-        if constexpr (FP8) Fp8Producer<ABL, false, Cta<C>, C::kP0, C::kPW>(a, c, 0u, 0u).run();
-        else produce_bf16<ABL, C::kP0, C::kPW>(a, c);
+        setmaxnreg_dec<C::kProducerRegs>();
+        if constexpr (FP8) Fp8Producer<ABL, false, Cta<C>, C::kP0, C::kPW, true>(a, c, 0u, 0u).run();
+        else produce_bf16<ABL, C::kP0, C::kPW, true>(a, c);
         return;
     }
-    setmaxnreg_inc<kConsumerRegs>();
+    setmaxnreg_inc<C::kConsumerRegs>();
     Consumer<C, ABL, FAST> wg(a, c);
     if (c.nt > 0) {
         load_q(a, c);

@@ -29,13 +29,14 @@ struct Cfg {
     static constexpr int kQBlk = NH * 128;   // one Q column block
     static constexpr int kPBytes = NH * 128; // one P^T tile
     static constexpr int kOStride = kDv + 4; // floats per staged output row: rows 2 apart land 8 banks apart
+    static constexpr bool kOverlap = NH == 16;  // P V of one tile and S of the next queued together
+    // Registers after setmaxnreg: the consumer holds O^T (4 NH floats), three S^T chains (1.5 NH) and
+    // the per-head state; the producers their batches and the prefetch indices. The three warpgroups
+    // sum to the launch allocation, 3 x 168.
+    static constexpr int kConsumerRegs = NH == 16 ? 200 : 240, kProducerRegs = NH == 16 ? 152 : 128;
+    static_assert(kConsumerRegs + 2 * kProducerRegs <= 3 * 168, "the launch allocation: 64K / 384 -> 168");
     static_assert(NH == 16 || NH == 32, "wgmma n16 / n32");
 };
-
-// Registers after setmaxnreg: the consumer holds O^T (4 NH floats), three S^T chains (1.5 NH) and the
-// per-head state; the producers' batches. The three sum to the launch allocation, 3 x 168.
-constexpr int kConsumerRegs = 240, kProducerRegs = 128;
-static_assert(kConsumerRegs + 2 * kProducerRegs <= 3 * 168, "the launch allocation: 64K / 384 -> 168");
 // Named barriers of the 128 consumer threads.
 constexpr int kBarQ = 1, kBarRed = 2, kBarP = 3, kBarE = 4;
 
