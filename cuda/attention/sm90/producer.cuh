@@ -49,9 +49,7 @@ struct KvSource {
 // lane chunk cl = lane & 7 of each of the 9 column blocks, so a lane's 9 cp.async share one swizzled
 // offset (block c8 at +c8 * kBlk in smem, +c8 * 128 B in the row). Each lane finds its own rows'
 // addresses (indices fetched a tile ahead): no per-row work is serialised across the warp.
-// PF: each row is also prefetched into L2 two tiles ahead (cp.async.bulk.prefetch), so that the
-// copies, which keep one tile in flight, find it there (the narrow kernel, which is bound by them).
-template <int ABL, int P0 = 256, int PW = 4, bool PF = false, class C>
+template <int ABL, int P0 = 256, int PW = 4, class C>
 __device__ __forceinline__ void produce_bf16(const Args &a, const C &c)
 {
     constexpr bool kNoLoad = (ABL & 1) != 0;
@@ -69,15 +67,11 @@ __device__ __forceinline__ void produce_bf16(const Args &a, const C &c)
             v[i] = (it < c.nt && pos < c.L) ? __ldg(c.idx_row + pos) : -1;
         }
     };
-    int idx_cur[kNi], idx_nxt[kNi], idx_far[kNi];
+    int idx_cur[kNi], idx_nxt[kNi];
     fetch_idx(0, idx_cur);
-    if constexpr (PF) {
-        fetch_idx(1, idx_nxt);
-        fetch_idx(2, idx_far);
-    }
     for (int it = 0; it < c.nt; ++it) {
         const int b = it & 1, use = it >> 1;
-        if constexpr (!PF) fetch_idx(it + 1, idx_nxt);
+        fetch_idx(it + 1, idx_nxt);
         if (use > 0) mbar_wait(c.bar_empty + 8 * b, (use - 1) & 1);
         const uint32_t kb = c.sK + b * kTileBytes;
 #pragma unroll
@@ -96,19 +90,8 @@ __device__ __forceinline__ void produce_bf16(const Args &a, const C &c)
             if (cl == 0) c.sValid[b * kBN + r] = ok ? 1 : 0;
         }
         cp_async_commit();
-        if constexpr (PF) {
 #pragma unroll
-            for (int i = 0; i < kNi; ++i) {
-                const bool ok = idx_far[i] >= 0 && static_cast<int64_t>(idx_far[i]) < kv.limit;
-                if (ok && cl == 0 && !kNoLoad) prefetch_l2(kv.row(idx_far[i], true), kRowBytes);
-                idx_cur[i] = idx_nxt[i];
-                idx_nxt[i] = idx_far[i];
-            }
-            fetch_idx(it + 3, idx_far);
-        } else {
-#pragma unroll
-            for (int i = 0; i < kNi; ++i) idx_cur[i] = idx_nxt[i];
-        }
+        for (int i = 0; i < kNi; ++i) idx_cur[i] = idx_nxt[i];
         cp_async_wait_all();
         fence_async_smem();
         mbar_arrive(c.bar_full + 8 * b);
@@ -130,7 +113,7 @@ struct Fp8Batch {
 // themselves are loaded two tiles ahead. No address arithmetic is serialised across the warp: a
 // batch's row gets its address by two shuffles. (A bulk L2 prefetch of the entries a tile ahead was
 // measured: no gain; benchmarks/README.md.)
-template <int ABL, bool XO, class C = Cta<XO>, int P0 = 256, int PW = 4, bool PF = false>
+template <int ABL, bool XO, class C = Cta<XO>, int P0 = 256, int PW = 4>
 struct Fp8Producer {
     static constexpr bool kNoLoad = (ABL & 1) != 0, kNoDq = (ABL & 8) != 0;
     static constexpr int kRows = kBN / PW;                      // rows of a tile per warp
@@ -147,8 +130,7 @@ struct Fp8Producer {
     const int nq;               // batches of this warp
     const uint8_t *ptr_cur, *ptr_nxt;  // lane m < kRows: the entry of row m of the current / next tile
     uint32_t okm_cur, okm_nxt;         // their validity bits
-    int idx_nn;                        // lane m < kRows: the index of row m of the next tile but one
-    int idx_pf;                        // PF: the same three tiles ahead (prefetched into L2 two ahead)
+    int idx_nn;                        // lane m < kRows: the index of row m two tiles ahead
 
     __device__ __forceinline__ Fp8Producer(const Args &a, const C &cta, uint32_t peer, uint32_t peer_base_)
         : c(cta), kv(a), lane(cta.lane), pw((cta.tid - P0) >> 5), bq0(XO ? kNbq * static_cast<int>(peer ^ 1u) : 0),
@@ -161,11 +143,6 @@ struct Fp8Producer {
         if (it >= c.nt || lane >= kRows) return -1;
         const int pos = (c.j0 + it) * kBN + pw + PW * lane;
         return pos < c.L ? __ldg(c.idx_row + pos) : -1;
-    }
-    // PF: lane m < kRows prefetches its row's entry into L2.
-    __device__ __forceinline__ void prefetch(int idx) const
-    {
-        if (!kNoLoad && idx >= 0 && static_cast<int64_t>(idx) < kv.limit) prefetch_l2(kv.row(idx, true), kFp8Entry);
     }
     __device__ __forceinline__ void locate(int idx, const uint8_t *&ptr, uint32_t &okm) const
     {
@@ -182,13 +159,7 @@ struct Fp8Producer {
             ptr_cur = ptr_nxt;
             okm_cur = okm_nxt;
             locate(idx_nn, ptr_nxt, okm_nxt);
-            if constexpr (PF) {
-                prefetch(idx_pf);
-                idx_nn = idx_pf;
-                idx_pf = fetch_idx(it + 3);
-            } else {
-                idx_nn = fetch_idx(it + 2);
-            }
+            idx_nn = fetch_idx(it + 2);
         }
         const uint64_t pc = reinterpret_cast<uint64_t>(ptr_cur);
 #pragma unroll
@@ -270,12 +241,9 @@ struct Fp8Producer {
 
     __device__ __forceinline__ void run()
     {
-        const int i0 = fetch_idx(0), i1 = fetch_idx(1);
+        locate(fetch_idx(0), ptr_cur, okm_cur);
+        locate(fetch_idx(1), ptr_nxt, okm_nxt);
         idx_nn = fetch_idx(2);
-        if constexpr (PF) idx_pf = fetch_idx(3);
-        locate(i0, ptr_cur, okm_cur);
-        locate(i1, ptr_nxt, okm_nxt);
-        if constexpr (PF) prefetch(idx_nn);
         Fp8Batch A, Bn;
         if (nq > 0) load(A, 0);
 #pragma unroll 1

@@ -230,11 +230,6 @@ __device__ __forceinline__ void wgmma_ss(float (&d)[16], uint64_t da, uint64_t d
 }
 #undef SMLA_F8
 
-// Brings `bytes` (a multiple of 16) at p (16-byte aligned) into L2 without waiting (a bulk prefetch).
-__device__ __forceinline__ void prefetch_l2(const void *p, uint32_t bytes)
-{
-    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(p), "r"(bytes) : "memory");
-}
 // Waits until at most N of this warpgroup's committed wgmma groups are pending.
 template <int N>
 __device__ __forceinline__ void wg_wait()
