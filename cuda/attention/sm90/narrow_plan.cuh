@@ -27,10 +27,10 @@ struct Cfg {
     static constexpr int NH = NH_;           // heads per CTA: the wgmma N
     static constexpr int NJ = NH / 8;        // n8 column blocks of an accumulator
     static constexpr int NS = NH / 2;        // accumulator floats per thread of one [64 x NH] tile
-    // NH = 16: two consumer warpgroups, each with its own tiles (even / odd: K buffer 0 / 1), softmax
-    // state and O^T, merged in the epilogue, so that one's softmax overlaps the other's MMAs. NH = 32:
-    // one (O^T alone is 128 registers a thread).
-    static constexpr int kConsumers = NH == 16 ? 2 : 1;
+    // Consumer warpgroups: with two, each takes alternate tiles (K buffer 0 / 1) with its own softmax
+    // state and O^T, merged in the epilogue. Measured on the H200 at h = 16 (benchmarks/README.md): no
+    // faster than one (the producers set the pace), so one.
+    static constexpr int kConsumers = 1;
     static constexpr int kThreads = 128 * (kConsumers + 2);
     static constexpr int kP0 = 128 * kConsumers, kPW = 8;  // producers: 8 warps after the consumers
     static constexpr int kQBlk = NH * 128;   // one Q column block
@@ -39,7 +39,7 @@ struct Cfg {
     // Registers after setmaxnreg: a consumer holds O^T (4 NH floats), three S^T chains (1.5 NH) and the
     // per-head state; the producers their batches. All warpgroups sum to the launch allocation
     // (64K / kThreads a thread).
-    static constexpr int kConsumerRegs = NH == 16 ? 144 : 240, kProducerRegs = NH == 16 ? 112 : 128;
+    static constexpr int kConsumerRegs = NH == 16 ? 200 : 240, kProducerRegs = NH == 16 ? 152 : 128;
     static_assert(kConsumers * kConsumerRegs + 2 * kProducerRegs <= 65536 / 128, "the launch allocation");
     static_assert(NH == 16 || NH == 32, "wgmma n16 / n32");
 };

@@ -198,7 +198,16 @@ struct Fp8Producer {
                 v0 = B.ok[k] ? dequant8(make_uint2(B.e[k].x, B.e[k].y), B.s[k]) : z;
                 v1 = B.ok[k] ? dequant8(make_uint2(B.e[k].z, B.e[k].w), B.s[k]) : z;
             }
-            const uint32_t a0 = blk_addr(kb, r, 2 * lane), a1 = blk_addr(kb, r, 2 * lane + 1);
+            // lanes 4..7 of each 8 store their odd chunk first: a quarter warp's 16-byte stores then
+            // cover all 8 chunk positions of the swizzled rows (chunks 2l of two column blocks would
+            // share 4 positions: a 2-way bank conflict on every store)
+            const int sw = (lane >> 2) & 1;
+            if (sw) {
+                const uint4 t = v0;
+                v0 = v1;
+                v1 = t;
+            }
+            const uint32_t a0 = blk_addr(kb, r, 2 * lane + sw), a1 = blk_addr(kb, r, 2 * lane + 1 - sw);
             const uint32_t ar = blk_addr(kb, r, kNopeChunks + (lane >> 2)) + 4 * (lane & 3);
             const uint32_t rope = B.ok[k] ? B.rope[k] : 0u;
             st_shared_v4(a0, v0);
