@@ -342,7 +342,7 @@ __global__ void __launch_bounds__(C::kThreads, 1) attn_sm90n_kernel(const __grid
 
     if (c.tid >= C::kP0) {
         setmaxnreg_dec<C::kProducerRegs>();
-        if constexpr (FP8) Fp8Producer<ABL, false, Cta<C>, C::kP0, C::kPW>(a, c, 0u, 0u).run();
+        if constexpr (FP8) Fp8Producer<ABL, false, Cta<C>, C::kP0, C::kPW, 3>(a, c, 0u, 0u).run();
         else produce_bf16<ABL, C::kP0, C::kPW>(a, c);
         return;
     }
