@@ -36,13 +36,13 @@ namespace attn {
 namespace sm90 {
 namespace narrow {
 
-// Q [NH heads x 576] into its column blocks (heads past h zero), issued and waited for by the consumers.
+// Q [NH heads x 576] into its column blocks (heads past h zero), issued and waited for by the consumer.
 template <class C>
 __device__ __forceinline__ void load_q(const Args &a, const Cta<C> &c)
 {
     const smla_attn_params &p = a.p;
     const uint16_t *qb = p.q + c.bi * p.q_stride_b + c.si * p.q_stride_s;
-    for (int i = c.tid; i < C::NH * kRowChunks; i += C::kP0) {
+    for (int i = c.tid; i < C::NH * kRowChunks; i += 128) {
         const int r = i / kRowChunks, ch = i - r * kRowChunks;
         const bool ok = r < c.h;
         const uint16_t *src = ok ? qb + static_cast<int64_t>(r) * p.q_stride_h + ch * 8 : qb;
@@ -51,7 +51,7 @@ __device__ __forceinline__ void load_q(const Args &a, const Cta<C> &c)
     cp_async_commit();
     cp_async_wait_all();
     fence_async_smem();
-    named_sync(kBarQ, C::kP0);
+    named_sync(kBarQ, 128);
 }
 
 // The consumer warpgroup. Thread (warp w, lane = 4 g + t4) holds, of every [64 x NH] accumulator, rows
@@ -63,13 +63,13 @@ struct Consumer {
     static constexpr bool kNoS = (ABL & 2) != 0, kNoPV = (ABL & 4) != 0, kNoLo = FAST || (ABL & 16) != 0;
 
     const Args &a;
-    const int w, g, t4;  // warp in the warpgroup, lane
+    const int w, g, t4;
     float o[8][NS];     // O^T m-tile mt: dims 64 mt ..
     float m_r[NL];      // running maxima (log2 domain), the same in every thread holding the head
     double l_r[NL];     // this thread's share of the row sums
 
     __device__ __forceinline__ Consumer(const Args &a_, const Cta<C> &c)
-        : a(a_), w((c.tid >> 5) & 3), g(c.lane >> 2), t4(c.lane & 3)
+        : a(a_), w(c.tid >> 5), g(c.lane >> 2), t4(c.lane & 3)
     {
 #pragma unroll
         for (int mt = 0; mt < 8; ++mt)
@@ -82,40 +82,33 @@ struct Consumer {
         }
     }
     __device__ __forceinline__ int head(int hl) const { return 8 * (hl >> 1) + 2 * t4 + (hl & 1); }
-    // This consumer warpgroup (its tiles: it % kConsumers == cw), its P^T tiles (P_hi, P_lo) and its
-    // per-warp tile maxima [2][4][NH]; recomputed where used (one register less each for the NH = 32
-    // consumer, which is at its limit).
-    __device__ __forceinline__ int cw() const { return C::kConsumers == 1 ? 0 : static_cast<int>(threadIdx.x >> 7); }
-    __device__ __forceinline__ uint32_t sP(const Cta<C> &c) const { return c.sP + cw() * 2 * C::kPBytes; }
-    __device__ __forceinline__ float *sRed(const Cta<C> &c) const { return c.sRed + cw() * 2 * 4 * C::NH; }
 
-    // S^T of K buffer kb, issued (one commit group): k-step kk reads K columns 16 kk.. (A) and Q columns
-    // 16 kk.. (B), in chains of 12 k-steps into t0, t1, t2, which sum_scores adds (t0 + t1) + t2 as the
-    // wide kernel does.
-    __device__ __forceinline__ void issue_scores(const Cta<C> &c, uint32_t kb, float (&t0)[NS], float (&t1)[NS],
-                                                 float (&t2)[NS]) const
+    // S^T of K buffer kb: k-step kk reads K columns 16 kk.. (A) and Q columns 16 kk.. (B); chains of 12
+    // k-steps into t0, t1, t2, summed (t0 + t1) + t2 as the wide kernel does.
+    __device__ __forceinline__ void scores(const Cta<C> &c, uint32_t kb, float (&s)[NS]) const
     {
-        if constexpr (!kNoS) {
+        if constexpr (kNoS) {
+#pragma unroll
+            for (int i = 0; i < NS; ++i) s[i] = 0.f;
+        } else {
+            float t0[NS], t1[NS], t2[NS];
             wg_fence();
 #pragma unroll
             for (int kk = 0; kk < 36; ++kk) {
                 const uint64_t da = desc(kb + (kk >> 2) * kBlk + (kk & 3) * 32, 16, 1024);
                 const uint64_t db = desc(c.sQ + (kk >> 2) * C::kQBlk + (kk & 3) * 32, 16, 1024);
-                float(&t)[NS] = kk < 12 ? t0 : (kk < 24 ? t1 : t2);
-                if (kk % 12 == 0) wgmma_ss_first(t, da, db);
-                else wgmma_ss<0>(t, da, db, 1);
+                if (kk < 12) wgmma_ss<0>(t0, da, db, kk > 0);
+                else if (kk < 24) wgmma_ss<0>(t1, da, db, kk > 12);
+                else wgmma_ss<0>(t2, da, db, kk > 24);
             }
-        }
-        wg_commit();
-    }
-    // Once the scores' group completed.
-    __device__ __forceinline__ void sum_scores(float (&t0)[NS], float (&t1)[NS], float (&t2)[NS], float (&s)[NS]) const
-    {
-        fence_regs(t0);
-        fence_regs(t1);
-        fence_regs(t2);
+            wg_commit();
+            wg_wait0();
+            fence_regs(t0);
+            fence_regs(t1);
+            fence_regs(t2);
 #pragma unroll
-        for (int i = 0; i < NS; ++i) s[i] = kNoS ? 0.f : (t0[i] + t1[i]) + t2[i];
+            for (int i = 0; i < NS; ++i) s[i] = (t0[i] + t1[i]) + t2[i];
+        }
     }
 
     // Mask and scale this thread's scores of buffer b, saturate overflow where it matters (attention/
@@ -138,12 +131,12 @@ struct Consumer {
 #pragma unroll
             for (int x = 4; x < 32; x <<= 1) mx[hl] = fmaxf(mx[hl], __shfl_xor_sync(0xffffffffu, mx[hl], x));
         }
-        float *red = sRed(c) + ((it / C::kConsumers) & 1) * 4 * NH;  // the other parity: still read by slower warps
+        float *red = c.sRed + (it & 1) * 4 * NH;  // the other parity is still being read by slower warps
         if (g == 0) {
 #pragma unroll
             for (int hl = 0; hl < NL; ++hl) red[w * NH + head(hl)] = mx[hl];
         }
-        named_sync(kBarRed + cw(), 128);
+        named_sync(kBarRed, 128);
 #pragma unroll
         for (int hl = 0; hl < NL; ++hl) {
             const int hd = head(hl);
@@ -171,7 +164,7 @@ struct Consumer {
             // P^T[head][tok], K-major with the 128-byte swizzle: tokens tok and tok + 8 are chunks
             // tok >> 3 and + 1 of the head's 128-byte row
             const int hd = head(hl);
-            const uint32_t row = sP(c) + hd * 128 + (tok & 7) * 2;
+            const uint32_t row = c.sP + hd * 128 + (tok & 7) * 2;
             const uint32_t a0 = row + ((((tok >> 3)) ^ (hd & 7)) << 4), a1 = row + ((((tok >> 3) + 1) ^ (hd & 7)) << 4);
             if constexpr (kNoLo) {
                 const uint32_t hi = pack_bf16x2(p0, p1);
@@ -200,19 +193,19 @@ struct Consumer {
                 }
         }
         fence_async_smem();
-        named_sync(kBarP + cw(), 128);  // all of P^T written (and visible to wgmma)
+        named_sync(kBarP, 128);  // all of P^T written (and visible to wgmma)
     }
 
-    // O^T += V^T P^T over the 4 k-steps of buffer kb, issued (one commit group): m-tile mt is column
-    // block mt of the tile read M-major (k-step kk: token rows 16 kk ..).
-    __device__ __forceinline__ void issue_pv(const Cta<C> &c, uint32_t kb)
+    // O^T += V^T P^T over the 4 k-steps of buffer kb: m-tile mt is column block mt of the tile read
+    // M-major (k-step kk: token rows 16 kk ..).
+    __device__ __forceinline__ void pv(const Cta<C> &c, uint32_t kb)
     {
         if constexpr (!kNoPV) {
             wg_fence();
 #pragma unroll
             for (int kk = 0; kk < 4; ++kk) {
-                const uint64_t dh = desc(sP(c) + kk * 32, 16, 1024);
-                const uint64_t dl = desc(sP(c) + C::kPBytes + kk * 32, 16, 1024);
+                const uint64_t dh = desc(c.sP + kk * 32, 16, 1024);
+                const uint64_t dl = desc(c.sP + C::kPBytes + kk * 32, 16, 1024);
 #pragma unroll
                 for (int mt = 0; mt < 8; ++mt) {
                     const uint64_t dv = desc(kb + mt * kBlk + kk * 16 * 128, kBlk, 1024);
@@ -220,102 +213,63 @@ struct Consumer {
                     if constexpr (!kNoLo) wgmma_ss<1>(o[mt], dv, dl, 1);
                 }
             }
-        }
-        wg_commit();
-    }
-    __device__ __forceinline__ void fence_o()
-    {
+            wg_commit();
+            wg_wait0();
 #pragma unroll
-        for (int mt = 0; mt < 8; ++mt) fence_regs(o[mt]);
+            for (int mt = 0; mt < 8; ++mt) fence_regs(o[mt]);
+        }
     }
 
-    // This warpgroup's tiles (it % kConsumers == cw, so always K buffer cw with two consumers), one
-    // after the other: S^T, softmax, P V, release.
     __device__ __forceinline__ void run(const Cta<C> &c)
     {
 #pragma unroll 1
-        for (int it = cw(); it < c.nt; it += C::kConsumers) {
+        for (int it = 0; it < c.nt; ++it) {
             const int b = it & 1;
             const uint32_t kb = c.sK + b * kTileBytes;
-            float t0[NS], t1[NS], t2[NS], s[NS], mx[NL];
+            float s[NS], mx[NL];
             mbar_wait(c.bar_full + 8 * b, (it >> 1) & 1);
-            issue_scores(c, kb, t0, t1, t2);
-            wg_wait<0>();
-            sum_scores(t0, t1, t2, s);
+            scores(c, kb, s);
             tile_max(c, it, b, s, mx);
             softmax(c, s, mx);
-            issue_pv(c, kb);
-            wg_wait<0>();
-            fence_o();
+            pv(c, kb);
             mbar_arrive(c.bar_empty + 8 * b);
         }
     }
 
-    // The epilogue. Each warpgroup's row sums across its threads (sLsum) and maxima (sM); with two
-    // warpgroups their partial rows merge as the split combine does (each weighed by 2^(m_c - m), m the
-    // larger maximum; an empty one, m_c = -inf, weighs 0); O staged as O [NH][kOStride] floats in K
-    // buffer 0; then consumer warp W writes heads W, W + 4 kConsumers, ... (lane: columns
-    // 64 (lane >> 2) + 2 (lane & 3) + 8 i).
+    // Row sums across the threads of each head, O^T staged as O [NH][kOStride] floats, then warp w
+    // writes heads w, w + 4, ... (lane: columns 64 (lane >> 2) + 2 (lane & 3) + 8 i).
     __device__ __forceinline__ void epilogue(const Cta<C> &c)
     {
-        constexpr int NC = C::kConsumers;
 #pragma unroll
         for (int hl = 0; hl < NL; ++hl) {
 #pragma unroll
             for (int x = 4; x < 32; x <<= 1) l_r[hl] += __shfl_xor_sync(0xffffffffu, l_r[hl], x);
         }
-        named_sync(kBarE, C::kP0);  // every warp's last wgmma is done with the K buffer the output goes to
+        named_sync(kBarE, 128);  // every warp's last wgmma is done with the K buffers the output goes to
         if (g == 0) {
 #pragma unroll
             for (int hl = 0; hl < NL; ++hl) {
-                c.sLsum[(cw() * 4 + w) * NH + head(hl)] = l_r[hl];
-                if (w == 0) c.sM[cw() * NH + head(hl)] = m_r[hl];
+                c.sLsum[w * NH + head(hl)] = l_r[hl];
+                if (w == 0) c.sM[head(hl)] = m_r[hl];
             }
         }
-        auto weight = [&](int k, int hd) {  // consumer k's weight for head hd
-            if constexpr (NC == 1) {
-                return 1.f;
-            } else {
-                const float mk = c.sM[k * NH + hd], mo = c.sM[(k ^ 1) * NH + hd];
-                return mk == -INFINITY ? 0.f : ex2(mk - fmaxf(mk, mo));
+#pragma unroll
+        for (int mt = 0; mt < 8; ++mt)
+#pragma unroll
+            for (int i = 0; i < NS; ++i) {
+                const int hd = 8 * (i >> 2) + 2 * t4 + (i & 1);
+                const int dim = 64 * mt + 16 * w + g + 8 * ((i >> 1) & 1);
+                c.sO[hd * C::kOStride + dim] = o[mt][i];
             }
-        };
-        if constexpr (NC > 1) named_sync(kBarE, C::kP0);  // both warpgroups' maxima
-#pragma unroll
-        for (int k = 0; k < NC; ++k) {
-            if (cw() == k) {
-                float f[NL];
-#pragma unroll
-                for (int hl = 0; hl < NL; ++hl) f[hl] = weight(k, head(hl));
-#pragma unroll
-                for (int mt = 0; mt < 8; ++mt)
-#pragma unroll
-                    for (int i = 0; i < NS; ++i) {
-                        const int hd = 8 * (i >> 2) + 2 * t4 + (i & 1);
-                        const int dim = 64 * mt + 16 * w + g + 8 * ((i >> 1) & 1);
-                        float *dst = c.sO + hd * C::kOStride + dim;
-                        const float v = NC == 1 ? o[mt][i] : o[mt][i] * f[2 * (i >> 2) + (i & 1)];
-                        *dst = k == 0 ? v : *dst + v;
-                    }
-            }
-            named_sync(kBarE, C::kP0);
-        }
+        named_sync(kBarE, 128);
         const int lane = 4 * g + t4;
         const bool split = a.n_splits > 1;
         const int col0 = 64 * (lane >> 2) + 2 * (lane & 3);
-        for (int hd = cw() * 4 + w; hd < NH && hd < c.h; hd += 4 * NC) {
-            double l = 0.0;
-            float m = c.sM[hd];
-#pragma unroll
-            for (int k = 0; k < NC; ++k) {
-                const float f = weight(k, hd);
-                const double *ls = c.sLsum + k * 4 * NH + hd;
-                l += static_cast<double>(f) * (((ls[0] + ls[NH]) + ls[2 * NH]) + ls[3 * NH]);
-                m = fmaxf(m, c.sM[k * NH + hd]);
-            }
+        for (int hd = w; hd < NH && hd < c.h; hd += 4) {
+            const double l = c.sLsum[hd] + c.sLsum[NH + hd] + c.sLsum[2 * NH + hd] + c.sLsum[3 * NH + hd];
             const float *orow = c.sO + hd * C::kOStride + col0;
             finish_row<8>(
-                a, c.row, c.bi, c.si, c.sp, c.h, hd, split, m, l, [&] { return col0; },
+                a, c.row, c.bi, c.si, c.sp, c.h, hd, split, c.sM[hd], l, [&] { return col0; },
                 [&] { return lane == 0; }, [&](int i) { return *reinterpret_cast<const float2 *>(orow + 8 * i); });
         }
     }
@@ -341,12 +295,12 @@ __global__ void __launch_bounds__(C::kThreads, 1) attn_sm90n_kernel(const __grid
     __syncthreads();
 
     if (c.tid >= C::kP0) {
-        setmaxnreg_dec<C::kProducerRegs>();
-        if constexpr (FP8) Fp8Producer<ABL, false, Cta<C>, C::kP0, C::kPW, 3>(a, c, 0u, 0u).run();
+        setmaxnreg_dec<kProducerRegs>();
+        if constexpr (FP8) Fp8Producer<ABL, false, Cta<C>, C::kP0, C::kPW>(a, c, 0u, 0u).run();
         else produce_bf16<ABL, C::kP0, C::kPW>(a, c);
         return;
     }
-    setmaxnreg_inc<C::kConsumerRegs>();
+    setmaxnreg_inc<kConsumerRegs>();
     Consumer<C, ABL, FAST> wg(a, c);
     if (c.nt > 0) {
         load_q(a, c);

@@ -5,15 +5,12 @@
 //   q     : Q [NH heads x 576], 9 column blocks of [NH rows x 128 B] (the B operand of S^T = K Q^T);
 //   k     : two K buffers, each 9 column blocks of [64 tokens x 128 B], filled by the producers exactly
 //           as in the wide kernel (the A operand of S^T, and of O^T = V^T P^T read M-major);
-//   p     : per consumer warpgroup, P^T as [NH heads x 64 tokens] bf16, K-major (the B operand of
-//           O^T): P_hi, then P_lo;
+//   p     : P^T as [NH heads x 64 tokens] bf16, K-major (the B operand of O^T): P_hi, then P_lo;
 //   bar   : mbarriers full[2] (256 producer arrivals), empty[2] (128 consumer arrivals);
 //   valid : int [2][64], row valid per K buffer;
-//   red   : float [consumer][2][4][NH], each consumer warp's per-head maxima of a tile (by the parity
-//           of the consumer's tile count);
-//   lsum  : double [consumer][4][NH], each consumer warp's row sums; m: float [consumer][NH], each
-//           consumer's row maxima (epilogue).
-// The epilogue stages O as float [NH][kOStride] over K buffer 0 (dead by then).
+//   red   : float [2][4][NH], each consumer warp's per-head maxima of a tile (parity of the tile);
+//   lsum  : double [4][NH], each consumer warp's row sums (epilogue), m: float [NH], the row maxima.
+// The epilogue stages O as float [NH][kOStride] over the K buffers (dead by then).
 #pragma once
 
 #include "attention/sm90/plan.cuh"
@@ -27,42 +24,36 @@ struct Cfg {
     static constexpr int NH = NH_;           // heads per CTA: the wgmma N
     static constexpr int NJ = NH / 8;        // n8 column blocks of an accumulator
     static constexpr int NS = NH / 2;        // accumulator floats per thread of one [64 x NH] tile
-    // Consumer warpgroups: with two, each takes alternate tiles (K buffer 0 / 1) with its own softmax
-    // state and O^T, merged in the epilogue. Measured on the H200 at h = 16 (benchmarks/README.md): no
-    // faster than one (the producers set the pace), so one.
-    static constexpr int kConsumers = 1;
-    static constexpr int kThreads = 128 * (kConsumers + 2);
-    static constexpr int kP0 = 128 * kConsumers, kPW = 8;  // producers: 8 warps after the consumers
+    static constexpr int kThreads = 384;     // WG0: consumer; WG1, WG2: producers
+    static constexpr int kP0 = 128, kPW = 8; // producers: 8 warps from thread 128
     static constexpr int kQBlk = NH * 128;   // one Q column block
     static constexpr int kPBytes = NH * 128; // one P^T tile
     static constexpr int kOStride = kDv + 4; // floats per staged output row: rows 2 apart land 8 banks apart
-    // Registers after setmaxnreg: a consumer holds O^T (4 NH floats), three S^T chains (1.5 NH) and the
-    // per-head state; the producers their batches. All warpgroups sum to the launch allocation
-    // (64K / kThreads a thread).
-    static constexpr int kConsumerRegs = NH == 16 ? 200 : 240, kProducerRegs = NH == 16 ? 152 : 128;
-    static_assert(kConsumers * kConsumerRegs + 2 * kProducerRegs <= 65536 / 128, "the launch allocation");
     static_assert(NH == 16 || NH == 32, "wgmma n16 / n32");
 };
 
-// Named barriers: Q landed and the epilogue (all consumer threads); per consumer warpgroup cw, its tile
-// maxima (kBarRed + cw) and its P^T (kBarP + cw).
-constexpr int kBarQ = 1, kBarE = 2, kBarRed = 3, kBarP = 5;
+// Registers after setmaxnreg: the consumer holds O^T (4 NH floats), three S^T chains (1.5 NH) and the
+// per-head state; the producers' batches. The three sum to the launch allocation, 3 x 168.
+constexpr int kConsumerRegs = 240, kProducerRegs = 128;
+static_assert(kConsumerRegs + 2 * kProducerRegs <= 3 * 168, "the launch allocation: 64K / 384 -> 168");
+// Named barriers of the 128 consumer threads.
+constexpr int kBarQ = 1, kBarRed = 2, kBarP = 3, kBarE = 4;
 
 template <class C>
 struct Smem {
     static constexpr Region q = first_region(9 * C::kQBlk);
     static constexpr Region k = region_after(q, 2 * kTileBytes);
-    static constexpr Region p = region_after(k, C::kConsumers * 2 * C::kPBytes);  // per consumer: P_hi, P_lo
+    static constexpr Region p = region_after(k, 2 * C::kPBytes);
     static constexpr Region bar = region_after(p, 64);
     static constexpr Region valid = region_after(bar, 2 * kBN * 4);
-    static constexpr Region red = region_after(valid, C::kConsumers * 2 * 4 * C::NH * 4);
-    static constexpr Region lsum = region_after(red, C::kConsumers * 4 * C::NH * 8);
-    static constexpr Region m = region_after(lsum, C::kConsumers * C::NH * 4);
+    static constexpr Region red = region_after(valid, 2 * 4 * C::NH * 4);
+    static constexpr Region lsum = region_after(red, 4 * C::NH * 8);
+    static constexpr Region m = region_after(lsum, C::NH * 4);
     static constexpr int used = m.end();
     static constexpr int bytes = used + 1024;  // slack to align the base to 1024 B
     static_assert(q.off % 1024 == 0 && k.off % 1024 == 0 && p.off % 1024 == 0, "swizzled tiles");
     static_assert(bar.off % 8 == 0 && lsum.off % 8 == 0, "mbarriers and row sums are 8-byte");
-    static_assert(C::NH * C::kOStride * 4 <= kTileBytes, "the staged output fits in K buffer 0");
+    static_assert(C::NH * C::kOStride * 4 <= k.bytes, "the staged output fits in the K buffers");
     static_assert(bytes <= 227 * 1024, "sm_90 opt-in shared memory per block");
 };
 

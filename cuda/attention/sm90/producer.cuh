@@ -113,7 +113,7 @@ struct Fp8Batch {
 // themselves are loaded two tiles ahead. No address arithmetic is serialised across the warp: a
 // batch's row gets its address by two shuffles. (A bulk L2 prefetch of the entries a tile ahead was
 // measured: no gain; benchmarks/README.md.)
-template <int ABL, bool XO, class C = Cta<XO>, int P0 = 256, int PW = 4, int DEPTH = 2>
+template <int ABL, bool XO, class C = Cta<XO>, int P0 = 256, int PW = 4>
 struct Fp8Producer {
     static constexpr bool kNoLoad = (ABL & 1) != 0, kNoDq = (ABL & 8) != 0;
     static constexpr int kRows = kBN / PW;                      // rows of a tile per warp
@@ -198,16 +198,7 @@ struct Fp8Producer {
                 v0 = B.ok[k] ? dequant8(make_uint2(B.e[k].x, B.e[k].y), B.s[k]) : z;
                 v1 = B.ok[k] ? dequant8(make_uint2(B.e[k].z, B.e[k].w), B.s[k]) : z;
             }
-            // lanes 4..7 of each 8 store their odd chunk first: a quarter warp's 16-byte stores then
-            // cover all 8 chunk positions of the swizzled rows (chunks 2l of two column blocks would
-            // share 4 positions: a 2-way bank conflict on every store)
-            const int sw = (lane >> 2) & 1;
-            if (sw) {
-                const uint4 t = v0;
-                v0 = v1;
-                v1 = t;
-            }
-            const uint32_t a0 = blk_addr(kb, r, 2 * lane + sw), a1 = blk_addr(kb, r, 2 * lane + 1 - sw);
+            const uint32_t a0 = blk_addr(kb, r, 2 * lane), a1 = blk_addr(kb, r, 2 * lane + 1);
             const uint32_t ar = blk_addr(kb, r, kNopeChunks + (lane >> 2)) + 4 * (lane & 3);
             const uint32_t rope = B.ok[k] ? B.rope[k] : 0u;
             st_shared_v4(a0, v0);
@@ -248,36 +239,19 @@ struct Fp8Producer {
         }
     }
 
-    // DEPTH batches in registers: batch q + DEPTH - 1 is loaded before batch q is stored.
     __device__ __forceinline__ void run()
     {
         locate(fetch_idx(0), ptr_cur, okm_cur);
         locate(fetch_idx(1), ptr_nxt, okm_nxt);
         idx_nn = fetch_idx(2);
-        if constexpr (DEPTH == 2) {
-            Fp8Batch A, Bn;
-            if (nq > 0) load(A, 0);
+        Fp8Batch A, Bn;
+        if (nq > 0) load(A, 0);
 #pragma unroll 1
-            for (int q = 0; q < nq; q += 2) {
-                load(Bn, q + 1);  // nq is even: q + 1 < nq
-                stage(A, q);
-                if (q + 2 < nq) load(A, q + 2);
-                stage(Bn, q + 1);
-            }
-        } else {
-            static_assert(DEPTH == 3, "two or three batches in flight");
-            Fp8Batch X0, X1, X2;
-            if (nq > 0) load(X0, 0);
-            if (nq > 1) load(X1, 1);
-#pragma unroll 1
-            for (int q = 0; q < nq; q += 3) {
-                if (q + 2 < nq) load(X2, q + 2);
-                stage(X0, q);
-                if (q + 3 < nq) load(X0, q + 3);
-                if (q + 1 < nq) stage(X1, q + 1);
-                if (q + 4 < nq) load(X1, q + 4);
-                if (q + 2 < nq) stage(X2, q + 2);
-            }
+        for (int q = 0; q < nq; q += 2) {
+            load(Bn, q + 1);  // nq is even: q + 1 < nq
+            stage(A, q);
+            if (q + 2 < nq) load(A, q + 2);
+            stage(Bn, q + 1);
         }
     }
 };

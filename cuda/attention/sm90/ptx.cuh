@@ -194,22 +194,6 @@ __device__ __forceinline__ void wgmma_n256_rs(float (&d)[128], const uint32_t (&
 // The narrow kernel's products (sm90/narrow_kernel.cuh), tokens on M: D[64 x N] (+)= A[64 x 16] B[16 x N]
 // with both operands in smem, B K-major; A K-major (TA = 0: S^T = K Q^T) or M-major (TA = 1: O^T = V^T P^T,
 // V^T read from the K tile as stored).
-// The first k-step of a chain (D = A B): d is only written, so it holds no live values before.
-__device__ __forceinline__ void wgmma_ss_first(float (&d)[8], uint64_t da, uint64_t db)
-{
-    asm volatile("wgmma.mma_async.sync.aligned.m64n16k16.f32.bf16.bf16 "
-                 "{%0, %1, %2, %3, %4, %5, %6, %7}, %8, %9, 0, 1, 1, 0, 0;\n"
-                 : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3]), "=f"(d[4]), "=f"(d[5]), "=f"(d[6]), "=f"(d[7])
-                 : "l"(da), "l"(db));
-}
-__device__ __forceinline__ void wgmma_ss_first(float (&d)[16], uint64_t da, uint64_t db)
-{
-    asm volatile("wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 "
-                 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, %16, %17, 0, 1, 1, 0, 0;\n"
-                 : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3]), "=f"(d[4]), "=f"(d[5]), "=f"(d[6]), "=f"(d[7]),
-                   "=f"(d[8]), "=f"(d[9]), "=f"(d[10]), "=f"(d[11]), "=f"(d[12]), "=f"(d[13]), "=f"(d[14]), "=f"(d[15])
-                 : "l"(da), "l"(db));
-}
 template <int TA>
 __device__ __forceinline__ void wgmma_ss(float (&d)[8], uint64_t da, uint64_t db, int accumulate)
 {
@@ -229,13 +213,6 @@ __device__ __forceinline__ void wgmma_ss(float (&d)[16], uint64_t da, uint64_t d
                  : "l"(da), "l"(db), "r"(accumulate), "n"(TA));
 }
 #undef SMLA_F8
-
-// Waits until at most N of this warpgroup's committed wgmma groups are pending.
-template <int N>
-__device__ __forceinline__ void wg_wait()
-{
-    asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
-}
 
 __device__ __forceinline__ void st_shared_u16(uint32_t addr, uint16_t v)
 {
