@@ -1,15 +1,16 @@
 """Benchmark smla.sparse_mla_prefill (CUDA) against a plain PyTorch gather + bmm + softmax baseline.
 
-Shapes (issues 5/6, FlashMLA's prefill benchmark): s_q = 4096, topk = 2048, h in {128, 64, 16},
+Shapes (issues 5/6/17, FlashMLA's prefill benchmark): s_q = 4096, topk = 2048, h in {128, 64, 32, 16},
 s_kv in {8192, 32768, 131072}; bf16 q and kv; each query token picks 2048 distinct random rows of kv.
 TFLOP/s counts 2 * s_q * h * topk * (576 + 512). Times are medians of CUDA-event-timed calls after a
 warm-up (L2 flushed before each call unless --no-flush); outputs are preallocated. The baseline
 processes the query rows in chunks (a whole-batch gather would need s_q * topk * 1152 B = 9.7 GB).
-The summary line compares h = 16 with h = 64 per head (issue target: within 1.5x). --precision is the
-calls' precision= (docs/design.md section 4; default high).
+The summary lines compare h = 16 with h = 64 per head, and h = 16 / 32 at s_kv = 32K with FlashMLA padded
+to 64 heads and issue 17's targets. --precision is the calls' precision= (docs/design.md section 4;
+default high).
 
     python benchmarks/bench_sparse_mla_prefill.py [--quick] [--json out.json] [--no-baseline]
-        [--shape H,S_KV ...] [--kernel portable|sm90] [--precision high|fast]
+        [--shape H,S_KV ...] [--kernel auto|portable|sm90|sm90n] [--precision high|fast]
 """
 import sys
 
@@ -27,10 +28,16 @@ def parse():
     return ap.parse_args()
 
 
+# Small head counts (issue 17): FlashMLA's prefill serves 64 or 128 heads, so h <= 32 runs padded to 64 there
+# (h = 64, s_kv = 32K: 1902 us on the H200, 2026-12-02, fixed); targets in us at s_kv = 32K, precision "high".
+FLASHMLA_H64_32K_US = 1902.0
+SMALL_HEAD_TARGET_US = {16: 1200.0, 32: 1500.0}
+
+
 def shapes(quick):
     if quick:
-        return [(128, 32768), (64, 32768), (16, 32768)]
-    return [(h, s_kv) for s_kv in (8192, 32768, 131072) for h in (128, 64, 16)]
+        return [(128, 32768), (64, 32768), (32, 32768), (16, 32768)]
+    return [(h, s_kv) for s_kv in (8192, 32768, 131072) for h in (128, 64, 32, 16)]
 
 
 def make_indices(torch, s_kv, seed):
@@ -112,6 +119,14 @@ def main():
         if (16, s_kv) in by and (64, s_kv) in by:
             ratio = by[(16, s_kv)]["us_per_head"] / by[(64, s_kv)]["us_per_head"]
             print(f"# s_kv {s_kv}: h=16 time per head is {ratio:.2f}x h=64's (target <= 1.5x)")
+    for (h, s_kv), r in sorted(by.items()):
+        if h in SMALL_HEAD_TARGET_US and s_kv == 32768:
+            t = SMALL_HEAD_TARGET_US[h]
+            line = (f"# h={h} s_kv=32K {args.precision}: {r['time_us']:.0f} us; FlashMLA padded to 64 heads "
+                    f"{FLASHMLA_H64_32K_US:.0f} us ({FLASHMLA_H64_32K_US / r['time_us']:.2f}x ours)")
+            if args.precision == "high":
+                line += f"; target <= {t:.0f} us {'met' if r['time_us'] <= t else 'MISSED'}"
+            print(line)
     write_json(args.json, torch, args.kernel, iters, results)
     return 0
 
