@@ -26,11 +26,11 @@ $P tests/test_cuda_memory_ops.py tests/test_pack_kv.py tests/test_unpack_kv.py t
    tests/test_host_path.py > "$OUT/t_mem.log" 2>&1 &
 $P tests/test_layer.py tests/test_layer_attend.py tests/test_parallel.py tests/test_metadata.py > "$OUT/t_layer.log" 2>&1 &
 if [ -n "${SANITIZE:-}" ]; then
-  CS="timeout ${TL:-200} compute-sanitizer --print-limit 20"
+  CS="timeout ${TL:-200} compute-sanitizer"
   PA="python3 -m pytest -q -p no:cacheprovider -m cuda $A"
-  $CS --tool memcheck $PA -k "vs_cpu_and_reference or all_invalid or split or graph or small_heads and auto and (b5 or sq62)" \
+  $CS --print-limit 20 --tool memcheck $PA -k "vs_cpu_and_reference or all_invalid or split or graph or small_heads and auto and (b5 or sq62)" \
     > "$OUT/s_memcheck.log" 2>&1 &
-  $CS --tool synccheck $PA -k "vs_cpu_and_reference or all_invalid or split" > "$OUT/s_synccheck.log" 2>&1 &
+  $CS --print-limit 20 --tool synccheck $PA -k "vs_cpu_and_reference or all_invalid or split" > "$OUT/s_synccheck.log" 2>&1 &
   $CS --show-backtrace no --print-limit 100000 --tool racecheck --racecheck-report hazard $PA \
     -k "vs_cpu_and_reference and fp8_ds_mla and (128 or 100) or all_invalid or small_heads and auto and (b5 or sq62)" \
     > "$OUT/s_racecheck.log" 2>&1 &
