@@ -2,7 +2,7 @@
 # Side-by-side speed of this tree and earlier states of it in one device call: each argument is a
 # tar.gz of a tree (`git archive --format=tar.gz -o .whl/x.tar.gz <commit>`, in an ignored folder the
 # call carries); all are built in parallel, then the decode benchmark alternates between them (ARGS, default
-# the small-head shapes), twice. TESTS="pytest args" also runs those tests on this tree first.
+# the small-head shapes), twice. TESTS="pytest args" also runs those tests on every tree first.
 set -u
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/smla-out}; mkdir -p "$OUT"
@@ -18,10 +18,14 @@ for d in "${trees[@]}"; do
 done
 wait
 grep -ihE "spill" "$OUT"/build_*.log | grep -v " 0 bytes spill" | sort | uniq -c | head -8
-if [ -n "${TESTS:-}" ]; then
-  PYTHONPATH=$PWD/src timeout 240 python3 -m pytest -q -p no:cacheprovider -m cuda -x $TESTS 2>&1 | tail -n 4
+if [ -n "${TESTS:-}" ]; then  # on every tree, in parallel
+  for d in "${trees[@]}"; do
+    (cd "$d" && PYTHONPATH="$d/src" timeout 240 python3 -m pytest -q -p no:cacheprovider -m cuda $TESTS \
+       > "$OUT/tests_$(basename "$d").log" 2>&1; echo "== tests $(basename "$d"): $(tail -n 1 "$OUT/tests_$(basename "$d").log")") &
+  done
+  wait
 fi
-ARGS=${ARGS:---shape 16,1,128 --shape 32,1,128 --shape 16,2,128 --no-graph --no-baseline --iters 30}
+ARGS=${ARGS:---shape 16,1,128 --shape 32,1,128 --shape 8,1,128 --no-graph --no-baseline --iters 30}
 for i in 1 2; do
   for d in "${trees[@]}"; do
     echo "== $(basename "$d") (round $i)"
