@@ -2,7 +2,8 @@
 # Side-by-side speed of this tree and earlier states of it in one device call: each argument is a
 # tar.gz of a tree (`git archive --format=tar.gz -o .whl/x.tar.gz <commit>`, in an ignored folder the
 # call carries); all are built in parallel, then the decode benchmark alternates between them (ARGS, default
-# the small-head shapes), twice. TESTS="pytest args" also runs those tests on every tree first.
+# the small-head shapes), twice. TESTS="pytest args" (and TESTS_K, a -k expression) also runs those tests
+# on every tree first.
 set -u
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/smla-out}; mkdir -p "$OUT"
@@ -20,7 +21,7 @@ wait
 grep -ihE "spill" "$OUT"/build_*.log | grep -v " 0 bytes spill" | sort | uniq -c | head -8
 if [ -n "${TESTS:-}" ]; then  # on every tree, in parallel
   for d in "${trees[@]}"; do
-    (cd "$d" && PYTHONPATH="$d/src" timeout 240 python3 -m pytest -q -p no:cacheprovider -m cuda $TESTS \
+    (cd "$d" && PYTHONPATH="$d/src" timeout 240 python3 -m pytest -q -p no:cacheprovider -m cuda $TESTS -k "${TESTS_K:-}" \
        > "$OUT/tests_$(basename "$d").log" 2>&1; echo "== tests $(basename "$d"): $(tail -n 1 "$OUT/tests_$(basename "$d").log")") &
   done
   wait
