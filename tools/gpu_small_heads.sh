@@ -2,8 +2,9 @@
 # Issue 17 in one device call: build, the small-head tests (narrow wgmma kernel under "auto", the portable
 # kernel), the kernel-family and |V| ~ 10 tests, the grids' h <= 32 points, then the small-head decode and
 # prefill benchmarks for the narrow kernel (auto) and the portable one side by side. Logs under $OUT.
-# Env: TL (tests' time limit, s), SANITIZE=1 (compute-sanitizer memcheck / racecheck on the small-head tests),
-# NCU=1 (Nsight Compute on one decode call of each kernel).
+# Env: TL (tests' time limit, s); PROFILE=1: instead, a profiling build, tools/ablate.py --small at both
+# precisions and Nsight Compute on one h = 16 decode call. (compute-sanitizer on the small-head tests:
+# SANITIZE=1 bash tools/gpu_validate.sh.)
 set -u
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/smla-out}; mkdir -p "$OUT"
@@ -32,21 +33,8 @@ $P $A -k "small_heads_prefill or kernel_families or large_values" > "$OUT/t_smal
 $P $A -k "small_heads_decode and portable" > "$OUT/t_small_dec_portable.log" 2>&1 &
 $P $A -k "decode_grid and (h8- or h16- or h32-) or prefill_grid and (h16- or h32-) or vs_cpu or all_invalid or split or graph" \
   > "$OUT/t_grids_small.log" 2>&1 &
-if [ -n "${SANITIZE:-}" ]; then
-  CS="timeout ${TL:-240} compute-sanitizer --print-limit 20"
-  PA="python3 -m pytest -q -p no:cacheprovider -m cuda $A"
-  $CS --tool memcheck $PA -k "small_heads and auto and (b5 or b1 or sq62 or sq5-)" > "$OUT/s_memcheck.log" 2>&1 &
-  $CS --show-backtrace no --print-limit 100000 --tool racecheck --racecheck-report hazard $PA \
-    -k "small_heads_decode and auto and (b5 or b1) and high" > "$OUT/s_racecheck.log" 2>&1 &
-fi
 wait
 el tests done
-for f in "$OUT"/s_*.log; do
-  [ -e "$f" ] || continue
-  echo "== $(basename "$f"): $(grep -E "ERROR SUMMARY|RACECHECK SUMMARY" "$f" | tail -n 1)"
-  grep -E "^=========     (Read|Write) Thread" "$f" | sed -E 's/Thread \([0-9,]*\)/Thread/; s/\+0x[0-9a-f]*//' | cut -c1-160 \
-    | sort | uniq -c | sort -rn | head -n 6
-done
 for f in "$OUT"/t_*.log; do echo "== $(basename "$f"): $(tail -n 1 "$f" | cut -c1-200)"; grep -E "^FAILED|^E  " "$f" | cut -c1-220 | head -8; done
 SH="--shape 16,1,128 --shape 32,1,128 --shape 8,1,128 --shape 16,2,128 --shape 32,2,128 --shape 16,1,2"
 for k in auto portable; do
