@@ -17,7 +17,7 @@ import bench_sparse_mla_decode as bd  # noqa: E402
 import bench_sparse_mla_prefill as bp  # noqa: E402
 from _gpu import open_gpu, time_us  # noqa: E402
 
-VARIANTS = [0, 1, 2, 4, 6, 7, 8, 16]
+VARIANTS = [0, 1, 2, 4, 6, 7, 8, 16]  # 0 and the list of cuda/attention/sm90/variants.cuh (with_variant)
 
 
 def main():

@@ -21,6 +21,7 @@
 #include "attention/table.cuh"
 #include "attention/sm90/consumer.cuh"
 #include "attention/sm90/producer.cuh"
+#include "attention/sm90/variants.cuh"
 
 namespace attn {
 namespace sm90 {
@@ -48,15 +49,7 @@ __device__ __forceinline__ void init_barriers(const Cta<XO> &c)
 template <bool XO>
 __device__ __forceinline__ void load_q(const Args &a, const Cta<XO> &c)
 {
-    const smla_attn_params &p = a.p;
-    const uint16_t *qb = p.q + c.bi * p.q_stride_b + c.si * p.q_stride_s;
-    for (int i = c.tid; i < kHT * kRowChunks; i += 256) {
-        const int r = i / kRowChunks, ch = i - r * kRowChunks;
-        const bool ok = c.h0 + r < c.h;
-        const uint16_t *src = ok ? qb + static_cast<int64_t>(c.h0 + r) * p.q_stride_h + ch * 8 : qb;
-        cp_async16(blk_addr(c.sQ, r, ch), src, ok ? 16 : 0);
-    }
-    cp_async_commit();
+    issue_q<kHT, 256>(a, c, c.h0);
 }
 
 // Internal linkage: each instantiation file owns its kernels (no two files register one kernel).
@@ -148,31 +141,13 @@ int launch_variant(const Args &a, int64_t grid, cudaStream_t s, int dev, smla_st
     return SMLA_OK;
 }
 
-template <bool FP8, int ABL>
-int launch_precision(const Args &a, int64_t grid, cudaStream_t s, int dev, smla_status *st)
-{
-    if (a.p.precision == SMLA_PRECISION_FAST) return launch_variant<FP8, ABL, true>(a, grid, s, dev, st);
-    return launch_variant<FP8, ABL, false>(a, grid, s, dev, st);
-}
-
-// The ablation variant run.attn_ablate names (profiling builds), else the full kernel.
-template <bool FP8, int ABL, int... MORE>
-int launch_ablation(const Args &a, int64_t grid, cudaStream_t s, int dev, smla_status *st)
-{
-    if (a.p.run.attn_ablate == ABL) return launch_precision<FP8, ABL>(a, grid, s, dev, st);
-    if constexpr (sizeof...(MORE) > 0) return launch_ablation<FP8, MORE...>(a, grid, s, dev, st);
-    else return launch_precision<FP8, 0>(a, grid, s, dev, st);
-}
-
+// The variant the call asks for (sm90/variants.cuh).
 template <bool FP8>
 int launch(const Args &a, int64_t grid, cudaStream_t s, int dev, smla_status *st)
 {
-#if defined(SMLA_ATTN_ABLATION)
-    // the variants tools/ablate.py times (its VARIANTS, less 0)
-    return launch_ablation<FP8, 1, 2, 4, 6, 7, 8, 16>(a, grid, s, dev, st);
-#else
-    return launch_precision<FP8, 0>(a, grid, s, dev, st);
-#endif
+    return with_variant(a, [&](auto abl, auto fast) {
+        return launch_variant<FP8, decltype(abl)::value, decltype(fast)::value>(a, grid, s, dev, st);
+    });
 }
 
 }  // namespace

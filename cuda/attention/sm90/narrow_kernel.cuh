@@ -7,7 +7,8 @@
 //   S^T [64 tokens x NH heads] = K [64 x 576] Q^T        (wgmma m64nNHk16, A = K tile K-major, B = Q)
 //   O^T [512 dims x NH heads] += V^T [512 x 64] P^T      (8 x m64nNHk16 per k-step, A = the K tile read
 //                                                          M-major, B = P^T stored by the softmax)
-// so the MMA work is proportional to h and the kernel is bound by the cache reads.
+// so the MMA work is proportional to h. (What bounds it instead, measured: benchmarks/README.md, "Small
+// head counts": the producers' per-tile work, not yet the cache reads.)
 //
 // CTA = one query row x all heads (NH = 16 or 32, rows past h are zero) x one top-k split, 384 threads:
 //   WG1, WG2, the producers (setmaxnreg kProducerRegs; sm90/producer.cuh with 8 warps): fill the two K
@@ -31,6 +32,7 @@
 #include "attention/table.cuh"
 #include "attention/sm90/narrow_plan.cuh"
 #include "attention/sm90/producer.cuh"
+#include "attention/sm90/variants.cuh"
 
 namespace attn {
 namespace sm90 {
@@ -40,15 +42,7 @@ namespace narrow {
 template <class C>
 __device__ __forceinline__ void load_q(const Args &a, const Cta<C> &c)
 {
-    const smla_attn_params &p = a.p;
-    const uint16_t *qb = p.q + c.bi * p.q_stride_b + c.si * p.q_stride_s;
-    for (int i = c.tid; i < C::NH * kRowChunks; i += 128) {
-        const int r = i / kRowChunks, ch = i - r * kRowChunks;
-        const bool ok = r < c.h;
-        const uint16_t *src = ok ? qb + static_cast<int64_t>(r) * p.q_stride_h + ch * 8 : qb;
-        cp_async16(c.sQ + (ch >> 3) * C::kQBlk + r * 128 + (((ch & 7) ^ (r & 7)) << 4), src, ok ? 16 : 0);
-    }
-    cp_async_commit();
+    issue_q<C::NH, 128>(a, c, 0);
     cp_async_wait_all();
     fence_async_smem();
     named_sync(kBarQ, 128);
@@ -296,7 +290,7 @@ __global__ void __launch_bounds__(C::kThreads, 1) attn_sm90n_kernel(const __grid
 
     if (c.tid >= C::kP0) {
         setmaxnreg_dec<kProducerRegs>();
-        if constexpr (FP8) Fp8Producer<ABL, false, Cta<C>, C::kP0, C::kPW>(a, c, 0u, 0u).run();
+        if constexpr (FP8) Fp8Producer<ABL, false, C::kP0, C::kPW>(a, c, 0u, 0u).run();
         else produce_bf16<ABL, C::kP0, C::kPW>(a, c);
         return;
     }
@@ -323,29 +317,13 @@ int launch_variant(const Args &a, int64_t grid, cudaStream_t s, int dev, smla_st
     return SMLA_OK;
 }
 
-template <class C, bool FP8, int ABL>
-int launch_precision(const Args &a, int64_t grid, cudaStream_t s, int dev, smla_status *st)
-{
-    if (a.p.precision == SMLA_PRECISION_FAST) return launch_variant<C, FP8, ABL, true>(a, grid, s, dev, st);
-    return launch_variant<C, FP8, ABL, false>(a, grid, s, dev, st);
-}
-
-template <class C, bool FP8, int ABL, int... MORE>
-int launch_ablation(const Args &a, int64_t grid, cudaStream_t s, int dev, smla_status *st)
-{
-    if (a.p.run.attn_ablate == ABL) return launch_precision<C, FP8, ABL>(a, grid, s, dev, st);
-    if constexpr (sizeof...(MORE) > 0) return launch_ablation<C, FP8, MORE...>(a, grid, s, dev, st);
-    else return launch_precision<C, FP8, 0>(a, grid, s, dev, st);
-}
-
+// The variant the call asks for (sm90/variants.cuh).
 template <class C, bool FP8>
 int launch(const Args &a, int64_t grid, cudaStream_t s, int dev, smla_status *st)
 {
-#if defined(SMLA_ATTN_ABLATION)
-    return launch_ablation<C, FP8, 1, 2, 4, 6, 7, 8, 16>(a, grid, s, dev, st);
-#else
-    return launch_precision<C, FP8, 0>(a, grid, s, dev, st);
-#endif
+    return with_variant(a, [&](auto abl, auto fast) {
+        return launch_variant<C, FP8, decltype(abl)::value, decltype(fast)::value>(a, grid, s, dev, st);
+    });
 }
 
 }  // namespace

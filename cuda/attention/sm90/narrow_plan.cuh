@@ -6,7 +6,8 @@
 //   k     : two K buffers, each 9 column blocks of [64 tokens x 128 B], filled by the producers exactly
 //           as in the wide kernel (the A operand of S^T, and of O^T = V^T P^T read M-major);
 //   p     : P^T as [NH heads x 64 tokens] bf16, K-major (the B operand of O^T): P_hi, then P_lo;
-//   bar   : mbarriers full[2] (256 producer arrivals), empty[2] (128 consumer arrivals);
+//   bar   : mbarriers full[2] (256 producer arrivals), empty[2] (128 consumer arrivals) (CtaCommon's;
+//           no cluster, so no rr);
 //   valid : int [2][64], row valid per K buffer;
 //   red   : float [2][4][NH], each consumer warp's per-head maxima of a tile (parity of the tile);
 //   lsum  : double [4][NH], each consumer warp's row sums (epilogue), m: float [NH], the row maxima.
@@ -57,44 +58,18 @@ struct Smem {
     static_assert(bytes <= 227 * 1024, "sm_90 opt-in shared memory per block");
 };
 
-// One CTA: query row (bi, si), all h <= NH heads, top-k split sp with nt tiles from j0. The fields the
-// producers read (sm90/producer.cuh) have the wide kernel's names.
+// One CTA: CtaCommon (one head tile, n_ht = 1: all h <= NH heads) and the narrow kernel's own regions.
 template <class C>
-struct Cta {
-    uint32_t base;
-    uint8_t *smem;
-    int tid, lane;
-    int sp;
-    int64_t row, bi, si;
-    int h;
-    const int32_t *idx_row;
-    int L, j0, nt;
-    uint32_t sQ, sK, sP, bar_full, bar_empty, bar_rr;  // bar_*[b] at + 8 b; bar_rr unused (no cluster)
-    int *sValid;
+struct Cta : CtaCommon {
+    using S = Smem<C>;
+    uint32_t sP;
     float *sRed, *sM, *sO;
     double *sLsum;
 
     __device__ __forceinline__ Cta(const Args &a, uint8_t *smem_raw)
+        : CtaCommon(a, smem_raw, grid_pos(a), S::q.off, S::k.off, S::bar.off, S::valid.off)
     {
-        using S = Smem<C>;
-        const uint32_t raw_base = smem_u32(smem_raw);
-        base = (raw_base + 1023u) & ~1023u;
-        smem = smem_raw + (base - raw_base);
-        tid = threadIdx.x;
-        lane = tid & 31;
-        const GridPos gp = grid_pos(a);  // one head tile: n_ht = 1
-        sp = gp.sp, row = gp.row, bi = gp.bi, si = gp.si;
-        h = static_cast<int>(a.p.h);
-        const RowSlice slice = row_slice(a, bi, si, sp, kBN);
-        idx_row = slice.idx;
-        L = slice.L, j0 = slice.j0;
-        nt = slice.j1 > j0 ? slice.j1 - j0 : 0;
-
-        sQ = base + S::q.off;
-        sK = base + S::k.off;
         sP = base + S::p.off;
-        bar_full = base + S::bar.off, bar_empty = base + S::bar.off + 16, bar_rr = 0;
-        sValid = reinterpret_cast<int *>(smem + S::valid.off);
         sRed = reinterpret_cast<float *>(smem + S::red.off);
         sLsum = reinterpret_cast<double *>(smem + S::lsum.off);
         sM = reinterpret_cast<float *>(smem + S::m.off);

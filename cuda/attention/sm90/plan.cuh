@@ -53,56 +53,95 @@ __device__ __forceinline__ uint32_t blk_addr(uint32_t base, int row, int chunk)
     return base + static_cast<uint32_t>((chunk >> 3) * kBlk + row * 128 + (((chunk & 7) ^ (row & 7)) << 4));
 }
 
-// One CTA: query row (bi, si), heads [h0, h0 + 64), top-k split sp with nt tiles from j0, and the
-// shared-memory regions of Smem at the 1024-byte aligned base. XO: the CTA is one of a cluster of
-// two (the two head tiles of a row; sm90/producer.cuh), its head tile the cluster rank.
-template <bool XO>
-struct Cta {
+// What every sm90 CTA knows and the producers (sm90/producer.cuh) read, the same in both kernels: its
+// place (query row `row` = (bi, si), top-k split sp; the row's indices, top-k length L and its nt tiles
+// from j0), the 1024-byte aligned shared-memory base (the swizzled tiles need it) and the regions both
+// kernels have: Q, the two K buffers, the mbarriers full[2], empty[2] and, in cluster kernels, rr[2]
+// (bar_*[b] at + 8 b) and the row-valid flags of each K buffer.
+struct CtaCommon {
     uint32_t base;
     uint8_t *smem;
     int tid, lane;
-    int sp, ht;
+    int sp;
     int64_t row, bi, si;
-    int h, h0;
+    int h;
     const int32_t *idx_row;
     int L, j0, nt;
-    uint32_t sQ, sK, sPlo, bar_full, bar_empty, bar_rr;  // bar_*[b] at + 8 b
+    uint32_t sQ, sK, bar_full, bar_empty, bar_rr;
     int *sValid;
-    float *sAlpha, *sM;
-    double *sL;
 
-    __device__ __forceinline__ Cta(const Args &a, uint8_t *smem_raw)
+    __device__ __forceinline__ CtaCommon(const Args &a, uint8_t *smem_raw, const GridPos &gp, int q_off, int k_off,
+                                         int bar_off, int valid_off)
     {
         const uint32_t raw_base = smem_u32(smem_raw);
         base = (raw_base + 1023u) & ~1023u;
         smem = smem_raw + (base - raw_base);
-        const smla_attn_params &p = a.p;
         tid = threadIdx.x;
         lane = tid & 31;
-
-        if constexpr (XO) {  // blockIdx.x = (row * n_splits + split) * 2 + head tile; head tile = cluster rank
-            int64_t bx = blockIdx.x;
-            ht = static_cast<int>(bx & 1);
-            bx >>= 1;
-            sp = static_cast<int>(bx % a.n_splits);
-            row = bx / a.n_splits;
-            bi = row / p.s_q, si = row % p.s_q;
-        } else {
-            const GridPos gp = grid_pos(a);
-            sp = gp.sp, ht = gp.ht, row = gp.row, bi = gp.bi, si = gp.si;
-        }
-        h = static_cast<int>(p.h);
-        h0 = ht * kHT;
+        sp = gp.sp, row = gp.row, bi = gp.bi, si = gp.si;
+        h = static_cast<int>(a.p.h);
         const RowSlice slice = row_slice(a, bi, si, sp, kBN);
         idx_row = slice.idx;
         L = slice.L, j0 = slice.j0;
         nt = slice.j1 > j0 ? slice.j1 - j0 : 0;
+        sQ = base + q_off;
+        sK = base + k_off;
+        bar_full = base + bar_off, bar_empty = base + bar_off + 16, bar_rr = base + bar_off + 32;
+        sValid = reinterpret_cast<int *>(smem + valid_off);
+    }
+};
 
-        sQ = base + Smem::q.off;
-        sK = base + Smem::k.off;
+// Q rows h0 .. h0 + ROWS - 1 of the CTA's query row into 9 column blocks of [ROWS x 128 B] at c.sQ, in
+// blk_addr's swizzled layout (block size ROWS * 128; ROWS = 64 is blk_addr itself), rows past h zero;
+// issued by NT threads from thread 0 as one cp.async group (the caller waits for it).
+template <int ROWS, int NT>
+__device__ __forceinline__ void issue_q(const Args &a, const CtaCommon &c, int h0)
+{
+    const smla_attn_params &p = a.p;
+    const uint16_t *qb = p.q + c.bi * p.q_stride_b + c.si * p.q_stride_s;
+    for (int i = c.tid; i < ROWS * kRowChunks; i += NT) {
+        const int r = i / kRowChunks, ch = i - r * kRowChunks;
+        const bool ok = h0 + r < c.h;
+        const uint16_t *src = ok ? qb + static_cast<int64_t>(h0 + r) * p.q_stride_h + ch * 8 : qb;
+        cp_async16(c.sQ + (ch >> 3) * (ROWS * 128) + r * 128 + (((ch & 7) ^ (r & 7)) << 4), src, ok ? 16 : 0);
+    }
+    cp_async_commit();
+}
+
+// One CTA of the wide kernel: CtaCommon with heads [h0, h0 + 64) and its own regions. XO: the CTA is one
+// of a cluster of two (the two head tiles of a row; sm90/producer.cuh), its head tile the cluster rank.
+template <bool XO>
+struct Cta : CtaCommon {
+    int ht, h0;
+    uint32_t sPlo;
+    float *sAlpha, *sM;
+    double *sL;
+
+    __device__ __forceinline__ Cta(const Args &a, uint8_t *smem_raw) : Cta(a, smem_raw, place(a)) {}
+
+  private:
+    // XO: blockIdx.x = (row * n_splits + split) * 2 + head tile; head tile = cluster rank
+    __device__ __forceinline__ static GridPos place(const Args &a)
+    {
+        if constexpr (!XO) {
+            return grid_pos(a);
+        } else {
+            GridPos g;
+            int64_t bx = blockIdx.x;
+            g.ht = static_cast<int>(bx & 1);
+            bx >>= 1;
+            g.sp = static_cast<int>(bx % a.n_splits);
+            g.row = bx / a.n_splits;
+            g.bi = g.row / a.p.s_q, g.si = g.row % a.p.s_q;
+            return g;
+        }
+    }
+    __device__ __forceinline__ Cta(const Args &a, uint8_t *smem_raw, const GridPos &gp)
+        : CtaCommon(a, smem_raw, gp, Smem::q.off, Smem::k.off, Smem::bar.off, Smem::valid.off)
+    {
+        ht = gp.ht;
+        h0 = ht * kHT;
         sPlo = base + Smem::plo.off;
-        bar_full = base + Smem::bar.off, bar_empty = base + Smem::bar.off + 16, bar_rr = base + Smem::bar.off + 32;
-        sValid = reinterpret_cast<int *>(smem + Smem::valid.off);
         sAlpha = reinterpret_cast<float *>(smem + Smem::alpha.off);
         sL = reinterpret_cast<double *>(smem + Smem::row_l.off);
         sM = reinterpret_cast<float *>(smem + Smem::row_m.off);

@@ -43,14 +43,14 @@ struct KvSource {
 
 // Who produces: the PW warps from thread P0 on (the wide kernel: WG2, 4 warps from thread 256; the
 // narrow one, sm90/narrow_kernel.cuh: WG1 and WG2, 8 warps from thread 128). Each warp owns 64 / PW
-// rows of every tile. C is the kernel's Cta type (it names the K buffers, barriers and row flags).
+// rows of every tile. They read only the kernels' common CTA fields (CtaCommon, sm90/plan.cuh).
 //
 // bf16 rows. Lanes 8s..8s+7 of producer warp pw copy row r_i = (64 / PW) pw + 4 i + s of each tile:
 // lane chunk cl = lane & 7 of each of the 9 column blocks, so a lane's 9 cp.async share one swizzled
 // offset (block c8 at +c8 * kBlk in smem, +c8 * 128 B in the row). Each lane finds its own rows'
 // addresses (indices fetched a tile ahead): no per-row work is serialised across the warp.
-template <int ABL, int P0 = 256, int PW = 4, class C>
-__device__ __forceinline__ void produce_bf16(const Args &a, const C &c)
+template <int ABL, int P0 = 256, int PW = 4>
+__device__ __forceinline__ void produce_bf16(const Args &a, const CtaCommon &c)
 {
     constexpr bool kNoLoad = (ABL & 1) != 0;
     constexpr int kRows = kBN / PW, kNi = kRows / 4;  // rows per warp, 4-row steps
@@ -113,7 +113,7 @@ struct Fp8Batch {
 // themselves are loaded two tiles ahead. No address arithmetic is serialised across the warp: a
 // batch's row gets its address by two shuffles. (A bulk L2 prefetch of the entries a tile ahead was
 // measured: no gain; benchmarks/README.md.)
-template <int ABL, bool XO, class C = Cta<XO>, int P0 = 256, int PW = 4>
+template <int ABL, bool XO, int P0 = 256, int PW = 4>
 struct Fp8Producer {
     static constexpr bool kNoLoad = (ABL & 1) != 0, kNoDq = (ABL & 8) != 0;
     static constexpr int kRows = kBN / PW;                      // rows of a tile per warp
@@ -122,7 +122,7 @@ struct Fp8Producer {
     static_assert(kNbq >= 2 && kNbq % 2 == 0, "run() pairs batches");
     static_assert(!XO || PW == 4, "the crossover is written for one producer warpgroup");
 
-    const C &c;
+    const CtaCommon &c;
     const KvSource kv;
     const int lane, pw;
     const int bq0;              // XO: this CTA's rows 32 * rank ..
@@ -132,7 +132,7 @@ struct Fp8Producer {
     uint32_t okm_cur, okm_nxt;         // their validity bits
     int idx_nn;                        // lane m < kRows: the index of row m two tiles ahead
 
-    __device__ __forceinline__ Fp8Producer(const Args &a, const C &cta, uint32_t peer, uint32_t peer_base_)
+    __device__ __forceinline__ Fp8Producer(const Args &a, const CtaCommon &cta, uint32_t peer, uint32_t peer_base_)
         : c(cta), kv(a), lane(cta.lane), pw((cta.tid - P0) >> 5), bq0(XO ? kNbq * static_cast<int>(peer ^ 1u) : 0),
           peer_base(peer_base_), nq(cta.nt * kNbq)
     {
