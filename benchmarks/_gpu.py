@@ -18,7 +18,8 @@ def attention_parser(doc, iters_full, iters_quick, shape_help):
     ap.add_argument("--no-flush", action="store_true", help="do not flush L2 between calls")
     ap.add_argument("--no-baseline", action="store_true", help="skip the PyTorch baseline")
     ap.add_argument("--kernel", default="auto", choices=["auto", "portable", "sm90", "sm90n"],
-                    help="smla kernel family (sets SMLA_ATTN_KERNEL): sm90 = the wide wgmma kernel on Hopper, sm90n = the narrow one (h <= 32)")
+                    help="smla kernel family (sets SMLA_ATTN_KERNEL): sm90 = the wide wgmma kernel on Hopper, "
+                         "sm90n = the narrow one (h <= 32)")
     ap.add_argument("--shape", action="append", default=[], metavar=shape_help,
                     help="measure this shape (repeatable) instead of the default list")
     return ap

@@ -110,8 +110,9 @@ const KernelEntry *largest_fitting_tile(int ht, bool fp8, const DevProps &d)
 // The kernel for h heads over a cache of format fp8 on device d, by these rules:
 // 1. On a compute capability 9.0 device (sm_90a code runs nowhere else) of a binary that has the sm90
 //    kernels (SMLA_HAVE_SM90), unless the call asked for portable: for h <= 32 the narrow kernel
-//    (sm90n, the smallest head tile that holds h) unless the call asked for sm90; otherwise, or when
-//    it asked for sm90, the wide kernel. Only kernels whose shared memory fits (else the rules below).
+//    (sm90n, the smallest head tile that holds h) unless the call asked for sm90; the wide kernel for
+//    h > 32, when the call asked for sm90, or when it asked for sm90n and no narrow kernel fits. Only
+//    kernels whose shared memory fits (else the rules below).
 // 2. sm80: the head tile is the smallest one that holds h (the largest one for more heads than
 //    that), with the largest K tile that fits the device's shared memory; when none does, the
 //    smallest head tile's largest fitting K tile (the fallback, ~100 KB, fits every sm_80+ GPU).
