@@ -681,7 +681,7 @@ FAMILY_PREFILL = [(128, 213, 1840, 256), (64, 62, 32, 2048), (16, 300, 8192, 204
 
 
 @pytest.mark.parametrize("precision", ref.PRECISIONS)
-@pytest.mark.parametrize("family", ["portable", "sm90", "sm90n"])
+@pytest.mark.parametrize("family", ["portable", "sm90", "sm90n", "sm90p"])
 def test_kernel_families(family, precision, monkeypatch):
     if family != "portable" and not _is_hopper():
         pytest.skip("the sm90 kernel family needs a compute capability 9.0 GPU")

@@ -18,6 +18,7 @@ enum class Family {
     sm80,  // portable: mma.sync, any head tile, sm_80 and later (sm80/)
     sm90,  // Hopper: warp-specialised wgmma, head tile 64, compute capability 9.0 only (sm90/)
     sm90n, // Hopper, h <= 32: wgmma with tokens on M, head tile 16 or 32 (sm90/narrow_kernel.cuh)
+    sm90p, // Hopper, bf16 K: consumer warpgroups on alternate K tiles, head tile 64 (sm90/pair_kernel.cuh)
 };
 
 struct KernelEntry {
@@ -43,6 +44,7 @@ extern const KernelList kSm90Bf16Kernels;  // sm90/bf16.cu
 extern const KernelList kSm90Fp8Kernels;   // sm90/fp8.cu
 extern const KernelList kSm90nBf16Kernels;  // sm90/narrow_bf16.cu
 extern const KernelList kSm90nFp8Kernels;   // sm90/narrow_fp8.cu
+extern const KernelList kSm90pBf16Kernels;  // sm90/pair_bf16.cu
 #endif
 
 // The split-top-k combine over the partials of a.n_splits splits (combine.cu); pdl: launch it as a

@@ -1,0 +1,770 @@
+// Hopper (sm_90a) sparse MLA kernel over a bf16 K source (prefill's kv, a bf16 cache) for head tiles of
+// 64, with the two consumer warpgroups on alternate K tiles ("pair" kernel, family sm90p). Semantics,
+// outputs and split partials are those of the other kernels (sm80/kernel.cuh).
+//
+// Why: in the wide kernel (sm90/kernel.cuh) one warpgroup computes every tile's S and softmax, so the
+// tensor cores wait for it. Here each consumer warpgroup computes S and the softmax of its own tile of
+// a pair (WG0 the even tiles, in K buffer 0; WG1 the odd ones, buffer 1) and each owns half of O
+// (WG0 columns 0..255, WG1 256..511), so each multiplies its own P (from registers, "local") with its
+// half of V and the peer's P (through shared memory, "remote") with the same half of the peer's tile:
+// one warpgroup's softmax runs while the other's products occupy the tensor cores (FlashMLA's sm90
+// prefill schedule; this is our own implementation of it).
+//
+// CTA = one query row x 64 heads x one top-k split, 384 threads:
+//   WG0, WG1 (setmaxnreg kConsumerRegs): the consumers (PairConsumer<0>, PairConsumer<1>);
+//   WG2 (setmaxnreg kProducerRegs): the producer, cp.async into the K buffers, no register staging.
+// Shared-memory plan (Smem): Q's latent part (8 column blocks; its RoPE part is in the consumers'
+// registers, the A operand of the last 4 k-steps of S), two K buffers of 9 column blocks
+// [64 tokens x 128 B] (128-byte swizzle as plan.cuh), two P_lo blocks ("high"), mbarriers, row flags,
+// the max exchange and the non-empty tile mask.
+//
+// Each K buffer is two regions with their own full / empty mbarriers, so the part freed first is
+// reloaded first: the early region is what its owner's local P V reads (buffer 0: blocks 0..3 = V
+// columns 0..255; buffer 1: blocks 4..7 = V columns 256..511), freed by the owner once that product
+// is done; the late region is the rest (buffer 0: blocks 4..8, buffer 1: blocks 0..3 and 8), freed by
+// the peer after its remote product. The RoPE block (8) is dead once S is done and carries the owner's
+// P_hi to the peer (it is in the late region, which the peer frees); P_lo goes through its own block.
+// Each warpgroup's first S chain reads only its early region (the k-step order of kstep()).
+//
+// Per pair of tiles (t0 in buffer 0, t1 in buffer 1; t1 absent when the CTA has an odd tile count):
+//   WG0: mask S0, tile max -> m0 = max(m, mx0) published (kBarM0); P0 = 2^(S0 - m0), O *= 2^(m - m0),
+//        O += P0 V0[:, :256] (local, registers); waits for WG1's m1 = max(m0, mx1) (kBarM1), stores
+//        P0 * 2^(m0 - m1) for WG1 (kBarP0); once the local product is done frees the early region,
+//        rescales O by 2^(m0 - m1); waits for P1 (kBarP1), O += P1 V1[:, :256] (remote), issues the
+//        next pair's first S chain, frees buffer 1's late region when the remote product is done.
+//   WG1: mask S1, tile max; waits for m0, publishes m1; P1 = 2^(S1 - m1) stored for WG0 (kBarP1),
+//        O *= 2^(m - m1), O += P1 V1[:, 256:] (local); waits for P0, O += P0 V0[:, 256:] (remote);
+//        frees its early region, then buffer 0's late region.
+//   Both keep m equal after every pair; each keeps the row sums of its own tiles (scaled alike), added
+//   in the epilogue.
+// Empty tiles cost nothing: before loading, the producer marks the CTA's tiles that hold any valid
+// index (Smem::mask); only those are loaded and paired, and the consumers run count() of them.
+// S is 3 chains of 12 k-steps summed in fp32 (the accuracy rule of sm90/consumer.cuh); row sums in
+// double; overflowed scores saturate (attention/softmax.cuh). FAST: precision="fast" (P one bf16
+// term); otherwise P = P_hi + P_lo, two products per k-step.
+// ABL (profiling builds only, sm90/kernel.cuh's bits): 1 no K loads (zeros), 2 no S wgmma, 4 no P V
+// wgmma, 16 no P_lo V wgmma. Results are wrong then.
+#pragma once
+
+#include "attention/epilogue.cuh"
+#include "attention/table.cuh"
+#include "attention/sm90/plan.cuh"
+#include "attention/sm90/producer.cuh"
+#include "attention/sm90/variants.cuh"
+
+namespace attn {
+namespace sm90 {
+namespace pair {
+
+constexpr int kThreads = 384;
+// setmaxnreg: the three warpgroups share the launch allocation, 3 x 168 (plan.cuh).
+constexpr int kConsumerRegs = 232, kProducerRegs = 40;
+static_assert(2 * kConsumerRegs + kProducerRegs <= 3 * 168, "the launch allocation: 64K / 384 -> 168");
+// Named barriers (0 is __syncthreads): the max and P exchanges of a pair (256 consumer threads: one
+// warpgroup arrives, the other waits), the epilogue's row sums, Q landed, the producers' tile scan,
+// the start (the tile count known to all 384 threads).
+constexpr int kBarM0 = 1, kBarM1 = 2, kBarP0 = 3, kBarP1 = 4, kBarL = 5, kBarQ = 6, kBarScan = 7, kBarStart = 8;
+// The non-empty tile mask covers a CTA's first kMaskTiles tiles (top-k 131072); tiles past it are
+// always run.
+constexpr int kMaskWords = 64, kMaskTiles = 32 * kMaskWords;
+
+struct Smem {
+    static constexpr Region q = first_region(8 * kBlk);             // Q[:, :512], 8 column blocks
+    static constexpr Region k = region_after(q, 2 * kTileBytes);     // K buffers 0, 1
+    static constexpr Region plo = region_after(k, 2 * kBlk);         // P_lo of buffer 0's / 1's tile
+    static constexpr Region bar = region_after(plo, 64);             // full[b][r] at 8 (2b + r), empty at 32 + ..
+    static constexpr Region valid = region_after(bar, 2 * kBN * 4);  // int [2][64]: row valid, per buffer
+    static constexpr Region mrow = region_after(valid, 2 * kHT * 4); // float [2][64]: m0, m1 of the exchange
+    static constexpr Region mask = region_after(mrow, kMaskWords * 4 + 16);  // tile mask, then the count
+    static constexpr int used = mask.end();
+    static constexpr int bytes = used + 1024;  // slack to align the base to 1024 B
+    static_assert(q.off % 1024 == 0 && k.off % 1024 == 0 && plo.off % 1024 == 0, "swizzled tiles");
+    static_assert(bar.off % 8 == 0, "mbarriers are 8-byte");
+    static_assert(2 * kHT * 8 <= 2 * kBlk, "the epilogue's row sums reuse the P_lo blocks");
+    static_assert(bytes <= 227 * 1024, "sm_90 opt-in shared memory per block");
+};
+
+constexpr int kEarly = 0, kLate = 1;
+
+// x, opaque to the compiler: the consumers' buffers are the same on every pair, so without this it
+// would hoist the ~90 wgmma descriptors derived from them out of the loop and spill them.
+__device__ __forceinline__ uint32_t opaque(uint32_t x)
+{
+    asm volatile("" : "+r"(x));
+    return x;
+}
+
+// One CTA: CtaCommon (plan.cuh; its sQ is Q's latent part) and the pair kernel's regions.
+struct Cta : CtaCommon {
+    int h0;
+    uint32_t bar, sPlo;
+    float *sM;       // [2][64]: m0 (WG0), m1 (WG1)
+    uint32_t *mask;  // [kMaskWords] then the tile count
+    double *sL;      // [2][64], the epilogue's row sums (over the P_lo blocks)
+
+    __device__ __forceinline__ Cta(const Args &a, uint8_t *smem_raw, const GridPos &gp)
+        : CtaCommon(a, smem_raw, gp, Smem::q.off, Smem::k.off, Smem::bar.off, Smem::valid.off)
+    {
+        h0 = gp.ht * kHT;
+        bar = base + Smem::bar.off;
+        sPlo = base + Smem::plo.off;
+        sM = reinterpret_cast<float *>(smem + Smem::mrow.off);
+        mask = reinterpret_cast<uint32_t *>(smem + Smem::mask.off);
+        sL = reinterpret_cast<double *>(smem + Smem::plo.off);
+    }
+    __device__ __forceinline__ uint32_t full(int b, int r) const { return bar + 8 * (2 * b + r); }
+    __device__ __forceinline__ uint32_t empty(int b, int r) const { return bar + 32 + 8 * (2 * b + r); }
+    __device__ __forceinline__ uint32_t kbuf(int b) const { return sK + b * kTileBytes; }
+    __device__ __forceinline__ int count() const { return static_cast<int>(mask[kMaskWords]); }
+};
+
+// ------------------------------------------------------------------------------------------------
+// The producer (WG2): the tile scan, then per pair the regions in the order they are freed.
+// ------------------------------------------------------------------------------------------------
+template <int ABL>
+struct PairProducer {
+    static constexpr bool kNoLoad = (ABL & 1) != 0;
+    const Cta &c;
+    const KvSource kv;
+    const int lane, pw, sub, cl;
+    const bool hint;
+    const uint64_t pol;
+
+    // This thread's 4 rows of one tile (row 16 pw + 4 i + sub, 16-byte chunk cl of each column block).
+    struct Rows {
+        const uint8_t *src[4];
+        uint32_t ok;
+    };
+
+    __device__ __forceinline__ PairProducer(const Args &a, const Cta &cta)
+        : c(cta), kv(a), lane(cta.lane), pw((cta.tid - 256) >> 5), sub(cta.lane >> 3), cl(cta.lane & 7),
+          hint(a.evict_last != 0), pol(a.evict_last ? policy_evict_last() : 0)
+    {
+    }
+
+    __device__ __forceinline__ bool valid_at(int pos) const
+    {
+        if (pos >= c.L) return false;
+        const int idx = __ldg(c.idx_row + pos);
+        return idx >= 0 && static_cast<int64_t>(idx) < kv.limit;
+    }
+
+    // Marks the tiles (of the first kMaskTiles) holding any valid index; warp pw takes tiles pw + 4 m.
+    // Then the count of tiles to run, for everyone (kBarStart).
+    __device__ __forceinline__ void scan() const
+    {
+        const int nm = c.nt < kMaskTiles ? c.nt : kMaskTiles;
+#pragma unroll 8
+        for (int t = pw; t < nm; t += 4) {
+            const int pos = (c.j0 + t) * kBN + lane;
+            const bool any = __any_sync(0xffffffffu, valid_at(pos) || valid_at(pos + 32));
+            if (any && lane == 0) atomicOr(c.mask + (t >> 5), 1u << (t & 31));
+        }
+        named_sync(kBarScan, 128);
+        if (c.tid == 256) {
+            int n = c.nt - nm;
+            for (int w = 0; w < (nm + 31) / 32; ++w) n += __popc(c.mask[w]);
+            c.mask[kMaskWords] = static_cast<uint32_t>(n);
+        }
+        named_sync(kBarStart, kThreads);
+    }
+
+    // The first tile to run from t on (c.nt: none).
+    __device__ __forceinline__ int next_tile(int t) const
+    {
+        while (t < c.nt) {
+            if (t >= kMaskTiles) return t;
+            const uint32_t w = c.mask[t >> 5] >> (t & 31);
+            if (w) return t + __ffs(w) - 1;
+            t = (t | 31) + 1;
+        }
+        return c.nt;
+    }
+
+    __device__ __forceinline__ void locate(int t, Rows &R) const
+    {
+        R.ok = 0;
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            const int pos = (c.j0 + t) * kBN + 16 * pw + 4 * i + sub;
+            const int idx = (t < c.nt && pos < c.L) ? __ldg(c.idx_row + pos) : -1;
+            const bool ok = idx >= 0 && static_cast<int64_t>(idx) < kv.limit;
+            R.src[i] = kv.row(idx, ok) + cl * 16;
+            R.ok |= (ok ? 1u : 0u) << i;
+        }
+    }
+
+    // Column blocks [c0, c1) of this thread's rows into K buffer b.
+    __device__ __forceinline__ void copy(const Rows &R, int b, int c0, int c1) const
+    {
+        const uint32_t kb = c.kbuf(b);
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            const int r = 16 * pw + 4 * i + sub;
+            const int nb = (((R.ok >> i) & 1u) && !kNoLoad) ? 16 : 0;
+            const uint32_t dst = kb + r * 128 + ((cl ^ (r & 7)) << 4);
+#pragma unroll
+            for (int c8 = c0; c8 < c1; ++c8) {
+                if (hint) cp_async16_hint(dst + c8 * kBlk, R.src[i] + c8 * 128, nb, pol);
+                else cp_async16(dst + c8 * kBlk, R.src[i] + c8 * 128, nb);
+            }
+        }
+    }
+
+    // Region r of buffer b for its use-th tile: wait until both owners freed it, copy, signal full (the
+    // phase completes when every producer thread arrived and its copies landed).
+    template <int B, int R>
+    __device__ __forceinline__ void region(int t, int use) const
+    {
+        Rows rows;
+        locate(t, rows);  // again per region: fewer live registers (the producer has kProducerRegs)
+        if (use > 0) mbar_wait(c.empty(B, R), (use - 1) & 1);
+        if constexpr (R == kEarly) {  // the row flags go with the early region (its owner reads them)
+            if (cl == 0) {
+#pragma unroll
+                for (int i = 0; i < 4; ++i) c.sValid[B * kBN + 16 * pw + 4 * i + sub] = (rows.ok >> i) & 1u;
+            }
+        }
+        if constexpr (B == 0 && R == kEarly) copy(rows, 0, 0, 4);
+        if constexpr (B == 0 && R == kLate) copy(rows, 0, 4, 9);
+        if constexpr (B == 1 && R == kEarly) copy(rows, 1, 4, 8);
+        if constexpr (B == 1 && R == kLate) {
+            copy(rows, 1, 0, 4);
+            copy(rows, 1, 8, 9);
+        }
+        cp_async_mbar_arrive(c.full(B, R));
+        mbar_arrive(c.full(B, R));
+    }
+
+    __device__ __forceinline__ void run() const
+    {
+        scan();
+        const int np = (c.count() + 1) / 2;
+        int t = next_tile(0);
+        for (int k = 0; k < np; ++k) {
+            const int t0 = t, t1 = next_tile(t0 + 1);  // t1 = c.nt (an odd count's last pair): zeros
+            t = next_tile(t1 + 1);
+            region<0, kEarly>(t0, k);
+            region<1, kEarly>(t1, k);
+            region<0, kLate>(t0, k);
+            region<1, kLate>(t1, k);
+        }
+        cp_async_wait_all();
+    }
+};
+
+// ------------------------------------------------------------------------------------------------
+// The consumers. W = 0: even tiles (buffer 0), O columns 0..255; W = 1: odd tiles, columns 256..511.
+// ------------------------------------------------------------------------------------------------
+
+// The k-step order of W's S: 36 steps of 16 dims, 0..31 the latent part (Q from smem), 32..35 RoPE (Q
+// from registers). Each chain of 12 starts in W's early region: WG0 0..35 in order; WG1 16..31
+// (blocks 4..7), 0..15, 32..35.
+template <int W>
+__device__ __forceinline__ constexpr int kstep(int i)
+{
+    return W == 0 ? i : (i < 16 ? i + 16 : (i < 32 ? i - 16 : i));
+}
+
+template <int W, int ABL, bool FAST>
+struct PairConsumer {
+    static constexpr bool kNoS = (ABL & 2) != 0, kNoPV = (ABL & 4) != 0, kNoLo = FAST || (ABL & 16) != 0;
+    static constexpr int kPeer = 1 - W;
+
+    const Args &a;
+    const Cta &c;
+    const int g, t4, r0;  // rows r0, r0 + 8 of the 64 heads
+    float o[128];         // O[r0 / r0 + 8][256 W + 8 jn + 2 t4 + {0, 1}] at o[4 jn + {0, 1} / {2, 3}]
+    uint32_t qr[4][4];    // Q's RoPE part, the A fragments of k-steps 32..35
+    float m[2] = {-INFINITY, -INFINITY};
+    double l[2] = {0.0, 0.0};  // row sums of this warpgroup's tiles (see sm80/tile.cuh)
+
+    __device__ __forceinline__ PairConsumer(const Args &a_, const Cta &cta)
+        : a(a_), c(cta), g(cta.lane >> 2), t4(cta.lane & 3), r0(16 * ((cta.tid >> 5) & 3) + (cta.lane >> 2))
+    {
+#pragma unroll
+        for (int i = 0; i < 128; ++i) o[i] = 0.f;
+    }
+
+    // Q[:, :512] into smem (both warpgroups, one cp.async group) and this thread's RoPE fragments.
+    __device__ __forceinline__ void load_q()
+    {
+        const smla_attn_params &p = a.p;
+        const uint16_t *qb = p.q + c.bi * p.q_stride_b + c.si * p.q_stride_s;
+        for (int i = c.tid; i < kHT * kNopeChunks; i += 256) {
+            const int r = i / kNopeChunks, ch = i - r * kNopeChunks;
+            const bool ok = c.h0 + r < c.h;
+            const uint16_t *src = ok ? qb + static_cast<int64_t>(c.h0 + r) * p.q_stride_h + ch * 8 : qb;
+            cp_async16(blk_addr(c.sQ, r, ch), src, ok ? 16 : 0);
+        }
+        cp_async_commit();
+#pragma unroll
+        for (int hf = 0; hf < 2; ++hf) {
+            const int hr = c.h0 + r0 + 8 * hf;
+            const uint16_t *qrow = qb + static_cast<int64_t>(hr) * p.q_stride_h + SMLA_D_NOPE + 2 * t4;
+#pragma unroll
+            for (int j = 0; j < 4; ++j) {
+                qr[j][hf] = hr < c.h ? __ldg(reinterpret_cast<const uint32_t *>(qrow + 16 * j)) : 0u;
+                qr[j][2 + hf] = hr < c.h ? __ldg(reinterpret_cast<const uint32_t *>(qrow + 16 * j + 8)) : 0u;
+            }
+        }
+    }
+    __device__ __forceinline__ void wait_q() const
+    {
+        cp_async_wait_all();
+        fence_async_smem();
+        named_sync(kBarQ, 256);
+    }
+
+    __device__ __forceinline__ void acquire(int b, int r, int use) const
+    {
+        mbar_wait(c.full(b, r), use & 1);
+        fence_async_smem();  // the producer's cp.async data, read by wgmma (the async proxy)
+    }
+    __device__ __forceinline__ void release(int b, int r) const { mbar_arrive(c.empty(b, r)); }
+
+    // --- S ---------------------------------------------------------------------------------------
+    // d (+)= the 12 k-steps of chain ch over buffer W's tile.
+    __device__ __forceinline__ void s_chain(float (&d)[32], int ch)
+    {
+        const uint32_t kb = opaque(c.kbuf(W)), qb = opaque(c.sQ);
+        wg_fence();
+#pragma unroll
+        for (int i = 12 * ch; i < 12 * ch + 12; ++i) {
+            const int ks = kstep<W>(i);
+            if (ks < 32) {
+                const uint32_t off = (ks >> 2) * kBlk + (ks & 3) * 32;
+                wgmma_n64(d, desc(qb + off, 16, 1024), desc(kb + off, 16, 1024), i > 12 * ch);
+            } else {
+                wgmma_n64_rs(d, qr[ks - 32], desc(kb + 8 * kBlk + (ks & 3) * 32, 16, 1024), i > 12 * ch);
+            }
+        }
+        wg_commit();
+    }
+    // Chain 0 once the early region of use `use` landed.
+    __device__ __forceinline__ void s_first(float (&s)[32], int use)
+    {
+        acquire(W, kEarly, use);
+        if constexpr (!kNoS) s_chain(s, 0);
+    }
+    // Chains 1 and 2 once the late region landed, summed into s in fp32; returns with S complete.
+    __device__ __forceinline__ void s_rest(float (&s)[32], int use)
+    {
+        acquire(W, kLate, use);
+        if constexpr (kNoS) {
+#pragma unroll
+            for (int i = 0; i < 32; ++i) s[i] = 0.f;
+        } else {
+            float t[32];
+            s_chain(t, 1);
+            wg_wait0();
+            fence_regs(s);
+            fence_regs(t);
+#pragma unroll
+            for (int i = 0; i < 32; ++i) s[i] += t[i];
+            s_chain(t, 2);
+            wg_wait0();
+            fence_regs(t);
+#pragma unroll
+            for (int i = 0; i < 32; ++i) s[i] += t[i];
+            fence_qr();
+        }
+    }
+    __device__ __forceinline__ void fence_qr()
+    {
+#pragma unroll
+        for (int j = 0; j < 4; ++j) fence_regs(qr[j]);
+    }
+
+    // --- softmax -----------------------------------------------------------------------------------
+    // Mask (row flags of buffer W), scale to the log2 domain, saturate overflow where it matters; mx:
+    // the tile's row maxima (the quad holds all 64 tokens of rows r0, r0 + 8).
+    __device__ __forceinline__ void mask_scores(float (&s)[32], float (&mx)[2]) const
+    {
+        const int *valid = c.sValid + W * kBN;
+        mx[0] = mx[1] = -INFINITY;
+#pragma unroll
+        for (int jn = 0; jn < 8; ++jn) {
+            const int tok = 8 * jn + 2 * t4;
+            const bool ok0 = valid[tok] != 0, ok1 = valid[tok + 1] != 0;
+            s[4 * jn + 0] = ok0 ? s[4 * jn + 0] * a.scale_log2 : -INFINITY;
+            s[4 * jn + 1] = ok1 ? s[4 * jn + 1] * a.scale_log2 : -INFINITY;
+            s[4 * jn + 2] = ok0 ? s[4 * jn + 2] * a.scale_log2 : -INFINITY;
+            s[4 * jn + 3] = ok1 ? s[4 * jn + 3] * a.scale_log2 : -INFINITY;
+            mx[0] = fmaxf(mx[0], fmaxf(s[4 * jn + 0], s[4 * jn + 1]));
+            mx[1] = fmaxf(mx[1], fmaxf(s[4 * jn + 2], s[4 * jn + 3]));
+        }
+        if (sat_needed(mx[0], m[0]) || sat_needed(mx[1], m[1])) {
+            mx[0] = mx[1] = -INFINITY;
+#pragma unroll
+            for (int jn = 0; jn < 8; ++jn) {
+                const int tok = 8 * jn + 2 * t4;
+                if (valid[tok] != 0) {
+                    s[4 * jn + 0] = sat_score(s[4 * jn + 0]);
+                    s[4 * jn + 2] = sat_score(s[4 * jn + 2]);
+                }
+                if (valid[tok + 1] != 0) {
+                    s[4 * jn + 1] = sat_score(s[4 * jn + 1]);
+                    s[4 * jn + 3] = sat_score(s[4 * jn + 3]);
+                }
+                mx[0] = fmaxf(mx[0], fmaxf(s[4 * jn + 0], s[4 * jn + 1]));
+                mx[1] = fmaxf(mx[1], fmaxf(s[4 * jn + 2], s[4 * jn + 3]));
+            }
+        }
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+            mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 1));
+            mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 2));
+        }
+    }
+
+    // The exponent base of row max mn (0 for a row with nothing yet: its p are all 0).
+    __device__ __forceinline__ static float base_of(float mn) { return mn == -INFINITY ? 0.f : mn; }
+
+    // Moves the running max to mn: O and l scaled by 2^(m - mn).
+    __device__ __forceinline__ void move_max(const float (&mn)[2])
+    {
+        float f[2];
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+            f[i] = ex2(m[i] - base_of(mn[i]));
+            m[i] = mn[i];
+        }
+        rescale(f);
+    }
+    __device__ __forceinline__ void rescale(const float (&f)[2])
+    {
+        if (__any_sync(0xffffffffu, f[0] != 1.f || f[1] != 1.f)) {
+#pragma unroll
+            for (int jn = 0; jn < 32; ++jn) {
+                o[4 * jn + 0] *= f[0];
+                o[4 * jn + 1] *= f[0];
+                o[4 * jn + 2] *= f[1];
+                o[4 * jn + 3] *= f[1];
+            }
+        }
+        l[0] *= static_cast<double>(f[0]);
+        l[1] *= static_cast<double>(f[1]);
+    }
+
+    // P = 2^(S - base) in place (fp32), its A fragments (hi; lo: high only) and the row sums.
+    __device__ __forceinline__ void probs(float (&s)[32], const float (&mn)[2], uint32_t (&hi)[16],
+                                          uint32_t (&lo)[16])
+    {
+        const float b0 = base_of(mn[0]), b1 = base_of(mn[1]);
+        float rs[2] = {0.f, 0.f};
+#pragma unroll
+        for (int jn = 0; jn < 8; ++jn) {
+            s[4 * jn + 0] = ex2(s[4 * jn + 0] - b0);
+            s[4 * jn + 1] = ex2(s[4 * jn + 1] - b0);
+            s[4 * jn + 2] = ex2(s[4 * jn + 2] - b1);
+            s[4 * jn + 3] = ex2(s[4 * jn + 3] - b1);
+            rs[0] += s[4 * jn + 0] + s[4 * jn + 1];
+            rs[1] += s[4 * jn + 2] + s[4 * jn + 3];
+            const int f = 4 * (jn >> 1) + 2 * (jn & 1);
+            if constexpr (FAST) {
+                hi[f] = pack_bf16x2(s[4 * jn + 0], s[4 * jn + 1]);
+                hi[f + 1] = pack_bf16x2(s[4 * jn + 2], s[4 * jn + 3]);
+            } else {
+                split_bf16x2(s[4 * jn + 0], s[4 * jn + 1], hi[f], lo[f]);
+                split_bf16x2(s[4 * jn + 2], s[4 * jn + 3], hi[f + 1], lo[f + 1]);
+            }
+        }
+        l[0] += static_cast<double>(rs[0]);
+        l[1] += static_cast<double>(rs[1]);
+    }
+
+    // The A fragments of P (hi, lo) for the peer: P_hi into buffer W's RoPE block, P_lo into W's P_lo
+    // block, as the K-major A operand [64 heads x 64 tokens] of its remote product.
+    __device__ __forceinline__ void store_p(const uint32_t (&hi)[16], const uint32_t (&lo)[16]) const
+    {
+        const uint32_t hb = c.kbuf(W) + 8 * kBlk, lb = c.sPlo + W * kBlk;
+#pragma unroll
+        for (int kk = 0; kk < 4; ++kk) {
+#pragma unroll
+            for (int hf = 0; hf < 2; ++hf) {
+                const int tok = 16 * kk + 8 * hf + 2 * t4;
+#pragma unroll
+                for (int rr = 0; rr < 2; ++rr) {
+                    const uint32_t at = blk_addr(0, r0 + 8 * rr, tok >> 3) + (tok & 7) * 2;
+                    st_shared_u32(hb + at, hi[4 * kk + 2 * hf + rr]);
+                    if constexpr (!kNoLo) st_shared_u32(lb + at, lo[4 * kk + 2 * hf + rr]);
+                }
+            }
+        }
+        fence_async_smem();
+    }
+    // P *= f (rows r0 / r0 + 8 by f[0] / f[1]) on its fragments, split again (a no-op where f is 1).
+    __device__ __forceinline__ void rescale_p(uint32_t (&hi)[16], uint32_t (&lo)[16], const float (&f)[2]) const
+    {
+        if (!__any_sync(0xffffffffu, f[0] != 1.f || f[1] != 1.f)) return;
+#pragma unroll
+        for (int i = 0; i < 16; ++i) {
+            const float fi = f[i & 1];  // fragment register i holds row r0 + 8 (i & 1)
+            float x = __uint_as_float(hi[i] << 16) * fi, y = __uint_as_float(hi[i] & 0xffff0000u) * fi;
+            if constexpr (!kNoLo) {
+                x = fmaf(__uint_as_float(lo[i] << 16), fi, x);
+                y = fmaf(__uint_as_float(lo[i] & 0xffff0000u), fi, y);
+                split_bf16x2(x, y, hi[i], lo[i]);
+            } else {
+                hi[i] = pack_bf16x2(x, y);
+            }
+        }
+    }
+
+    // --- P V ---------------------------------------------------------------------------------------
+    // V = buffer b's columns 256 W .. + 255, k-step kk (tokens 16 kk ..), N-major.
+    __device__ __forceinline__ uint64_t v_desc(uint32_t kb, int kk) const
+    {
+        return desc(kb + (4 * W) * kBlk + (16 * kk) * 128, kBlk, 1024);
+    }
+    // O += P V over this warpgroup's own tile, P from registers (one commit group).
+    __device__ __forceinline__ void pv_local(uint32_t (&hi)[16], uint32_t (&lo)[16])
+    {
+        if constexpr (!kNoPV) {
+            const uint32_t kb = opaque(c.kbuf(W));
+            wg_fence();
+#pragma unroll
+            for (int kk = 0; kk < 4; ++kk) {
+                const uint64_t dv = v_desc(kb, kk);
+                wgmma_n256_rs(o, reinterpret_cast<const uint32_t(&)[4]>(hi[4 * kk]), dv);
+                if constexpr (!kNoLo) wgmma_n256_rs(o, reinterpret_cast<const uint32_t(&)[4]>(lo[4 * kk]), dv);
+            }
+        }
+        wg_commit();
+    }
+    // O += P V over the peer's tile, its P from smem (one commit group).
+    __device__ __forceinline__ void pv_remote()
+    {
+        if constexpr (!kNoPV) {
+            const uint32_t kb = opaque(c.kbuf(kPeer)), hb = kb + 8 * kBlk, lb = opaque(c.sPlo) + kPeer * kBlk;
+            wg_fence();
+#pragma unroll
+            for (int kk = 0; kk < 4; ++kk) {
+                const uint64_t dv = v_desc(kb, kk);
+                wgmma_n256_tb(o, desc(hb + kk * 32, 16, 1024), dv);
+                if constexpr (!kNoLo) wgmma_n256_tb(o, desc(lb + kk * 32, 16, 1024), dv);
+            }
+        }
+        wg_commit();
+    }
+
+    // --- the exchange of maxima ---------------------------------------------------------------------
+    __device__ __forceinline__ void put_m(int w, const float (&v)[2]) const
+    {
+        if (t4 == 0) {
+            c.sM[w * kHT + r0] = v[0];
+            c.sM[w * kHT + r0 + 8] = v[1];
+        }
+    }
+    __device__ __forceinline__ void get_m(int w, float (&v)[2]) const
+    {
+        v[0] = c.sM[w * kHT + r0];
+        v[1] = c.sM[w * kHT + r0 + 8];
+    }
+
+    // --- the schedules --------------------------------------------------------------------------------
+    // Pairs k = 0 .. np - 1: tile 2k in buffer 0, 2k + 1 in buffer 1 (an odd count's last pair has a
+    // tile of zeros with no valid row in buffer 1, so that every pair is whole). Every path through a
+    // pair waits for the same tensor-core groups: a branch around a wgmma would make the compiler
+    // serialise every wgmma of the kernel. So the last pair is its own instantiation (NEXT = false).
+    __device__ __forceinline__ void run(int np)
+    {
+        float s[32];
+        if (np > 0) {
+            s_first(s, 0);
+            s_rest(s, 0);
+#pragma unroll 1
+            for (int k = 0; k + 1 < np; ++k) pair<true>(s, k);
+            pair<false>(s, np - 1);
+        }
+    }
+
+    template <bool NEXT>
+    __device__ __forceinline__ void pair(float (&s)[32], int k)
+    {
+        if constexpr (W == 0) pair0<NEXT>(s, k);
+        else pair1<NEXT>(s, k);
+    }
+
+    // WG0's pair k: its tile's softmax and local product, the exchange, WG1's P.
+    template <bool NEXT>
+    __device__ __forceinline__ void pair0(float (&s)[32], int k)
+    {
+        float mx[2], m0[2], m1[2], f[2];
+        uint32_t hi[16], lo[16];
+        mask_scores(s, mx);
+        m0[0] = fmaxf(m[0], mx[0]);
+        m0[1] = fmaxf(m[1], mx[1]);
+        put_m(0, m0);
+        named_arrive(kBarM0, 256);
+        move_max(m0);
+        probs(s, m0, hi, lo);
+        pv_local(hi, lo);
+        named_sync(kBarM1, 256);
+        get_m(1, m1);
+#pragma unroll
+        for (int i = 0; i < 2; ++i) f[i] = m0[i] == -INFINITY ? 1.f : ex2(m0[i] - base_of(m1[i]));
+        wg_wait0();
+        fence_regs(o);
+        fence_regs(hi);
+        if constexpr (!kNoLo) fence_regs(lo);
+        release(0, kEarly);
+        rescale_p(hi, lo, f);
+        store_p(hi, lo);  // P0 relative to m1, for WG1
+        named_arrive(kBarP0, 256);
+        rescale(f);
+        m[0] = m1[0];
+        m[1] = m1[1];
+        named_sync(kBarP1, 256);
+        pv_remote();
+        if constexpr (NEXT) {
+            s_first(s, k + 1);
+            wg_wait1();
+        } else {
+            wg_wait0();
+        }
+        fence_regs(o);
+        release(1, kLate);
+        if constexpr (NEXT) s_rest(s, k + 1);
+    }
+
+    // WG1's pair k: its tile's softmax after WG0's max, P1 for WG0, local and remote products.
+    template <bool NEXT>
+    __device__ __forceinline__ void pair1(float (&s)[32], int k)
+    {
+        float mx[2], m0[2], m1[2];
+        uint32_t hi[16], lo[16];
+        mask_scores(s, mx);
+        named_sync(kBarM0, 256);
+        get_m(0, m0);
+        m1[0] = fmaxf(m0[0], mx[0]);
+        m1[1] = fmaxf(m0[1], mx[1]);
+        put_m(1, m1);
+        named_arrive(kBarM1, 256);
+        move_max(m1);
+        probs(s, m1, hi, lo);
+        store_p(hi, lo);
+        named_arrive(kBarP1, 256);
+        pv_local(hi, lo);
+        named_sync(kBarP0, 256);
+        pv_remote();
+        wg_wait1();
+        fence_regs(o);
+        fence_regs(hi);
+        if constexpr (!kNoLo) fence_regs(lo);
+        release(1, kEarly);
+        if constexpr (NEXT) {
+            s_first(s, k + 1);
+            wg_wait1();
+        } else {
+            wg_wait0();
+        }
+        fence_regs(o);
+        release(0, kLate);
+        if constexpr (NEXT) s_rest(s, k + 1);
+    }
+
+    // The row sums of both warpgroups added (both hold the same m), then this warpgroup's columns.
+    __device__ __forceinline__ void epilogue()
+    {
+        named_sync(kBarL, 256);  // both loops are over: the P_lo blocks are free for the row sums
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+            l[i] += __shfl_xor_sync(0xffffffffu, l[i], 1);
+            l[i] += __shfl_xor_sync(0xffffffffu, l[i], 2);
+        }
+        if (t4 == 0) {
+            c.sL[W * kHT + r0] = l[0];
+            c.sL[W * kHT + r0 + 8] = l[1];
+        }
+        named_sync(kBarL, 256);
+        const bool split = a.n_splits > 1;
+#pragma unroll
+        for (int hf = 0; hf < 2; ++hf) {
+            const int rl = r0 + 8 * hf;
+            const int hr = c.h0 + rl;
+            if (hr >= c.h) continue;
+            const double lt = c.sL[rl] + c.sL[kHT + rl];
+            const int col0 = 256 * W + 2 * t4;
+            finish_row<32>(
+                a, c.row, c.bi, c.si, c.sp, c.h, hr, split, m[hf], lt, [&] { return col0; },
+                [&] { return W == 0 && t4 == 0; },
+                [&](int jn) { return make_float2(o[4 * jn + 2 * hf], o[4 * jn + 2 * hf + 1]); });
+        }
+    }
+};
+
+// Internal linkage: the instantiation file owns its kernels.
+namespace {
+
+template <int ABL, bool FAST>
+__global__ void __launch_bounds__(kThreads, 1) attn_sm90p_kernel(const __grid_constant__ Args a)
+{
+    extern __shared__ uint8_t smem_raw[];
+    const Cta c(a, smem_raw, grid_pos(a));
+
+    pdl_launch_dependents();  // the combine (split mode) may be scheduled; it waits for this grid
+    if (c.tid == 0) {
+#pragma unroll
+        for (int i = 0; i < 8; ++i) mbar_init(c.bar + 8 * i, 128);
+        fence_mbarrier_init();
+    }
+    if (c.tid < kMaskWords) c.mask[c.tid] = 0u;
+    __syncthreads();
+
+    if (c.tid >= 256) {
+        setmaxnreg_dec<kProducerRegs>();
+        PairProducer<ABL>(a, c).run();
+        return;
+    }
+    setmaxnreg_inc<kConsumerRegs>();
+    if (c.tid < 128) {
+        PairConsumer<0, ABL, FAST> wg(a, c);
+        wg.load_q();
+        named_sync(kBarStart, kThreads);
+        wg.wait_q();
+        wg.run((c.count() + 1) / 2);
+        wg.epilogue();
+    } else {
+        PairConsumer<1, ABL, FAST> wg(a, c);
+        wg.load_q();
+        named_sync(kBarStart, kThreads);
+        wg.wait_q();
+        wg.run((c.count() + 1) / 2);
+        wg.epilogue();
+    }
+}
+
+template <int ABL, bool FAST>
+int launch_variant(const Args &a, int64_t grid, cudaStream_t s, int dev, smla_status *st)
+{
+    static OncePerDevice configured;
+    if (configured.needed(dev)) {
+        SMLA_CUDA_CHECK(st, cudaFuncSetAttribute(attn_sm90p_kernel<ABL, FAST>,
+                                                 cudaFuncAttributeMaxDynamicSharedMemorySize, Smem::bytes));
+        configured.mark(dev);
+    }
+    attn_sm90p_kernel<ABL, FAST><<<static_cast<unsigned>(grid), kThreads, Smem::bytes, s>>>(a);
+    SMLA_CUDA_LAUNCH_CHECK(st);
+    return SMLA_OK;
+}
+
+int launch(const Args &a, int64_t grid, cudaStream_t s, int dev, smla_status *st)
+{
+    return with_variant(a, [&](auto abl, auto fast) {
+        return launch_variant<decltype(abl)::value, decltype(fast)::value>(a, grid, s, dev, st);
+    });
+}
+
+}  // namespace
+
+// The table entry (bf16 K only).
+constexpr KernelEntry entry()
+{
+    return KernelEntry{Family::sm90p, false, kHT, kBN, Smem::bytes, 1, kThreads, &launch};
+}
+
+}  // namespace pair
+}  // namespace sm90
+}  // namespace attn

@@ -1,0 +1,71 @@
+"""First check of a kernel family on the GPU, before the full suite: a few prefill and bf16 decode cases
+against the float64 oracle, each in a child process with a time limit, so that a hang or a fault is
+reported as such and the calling script can stop early.
+
+    python3 tools/gpu_first_check.py [--family sm90p] [--timeout 60]
+Exit status: 0 all passed, 1 a case failed, 2 a case hung or crashed.
+"""
+import argparse
+import os
+import subprocess
+import sys
+
+CASES = [  # (kind, h, s_q, s_kv or topk, topk, tl_mode)
+    ("prefill", 64, 5, 128, 128, "none"), ("prefill", 128, 13, 1840, 256, "rand"),
+    ("prefill", 64, 7, 4096, 2048, "zero"), ("prefill", 100, 9, 700, 320, "rand"),
+    ("prefill", 16, 11, 8192, 2048, "none"), ("prefill", 64, 3, 64, 64, "none"),
+    ("decode", 64, 2, 0, 300, "rand"), ("decode", 128, 1, 0, 2048, "none"),
+]
+
+CHILD = r'''
+import os, sys
+sys.path.insert(0, "tests")
+import torch
+import test_cuda_attention as T
+kind, h, s_q, n, topk, tl, prec = sys.argv[1], *map(int, sys.argv[2:6]), sys.argv[6], sys.argv[7]
+if kind == "prefill":
+    c = T.prefill_case(s_q, h, n, topk, seed=7, tl_mode=tl, sink_mode="mixed")
+    out_ref, lse_ref, ml_ref, out_abs = T.prefill_oracle(c, return_abs=True)
+    out, lse, ml = T.run_prefill(c, precision=prec)
+    torch.cuda.synchronize()
+    T.check_prefill(out, lse, ml, out_ref, lse_ref, ml_ref, name=f"prefill h{h}", precision=prec, out_abs=out_abs)
+else:
+    c = T.decode_case("bf16", 3, s_q, h, topk, 64, seed=8, tl_mode=tl, sink_mode="mixed", strided_q=True, layers=1)
+    out_ref, lse_ref, out_abs = T.decode_oracle(c, return_abs=True)
+    out, lse = T.run_decode(c, precision=prec)
+    torch.cuda.synchronize()
+    T.check_decode(out, lse, out_ref, lse_ref, name=f"decode h{h}", precision=prec, out_abs=out_abs)
+print("ok")
+'''
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--family", default="sm90p")
+    ap.add_argument("--timeout", type=float, default=60.0)
+    args = ap.parse_args()
+    env = dict(os.environ, SMLA_ATTN_KERNEL=args.family)
+    worst = 0
+    for kind, h, s_q, n, topk, tl in CASES:
+        for prec in ("high", "fast"):
+            name = f"{kind} h{h} s_q{s_q} n{n} topk{topk} tl={tl} {prec}"
+            try:
+                r = subprocess.run([sys.executable, "-c", CHILD, kind, str(h), str(s_q), str(n), str(topk), tl, prec],
+                                   env=env, capture_output=True, text=True, timeout=args.timeout)
+            except subprocess.TimeoutExpired:
+                print(f"HANG  {name}")
+                return 2
+            if r.returncode == 0:
+                print(f"ok    {name}")
+                continue
+            tail = (r.stdout + r.stderr).strip().splitlines()[-3:]
+            crashed = "CUDA" in (r.stderr or "") or r.returncode < 0
+            print(f"{'CRASH' if crashed else 'FAIL '} {name}: " + " | ".join(tail)[:600])
+            worst = max(worst, 2 if crashed else 1)
+            if crashed:
+                return 2
+    return worst
+
+
+if __name__ == "__main__":
+    sys.exit(main())
