@@ -58,7 +58,7 @@ namespace pair {
 
 constexpr int kThreads = 384;
 // setmaxnreg: the three warpgroups share the launch allocation, 3 x 168 (plan.cuh).
-constexpr int kConsumerRegs = 232, kProducerRegs = 40;
+constexpr int kConsumerRegs = 224, kProducerRegs = 56;
 static_assert(2 * kConsumerRegs + kProducerRegs <= 3 * 168, "the launch allocation: 64K / 384 -> 168");
 // Named barriers (0 is __syncthreads): the max and P exchanges of a pair (256 consumer threads: one
 // warpgroup arrives, the other waits), the epilogue's row sums, Q landed, the producers' tile scan,
@@ -69,9 +69,9 @@ constexpr int kBarM0 = 1, kBarM1 = 2, kBarP0 = 3, kBarP1 = 4, kBarL = 5, kBarQ =
 constexpr int kMaskWords = 64, kMaskTiles = 32 * kMaskWords;
 
 struct Smem {
-    static constexpr Region q = first_region(8 * kBlk);             // Q[:, :512], 8 column blocks
+    static constexpr Region q = first_region(kTileBytes);            // Q, 9 column blocks
     static constexpr Region k = region_after(q, 2 * kTileBytes);     // K buffers 0, 1
-    static constexpr Region plo = region_after(k, 2 * kBlk);         // P_lo of buffer 0's / 1's tile
+    static constexpr Region plo = region_after(k, kBlk);             // P_lo of buffer 1's tile (high)
     static constexpr Region bar = region_after(plo, 64);             // full[b][r] at 8 (2b + r), empty at 32 + ..
     static constexpr Region valid = region_after(bar, 2 * kBN * 4);  // int [2][64]: row valid, per buffer
     static constexpr Region mrow = region_after(valid, 2 * kHT * 4); // float [2][64]: m0, m1 of the exchange
@@ -80,7 +80,7 @@ struct Smem {
     static constexpr int bytes = used + 1024;  // slack to align the base to 1024 B
     static_assert(q.off % 1024 == 0 && k.off % 1024 == 0 && plo.off % 1024 == 0, "swizzled tiles");
     static_assert(bar.off % 8 == 0, "mbarriers are 8-byte");
-    static_assert(2 * kHT * 8 <= 2 * kBlk, "the epilogue's row sums reuse the P_lo blocks");
+    static_assert(2 * kHT * 8 <= kBlk, "the epilogue's row sums reuse the P_lo block");
     static_assert(bytes <= 227 * 1024, "sm_90 opt-in shared memory per block");
 };
 
@@ -100,7 +100,7 @@ struct Cta : CtaCommon {
     uint32_t bar, sPlo;
     float *sM;       // [2][64]: m0 (WG0), m1 (WG1)
     uint32_t *mask;  // [kMaskWords] then the tile count
-    double *sL;      // [2][64], the epilogue's row sums (over the P_lo blocks)
+    double *sL;      // [2][64], the epilogue's row sums (over the P_lo block)
 
     __device__ __forceinline__ Cta(const Args &a, uint8_t *smem_raw, const GridPos &gp)
         : CtaCommon(a, smem_raw, gp, Smem::q.off, Smem::k.off, Smem::bar.off, Smem::valid.off)
@@ -275,7 +275,6 @@ struct PairConsumer {
     const Cta &c;
     const int g, t4, r0;  // rows r0, r0 + 8 of the 64 heads
     float o[128];         // O[r0 / r0 + 8][256 W + 8 jn + 2 t4 + {0, 1}] at o[4 jn + {0, 1} / {2, 3}]
-    uint32_t qr[4][4];    // Q's RoPE part, the A fragments of k-steps 32..35
     float m[2] = {-INFINITY, -INFINITY};
     double l[2] = {0.0, 0.0};  // row sums of this warpgroup's tiles (see sm80/tile.cuh)
 
@@ -286,29 +285,8 @@ struct PairConsumer {
         for (int i = 0; i < 128; ++i) o[i] = 0.f;
     }
 
-    // Q[:, :512] into smem (both warpgroups, one cp.async group) and this thread's RoPE fragments.
-    __device__ __forceinline__ void load_q()
-    {
-        const smla_attn_params &p = a.p;
-        const uint16_t *qb = p.q + c.bi * p.q_stride_b + c.si * p.q_stride_s;
-        for (int i = c.tid; i < kHT * kNopeChunks; i += 256) {
-            const int r = i / kNopeChunks, ch = i - r * kNopeChunks;
-            const bool ok = c.h0 + r < c.h;
-            const uint16_t *src = ok ? qb + static_cast<int64_t>(c.h0 + r) * p.q_stride_h + ch * 8 : qb;
-            cp_async16(blk_addr(c.sQ, r, ch), src, ok ? 16 : 0);
-        }
-        cp_async_commit();
-#pragma unroll
-        for (int hf = 0; hf < 2; ++hf) {
-            const int hr = c.h0 + r0 + 8 * hf;
-            const uint16_t *qrow = qb + static_cast<int64_t>(hr) * p.q_stride_h + SMLA_D_NOPE + 2 * t4;
-#pragma unroll
-            for (int j = 0; j < 4; ++j) {
-                qr[j][hf] = hr < c.h ? __ldg(reinterpret_cast<const uint32_t *>(qrow + 16 * j)) : 0u;
-                qr[j][2 + hf] = hr < c.h ? __ldg(reinterpret_cast<const uint32_t *>(qrow + 16 * j + 8)) : 0u;
-            }
-        }
-    }
+    // Q into smem (both warpgroups, one cp.async group).
+    __device__ __forceinline__ void load_q() const { issue_q<kHT, 256>(a, c, c.h0); }
     __device__ __forceinline__ void wait_q() const
     {
         cp_async_wait_all();
@@ -332,12 +310,8 @@ struct PairConsumer {
 #pragma unroll
         for (int i = 12 * ch; i < 12 * ch + 12; ++i) {
             const int ks = kstep<W>(i);
-            if (ks < 32) {
-                const uint32_t off = (ks >> 2) * kBlk + (ks & 3) * 32;
-                wgmma_n64(d, desc(qb + off, 16, 1024), desc(kb + off, 16, 1024), i > 12 * ch);
-            } else {
-                wgmma_n64_rs(d, qr[ks - 32], desc(kb + 8 * kBlk + (ks & 3) * 32, 16, 1024), i > 12 * ch);
-            }
+            const uint32_t off = (ks >> 2) * kBlk + (ks & 3) * 32;
+            wgmma_n64(d, desc(qb + off, 16, 1024), desc(kb + off, 16, 1024), i > 12 * ch);
         }
         wg_commit();
     }
@@ -367,13 +341,7 @@ struct PairConsumer {
             fence_regs(t);
 #pragma unroll
             for (int i = 0; i < 32; ++i) s[i] += t[i];
-            fence_qr();
         }
-    }
-    __device__ __forceinline__ void fence_qr()
-    {
-#pragma unroll
-        for (int j = 0; j < 4; ++j) fence_regs(qr[j]);
     }
 
     // --- softmax -----------------------------------------------------------------------------------
@@ -474,11 +442,16 @@ struct PairConsumer {
         l[1] += static_cast<double>(rs[1]);
     }
 
+    // Where warpgroup w's P_lo goes ("high"): WG0's into block 0 of K buffer 0, dead once WG0's local
+    // product is done (so in "high" buffer 0's early region is freed by WG1, after its remote product);
+    // WG1's into the P_lo block.
+    __device__ __forceinline__ uint32_t lo_block(int w) const { return w == 0 ? opaque(c.kbuf(0)) : opaque(c.sPlo); }
+
     // The A fragments of P (hi, lo) for the peer: P_hi into buffer W's RoPE block, P_lo into W's P_lo
     // block, as the K-major A operand [64 heads x 64 tokens] of its remote product.
     __device__ __forceinline__ void store_p(const uint32_t (&hi)[16], const uint32_t (&lo)[16]) const
     {
-        const uint32_t hb = c.kbuf(W) + 8 * kBlk, lb = c.sPlo + W * kBlk;
+        const uint32_t hb = c.kbuf(W) + 8 * kBlk, lb = lo_block(W);
 #pragma unroll
         for (int kk = 0; kk < 4; ++kk) {
 #pragma unroll
@@ -537,7 +510,7 @@ struct PairConsumer {
     __device__ __forceinline__ void pv_remote()
     {
         if constexpr (!kNoPV) {
-            const uint32_t kb = opaque(c.kbuf(kPeer)), hb = kb + 8 * kBlk, lb = opaque(c.sPlo) + kPeer * kBlk;
+            const uint32_t kb = opaque(c.kbuf(kPeer)), hb = kb + 8 * kBlk, lb = lo_block(kPeer);
             wg_fence();
 #pragma unroll
             for (int kk = 0; kk < 4; ++kk) {
@@ -609,7 +582,7 @@ struct PairConsumer {
         fence_regs(o);
         fence_regs(hi);
         if constexpr (!kNoLo) fence_regs(lo);
-        release(0, kEarly);
+        if constexpr (kNoLo) release(0, kEarly);  // else WG1 frees it (lo_block)
         rescale_p(hi, lo, f);
         store_p(hi, lo);  // P0 relative to m1, for WG1
         named_arrive(kBarP0, 256);
@@ -661,6 +634,7 @@ struct PairConsumer {
             wg_wait0();
         }
         fence_regs(o);
+        if constexpr (!kNoLo) release(0, kEarly);  // WG0's P_lo was in it (lo_block)
         release(0, kLate);
         if constexpr (NEXT) s_rest(s, k + 1);
     }
