@@ -244,8 +244,12 @@ struct PairProducer {
         for (int k = 0; k < np; ++k) {
             const int t0 = t, t1 = next_tile(t0 + 1);  // t1 = c.nt (an odd count's last pair): zeros
             t = next_tile(t1 + 1);
-            region<0, kEarly>(t0, k);
+            // in the order they are freed: WG1's early region (after its local product), buffer 0's
+            // early one (WG0's local product; in "high" WG1's remote one), then the late ones. WG1
+            // waits for its next early region before it frees buffer 0's: that order is the only one
+            // without a cycle in "high".
             region<1, kEarly>(t1, k);
+            region<0, kEarly>(t0, k);
             region<0, kLate>(t0, k);
             region<1, kLate>(t1, k);
         }
