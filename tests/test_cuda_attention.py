@@ -26,6 +26,7 @@ import smla
 
 sys.path.insert(0, os.path.dirname(__file__))
 import reference as ref  # noqa: E402
+import test_sparse_mla_prefill as tpre  # noqa: E402  (issue 16's index patterns)
 
 torch = pytest.importorskip("torch")
 pytestmark = pytest.mark.cuda
@@ -680,8 +681,13 @@ FAMILY_DECODE = [("fp8_ds_mla", 128, 2, 2048, 64, 9), ("fp8_ds_mla", 16, 1, 2112
 FAMILY_PREFILL = [(128, 213, 1840, 256), (64, 62, 32, 2048), (16, 300, 8192, 2048), (48, 5, 128, 128)]
 
 
+# the SMLA_ATTN_KERNEL values that force a family (csrc/python/settings.c; "auto" is launch.cu's rule):
+# tests that cover every family take them from here, so that a family added there is added here once
+KERNEL_FAMILIES = ["portable", "sm90", "sm90n", "sm90p"]
+
+
 @pytest.mark.parametrize("precision", ref.PRECISIONS)
-@pytest.mark.parametrize("family", ["portable", "sm90", "sm90n", "sm90p"])
+@pytest.mark.parametrize("family", KERNEL_FAMILIES)
 def test_kernel_families(family, precision, monkeypatch):
     if family != "portable" and not _is_hopper():
         pytest.skip("the sm90 kernel family needs a compute capability 9.0 GPU")
@@ -817,3 +823,101 @@ def test_small_heads_prefill(h, s_q, s_kv, topk, tl_mode, sink_mode, kv_layout, 
     out, lse, ml = run_prefill(c, precision=precision)
     check_prefill(out, lse, ml, out_ref, lse_ref, ml_ref, name=f"{family} {precision}", precision=precision,
                   out_abs=out_abs)
+
+
+# =============================================================================================
+# issue 16: the causal prefill of a fresh prompt (row p selects tokens 0..p, as a top-k indexer returns
+# them for a prompt shorter than topk) and whole 64-token tiles with no valid index in the middle of a
+# row. A kernel may skip the work of such tiles; the result must not change. Every family that serves
+# prefill ("auto" and each forced family: launch.cu's rules say which kernel a forced family gives for a
+# head count, e.g. sm90n the wide kernel above 32 heads), both precisions. The index patterns are
+# tests/test_sparse_mla_prefill.py's (the CPU runs them there).
+# =============================================================================================
+
+PREFILL_FAMILIES = ["auto"] + KERNEL_FAMILIES
+
+
+def use_family(family, monkeypatch):
+    if family not in ("auto", "portable") and not _is_hopper():
+        pytest.skip("the sm90 kernel families need a compute capability 9.0 GPU")
+    monkeypatch.setenv("SMLA_ATTN_KERNEL", family)
+
+
+def causal_case(s, h, topk, layout, *, seed, sink_mode="none"):
+    """s_q = s_kv = s: q [s, h, 576], kv [s, 576], indices of tpre.causal_indices(layout) (every kv row
+    is read by the last query row; with layout "topk_length" the values past topk_length include
+    later tokens' rows, which change the result if read)."""
+    rng = np.random.default_rng(seed)
+    idx, tl = tpre.causal_indices(s, topk, layout, rng)
+    gen = torch.Generator(device=DEV).manual_seed(seed)
+    kv = torch.randn((s, 576), generator=gen, device=DEV).to(torch.bfloat16)
+    q = make_q((s, h, 576), gen, False)
+    return dict(q=q, kv=kv, kv_plain=kv, indices=torch.from_numpy(idx).to(DEV),
+                topk_length=None if tl is None else torch.from_numpy(tl).to(DEV),
+                attn_sink=make_sink(sink_mode, h, gen), softmax_scale=PRE_SCALE)
+
+
+def _causal_grid():
+    cases = []
+    sinks = {"pad": "none", "topk_length": "finite", "scattered": "mixed"}
+    for (s, topk), h, layout in itertools.product([(300, 2048), (700, 700), (2048, 2048)], [128, 64, 16],
+                                                  tpre.CAUSAL_LAYOUTS):
+        cases.append(pytest.param(s, topk, h, layout, sinks[layout], id=f"s{s}-topk{topk}-h{h}-{layout}"))
+    return cases
+
+
+@pytest.mark.parametrize("precision", ref.PRECISIONS)  # varies fastest: one case and oracle for the family x
+@pytest.mark.parametrize("family", PREFILL_FAMILIES)   # precision runs that follow
+@pytest.mark.parametrize("s,topk,h,layout,sink_mode", _causal_grid())
+def test_prefill_causal_fresh_prompt(s, topk, h, layout, sink_mode, family, precision, monkeypatch):
+    """Row p attends to tokens 0..p of an s-token prompt: valid indices at the front then -1 ("pad", the
+    benchmark's pattern at s = 2048), the same front with topk_length = p + 1 and garbage after it, or
+    scattered among -1. At s = 300 < topk most tiles of every row are empty."""
+    use_family(family, monkeypatch)
+
+    def make():
+        c = causal_case(s, h, topk, layout, seed=1200 + s + h, sink_mode=sink_mode)
+        return c, prefill_oracle(c, return_abs=True)
+
+    c, (out_ref, lse_ref, ml_ref, out_abs) = shared(("causal", s, topk, h, layout), make)
+    out, lse, ml = run_prefill(c, precision=precision)
+    check_prefill(out, lse, ml, out_ref, lse_ref, ml_ref, name=f"{family} {precision} causal s{s} h{h} {layout}",
+                  precision=precision, out_abs=out_abs)
+
+
+def empty_tiles_case(s_q, h, s_kv, *, seed, with_tl):
+    """tpre.empty_tile_indices (topk 512: tiles 2 and 5 all -1 and tile 3 out of range in the first
+    pattern, rows that start or end empty, one valid index among empty tiles, rows with none);
+    kv rows no valid index reads are NaN."""
+    rng = np.random.default_rng(seed)
+    idx, tl = tpre.empty_tile_indices(s_q, s_kv, rng, with_tl)
+    idx, tl = torch.from_numpy(idx).to(DEV), None if tl is None else torch.from_numpy(tl).to(DEV)
+    gen = torch.Generator(device=DEV).manual_seed(seed)
+    kv = torch.randn((s_kv, 576), generator=gen, device=DEV).to(torch.bfloat16)
+    read = torch.zeros(s_kv, dtype=torch.bool, device=DEV)
+    read[idx.long()[valid_mask(idx, s_kv, tl)]] = True
+    kv.view(torch.int16)[~read] = 0x7FC0
+    return dict(q=make_q((s_q, h, 576), gen, False), kv=kv, kv_plain=kv, indices=idx, topk_length=tl,
+                attn_sink=make_sink("mixed", h, gen), softmax_scale=PRE_SCALE)
+
+
+@pytest.mark.parametrize("precision", ref.PRECISIONS)
+@pytest.mark.parametrize("family", PREFILL_FAMILIES)
+@pytest.mark.parametrize("h,s_q,with_tl", [(128, 97, False), (128, 97, True), (64, 97, False), (64, 300, True),
+                                           (16, 97, True)])
+def test_prefill_empty_tiles_mid_row(h, s_q, with_tl, family, precision, monkeypatch):
+    """Whole 64-index tiles of -1 and of out-of-range values between valid ones; rows with no valid
+    index give out 0 (bit for bit), lse and max_logits -inf."""
+    use_family(family, monkeypatch)
+
+    def make():
+        c = empty_tiles_case(s_q, h, 1000, seed=1300 + h + s_q + with_tl, with_tl=with_tl)
+        return c, prefill_oracle(c, return_abs=True)
+
+    c, (out_ref, lse_ref, ml_ref, out_abs) = shared(("empty tiles", h, s_q, with_tl), make)
+    out, lse, ml = run_prefill(c, precision=precision)
+    check_prefill(out, lse, ml, out_ref, lse_ref, ml_ref, name=f"{family} {precision} empty tiles h{h} s_q{s_q}",
+                  precision=precision, out_abs=out_abs)
+    none = ~valid_mask(c["indices"], 1000, c["topk_length"]).any(1)
+    assert bool(none[3]) and bool((out[none].view(torch.int16) == 0).all())
+    assert bool((lse[none] == float("-inf")).all()) and bool((ml[none] == float("-inf")).all())

@@ -3,6 +3,7 @@
 FlashMLA's prefill recipe: kv rows no valid index reads are NaN, indices mix valid rows (with
 duplicates when topk > s_kv) and every invalid class, all-invalid rows, topk_length and attn_sink
 corner values, strided q / kv / outputs. Tolerances are the oracle's PREFILL_* constants."""
+import functools
 import itertools
 import os
 import random
@@ -254,6 +255,131 @@ def test_prefill_precision(v_scale):
     assert_fast_runs_bf16_p(res["fast"][0], res["high"][0])
     for i in (1, 2):
         np.testing.assert_array_equal(res["fast"][i], res["high"][i])
+
+
+# ---------------------------------------------------------------------------------------------
+# issue 16: the causal prefill of a fresh prompt, and whole 64-token tiles with no valid index in the
+# middle of a row (a kernel may skip such tiles; the result must not change). The index patterns are
+# shared with tests/test_cuda_attention.py.
+# ---------------------------------------------------------------------------------------------
+
+CAUSAL_LAYOUTS = ("pad", "topk_length", "scattered")
+TILE = 64  # the tile of indices the GPU kernels load together
+# one letter per 64-index tile of a 512-index row: V all valid (distinct rows), H half valid and half -1
+# mixed, 1 one valid index, N all -1, O all out of range (>= s_kv), Z the invalid zoo (negative, >= s_kv)
+EMPTY_TILE_PATTERNS = ("VVNOVNVV", "NVNOVNVN", "NNNOVNNN", "NNNOZNNN", "NNNNNN1N", "HHNOHNHH")
+EMPTY_TILE_TL = (512, 266, 128, 0, 385)  # topk_length cuts: none, inside a tile, before an empty tile, all
+
+
+def causal_indices(s, topk, layout, rng):
+    """Row p of the causal prefill of a fresh s-token prompt (s <= topk) selects tokens 0..p, p + 1 valid
+    indices. "pad": in order at the front, -1 after (as a top-k indexer returns them); "topk_length":
+    the same front, topk_length[p] = p + 1 and any int32 after it (later tokens' rows, out-of-range and
+    negative values); "scattered": the p + 1 valid ones at random places among -1.
+    Returns (indices [s, topk] int32, topk_length [s] int32 or None)."""
+    assert s <= topk and layout in CAUSAL_LAYOUTS
+    cols = np.arange(topk)
+    front = cols[None, :] <= np.arange(s)[:, None]
+    if layout != "topk_length":
+        idx = np.where(front, cols[None, :], -1)
+        if layout == "scattered":
+            idx = rng.permuted(idx, axis=1)
+        return idx.astype(np.int32), None
+    kind = rng.integers(0, 3, (s, topk))
+    junk = np.where(kind == 0, rng.integers(0, s, (s, topk)),  # rows of later tokens: in range
+                    np.where(kind == 1, rng.choice(ref.invalid_index_zoo(s), (s, topk)),
+                             rng.integers(ref.INT32_MIN, ref.INT32_MAX, (s, topk), endpoint=True)))
+    idx = np.where(front, cols[None, :], junk)
+    return idx.astype(np.int32), np.arange(1, s + 1, dtype=np.int32)
+
+
+def empty_tile_indices(s_q, s_kv, rng, with_tl):
+    """[s_q, 512] indices, row r tiled as EMPTY_TILE_PATTERNS[r % 6] (pattern 3 has no valid index);
+    with_tl: topk_length[r] = EMPTY_TILE_TL[r % 5], else None. Valid indices of a row are distinct."""
+    topk = TILE * len(EMPTY_TILE_PATTERNS[0])
+    assert s_kv >= topk
+    code = np.array([list(EMPTY_TILE_PATTERNS[r % len(EMPTY_TILE_PATTERNS)]) for r in range(s_q)])
+    code = np.repeat(code, TILE, axis=1)  # [s_q, topk], one letter per index
+    cand = np.argsort(rng.random((s_q, s_kv)), axis=1)[:, :topk]  # distinct valid rows
+    one = (np.arange(topk) % TILE)[None, :] == rng.integers(0, TILE, (s_q, 1))
+    valid = (code == "V") | ((code == "H") & (rng.random((s_q, topk)) < 0.5)) | ((code == "1") & one)
+    far = s_kv + rng.integers(0, 1 << 30, (s_q, topk))
+    far[:, ::17] = s_kv
+    far[:, 5::17] = ref.INT32_MAX
+    idx = np.where(valid, cand, -1)
+    idx = np.where(code == "O", far, idx)
+    idx = np.where(code == "Z", rng.choice(ref.invalid_index_zoo(s_kv), (s_q, topk)), idx)
+    tl = np.array([EMPTY_TILE_TL[r % len(EMPTY_TILE_TL)] for r in range(s_q)], np.int32) if with_tl else None
+    return idx.astype(np.int32), tl
+
+
+def _valid(idx, limit, tl):
+    v = (idx >= 0) & (idx < limit)
+    if tl is not None:
+        v &= np.arange(idx.shape[1]) < tl[:, None]
+    return v
+
+
+@functools.lru_cache(maxsize=1)
+def _case_and_ref(kind, *args):
+    """(case, oracle with out_abs) of causal_case / empty_tiles_case, built once for both precisions
+    (the parameter that varies fastest)."""
+    c = {"causal": causal_case, "empty_tiles": empty_tiles_case}[kind](*args)
+    return c, ref_prefill(c, return_abs=True)
+
+
+def causal_case(s, topk, h, layout):
+    rng = np.random.default_rng(s * 7 + h)
+    idx, tl = causal_indices(s, topk, layout, rng)
+    return dict(q=rand_q((s, h, 576), rng), kv=rng.standard_normal((s, 576), dtype=np.float32).astype(BF16),
+                indices=idx, topk_length=tl,
+                attn_sink=make_sink("finite" if layout == "scattered" else "none", h, rng), softmax_scale=SCALE)
+
+
+def empty_tiles_case(s_q, s_kv, h, with_tl):
+    rng = np.random.default_rng(h + 2 * with_tl)
+    idx, tl = empty_tile_indices(s_q, s_kv, rng, with_tl)
+    kv = rng.standard_normal((s_kv, 576), dtype=np.float32).astype(BF16)
+    kv.view(np.uint16)[np.setdiff1d(np.arange(s_kv), idx[_valid(idx, s_kv, tl)])] = 0x7FC0  # stray reads: NaN
+    return dict(q=rand_q((s_q, h, 576), rng), kv=kv, indices=idx, topk_length=tl,
+                attn_sink=make_sink("mixed", h, rng), softmax_scale=SCALE)
+
+
+def _check_cached(c, refs, out, lse, ml, precision):
+    out_ref, lse_ref, ml_ref, out_abs = refs
+    ref.check_prefill(out, lse, ml, out_ref, lse_ref, ml_ref, precision=precision, out_abs=out_abs)
+    assert out.dtype == BF16 and lse.dtype == np.float32 and ml.dtype == np.float32
+
+
+CAUSAL_CASES = [(s, topk, h, layout) for s, topk, h in ((300, 2048, 16), (300, 2048, 128), (130, 130, 64),
+                                                        (700, 700, 16)) for layout in CAUSAL_LAYOUTS]
+CAUSAL_CASES.append((2048, 2048, 16, "pad"))  # the benchmark's prompt (bench_sparse_mla_prefill.py --causal)
+
+
+@pytest.mark.parametrize("precision", ref.PRECISIONS)  # varies fastest: one case and oracle for both
+@pytest.mark.parametrize("s,topk,h,layout", CAUSAL_CASES)
+def test_prefill_causal_fresh_prompt(s, topk, h, layout, precision):
+    """Row p of an s-token prompt attends to tokens 0..p (s_q = s_kv = s), in each index layout of
+    causal_indices, at both precisions (the CPU's "fast" runs bf16 P where its level has bf16 dot
+    products, "high" elsewhere)."""
+    c, refs = _case_and_ref("causal", s, topk, h, layout)
+    out, lse, ml = run_prefill(c, precision=precision)
+    _check_cached(c, refs, out, lse, ml, precision)
+
+
+@pytest.mark.parametrize("precision", ref.PRECISIONS)
+@pytest.mark.parametrize("with_tl", [False, True], ids=["no_tl", "tl"])
+@pytest.mark.parametrize("h", [16, 64, 128])
+def test_prefill_empty_tiles_mid_row(h, with_tl, precision):
+    """topk 512 with whole tiles of -1 / out-of-range values between valid ones, rows that start or end
+    with empty tiles, a single valid index among empty tiles, rows with no valid index (out 0, lse and
+    max_logits -inf), topk_length cuts; kv rows no valid index reads are NaN."""
+    c, refs = _case_and_ref("empty_tiles", 61, 1000, h, with_tl)
+    out, lse, ml = run_prefill(c, precision=precision)
+    _check_cached(c, refs, out, lse, ml, precision)
+    none = ~_valid(c["indices"], 1000, c["topk_length"]).any(1)
+    assert none[3] and (out[none].view(np.uint16) == 0).all()
+    assert (lse[none] == -np.inf).all() and (ml[none] == -np.inf).all()
 
 
 # ---------------------------------------------------------------------------------------------
