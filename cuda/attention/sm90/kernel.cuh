@@ -61,15 +61,24 @@ __global__ void __launch_bounds__(kThreads, 1) attn_sm90_kernel(const __grid_con
 {
     static_assert(FP8 || !XO, "the crossover is written for the fp8 producer");
     extern __shared__ uint8_t smem_raw[];
-    const Cta<XO> c(a, smem_raw);
+    Cta<XO> c(a, smem_raw);
+    uint32_t *const mask = reinterpret_cast<uint32_t *>(c.smem + Smem::mask.off);
 
     pdl_launch_dependents();  // the combine (split mode) may be scheduled; it waits for this grid
     init_barriers(c);
     if (c.nt > 0 && c.tid < 256) load_q(a, c);
+    if (!FP8 && c.tid < kMaskWords) mask[c.tid] = 0u;
     if constexpr (XO) cluster_sync();  // both CTAs' barriers initialised
     else __syncthreads();              // barriers initialised
     const uint32_t peer = XO ? (cluster_rank() ^ 1u) : 0u;
     const uint32_t peer_base = XO ? mapa(c.base, peer) : 0u;  // the peer's address of our `base`
+
+    // bf16: the tiles without a valid index are neither loaded nor multiplied (producer.cuh, scan_tiles)
+    if constexpr (!FP8) {
+        if (c.tid >= 256) scan_tiles<256, 4>(a, c, mask, kBarScan);
+        named_sync(kBarStart, kThreads);
+        use_tile_mask(c, mask);
+    }
 
     if (c.tid >= 256) {
         setmaxnreg_dec<kProducerRegs>();

@@ -38,7 +38,7 @@
 //   Both keep m equal after every pair; each keeps the row sums of its own tiles (scaled alike), added
 //   in the epilogue.
 // Empty tiles cost nothing: before loading, the producer marks the CTA's tiles that hold any valid
-// index (Smem::mask); only those are loaded and paired, and the consumers run count() of them.
+// index (scan_tiles, producer.cuh); only those are loaded and paired.
 // S is 3 chains of 12 k-steps summed in fp32 (the accuracy rule of sm90/consumer.cuh); row sums in
 // double; overflowed scores saturate (attention/softmax.cuh). FAST: precision="fast" (P one bf16
 // term); otherwise P = P_hi + P_lo, two products per k-step.
@@ -62,12 +62,8 @@ constexpr int kConsumerRegs = 224, kProducerRegs = 56;
 static_assert(2 * kConsumerRegs + kProducerRegs <= 3 * 168, "the launch allocation: 64K / 384 -> 168");
 // Named barriers (0 is __syncthreads): the max and P exchanges of a pair (256 consumer threads: one
 // warpgroup arrives, the other waits), the epilogue's row sums, Q landed, the producers' tile scan,
-// the start (the tile count known to all 384 threads).
+// the start (the scan's result known to all 384 threads; scan_tiles in producer.cuh).
 constexpr int kBarM0 = 1, kBarM1 = 2, kBarP0 = 3, kBarP1 = 4, kBarL = 5, kBarQ = 6, kBarScan = 7, kBarStart = 8;
-// The non-empty tile mask covers a CTA's first kMaskTiles tiles (top-k 131072); tiles past it are
-// always run.
-constexpr int kMaskWords = 64, kMaskTiles = 32 * kMaskWords;
-
 struct Smem {
     static constexpr Region q = first_region(kTileBytes);            // Q, 9 column blocks
     static constexpr Region k = region_after(q, 2 * kTileBytes);     // K buffers 0, 1
@@ -75,7 +71,7 @@ struct Smem {
     static constexpr Region bar = region_after(plo, 64);             // full[b][r] at 8 (2b + r), empty at 32 + ..
     static constexpr Region valid = region_after(bar, 2 * kBN * 4);  // int [2][64]: row valid, per buffer
     static constexpr Region mrow = region_after(valid, 2 * kHT * 4); // float [2][64]: m0, m1 of the exchange
-    static constexpr Region mask = region_after(mrow, kMaskWords * 4 + 16);  // tile mask, then the count
+    static constexpr Region mask = region_after(mrow, kMaskWords * 4 + 8);  // tile mask, then the count
     static constexpr int used = mask.end();
     static constexpr int bytes = used + 1024;  // slack to align the base to 1024 B
     static_assert(q.off % 1024 == 0 && k.off % 1024 == 0 && plo.off % 1024 == 0, "swizzled tiles");
@@ -115,7 +111,6 @@ struct Cta : CtaCommon {
     __device__ __forceinline__ uint32_t full(int b, int r) const { return bar + 8 * (2 * b + r); }
     __device__ __forceinline__ uint32_t empty(int b, int r) const { return bar + 32 + 8 * (2 * b + r); }
     __device__ __forceinline__ uint32_t kbuf(int b) const { return sK + b * kTileBytes; }
-    __device__ __forceinline__ int count() const { return static_cast<int>(mask[kMaskWords]); }
 };
 
 // ------------------------------------------------------------------------------------------------
@@ -142,52 +137,13 @@ struct PairProducer {
     {
     }
 
-    __device__ __forceinline__ bool valid_at(int pos) const
-    {
-        if (pos >= c.L) return false;
-        const int idx = __ldg(c.idx_row + pos);
-        return idx >= 0 && static_cast<int64_t>(idx) < kv.limit;
-    }
-
-    // Marks the tiles (of the first kMaskTiles) holding any valid index; warp pw takes tiles pw + 4 m.
-    // Then the count of tiles to run, for everyone (kBarStart).
-    __device__ __forceinline__ void scan() const
-    {
-        const int nm = c.nt < kMaskTiles ? c.nt : kMaskTiles;
-#pragma unroll 8
-        for (int t = pw; t < nm; t += 4) {
-            const int pos = (c.j0 + t) * kBN + lane;
-            const bool any = __any_sync(0xffffffffu, valid_at(pos) || valid_at(pos + 32));
-            if (any && lane == 0) atomicOr(c.mask + (t >> 5), 1u << (t & 31));
-        }
-        named_sync(kBarScan, 128);
-        if (c.tid == 256) {
-            int n = c.nt - nm;
-            for (int w = 0; w < (nm + 31) / 32; ++w) n += __popc(c.mask[w]);
-            c.mask[kMaskWords] = static_cast<uint32_t>(n);
-        }
-        named_sync(kBarStart, kThreads);
-    }
-
-    // The first tile to run from t on (c.nt: none).
-    __device__ __forceinline__ int next_tile(int t) const
-    {
-        while (t < c.nt) {
-            if (t >= kMaskTiles) return t;
-            const uint32_t w = c.mask[t >> 5] >> (t & 31);
-            if (w) return t + __ffs(w) - 1;
-            t = (t | 31) + 1;
-        }
-        return c.nt;
-    }
-
     __device__ __forceinline__ void locate(int t, Rows &R) const
     {
         R.ok = 0;
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
             const int pos = (c.j0 + t) * kBN + 16 * pw + 4 * i + sub;
-            const int idx = (t < c.nt && pos < c.L) ? __ldg(c.idx_row + pos) : -1;
+            const int idx = (t < c.nt_all && pos < c.L) ? __ldg(c.idx_row + pos) : -1;
             const bool ok = idx >= 0 && static_cast<int64_t>(idx) < kv.limit;
             R.src[i] = kv.row(idx, ok) + cl * 16;
             R.ok |= (ok ? 1u : 0u) << i;
@@ -238,12 +194,11 @@ struct PairProducer {
 
     __device__ __forceinline__ void run() const
     {
-        scan();
-        const int np = (c.count() + 1) / 2;
-        int t = next_tile(0);
+        const int np = (c.nt + 1) / 2;
+        int t = c.next_tile(0);
         for (int k = 0; k < np; ++k) {
-            const int t0 = t, t1 = next_tile(t0 + 1);  // t1 = c.nt (an odd count's last pair): zeros
-            t = next_tile(t1 + 1);
+            const int t0 = t, t1 = c.next_tile(t0 + 1);  // nt_all (an odd count's last pair): zeros
+            t = c.next_tile(t1 + 1);
             // in the order they are freed: WG1's early region (after its local product), buffer 0's
             // early one (WG0's local product; in "high" WG1's remote one), then the late ones. WG1
             // waits for its next early region before it frees buffer 0's: that order is the only one
@@ -289,8 +244,6 @@ struct PairConsumer {
         for (int i = 0; i < 128; ++i) o[i] = 0.f;
     }
 
-    // Q into smem (both warpgroups, one cp.async group).
-    __device__ __forceinline__ void load_q() const { issue_q<kHT, 256>(a, c, c.h0); }
     __device__ __forceinline__ void wait_q() const
     {
         cp_async_wait_all();
@@ -680,7 +633,7 @@ template <int ABL, bool FAST>
 __global__ void __launch_bounds__(kThreads, 1) attn_sm90p_kernel(const __grid_constant__ Args a)
 {
     extern __shared__ uint8_t smem_raw[];
-    const Cta c(a, smem_raw, grid_pos(a));
+    Cta c(a, smem_raw, grid_pos(a));
 
     pdl_launch_dependents();  // the combine (split mode) may be scheduled; it waits for this grid
     if (c.tid == 0) {
@@ -691,6 +644,10 @@ __global__ void __launch_bounds__(kThreads, 1) attn_sm90p_kernel(const __grid_co
     if (c.tid < kMaskWords) c.mask[c.tid] = 0u;
     __syncthreads();
 
+    if (c.tid < 256) issue_q<kHT, 256>(a, c, c.h0);
+    else scan_tiles<256, 4>(a, c, c.mask, kBarScan);
+    named_sync(kBarStart, kThreads);
+    use_tile_mask(c, c.mask);
     if (c.tid >= 256) {
         setmaxnreg_dec<kProducerRegs>();
         PairProducer<ABL>(a, c).run();
@@ -699,17 +656,13 @@ __global__ void __launch_bounds__(kThreads, 1) attn_sm90p_kernel(const __grid_co
     setmaxnreg_inc<kConsumerRegs>();
     if (c.tid < 128) {
         PairConsumer<0, ABL, FAST> wg(a, c);
-        wg.load_q();
-        named_sync(kBarStart, kThreads);
         wg.wait_q();
-        wg.run((c.count() + 1) / 2);
+        wg.run((c.nt + 1) / 2);
         wg.epilogue();
     } else {
         PairConsumer<1, ABL, FAST> wg(a, c);
-        wg.load_q();
-        named_sync(kBarStart, kThreads);
         wg.wait_q();
-        wg.run((c.count() + 1) / 2);
+        wg.run((c.nt + 1) / 2);
         wg.epilogue();
     }
 }

@@ -16,6 +16,8 @@ namespace sm90 {
 
 constexpr int kHT = 64, kBN = 64;              // heads per CTA, tokens per K tile
 constexpr int kThreads = 384;                  // WG0, WG1: consumers; WG2: producer
+constexpr int kMaskWords = 32, kMaskTiles = 32 * kMaskWords;  // the non-empty tile mask (CtaCommon); tiles
+                                                              // past kMaskTiles always run
 constexpr int kBlk = 64 * 128;                 // one column block: 64 rows x 128 B
 constexpr int kTileBytes = 9 * kBlk;           // 73,728 B: Q or one K buffer
 static_assert(kDqk == 36 * 16, "the S phase is written for 3 chains of 12 k-steps");
@@ -29,8 +31,8 @@ static_assert(kScoreRegs + kValueRegs + kProducerRegs <= 3 * 168, "the launch al
 // Named barriers of the 256 consumer threads: P of K buffer b ready (kBarP + b: WG0 arrives, WG1 waits;
 // one per buffer, so WG0 can never arrive twice on one before WG1 waited: its next arrival there needs
 // the buffer back), P_lo free (WG1 arrives, WG0 waits; high precision only), the epilogue's row
-// statistics, Q landed.
-constexpr int kBarP = 1, kBarFree = 3, kBarL = 4, kBarQ = 5;
+// statistics, Q landed; bf16: the producers' tile scan, the scan's result known to all 384 threads.
+constexpr int kBarP = 1, kBarFree = 3, kBarL = 4, kBarQ = 5, kBarScan = 6, kBarStart = 7;
 
 struct Smem {
     static constexpr Region q = first_region(kTileBytes);
@@ -41,7 +43,8 @@ struct Smem {
     static constexpr Region alpha = region_after(valid, 2 * kHT * 4);  // float [2][64]: O's rescale, per K buffer
     static constexpr Region row_l = region_after(alpha, kHT * 8);       // double [64]: final row sums (epilogue)
     static constexpr Region row_m = region_after(row_l, kHT * 4);       // float [64]: final row maxima (epilogue)
-    static constexpr int used = row_m.end();
+    static constexpr Region mask = region_after(row_m, kMaskWords * 4 + 8);  // bf16: non-empty tiles, count
+    static constexpr int used = mask.end();
     static constexpr int bytes = used + 1024;  // slack to align the base to 1024 B
     static_assert(q.off % 1024 == 0 && k.off % 1024 == 0 && plo.off % 1024 == 0, "swizzled tiles");
     static_assert(bar.off % 8 == 0 && row_l.off % 8 == 0, "mbarriers and row sums are 8-byte");
@@ -58,6 +61,10 @@ __device__ __forceinline__ uint32_t blk_addr(uint32_t base, int row, int chunk)
 // from j0), the 1024-byte aligned shared-memory base (the swizzled tiles need it) and the regions both
 // kernels have: Q, the two K buffers, the mbarriers full[2], empty[2] and, in cluster kernels, rr[2]
 // (bar_*[b] at + 8 b) and the row-valid flags of each K buffer.
+// Empty tiles (the bf16 kernels, scan_tiles in producer.cuh): nt is then the count of the slice's
+// tiles that hold a valid index, the it-th of them the slice tile next_tile() walks to, and nt_all the
+// slice's tile count; otherwise tile_mask is null and the it-th tile is tile it.
+
 struct CtaCommon {
     uint32_t base;
     uint8_t *smem;
@@ -66,9 +73,23 @@ struct CtaCommon {
     int64_t row, bi, si;
     int h;
     const int32_t *idx_row;
-    int L, j0, nt;
+    int L, j0, nt, nt_all;
+    const uint32_t *tile_mask = nullptr;
     uint32_t sQ, sK, bar_full, bar_empty, bar_rr;
     int *sValid;
+
+    // The first slice tile from t on that runs (nt_all: none).
+    __device__ __forceinline__ int next_tile(int t) const
+    {
+        if (!tile_mask) return t < nt_all ? t : nt_all;
+        while (t < nt_all) {
+            if (t >= kMaskTiles) return t;
+            const uint32_t w = tile_mask[t >> 5] >> (t & 31);
+            if (w) return t + __ffs(w) - 1;
+            t = (t | 31) + 1;
+        }
+        return nt_all;
+    }
 
     __device__ __forceinline__ CtaCommon(const Args &a, uint8_t *smem_raw, const GridPos &gp, int q_off, int k_off,
                                          int bar_off, int valid_off)
@@ -84,6 +105,7 @@ struct CtaCommon {
         idx_row = slice.idx;
         L = slice.L, j0 = slice.j0;
         nt = slice.j1 > j0 ? slice.j1 - j0 : 0;
+        nt_all = nt;
         sQ = base + q_off;
         sK = base + k_off;
         bar_full = base + bar_off, bar_empty = base + bar_off + 16, bar_rr = base + bar_off + 32;

@@ -41,6 +41,42 @@ struct KvSource {
     }
 };
 
+// Empty tiles cost nothing (bf16 kernels): before the first load, the PW producer warps from thread P0
+// mark the slice's tiles that hold any valid index (warp w takes tiles w, w + PW, ..) in mask
+// (kMaskWords words, zeroed by the kernel before a __syncthreads; bar_scan: a named barrier of the
+// producers) and thread P0 stores their count (tiles past kMaskTiles counted as non-empty) at
+// mask[kMaskWords]. The kernel then hands mask and count to every thread's CtaCommon (use_tile_mask)
+// after a barrier of all its threads.
+template <int P0, int PW>
+__device__ __forceinline__ void scan_tiles(const Args &a, const CtaCommon &c, uint32_t *mask, int bar_scan)
+{
+    const int lane = c.lane, pw = (c.tid - P0) >> 5;
+    const int nm = c.nt_all < kMaskTiles ? c.nt_all : kMaskTiles;
+    auto valid_at = [&](int pos) {
+        if (pos >= c.L) return false;
+        const int idx = __ldg(c.idx_row + pos);
+        return idx >= 0 && static_cast<int64_t>(idx) < a.limit;
+    };
+#pragma unroll 4
+    for (int t = pw; t < nm; t += PW) {
+        const int pos = (c.j0 + t) * kBN + lane;
+        const bool any = __any_sync(0xffffffffu, valid_at(pos) || valid_at(pos + 32));
+        if (any && lane == 0) atomicOr(mask + (t >> 5), 1u << (t & 31));
+    }
+    named_sync(bar_scan, 32 * PW);
+    if (c.tid == P0) {
+        int n = c.nt_all - nm;
+        for (int w = 0; w < (nm + 31) / 32; ++w) n += __popc(mask[w]);
+        mask[kMaskWords] = static_cast<uint32_t>(n);
+    }
+}
+// The scan's result in this thread's CtaCommon (after the barrier that follows scan_tiles).
+__device__ __forceinline__ void use_tile_mask(CtaCommon &c, const uint32_t *mask)
+{
+    c.tile_mask = mask;
+    c.nt = static_cast<int>(mask[kMaskWords]);
+}
+
 // Who produces: the PW warps from thread P0 on (the wide kernel: WG2, 4 warps from thread 256; the
 // narrow one, sm90/narrow_kernel.cuh: WG1 and WG2, 8 warps from thread 128). Each warp owns 64 / PW
 // rows of every tile. They read only the kernels' common CTA fields (CtaCommon, sm90/plan.cuh).
@@ -60,18 +96,20 @@ __device__ __forceinline__ void produce_bf16(const Args &a, const CtaCommon &c)
     const int pw = (c.tid - P0) >> 5;
     const uint64_t pol = a.evict_last ? policy_evict_last() : 0;
     const int sub = lane >> 3, cl = lane & 7;
-    auto fetch_idx = [&](int it, int (&v)[kNi]) {
+    auto fetch_idx = [&](int t, int (&v)[kNi]) {  // slice tile t (nt_all: none)
 #pragma unroll
         for (int i = 0; i < kNi; ++i) {
-            const int pos = (c.j0 + it) * kBN + kRows * pw + 4 * i + sub;
-            v[i] = (it < c.nt && pos < c.L) ? __ldg(c.idx_row + pos) : -1;
+            const int pos = (c.j0 + t) * kBN + kRows * pw + 4 * i + sub;
+            v[i] = (t < c.nt_all && pos < c.L) ? __ldg(c.idx_row + pos) : -1;
         }
     };
     int idx_cur[kNi], idx_nxt[kNi];
-    fetch_idx(0, idx_cur);
+    int t_nxt = c.next_tile(0);
+    fetch_idx(t_nxt, idx_cur);
     for (int it = 0; it < c.nt; ++it) {
         const int b = it & 1, use = it >> 1;
-        fetch_idx(it + 1, idx_nxt);
+        t_nxt = c.next_tile(t_nxt + 1);
+        fetch_idx(t_nxt, idx_nxt);
         if (use > 0) mbar_wait(c.bar_empty + 8 * b, (use - 1) & 1);
         const uint32_t kb = c.sK + b * kTileBytes;
 #pragma unroll
