@@ -137,15 +137,22 @@ struct PairProducer {
     {
     }
 
-    __device__ __forceinline__ void locate(int t, Rows &R) const
+    // The indices of this thread's 4 rows of slice tile t (nt_all: none, all -1), fetched a pair ahead.
+    __device__ __forceinline__ void fetch(int t, int (&idx)[4]) const
+    {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            const int pos = (c.j0 + t) * kBN + 16 * pw + 4 * i + sub;
+            idx[i] = (t < c.nt_all && pos < c.L) ? __ldg(c.idx_row + pos) : -1;
+        }
+    }
+    __device__ __forceinline__ void locate(const int (&idx)[4], Rows &R) const
     {
         R.ok = 0;
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
-            const int pos = (c.j0 + t) * kBN + 16 * pw + 4 * i + sub;
-            const int idx = (t < c.nt_all && pos < c.L) ? __ldg(c.idx_row + pos) : -1;
-            const bool ok = idx >= 0 && static_cast<int64_t>(idx) < kv.limit;
-            R.src[i] = kv.row(idx, ok) + cl * 16;
+            const bool ok = idx[i] >= 0 && static_cast<int64_t>(idx[i]) < kv.limit;
+            R.src[i] = kv.row(idx[i], ok) + cl * 16;
             R.ok |= (ok ? 1u : 0u) << i;
         }
     }
@@ -170,10 +177,10 @@ struct PairProducer {
     // Region r of buffer b for its use-th tile: wait until both owners freed it, copy, signal full (the
     // phase completes when every producer thread arrived and its copies landed).
     template <int B, int R>
-    __device__ __forceinline__ void region(int t, int use) const
+    __device__ __forceinline__ void region(const int (&idx)[4], int use) const
     {
         Rows rows;
-        locate(t, rows);  // again per region: fewer live registers (the producer has kProducerRegs)
+        locate(idx, rows);  // per region: fewer live registers (the producer has kProducerRegs)
         if (use > 0) mbar_wait(c.empty(B, R), (use - 1) & 1);
         if constexpr (R == kEarly) {  // the row flags go with the early region (its owner reads them)
             if (cl == 0) {
@@ -195,18 +202,26 @@ struct PairProducer {
     __device__ __forceinline__ void run() const
     {
         const int np = (c.nt + 1) / 2;
+        int i0[4], i1[4], n0[4], n1[4];  // this pair's and the next pair's indices
         int t = c.next_tile(0);
+        fetch(t, i0);
+        t = c.next_tile(t + 1);
+        fetch(t, i1);  // nt_all (an odd count's last pair): a tile of zeros
         for (int k = 0; k < np; ++k) {
-            const int t0 = t, t1 = c.next_tile(t0 + 1);  // nt_all (an odd count's last pair): zeros
-            t = c.next_tile(t1 + 1);
+            t = c.next_tile(t + 1);
+            fetch(t, n0);
+            t = c.next_tile(t + 1);
+            fetch(t, n1);
             // in the order they are freed: WG1's early region (after its local product), buffer 0's
             // early one (WG0's local product; in "high" WG1's remote one), then the late ones. WG1
             // waits for its next early region before it frees buffer 0's: that order is the only one
             // without a cycle in "high".
-            region<1, kEarly>(t1, k);
-            region<0, kEarly>(t0, k);
-            region<0, kLate>(t0, k);
-            region<1, kLate>(t1, k);
+            region<1, kEarly>(i1, k);
+            region<0, kEarly>(i0, k);
+            region<0, kLate>(i0, k);
+            region<1, kLate>(i1, k);
+#pragma unroll
+            for (int i = 0; i < 4; ++i) i0[i] = n0[i], i1[i] = n1[i];
         }
         cp_async_wait_all();
     }
