@@ -25,6 +25,7 @@
 
 #include "attention/epilogue.cuh"
 #include "attention/sm90/plan.cuh"
+#include "attention/sm90/score_tile.cuh"
 
 namespace attn {
 namespace sm90 {
@@ -92,18 +93,7 @@ struct ConsumerBase {
         }
     }
 
-    __device__ __forceinline__ void rescale(const float (&alpha)[2])
-    {
-        if (__any_sync(0xffffffffu, alpha[0] != 1.f || alpha[1] != 1.f)) {  // the max moved (rarely, late on)
-#pragma unroll
-            for (int jn = 0; jn < 32; ++jn) {
-                o[4 * jn + 0] *= alpha[0];
-                o[4 * jn + 1] *= alpha[0];
-                o[4 * jn + 2] *= alpha[1];
-                o[4 * jn + 3] *= alpha[1];
-            }
-        }
-    }
+    __device__ __forceinline__ void rescale(const float (&alpha)[2]) { rescale_rows(o, alpha); }
 
     // V = K buffer kb's columns 256 wg .. + 255, k-step kk (tokens 16 kk ..), N-major.
     __device__ __forceinline__ uint64_t v_desc(uint32_t kb, int kk) const
@@ -184,46 +174,10 @@ struct ScoreWarpgroup : ConsumerBase<ABL, XO, FAST> {
         }
     }
 
-    // Mask, scale (log2 domain) and this thread's row maxima over the 64 tokens of K buffer b, then
-    // the quad's (the row's: the quad holds all 64 tokens of rows r0, r0 + 8).
+    // Mask, scale and the tile's row maxima over the 64 tokens of K buffer b (sm90/score_tile.cuh).
     __device__ __forceinline__ void mask_scores(const Cta<XO> &c, int b, float (&s)[32], float (&mx)[2]) const
     {
-        const int *valid = c.sValid + b * kBN;
-        mx[0] = mx[1] = -INFINITY;
-#pragma unroll
-        for (int jn = 0; jn < 8; ++jn) {
-            const int tok = 8 * jn + 2 * t4;
-            const bool ok0 = valid[tok] != 0, ok1 = valid[tok + 1] != 0;
-            s[4 * jn + 0] = ok0 ? s[4 * jn + 0] * a.scale_log2 : -INFINITY;
-            s[4 * jn + 1] = ok1 ? s[4 * jn + 1] * a.scale_log2 : -INFINITY;
-            s[4 * jn + 2] = ok0 ? s[4 * jn + 2] * a.scale_log2 : -INFINITY;
-            s[4 * jn + 3] = ok1 ? s[4 * jn + 3] * a.scale_log2 : -INFINITY;
-            mx[0] = fmaxf(mx[0], fmaxf(s[4 * jn + 0], s[4 * jn + 1]));
-            mx[1] = fmaxf(mx[1], fmaxf(s[4 * jn + 2], s[4 * jn + 3]));
-        }
-        // overflow (rare; attention/softmax.cuh): saturate this thread's valid scores when its maxima say so
-        if (sat_needed(mx[0], m_r[0]) || sat_needed(mx[1], m_r[1])) {
-            mx[0] = mx[1] = -INFINITY;
-#pragma unroll
-            for (int jn = 0; jn < 8; ++jn) {
-                const int tok = 8 * jn + 2 * t4;
-                if (valid[tok] != 0) {
-                    s[4 * jn + 0] = sat_score(s[4 * jn + 0]);
-                    s[4 * jn + 2] = sat_score(s[4 * jn + 2]);
-                }
-                if (valid[tok + 1] != 0) {
-                    s[4 * jn + 1] = sat_score(s[4 * jn + 1]);
-                    s[4 * jn + 3] = sat_score(s[4 * jn + 3]);
-                }
-                mx[0] = fmaxf(mx[0], fmaxf(s[4 * jn + 0], s[4 * jn + 1]));
-                mx[1] = fmaxf(mx[1], fmaxf(s[4 * jn + 2], s[4 * jn + 3]));
-            }
-        }
-#pragma unroll
-        for (int i = 0; i < 2; ++i) {
-            mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 1));
-            mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 2));
-        }
+        sm90::mask_scores(c.sValid + b * kBN, a.scale_log2, t4, m_r, s, mx);
     }
 
     // New row maxima, alpha (the factor O is rescaled by), P = 2^(S - m) as the A fragments of the 4

@@ -50,6 +50,7 @@
 #include "attention/table.cuh"
 #include "attention/sm90/plan.cuh"
 #include "attention/sm90/producer.cuh"
+#include "attention/sm90/score_tile.cuh"
 #include "attention/sm90/variants.cuh"
 
 namespace attn {
@@ -317,45 +318,10 @@ struct PairConsumer {
     }
 
     // --- softmax -----------------------------------------------------------------------------------
-    // Mask (row flags of buffer W), scale to the log2 domain, saturate overflow where it matters; mx:
-    // the tile's row maxima (the quad holds all 64 tokens of rows r0, r0 + 8).
+    // Mask (row flags of buffer W), scale, the tile's row maxima (sm90/score_tile.cuh).
     __device__ __forceinline__ void mask_scores(float (&s)[32], float (&mx)[2]) const
     {
-        const int *valid = c.sValid + W * kBN;
-        mx[0] = mx[1] = -INFINITY;
-#pragma unroll
-        for (int jn = 0; jn < 8; ++jn) {
-            const int tok = 8 * jn + 2 * t4;
-            const bool ok0 = valid[tok] != 0, ok1 = valid[tok + 1] != 0;
-            s[4 * jn + 0] = ok0 ? s[4 * jn + 0] * a.scale_log2 : -INFINITY;
-            s[4 * jn + 1] = ok1 ? s[4 * jn + 1] * a.scale_log2 : -INFINITY;
-            s[4 * jn + 2] = ok0 ? s[4 * jn + 2] * a.scale_log2 : -INFINITY;
-            s[4 * jn + 3] = ok1 ? s[4 * jn + 3] * a.scale_log2 : -INFINITY;
-            mx[0] = fmaxf(mx[0], fmaxf(s[4 * jn + 0], s[4 * jn + 1]));
-            mx[1] = fmaxf(mx[1], fmaxf(s[4 * jn + 2], s[4 * jn + 3]));
-        }
-        if (sat_needed(mx[0], m[0]) || sat_needed(mx[1], m[1])) {
-            mx[0] = mx[1] = -INFINITY;
-#pragma unroll
-            for (int jn = 0; jn < 8; ++jn) {
-                const int tok = 8 * jn + 2 * t4;
-                if (valid[tok] != 0) {
-                    s[4 * jn + 0] = sat_score(s[4 * jn + 0]);
-                    s[4 * jn + 2] = sat_score(s[4 * jn + 2]);
-                }
-                if (valid[tok + 1] != 0) {
-                    s[4 * jn + 1] = sat_score(s[4 * jn + 1]);
-                    s[4 * jn + 3] = sat_score(s[4 * jn + 3]);
-                }
-                mx[0] = fmaxf(mx[0], fmaxf(s[4 * jn + 0], s[4 * jn + 1]));
-                mx[1] = fmaxf(mx[1], fmaxf(s[4 * jn + 2], s[4 * jn + 3]));
-            }
-        }
-#pragma unroll
-        for (int i = 0; i < 2; ++i) {
-            mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 1));
-            mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 2));
-        }
+        sm90::mask_scores(c.sValid + W * kBN, a.scale_log2, t4, m, s, mx);
     }
 
     // The exponent base of row max mn (0 for a row with nothing yet: its p are all 0).
@@ -374,15 +340,7 @@ struct PairConsumer {
     }
     __device__ __forceinline__ void rescale(const float (&f)[2])
     {
-        if (__any_sync(0xffffffffu, f[0] != 1.f || f[1] != 1.f)) {
-#pragma unroll
-            for (int jn = 0; jn < 32; ++jn) {
-                o[4 * jn + 0] *= f[0];
-                o[4 * jn + 1] *= f[0];
-                o[4 * jn + 2] *= f[1];
-                o[4 * jn + 3] *= f[1];
-            }
-        }
+        rescale_rows(o, f);
         l[0] *= static_cast<double>(f[0]);
         l[1] *= static_cast<double>(f[1]);
     }
@@ -532,6 +490,26 @@ struct PairConsumer {
         else pair1<NEXT>(s, k);
     }
 
+    // The local product (this pair's first commit group) completed: its registers may change again.
+    __device__ __forceinline__ void local_done(uint32_t (&hi)[16], uint32_t (&lo)[16])
+    {
+        fence_regs(o);
+        fence_regs(hi);
+        if constexpr (!kNoLo) fence_regs(lo);
+    }
+    // Queues the next pair's first S chain behind the remote product (NEXT), then waits for the latter.
+    template <bool NEXT>
+    __device__ __forceinline__ void after_remote(float (&s)[32], int k)
+    {
+        if constexpr (NEXT) {
+            s_first(s, k + 1);
+            wg_wait1();
+        } else {
+            wg_wait0();
+        }
+        fence_regs(o);
+    }
+
     // WG0's pair k: its tile's softmax and local product, the exchange, WG1's P.
     template <bool NEXT>
     __device__ __forceinline__ void pair0(float (&s)[32], int k)
@@ -551,9 +529,7 @@ struct PairConsumer {
 #pragma unroll
         for (int i = 0; i < 2; ++i) f[i] = m0[i] == -INFINITY ? 1.f : ex2(m0[i] - base_of(m1[i]));
         wg_wait0();
-        fence_regs(o);
-        fence_regs(hi);
-        if constexpr (!kNoLo) fence_regs(lo);
+        local_done(hi, lo);
         if constexpr (kNoLo) release(0, kEarly);  // else WG1 frees it (lo_block)
         rescale_p(hi, lo, f);
         store_p(hi, lo);  // P0 relative to m1, for WG1
@@ -563,13 +539,7 @@ struct PairConsumer {
         m[1] = m1[1];
         named_sync(kBarP1, 256);
         pv_remote();
-        if constexpr (NEXT) {
-            s_first(s, k + 1);
-            wg_wait1();
-        } else {
-            wg_wait0();
-        }
-        fence_regs(o);
+        after_remote<NEXT>(s, k);
         release(1, kLate);
         if constexpr (NEXT) s_rest(s, k + 1);
     }
@@ -595,17 +565,9 @@ struct PairConsumer {
         named_sync(kBarP0, 256);
         pv_remote();
         wg_wait1();
-        fence_regs(o);
-        fence_regs(hi);
-        if constexpr (!kNoLo) fence_regs(lo);
+        local_done(hi, lo);
         release(1, kEarly);
-        if constexpr (NEXT) {
-            s_first(s, k + 1);
-            wg_wait1();
-        } else {
-            wg_wait0();
-        }
-        fence_regs(o);
+        after_remote<NEXT>(s, k);
         if constexpr (!kNoLo) release(0, kEarly);  // WG0's P_lo was in it (lo_block)
         release(0, kLate);
         if constexpr (NEXT) s_rest(s, k + 1);

@@ -1,0 +1,72 @@
+// What the two head-on-M wgmma kernels (the wide kernel's score warpgroup, sm90/consumer.cuh, and the
+// pair kernel, sm90/pair_kernel.cuh) do alike to a thread's share of a [64 heads x 64 tokens] S
+// accumulator (m64n64: rows r0, r0 + 8; s[4 jn + {0, 1}] row r0 at tokens 8 jn + 2 t4 + {0, 1},
+// s[4 jn + {2, 3}] row r0 + 8) and of a [64 x 256] O half (o[4 jn + ..] likewise, 32 column pairs).
+#pragma once
+
+#include "attention/softmax.cuh"
+#include "attention/sm90/plan.cuh"
+
+namespace attn {
+namespace sm90 {
+
+// Mask (valid: the tile's 64 row flags), scale to the log2 domain, saturate overflow where the
+// thread's maxima and the rows' running maxima m say it matters (attention/softmax.cuh); mx: the
+// tile's row maxima, reduced over the quad (which holds all 64 tokens of rows r0, r0 + 8).
+__device__ __forceinline__ void mask_scores(const int *valid, float scale_log2, int t4, const float (&m)[2],
+                                            float (&s)[32], float (&mx)[2])
+{
+    mx[0] = mx[1] = -INFINITY;
+#pragma unroll
+    for (int jn = 0; jn < 8; ++jn) {
+        const int tok = 8 * jn + 2 * t4;
+        const bool ok0 = valid[tok] != 0, ok1 = valid[tok + 1] != 0;
+        s[4 * jn + 0] = ok0 ? s[4 * jn + 0] * scale_log2 : -INFINITY;
+        s[4 * jn + 1] = ok1 ? s[4 * jn + 1] * scale_log2 : -INFINITY;
+        s[4 * jn + 2] = ok0 ? s[4 * jn + 2] * scale_log2 : -INFINITY;
+        s[4 * jn + 3] = ok1 ? s[4 * jn + 3] * scale_log2 : -INFINITY;
+        mx[0] = fmaxf(mx[0], fmaxf(s[4 * jn + 0], s[4 * jn + 1]));
+        mx[1] = fmaxf(mx[1], fmaxf(s[4 * jn + 2], s[4 * jn + 3]));
+    }
+    // overflow (rare): saturate this thread's valid scores when its maxima say so
+    if (sat_needed(mx[0], m[0]) || sat_needed(mx[1], m[1])) {
+        mx[0] = mx[1] = -INFINITY;
+#pragma unroll
+        for (int jn = 0; jn < 8; ++jn) {
+            const int tok = 8 * jn + 2 * t4;
+            if (valid[tok] != 0) {
+                s[4 * jn + 0] = sat_score(s[4 * jn + 0]);
+                s[4 * jn + 2] = sat_score(s[4 * jn + 2]);
+            }
+            if (valid[tok + 1] != 0) {
+                s[4 * jn + 1] = sat_score(s[4 * jn + 1]);
+                s[4 * jn + 3] = sat_score(s[4 * jn + 3]);
+            }
+            mx[0] = fmaxf(mx[0], fmaxf(s[4 * jn + 0], s[4 * jn + 1]));
+            mx[1] = fmaxf(mx[1], fmaxf(s[4 * jn + 2], s[4 * jn + 3]));
+        }
+    }
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+        mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 1));
+        mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 2));
+    }
+}
+
+// O's rows r0 / r0 + 8 times f[0] / f[1], skipped when no lane of the warp has a factor other than 1
+// (the running max moved: rarely, late in a row).
+__device__ __forceinline__ void rescale_rows(float (&o)[128], const float (&f)[2])
+{
+    if (__any_sync(0xffffffffu, f[0] != 1.f || f[1] != 1.f)) {
+#pragma unroll
+        for (int jn = 0; jn < 32; ++jn) {
+            o[4 * jn + 0] *= f[0];
+            o[4 * jn + 1] *= f[0];
+            o[4 * jn + 2] *= f[1];
+            o[4 * jn + 3] *= f[1];
+        }
+    }
+}
+
+}  // namespace sm90
+}  // namespace attn
