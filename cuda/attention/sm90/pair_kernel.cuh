@@ -13,28 +13,32 @@
 // CTA = one query row x 64 heads x one top-k split, 384 threads:
 //   WG0, WG1 (setmaxnreg kConsumerRegs): the consumers (PairConsumer<0>, PairConsumer<1>);
 //   WG2 (setmaxnreg kProducerRegs): the producer, cp.async into the K buffers, no register staging.
-// Shared-memory plan (Smem): Q's latent part (8 column blocks; its RoPE part is in the consumers'
-// registers, the A operand of the last 4 k-steps of S), two K buffers of 9 column blocks
-// [64 tokens x 128 B] (128-byte swizzle as plan.cuh), two P_lo blocks ("high"), mbarriers, row flags,
-// the max exchange and the non-empty tile mask.
+// Shared-memory plan (Smem): Q and two K buffers of 9 column blocks [64 tokens x 128 B] (128-byte
+// swizzle as plan.cuh), one P_lo block ("high"), mbarriers, row flags, the max exchange and the
+// non-empty tile mask. (Q's RoPE part in registers instead, as the A operand of S's last 4 k-steps,
+// freed a block but cost 16 registers, and at 232 ptxas serialised every wgmma: C7512.)
 //
 // Each K buffer is two regions with their own full / empty mbarriers, so the part freed first is
 // reloaded first: the early region is what its owner's local P V reads (buffer 0: blocks 0..3 = V
 // columns 0..255; buffer 1: blocks 4..7 = V columns 256..511), freed by the owner once that product
 // is done; the late region is the rest (buffer 0: blocks 4..8, buffer 1: blocks 0..3 and 8), freed by
 // the peer after its remote product. The RoPE block (8) is dead once S is done and carries the owner's
-// P_hi to the peer (it is in the late region, which the peer frees); P_lo goes through its own block.
+// P_hi to the peer (it is in the late region, which the peer frees). "high": WG1's P_lo goes through the
+// P_lo block, WG0's through block 0 of buffer 0 once WG0's local product is done (so WG1 frees buffer
+// 0's early region then, after its remote product).
 // Each warpgroup's first S chain reads only its early region (the k-step order of kstep()).
 //
-// Per pair of tiles (t0 in buffer 0, t1 in buffer 1; t1 absent when the CTA has an odd tile count):
+// Per pair of tiles (t0 in buffer 0, t1 in buffer 1; an odd count's last t1 is a tile of zeros with no
+// valid row):
 //   WG0: mask S0, tile max -> m0 = max(m, mx0) published (kBarM0); P0 = 2^(S0 - m0), O *= 2^(m - m0),
-//        O += P0 V0[:, :256] (local, registers); waits for WG1's m1 = max(m0, mx1) (kBarM1), stores
-//        P0 * 2^(m0 - m1) for WG1 (kBarP0); once the local product is done frees the early region,
-//        rescales O by 2^(m0 - m1); waits for P1 (kBarP1), O += P1 V1[:, :256] (remote), issues the
+//        O += P0 V0[:, :256] (local, registers); waits for WG1's m1 = max(m0, mx1) (kBarM1); once the
+//        local product is done frees the early region ("fast"), rescales P0 and O by 2^(m0 - m1) and
+//        stores P0 for WG1 (kBarP0); waits for P1 (kBarP1), O += P1 V1[:, :256] (remote), issues the
 //        next pair's first S chain, frees buffer 1's late region when the remote product is done.
 //   WG1: mask S1, tile max; waits for m0, publishes m1; P1 = 2^(S1 - m1) stored for WG0 (kBarP1),
 //        O *= 2^(m - m1), O += P1 V1[:, 256:] (local); waits for P0, O += P0 V0[:, 256:] (remote);
-//        frees its early region, then buffer 0's late region.
+//        frees its early region, then buffer 0's late region (and, in "high", its early one, which
+//        carried WG0's P_lo).
 //   Both keep m equal after every pair; each keeps the row sums of its own tiles (scaled alike), added
 //   in the epilogue.
 // Empty tiles cost nothing: before loading, the producer marks the CTA's tiles that hold any valid
