@@ -75,7 +75,7 @@ __global__ void __launch_bounds__(kThreads, 1) attn_sm90_kernel(const __grid_con
 
     // bf16: the tiles without a valid index are neither loaded nor multiplied (producer.cuh, scan_tiles)
     if constexpr (!FP8) {
-        if (c.tid >= 256) scan_tiles<256, 4>(a, c, mask, kBarScan);
+        if (c.tid >= 256) scan_tiles<256, 4>(a, c, mask);
         named_sync(kBarStart, kThreads);
         use_tile_mask(c, mask);
     }

@@ -66,9 +66,9 @@ constexpr int kThreads = 384;
 constexpr int kConsumerRegs = 224, kProducerRegs = 56;
 static_assert(2 * kConsumerRegs + kProducerRegs <= 3 * 168, "the launch allocation: 64K / 384 -> 168");
 // Named barriers (0 is __syncthreads): the max and P exchanges of a pair (256 consumer threads: one
-// warpgroup arrives, the other waits), the epilogue's row sums, Q landed, the producers' tile scan,
-// the start (the scan's result known to all 384 threads; scan_tiles in producer.cuh).
-constexpr int kBarM0 = 1, kBarM1 = 2, kBarP0 = 3, kBarP1 = 4, kBarL = 5, kBarQ = 6, kBarScan = 7, kBarStart = 8;
+// warpgroup arrives, the other waits), the epilogue's row sums, Q landed, the start (the producers'
+// tile scan done, all 384 threads; scan_tiles in producer.cuh).
+constexpr int kBarM0 = 1, kBarM1 = 2, kBarP0 = 3, kBarP1 = 4, kBarL = 5, kBarQ = 6, kBarStart = 7;
 struct Smem {
     static constexpr Region q = first_region(kTileBytes);            // Q, 9 column blocks
     static constexpr Region k = region_after(q, 2 * kTileBytes);     // K buffers 0, 1
@@ -76,7 +76,7 @@ struct Smem {
     static constexpr Region bar = region_after(plo, 64);             // full[b][r] at 8 (2b + r), empty at 32 + ..
     static constexpr Region valid = region_after(bar, 2 * kBN * 4);  // int [2][64]: row valid, per buffer
     static constexpr Region mrow = region_after(valid, 2 * kHT * 4); // float [2][64]: m0, m1 of the exchange
-    static constexpr Region mask = region_after(mrow, kMaskWords * 4 + 8);  // tile mask, then the count
+    static constexpr Region mask = region_after(mrow, kMaskWords * 4);  // the non-empty tiles
     static constexpr int used = mask.end();
     static constexpr int bytes = used + 1024;  // slack to align the base to 1024 B
     static_assert(q.off % 1024 == 0 && k.off % 1024 == 0 && plo.off % 1024 == 0, "swizzled tiles");
@@ -100,7 +100,7 @@ struct Cta : CtaCommon {
     int h0;
     uint32_t bar, sPlo;
     float *sM;       // [2][64]: m0 (WG0), m1 (WG1)
-    uint32_t *mask;  // [kMaskWords] then the tile count
+    uint32_t *mask;  // [kMaskWords]: the non-empty tiles
     double *sL;      // [2][64], the epilogue's row sums (over the P_lo block)
 
     __device__ __forceinline__ Cta(const Args &a, uint8_t *smem_raw, const GridPos &gp)
@@ -626,7 +626,7 @@ __global__ void __launch_bounds__(kThreads, 1) attn_sm90p_kernel(const __grid_co
     __syncthreads();
 
     if (c.tid < 256) issue_q<kHT, 256>(a, c, c.h0);
-    else scan_tiles<256, 4>(a, c, c.mask, kBarScan);
+    else scan_tiles<256, 4>(a, c, c.mask);
     named_sync(kBarStart, kThreads);
     use_tile_mask(c, c.mask);
     if (c.tid >= 256) {

@@ -31,8 +31,8 @@ static_assert(kScoreRegs + kValueRegs + kProducerRegs <= 3 * 168, "the launch al
 // Named barriers of the 256 consumer threads: P of K buffer b ready (kBarP + b: WG0 arrives, WG1 waits;
 // one per buffer, so WG0 can never arrive twice on one before WG1 waited: its next arrival there needs
 // the buffer back), P_lo free (WG1 arrives, WG0 waits; high precision only), the epilogue's row
-// statistics, Q landed; bf16: the producers' tile scan, the scan's result known to all 384 threads.
-constexpr int kBarP = 1, kBarFree = 3, kBarL = 4, kBarQ = 5, kBarScan = 6, kBarStart = 7;
+// statistics, Q landed; bf16: the producers' tile scan done (all 384 threads).
+constexpr int kBarP = 1, kBarFree = 3, kBarL = 4, kBarQ = 5, kBarStart = 6;
 
 struct Smem {
     static constexpr Region q = first_region(kTileBytes);
@@ -43,7 +43,7 @@ struct Smem {
     static constexpr Region alpha = region_after(valid, 2 * kHT * 4);  // float [2][64]: O's rescale, per K buffer
     static constexpr Region row_l = region_after(alpha, kHT * 8);       // double [64]: final row sums (epilogue)
     static constexpr Region row_m = region_after(row_l, kHT * 4);       // float [64]: final row maxima (epilogue)
-    static constexpr Region mask = region_after(row_m, kMaskWords * 4 + 8);  // bf16: non-empty tiles, count
+    static constexpr Region mask = region_after(row_m, kMaskWords * 4);  // bf16: the non-empty tiles
     static constexpr int used = mask.end();
     static constexpr int bytes = used + 1024;  // slack to align the base to 1024 B
     static_assert(q.off % 1024 == 0 && k.off % 1024 == 0 && plo.off % 1024 == 0, "swizzled tiles");

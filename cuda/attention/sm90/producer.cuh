@@ -43,12 +43,11 @@ struct KvSource {
 
 // Empty tiles cost nothing (bf16 kernels): before the first load, the PW producer warps from thread P0
 // mark the slice's tiles that hold any valid index (warp w takes tiles w, w + PW, ..) in mask
-// (kMaskWords words, zeroed by the kernel before a __syncthreads; bar_scan: a named barrier of the
-// producers) and thread P0 stores their count (tiles past kMaskTiles counted as non-empty) at
-// mask[kMaskWords]. The kernel then hands mask and count to every thread's CtaCommon (use_tile_mask)
-// after a barrier of all its threads.
+// (kMaskWords words, zeroed by the kernel before a __syncthreads). After a barrier of all the kernel's
+// threads each of them takes the mask and the count of marked tiles (use_tile_mask; tiles past
+// kMaskTiles count as marked).
 template <int P0, int PW>
-__device__ __forceinline__ void scan_tiles(const Args &a, const CtaCommon &c, uint32_t *mask, int bar_scan)
+__device__ __forceinline__ void scan_tiles(const Args &a, const CtaCommon &c, uint32_t *mask)
 {
     const int lane = c.lane, pw = (c.tid - P0) >> 5;
     const int nm = c.nt_all < kMaskTiles ? c.nt_all : kMaskTiles;
@@ -57,24 +56,20 @@ __device__ __forceinline__ void scan_tiles(const Args &a, const CtaCommon &c, ui
         const int idx = __ldg(c.idx_row + pos);
         return idx >= 0 && static_cast<int64_t>(idx) < a.limit;
     };
-#pragma unroll 4
-    for (int t = pw; t < nm; t += PW) {
+#pragma unroll 8
+    for (int t = pw; t < nm; t += PW) {  // 8 tiles per warp in flight: top-k 2048 in one round trip
         const int pos = (c.j0 + t) * kBN + lane;
         const bool any = __any_sync(0xffffffffu, valid_at(pos) || valid_at(pos + 32));
         if (any && lane == 0) atomicOr(mask + (t >> 5), 1u << (t & 31));
     }
-    named_sync(bar_scan, 32 * PW);
-    if (c.tid == P0) {
-        int n = c.nt_all - nm;
-        for (int w = 0; w < (nm + 31) / 32; ++w) n += __popc(mask[w]);
-        mask[kMaskWords] = static_cast<uint32_t>(n);
-    }
 }
-// The scan's result in this thread's CtaCommon (after the barrier that follows scan_tiles).
 __device__ __forceinline__ void use_tile_mask(CtaCommon &c, const uint32_t *mask)
 {
+    const int nm = c.nt_all < kMaskTiles ? c.nt_all : kMaskTiles;
+    int n = c.nt_all - nm;
+    for (int w = 0; w < (nm + 31) / 32; ++w) n += __popc(mask[w]);
     c.tile_mask = mask;
-    c.nt = static_cast<int>(mask[kMaskWords]);
+    c.nt = n;
 }
 
 // Who produces: the PW warps from thread P0 on (the wide kernel: WG2, 4 warps from thread 256; the
