@@ -396,3 +396,32 @@ class TestCuda:
                         f"cuda {attn.mode}/{form} {a}..{e}")
         if form == "pair":
             assert md.q_staging.array.data_ptr() == given["q_staging"].data_ptr()
+
+
+def test_workspace_contiguity_rule():
+    """The workspace check's C-contiguity test (from the framework's own flag, for speed: attend(...,
+    workspaces=) runs it for every layer) agrees with the rule on element strides (extents of 1 take any
+    stride) on NumPy and torch arrays of every layout the kernels must accept or refuse."""
+    from numpy.lib.stride_tricks import as_strided
+
+    from smla import _arrays
+
+    def rule(x):
+        shape, strides = tuple(map(int, x.shape)), _arrays.strides_elems(x)
+        want = [int(np.prod(shape[i + 1:])) for i in range(len(shape))]
+        return all(st == w for st, w, n in zip(strides, want, shape) if n > 1)
+
+    base = np.zeros((6, 4, 8), np.float32)
+    cases = [base, base[:3], base[::2], base.transpose(1, 0, 2), base[:, :2], base[:, :, :1], base[:, :1],
+             as_strided(base, (6, 1, 8), (128, 4096, 4)), np.zeros((1, 5), np.int32)[:, ::2],
+             np.zeros((5, 1), np.int32)]
+    seen = set()
+    for x in cases:
+        assert _arrays.is_c_contiguous(x) == rule(x), (x.shape, x.strides)
+        seen.add(rule(x))
+    assert seen == {True, False}
+    torch = pytest.importorskip("torch")
+    flat = torch.zeros(8192)
+    for x in cases:  # the same shapes and element strides as torch views
+        t = flat.as_strided(tuple(x.shape), _arrays.strides_elems(x))
+        assert _arrays.is_c_contiguous(t) == rule(t) == rule(x), (tuple(t.shape), t.stride())

@@ -45,6 +45,8 @@ def device(x, name="array"):
     """(dlpack device type, device id); NumPy arrays are (1, 0)."""
     if isinstance(x, np.ndarray):
         return (_DL_CPU, 0)
+    if type(x).__module__.startswith("torch") and getattr(x, "is_cuda", False):
+        return (_DL_CUDA, x.get_device())  # what its __dlpack_device__ says, without its checks' cost
     check_array(x, name)
     if not hasattr(x, "__dlpack_device__"):
         raise TypeError(f"{name}: a {type(x).__name__} has __dlpack__ but no __dlpack_device__")
@@ -147,11 +149,41 @@ def strides_elems(x):
     return tuple(int(s) // x.dtype.itemsize for s in x.strides)
 
 
+def c_contiguous(shape, strides):
+    """Whether element strides describe a C-contiguous layout of shape (extents of 1 may have any
+    stride, as in NumPy and torch)."""
+    want = 1
+    for n, st in zip(reversed(shape), reversed(strides)):
+        if n > 1 and st != want:
+            return False
+        want *= n
+    return True
+
+
+def is_c_contiguous(x):
+    """c_contiguous for x, from the framework's own flag where it has one (no strides tuple built)."""
+    fw = framework(x)
+    if fw in ("numpy", "cupy"):
+        return bool(x.flags.c_contiguous)
+    if fw == "torch":
+        return bool(x.is_contiguous())
+    return c_contiguous(tuple(map(int, x.shape)), strides_elems(x))
+
+
+_DTYPE_NAMES = {}  # (array type, dtype) -> name: str(dtype) costs microseconds, a lookup far less
+
+
 def dtype_name(x):
     """x's dtype as one of _NUMPY_DTYPES' names (torch's 'torch.bfloat16' -> 'bfloat16'); CuPy's raw
     bf16 bits (uint16) count as 'bfloat16', as every op accepts them."""
-    name = str(x.dtype).removeprefix("torch.")
-    return "bfloat16" if name == "uint16" and framework(x) == "cupy" else name
+    key = (type(x), x.dtype)
+    name = _DTYPE_NAMES.get(key)
+    if name is None:
+        name = str(x.dtype).removeprefix("torch.")
+        if name == "uint16" and framework(x) == "cupy":
+            name = "bfloat16"
+        _DTYPE_NAMES[key] = name
+    return name
 
 
 def launch_stream(x, stream=None, name="array"):

@@ -29,7 +29,8 @@ buffers out at each use.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+import copy
+from dataclasses import dataclass, field
 from typing import Any, NamedTuple, Optional
 
 import numpy as np
@@ -246,14 +247,16 @@ class SparseMLAMetadata:
             raise ValueError("workspaces: this metadata has no workspace specs (not made by build())")
         _check_names(workspaces, specs)
         ref = self.slot_mapping  # a view of a builder buffer: the builder's framework and device
-        ws = {name: _check_workspace(name, x, specs[name], ref) for name, x in workspaces.items()}
-        new = {}
+        ref_dev = _arrays.device(ref)
+        ws = {name: _check_workspace(name, x, specs[name], ref_dev) for name, x in workspaces.items()}
+        new = copy.copy(self)  # a field-for-field copy (dataclasses.replace re-runs __init__: ~4x the time)
         for name, x in ws.items():
             if name == "q_staging":
-                new["q_staging"] = _LazyBuffer(specs[name].shape, x)
+                new.q_staging = _LazyBuffer(specs[name].shape, x)
             else:  # per-token scratch viewed to the step's T rows, as build() does
-                new[self._WORKSPACE_FIELDS[name]] = x[:self.num_padded_tokens] if name in _PER_TOKEN else x
-        return replace(self, per_call=self.per_call - set(ws), **new)
+                setattr(new, self._WORKSPACE_FIELDS[name], x[:self.num_padded_tokens] if name in _PER_TOKEN else x)
+        new.per_call = self.per_call - ws.keys()
+        return new
 
 
 def _rows(buf, n):
@@ -270,24 +273,26 @@ def _check_names(workspaces, specs):
                              f"among {sorted(specs)})")
 
 
-def _check_workspace(name, x, spec, ref):
-    """x, the caller's workspaces[name], checked against its spec and ref's device; viewed to the spec's
-    rows. Shared by the builder's workspaces= and attend's per-call workspaces=."""
-    what = f"workspaces[{name!r}]"
+_WS_LABELS = {}  # name -> "workspaces['name']", the label of its errors
+
+
+def _check_workspace(name, x, spec, ref_dev):
+    """x, the caller's workspaces[name], checked against its spec and the builder's device ref_dev (a
+    DLPack (type, id)); viewed to the spec's rows. Shared by the builder's workspaces= and attend's
+    per-call workspaces= (which smla.vllm calls for every layer of every step: keep it cheap)."""
+    what = _WS_LABELS.get(name) or _WS_LABELS.setdefault(name, f"workspaces[{name!r}]")
     _arrays.check_array(x, what)
-    shape, want = tuple(int(s) for s in x.shape), spec.shape
+    shape, want = tuple(map(int, x.shape)), spec.shape
     if len(shape) != len(want) or shape[1:] != want[1:] or shape[0] < want[0]:
         raise ValueError(f"{what}: expected [{want[0]}{''.join(f', {s}' for s in want[1:])}] (at least "
                          f"{want[0]} rows, {spec.nbytes} bytes), got {list(shape)}")
     if _arrays.dtype_name(x) != spec.dtype:
         raise TypeError(f"{what}: expected {spec.dtype}, got {_arrays.dtype_name(x)}")
-    if _arrays.device(x, what) != _arrays.device(ref):
-        raise ValueError(f"{what}: expected an array on the builder's device {_arrays.device(ref)} "
+    if _arrays.device(x, what) != ref_dev:
+        raise ValueError(f"{what}: expected an array on the builder's device {ref_dev} "
                          f"(DLPack type, id), got {_arrays.device(x, what)}")
-    contiguous = tuple(int(np.prod(shape[i + 1:])) for i in range(len(shape)))
-    strides = _arrays.strides_elems(x)
-    if any(st != c for st, c, n in zip(strides, contiguous, shape) if n > 1):  # kernels take flat rows
-        raise ValueError(f"{what}: expected a C-contiguous array, got strides {strides} "
+    if not _arrays.is_c_contiguous(x):  # kernels take flat rows
+        raise ValueError(f"{what}: expected a C-contiguous array, got strides {_arrays.strides_elems(x)} "
                          "(elements)")
     return x[:want[0]]
 
@@ -535,7 +540,8 @@ class SparseMLAMetadataBuilder:
         if name in self._per_call:
             return None
         x = self._workspaces.get(name)
-        return _arrays.empty(ref, spec.shape, spec.dtype) if x is None else _check_workspace(name, x, spec, ref)
+        return _arrays.empty(ref, spec.shape, spec.dtype) if x is None else _check_workspace(name, x, spec,
+                                                                                           _arrays.device(ref))
 
     def _put(self, buf, n, src):
         """buf[:n] (or buf[:R, :M] for n = (R, M)) = src. Host data for a torch CUDA buffer goes
