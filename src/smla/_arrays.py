@@ -45,7 +45,7 @@ def device(x, name="array"):
     """(dlpack device type, device id); NumPy arrays are (1, 0)."""
     if isinstance(x, np.ndarray):
         return (_DL_CPU, 0)
-    if type(x).__module__.startswith("torch") and getattr(x, "is_cuda", False):
+    if framework(x) == "torch" and x.is_cuda:
         return (_DL_CUDA, x.get_device())  # what its __dlpack_device__ says, without its checks' cost
     check_array(x, name)
     if not hasattr(x, "__dlpack_device__"):

@@ -105,18 +105,7 @@ struct ConsumerBase {
     __device__ __forceinline__ void finish(const Cta<XO> &c)
     {
         named_sync(kBarL, 256);
-        const bool split = a.n_splits > 1;
-#pragma unroll
-        for (int hf = 0; hf < 2; ++hf) {
-            const int rl = r0 + 8 * hf;
-            const int hr = c.h0 + rl;
-            if (hr >= c.h) continue;
-            const int col0 = 256 * wg + 2 * t4;
-            finish_row<32>(
-                a, c.row, c.bi, c.si, c.sp, c.h, hr, split, c.sM[rl], c.sL[rl], [&] { return col0; },
-                [&] { return wg == 0 && t4 == 0; },
-                [&](int jn) { return make_float2(o[4 * jn + 2 * hf], o[4 * jn + 2 * hf + 1]); });
-        }
+        finish_half(a, c, c.h0, r0, wg, t4, o, [&](int, int rl) { return RowStat{c.sM[rl], c.sL[rl]}; });
     }
 };
 

@@ -74,11 +74,7 @@ __global__ void __launch_bounds__(kThreads, 1) attn_sm90_kernel(const __grid_con
     const uint32_t peer_base = XO ? mapa(c.base, peer) : 0u;  // the peer's address of our `base`
 
     // bf16: the tiles without a valid index are neither loaded nor multiplied (producer.cuh, scan_tiles)
-    if constexpr (!FP8) {
-        if (c.tid >= 256) scan_tiles<256, 4>(a, c, mask);
-        named_sync(kBarStart, kThreads);
-        use_tile_mask(c, mask);
-    }
+    if constexpr (!FP8) skip_empty_tiles<256, 4, kThreads>(a, c, mask, kBarStart);
 
     if (c.tid >= 256) {
         setmaxnreg_dec<kProducerRegs>();

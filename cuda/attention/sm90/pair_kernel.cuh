@@ -61,7 +61,6 @@ namespace attn {
 namespace sm90 {
 namespace pair {
 
-constexpr int kThreads = 384;
 // setmaxnreg: the three warpgroups share the launch allocation, 3 x 168 (plan.cuh).
 constexpr int kConsumerRegs = 224, kProducerRegs = 56;
 static_assert(2 * kConsumerRegs + kProducerRegs <= 3 * 168, "the launch allocation: 64K / 384 -> 168");
@@ -95,10 +94,10 @@ __device__ __forceinline__ uint32_t opaque(uint32_t x)
     return x;
 }
 
-// One CTA: CtaCommon (plan.cuh; its sQ is Q's latent part) and the pair kernel's regions.
+// One CTA: CtaCommon (plan.cuh) and the pair kernel's regions.
 struct Cta : CtaCommon {
     int h0;
-    uint32_t bar, sPlo;
+    uint32_t sPlo;
     float *sM;       // [2][64]: m0 (WG0), m1 (WG1)
     uint32_t *mask;  // [kMaskWords]: the non-empty tiles
     double *sL;      // [2][64], the epilogue's row sums (over the P_lo block)
@@ -107,19 +106,19 @@ struct Cta : CtaCommon {
         : CtaCommon(a, smem_raw, gp, Smem::q.off, Smem::k.off, Smem::bar.off, Smem::valid.off)
     {
         h0 = gp.ht * kHT;
-        bar = base + Smem::bar.off;
         sPlo = base + Smem::plo.off;
         sM = reinterpret_cast<float *>(smem + Smem::mrow.off);
         mask = reinterpret_cast<uint32_t *>(smem + Smem::mask.off);
         sL = reinterpret_cast<double *>(smem + Smem::plo.off);
     }
-    __device__ __forceinline__ uint32_t full(int b, int r) const { return bar + 8 * (2 * b + r); }
-    __device__ __forceinline__ uint32_t empty(int b, int r) const { return bar + 32 + 8 * (2 * b + r); }
+    // full[b][r] and empty[b][r] (CtaCommon's bar_full is the first of the 8)
+    __device__ __forceinline__ uint32_t full(int b, int r) const { return bar_full + 8 * (2 * b + r); }
+    __device__ __forceinline__ uint32_t empty(int b, int r) const { return bar_full + 32 + 8 * (2 * b + r); }
     __device__ __forceinline__ uint32_t kbuf(int b) const { return sK + b * kTileBytes; }
 };
 
 // ------------------------------------------------------------------------------------------------
-// The producer (WG2): the tile scan, then per pair the regions in the order they are freed.
+// The producer (WG2): per pair, the regions in the order they are freed (after the tile scan).
 // ------------------------------------------------------------------------------------------------
 template <int ABL>
 struct PairProducer {
@@ -156,7 +155,7 @@ struct PairProducer {
         R.ok = 0;
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
-            const bool ok = idx[i] >= 0 && static_cast<int64_t>(idx[i]) < kv.limit;
+            const bool ok = kv.valid(idx[i]);
             R.src[i] = kv.row(idx[i], ok) + cl * 16;
             R.ok |= (ok ? 1u : 0u) << i;
         }
@@ -236,9 +235,8 @@ struct PairProducer {
 // The consumers. W = 0: even tiles (buffer 0), O columns 0..255; W = 1: odd tiles, columns 256..511.
 // ------------------------------------------------------------------------------------------------
 
-// The k-step order of W's S: 36 steps of 16 dims, 0..31 the latent part (Q from smem), 32..35 RoPE (Q
-// from registers). Each chain of 12 starts in W's early region: WG0 0..35 in order; WG1 16..31
-// (blocks 4..7), 0..15, 32..35.
+// The k-step order of W's S: 36 steps of 16 dims (0..31 the latent part, 32..35 RoPE). Each chain of
+// 12 starts in W's early region: WG0 0..35 in order; WG1 16..31 (blocks 4..7), 0..15, 32..35.
 template <int W>
 __device__ __forceinline__ constexpr int kstep(int i)
 {
@@ -252,13 +250,13 @@ struct PairConsumer {
 
     const Args &a;
     const Cta &c;
-    const int g, t4, r0;  // rows r0, r0 + 8 of the 64 heads
+    const int t4, r0;  // rows r0, r0 + 8 of the 64 heads
     float o[128];         // O[r0 / r0 + 8][256 W + 8 jn + 2 t4 + {0, 1}] at o[4 jn + {0, 1} / {2, 3}]
     float m[2] = {-INFINITY, -INFINITY};
     double l[2] = {0.0, 0.0};  // row sums of this warpgroup's tiles (see sm80/tile.cuh)
 
     __device__ __forceinline__ PairConsumer(const Args &a_, const Cta &cta)
-        : a(a_), c(cta), g(cta.lane >> 2), t4(cta.lane & 3), r0(16 * ((cta.tid >> 5) & 3) + (cta.lane >> 2))
+        : a(a_), c(cta), t4(cta.lane & 3), r0(16 * ((cta.tid >> 5) & 3) + (cta.lane >> 2))
     {
 #pragma unroll
         for (int i = 0; i < 128; ++i) o[i] = 0.f;
@@ -381,8 +379,8 @@ struct PairConsumer {
     // WG1's into the P_lo block.
     __device__ __forceinline__ uint32_t lo_block(int w) const { return w == 0 ? opaque(c.kbuf(0)) : opaque(c.sPlo); }
 
-    // The A fragments of P (hi, lo) for the peer: P_hi into buffer W's RoPE block, P_lo into W's P_lo
-    // block, as the K-major A operand [64 heads x 64 tokens] of its remote product.
+    // The A fragments of P (hi, lo) for the peer: P_hi into buffer W's RoPE block, P_lo into lo_block(W),
+    // as the K-major A operand [64 heads x 64 tokens] of its remote product.
     __device__ __forceinline__ void store_p(const uint32_t (&hi)[16], const uint32_t (&lo)[16]) const
     {
         const uint32_t hb = c.kbuf(W) + 8 * kBlk, lb = lo_block(W);
@@ -580,7 +578,7 @@ struct PairConsumer {
     // The row sums of both warpgroups added (both hold the same m), then this warpgroup's columns.
     __device__ __forceinline__ void epilogue()
     {
-        named_sync(kBarL, 256);  // both loops are over: the P_lo blocks are free for the row sums
+        named_sync(kBarL, 256);  // both loops are over: the P_lo block is free for the row sums
 #pragma unroll
         for (int i = 0; i < 2; ++i) {
             l[i] += __shfl_xor_sync(0xffffffffu, l[i], 1);
@@ -591,19 +589,8 @@ struct PairConsumer {
             c.sL[W * kHT + r0 + 8] = l[1];
         }
         named_sync(kBarL, 256);
-        const bool split = a.n_splits > 1;
-#pragma unroll
-        for (int hf = 0; hf < 2; ++hf) {
-            const int rl = r0 + 8 * hf;
-            const int hr = c.h0 + rl;
-            if (hr >= c.h) continue;
-            const double lt = c.sL[rl] + c.sL[kHT + rl];
-            const int col0 = 256 * W + 2 * t4;
-            finish_row<32>(
-                a, c.row, c.bi, c.si, c.sp, c.h, hr, split, m[hf], lt, [&] { return col0; },
-                [&] { return W == 0 && t4 == 0; },
-                [&](int jn) { return make_float2(o[4 * jn + 2 * hf], o[4 * jn + 2 * hf + 1]); });
-        }
+        finish_half(a, c, c.h0, r0, W, t4, o,
+                    [&](int hf, int rl) { return RowStat{m[hf], c.sL[rl] + c.sL[kHT + rl]}; });
     }
 };
 
@@ -619,16 +606,13 @@ __global__ void __launch_bounds__(kThreads, 1) attn_sm90p_kernel(const __grid_co
     pdl_launch_dependents();  // the combine (split mode) may be scheduled; it waits for this grid
     if (c.tid == 0) {
 #pragma unroll
-        for (int i = 0; i < 8; ++i) mbar_init(c.bar + 8 * i, 128);
+        for (int i = 0; i < 8; ++i) mbar_init(c.bar_full + 8 * i, 128);
         fence_mbarrier_init();
     }
+    if (c.tid < 256) issue_q<kHT, 256>(a, c, c.h0);
     if (c.tid < kMaskWords) c.mask[c.tid] = 0u;
     __syncthreads();
-
-    if (c.tid < 256) issue_q<kHT, 256>(a, c, c.h0);
-    else scan_tiles<256, 4>(a, c, c.mask);
-    named_sync(kBarStart, kThreads);
-    use_tile_mask(c, c.mask);
+    skip_empty_tiles<256, 4, kThreads>(a, c, c.mask, kBarStart);
     if (c.tid >= 256) {
         setmaxnreg_dec<kProducerRegs>();
         PairProducer<ABL>(a, c).run();

@@ -33,6 +33,8 @@ struct KvSource {
           block_size(static_cast<uint32_t>(a.p.kv.block_size)), limit(a.limit)
     {
     }
+    // The attention rule's validity of a slot (docs/design.md section 4), past topk_length aside.
+    __device__ __forceinline__ bool valid(int idx) const { return idx >= 0 && static_cast<int64_t>(idx) < limit; }
     __device__ __forceinline__ const uint8_t *row(int idx, bool ok) const
     {
         if (!ok) return kv_base;
@@ -49,13 +51,10 @@ struct KvSource {
 template <int P0, int PW>
 __device__ __forceinline__ void scan_tiles(const Args &a, const CtaCommon &c, uint32_t *mask)
 {
+    const KvSource kv(a);
     const int lane = c.lane, pw = (c.tid - P0) >> 5;
     const int nm = c.nt_all < kMaskTiles ? c.nt_all : kMaskTiles;
-    auto valid_at = [&](int pos) {
-        if (pos >= c.L) return false;
-        const int idx = __ldg(c.idx_row + pos);
-        return idx >= 0 && static_cast<int64_t>(idx) < a.limit;
-    };
+    auto valid_at = [&](int pos) { return pos < c.L && kv.valid(__ldg(c.idx_row + pos)); };
 #pragma unroll 8
     for (int t = pw; t < nm; t += PW) {  // 8 tiles per warp in flight: top-k 2048 in one round trip
         const int pos = (c.j0 + t) * kBN + lane;
@@ -70,6 +69,16 @@ __device__ __forceinline__ void use_tile_mask(CtaCommon &c, const uint32_t *mask
     for (int w = 0; w < (nm + 31) / 32; ++w) n += __popc(mask[w]);
     c.tile_mask = mask;
     c.nt = n;
+}
+
+// The whole step for a kernel of NT threads whose producers are the PW warps from P0: they scan, all
+// NT meet at named barrier bar, each takes the result.
+template <int P0, int PW, int NT>
+__device__ __forceinline__ void skip_empty_tiles(const Args &a, CtaCommon &c, uint32_t *mask, int bar)
+{
+    if (c.tid >= P0) scan_tiles<P0, PW>(a, c, mask);
+    named_sync(bar, NT);
+    use_tile_mask(c, mask);
 }
 
 // Who produces: the PW warps from thread P0 on (the wide kernel: WG2, 4 warps from thread 256; the
@@ -111,7 +120,7 @@ __device__ __forceinline__ void produce_bf16(const Args &a, const CtaCommon &c)
         for (int i = 0; i < kNi; ++i) {
             const int r = kRows * pw + 4 * i + sub;
             const int idx = idx_cur[i];
-            const bool ok = idx >= 0 && static_cast<int64_t>(idx) < kv.limit;  // -1 past L
+            const bool ok = kv.valid(idx);  // -1 past L
             const uint8_t *src = kv.row(idx, ok) + cl * 16;
             const int nb = (ok && !kNoLoad) ? 16 : 0;
             const uint32_t dst = kb + r * 128 + ((cl ^ (r & 7)) << 4);
@@ -179,7 +188,7 @@ struct Fp8Producer {
     }
     __device__ __forceinline__ void locate(int idx, const uint8_t *&ptr, uint32_t &okm) const
     {
-        const bool ok = idx >= 0 && static_cast<int64_t>(idx) < kv.limit;
+        const bool ok = kv.valid(idx);
         ptr = kv.row(idx, ok);
         okm = __ballot_sync(0xffffffffu, ok);
     }

@@ -4,6 +4,7 @@
 // s[4 jn + {2, 3}] row r0 + 8) and of a [64 x 256] O half (o[4 jn + ..] likewise, 32 column pairs).
 #pragma once
 
+#include "attention/epilogue.cuh"
 #include "attention/softmax.cuh"
 #include "attention/sm90/plan.cuh"
 
@@ -65,6 +66,32 @@ __device__ __forceinline__ void rescale_rows(float (&o)[128], const float (&f)[2
             o[4 * jn + 2] *= f[1];
             o[4 * jn + 3] *= f[1];
         }
+    }
+}
+
+// The epilogue of an O half (columns 256 half .. + 255 of heads h0 + r0, h0 + r0 + 8): finish_row
+// (attention/epilogue.cuh) for each of the thread's rows below h, with stat(hf, rl) -> {m, l} the row's
+// log2-domain max and sum (rl = r0 + 8 hf); half 0's quad lead writes the row's lse.
+struct RowStat {
+    float m;
+    double l;
+};
+template <class Stat>
+__device__ __forceinline__ void finish_half(const Args &a, const CtaCommon &c, int h0, int r0, int half, int t4,
+                                            const float (&o)[128], Stat stat)
+{
+    const bool split = a.n_splits > 1;
+#pragma unroll
+    for (int hf = 0; hf < 2; ++hf) {
+        const int rl = r0 + 8 * hf;
+        const int hr = h0 + rl;
+        if (hr >= c.h) continue;
+        const int col0 = 256 * half + 2 * t4;
+        const RowStat rs = stat(hf, rl);
+        finish_row<32>(
+            a, c.row, c.bi, c.si, c.sp, c.h, hr, split, rs.m, rs.l, [&] { return col0; },
+            [&] { return half == 0 && t4 == 0; },
+            [&](int jn) { return make_float2(o[4 * jn + 2 * hf], o[4 * jn + 2 * hf + 1]); });
     }
 }
 
