@@ -95,10 +95,11 @@ struct ConsumerBase {
 
     __device__ __forceinline__ void rescale(const float (&alpha)[2]) { rescale_rows(o, alpha); }
 
-    // V = K buffer kb's columns 256 wg .. + 255, k-step kk (tokens 16 kk ..), N-major.
-    __device__ __forceinline__ uint64_t v_desc(uint32_t kb, int kk) const
+    // V = the K buffer's (descriptor base vd = desc_base(kb, kBlk)) columns 256 wg .. + 255, k-step kk
+    // (tokens 16 kk ..), N-major.
+    __device__ __forceinline__ uint64_t v_desc(uint32_t vd, int kk) const
     {
-        return desc(kb + (4 * wg) * kBlk + (16 * kk) * 128, kBlk, 1024);
+        return desc_at(vd, (4 * wg) * kBlk + (16 * kk) * 128);
     }
 
     // The epilogue of this warpgroup's 256 columns, once WG0 published the row statistics (kBarL).
@@ -125,11 +126,12 @@ struct ScoreWarpgroup : ConsumerBase<ABL, XO, FAST> {
     // d (+)= Q K^T over dims 192 ch .. 192 ch + 191 (12 wgmma steps), all 64 tokens.
     __device__ __forceinline__ void s_chain(const Cta<XO> &c, float (&d)[32], int ch, uint32_t kb) const
     {
+        const uint32_t qd = opaque(desc_base(c.sQ, 16)), kd = opaque(desc_base(kb, 16));
         wg_fence();  // d was read since its last wgmma
 #pragma unroll
         for (int kk = 12 * ch; kk < 12 * ch + 12; ++kk) {
             const uint32_t off = (kk >> 2) * kBlk + (kk & 3) * 32;
-            wgmma_n64(d, desc(c.sQ + off, 16, 1024), desc(kb + off, 16, 1024), kk > 12 * ch);
+            wgmma_n64(d, desc_at(qd, off), desc_at(kd, off), kk > 12 * ch);
         }
         wg_commit();
     }
@@ -242,10 +244,11 @@ struct ScoreWarpgroup : ConsumerBase<ABL, XO, FAST> {
     __device__ __forceinline__ void pv_phase(uint32_t kb, uint32_t (&hi)[16], uint32_t (&lo)[16])
     {
         if constexpr (!B::kNoPV) {
+            const uint32_t vd = opaque(desc_base(kb, kBlk));
             wg_fence();
 #pragma unroll
             for (int kk = 0; kk < 4; ++kk) {
-                const uint64_t dv = B::v_desc(kb, kk);
+                const uint64_t dv = B::v_desc(vd, kk);
                 wgmma_n256_rs(o, reinterpret_cast<const uint32_t(&)[4]>(hi[4 * kk]), dv);
                 if constexpr (!B::kNoLo) wgmma_n256_rs(o, reinterpret_cast<const uint32_t(&)[4]>(lo[4 * kk]), dv);
             }
@@ -310,13 +313,14 @@ struct ValueWarpgroup : ConsumerBase<ABL, XO, FAST> {
     __device__ __forceinline__ void pv_phase(const Cta<XO> &c, uint32_t kb)
     {
         if constexpr (!B::kNoPV) {
-            const uint32_t pblk = kb + 8 * kBlk;
+            const uint32_t vd = opaque(desc_base(kb, kBlk)), pd = opaque(desc_base(kb + 8 * kBlk, 16));
+            const uint32_t ld = desc_base(c.sPlo, 16);
             wg_fence();
 #pragma unroll
             for (int kk = 0; kk < 4; ++kk) {
-                const uint64_t dv = B::v_desc(kb, kk);
-                wgmma_n256_tb(o, desc(pblk + kk * 32, 16, 1024), dv);
-                if constexpr (!B::kNoLo) wgmma_n256_tb(o, desc(c.sPlo + kk * 32, 16, 1024), dv);
+                const uint64_t dv = B::v_desc(vd, kk);
+                wgmma_n256_tb(o, desc_at(pd, kk * 32), dv);
+                if constexpr (!B::kNoLo) wgmma_n256_tb(o, desc_at(ld, kk * 32), dv);
             }
             wg_commit();
             wg_wait0();

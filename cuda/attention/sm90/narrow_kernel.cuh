@@ -86,11 +86,12 @@ struct Consumer {
             for (int i = 0; i < NS; ++i) s[i] = 0.f;
         } else {
             float t0[NS], t1[NS], t2[NS];
+            const uint32_t kd = opaque(desc_base(kb, 16)), qd = opaque(desc_base(c.sQ, 16));
             wg_fence();
 #pragma unroll
             for (int kk = 0; kk < 36; ++kk) {
-                const uint64_t da = desc(kb + (kk >> 2) * kBlk + (kk & 3) * 32, 16, 1024);
-                const uint64_t db = desc(c.sQ + (kk >> 2) * C::kQBlk + (kk & 3) * 32, 16, 1024);
+                const uint64_t da = desc_at(kd, (kk >> 2) * kBlk + (kk & 3) * 32);
+                const uint64_t db = desc_at(qd, (kk >> 2) * C::kQBlk + (kk & 3) * 32);
                 if (kk < 12) wgmma_ss<0>(t0, da, db, kk > 0);
                 else if (kk < 24) wgmma_ss<0>(t1, da, db, kk > 12);
                 else wgmma_ss<0>(t2, da, db, kk > 24);
@@ -195,14 +196,15 @@ struct Consumer {
     __device__ __forceinline__ void pv(const Cta<C> &c, uint32_t kb)
     {
         if constexpr (!kNoPV) {
+            const uint32_t pd = opaque(desc_base(c.sP, 16)), vd = opaque(desc_base(kb, kBlk));
             wg_fence();
 #pragma unroll
             for (int kk = 0; kk < 4; ++kk) {
-                const uint64_t dh = desc(c.sP + kk * 32, 16, 1024);
-                const uint64_t dl = desc(c.sP + C::kPBytes + kk * 32, 16, 1024);
+                const uint64_t dh = desc_at(pd, kk * 32);
+                const uint64_t dl = desc_at(pd, C::kPBytes + kk * 32);
 #pragma unroll
                 for (int mt = 0; mt < 8; ++mt) {
-                    const uint64_t dv = desc(kb + mt * kBlk + kk * 16 * 128, kBlk, 1024);
+                    const uint64_t dv = desc_at(vd, mt * kBlk + kk * 16 * 128);
                     wgmma_ss<1>(o[mt], dv, dh, 1);
                     if constexpr (!kNoLo) wgmma_ss<1>(o[mt], dv, dl, 1);
                 }

@@ -86,14 +86,6 @@ struct Smem {
 
 constexpr int kEarly = 0, kLate = 1;
 
-// x, opaque to the compiler: the consumers' buffers are the same on every pair, so without this it
-// would hoist the ~90 wgmma descriptors derived from them out of the loop and spill them.
-__device__ __forceinline__ uint32_t opaque(uint32_t x)
-{
-    asm volatile("" : "+r"(x));
-    return x;
-}
-
 // One CTA: CtaCommon (plan.cuh) and the pair kernel's regions.
 struct Cta : CtaCommon {
     int h0;
@@ -118,58 +110,59 @@ struct Cta : CtaCommon {
 };
 
 // ------------------------------------------------------------------------------------------------
-// The producer (WG2): per pair, the regions in the order they are freed (after the tile scan).
+// The producer (WG2), after the tile scan: warps 0, 1 fill K buffer 0 (the first tile of each pair),
+// warps 2, 3 buffer 1 (the second), each buffer's region by region in the order its owners free them
+// (early, late). One buffer's loads never wait for the other buffer's frees.
 // ------------------------------------------------------------------------------------------------
 template <int ABL>
 struct PairProducer {
     static constexpr bool kNoLoad = (ABL & 1) != 0;
+    static constexpr int kRows = 8;  // rows per thread and tile: 64 threads x 8 rows x 1 chunk per block
     const Cta &c;
     const KvSource kv;
-    const int lane, pw, sub, cl;
+    const int buf, rg, cl;  // K buffer; rows 8 i + rg of each tile, 16-byte chunk cl of each column block
     const bool hint;
     const uint64_t pol;
 
-    // This thread's 4 rows of one tile (row 16 pw + 4 i + sub, 16-byte chunk cl of each column block).
     struct Rows {
-        const uint8_t *src[4];
+        const uint8_t *src[kRows];
         uint32_t ok;
     };
 
     __device__ __forceinline__ PairProducer(const Args &a, const Cta &cta)
-        : c(cta), kv(a), lane(cta.lane), pw((cta.tid - 256) >> 5), sub(cta.lane >> 3), cl(cta.lane & 7),
+        : c(cta), kv(a), buf((cta.tid - 256) >> 6), rg(((cta.tid - 256) >> 3) & 7), cl(cta.lane & 7),
           hint(a.evict_last != 0), pol(a.evict_last ? policy_evict_last() : 0)
     {
     }
 
-    // The indices of this thread's 4 rows of slice tile t (nt_all: none, all -1), fetched a pair ahead.
-    __device__ __forceinline__ void fetch(int t, int (&idx)[4]) const
+    // The indices of this thread's rows of slice tile t (nt_all: none, all -1).
+    __device__ __forceinline__ void fetch(int t, int (&idx)[kRows]) const
     {
 #pragma unroll
-        for (int i = 0; i < 4; ++i) {
-            const int pos = (c.j0 + t) * kBN + 16 * pw + 4 * i + sub;
+        for (int i = 0; i < kRows; ++i) {
+            const int pos = (c.j0 + t) * kBN + 8 * i + rg;
             idx[i] = (t < c.nt_all && pos < c.L) ? __ldg(c.idx_row + pos) : -1;
         }
     }
-    __device__ __forceinline__ void locate(const int (&idx)[4], Rows &R) const
+    __device__ __forceinline__ void locate(const int (&idx)[kRows], Rows &R) const
     {
         R.ok = 0;
 #pragma unroll
-        for (int i = 0; i < 4; ++i) {
+        for (int i = 0; i < kRows; ++i) {
             const bool ok = kv.valid(idx[i]);
             R.src[i] = kv.row(idx[i], ok) + cl * 16;
             R.ok |= (ok ? 1u : 0u) << i;
         }
     }
 
-    // Column blocks [c0, c1) of this thread's rows into K buffer b.
-    __device__ __forceinline__ void copy(const Rows &R, int b, int c0, int c1) const
+    // Column blocks [c0, c1) of this thread's rows into this warp pair's K buffer.
+    __device__ __forceinline__ void copy(const Rows &R, int c0, int c1) const
     {
-        const uint32_t kb = c.kbuf(b);
+        const uint32_t kb = c.kbuf(buf) + rg * 128 + ((cl ^ rg) << 4);  // row 8 i + rg: (8 i + rg) & 7 = rg
 #pragma unroll
-        for (int i = 0; i < 4; ++i) {
-            const int r = 16 * pw + 4 * i + sub;
+        for (int i = 0; i < kRows; ++i) {
             const int nb = (((R.ok >> i) & 1u) && !kNoLoad) ? 16 : 0;
-            const uint32_t dst = kb + r * 128 + ((cl ^ (r & 7)) << 4);
+            const uint32_t dst = kb + 8 * i * 128;
 #pragma unroll
             for (int c8 = c0; c8 < c1; ++c8) {
                 if (hint) cp_async16_hint(dst + c8 * kBlk, R.src[i] + c8 * 128, nb, pol);
@@ -178,54 +171,50 @@ struct PairProducer {
         }
     }
 
-    // Region r of buffer b for its use-th tile: wait until both owners freed it, copy, signal full (the
-    // phase completes when every producer thread arrived and its copies landed).
-    template <int B, int R>
-    __device__ __forceinline__ void region(const int (&idx)[4], int use) const
+    // Region r of the buffer for its use-th tile: wait until its owners freed it, copy, and let the full
+    // barrier's phase complete once this thread's copies landed (each of the 64 threads arrives once).
+    template <int R>
+    __device__ __forceinline__ void region(const Rows &rows, int use) const
     {
-        Rows rows;
-        locate(idx, rows);  // per region: fewer live registers (the producer has kProducerRegs)
-        if (use > 0) mbar_wait(c.empty(B, R), (use - 1) & 1);
-        if constexpr (R == kEarly) {  // the row flags go with the early region (its owner reads them)
-            if (cl == 0) {
+        if (use > 0) mbar_wait(c.empty(buf, R), (use - 1) & 1);
+        if constexpr (R == kEarly) {  // the row flags go with the early region (its owner reads them); the
+            if (cl == 0) {             // plain arrival (release) orders them, so full(b, early) counts 64 + 8
 #pragma unroll
-                for (int i = 0; i < 4; ++i) c.sValid[B * kBN + 16 * pw + 4 * i + sub] = (rows.ok >> i) & 1u;
+                for (int i = 0; i < kRows; ++i) c.sValid[buf * kBN + 8 * i + rg] = (rows.ok >> i) & 1u;
+                mbar_arrive(c.full(buf, R));
             }
         }
-        if constexpr (B == 0 && R == kEarly) copy(rows, 0, 0, 4);
-        if constexpr (B == 0 && R == kLate) copy(rows, 0, 4, 9);
-        if constexpr (B == 1 && R == kEarly) copy(rows, 1, 4, 8);
-        if constexpr (B == 1 && R == kLate) {
-            copy(rows, 1, 0, 4);
-            copy(rows, 1, 8, 9);
+        // buffer 0: early = blocks 0..3, late = 4..8; buffer 1: early = 4..7, late = 0..3 and 8
+        if (buf == 0) {
+            if constexpr (R == kEarly) copy(rows, 0, 4);
+            else copy(rows, 4, 9);
+        } else {
+            if constexpr (R == kEarly) {
+                copy(rows, 4, 8);
+            } else {
+                copy(rows, 0, 4);
+                copy(rows, 8, 9);
+            }
         }
-        cp_async_mbar_arrive(c.full(B, R));
-        mbar_arrive(c.full(B, R));
+        cp_async_mbar_arrive_noinc(c.full(buf, R));
     }
 
     __device__ __forceinline__ void run() const
     {
         const int np = (c.nt + 1) / 2;
-        int i0[4], i1[4], n0[4], n1[4];  // this pair's and the next pair's indices
+        int cur[kRows], nxt[kRows];  // this pair's and the next pair's indices of this buffer's tile
         int t = c.next_tile(0);
-        fetch(t, i0);
-        t = c.next_tile(t + 1);
-        fetch(t, i1);  // nt_all (an odd count's last pair): a tile of zeros
+        if (buf == 1) t = c.next_tile(t + 1);  // nt_all (an odd count's last pair): a tile of zeros
+        fetch(t, cur);
         for (int k = 0; k < np; ++k) {
-            t = c.next_tile(t + 1);
-            fetch(t, n0);
-            t = c.next_tile(t + 1);
-            fetch(t, n1);
-            // in the order they are freed: WG1's early region (after its local product), buffer 0's
-            // early one (WG0's local product; in "high" WG1's remote one), then the late ones. WG1
-            // waits for its next early region before it frees buffer 0's: that order is the only one
-            // without a cycle in "high".
-            region<1, kEarly>(i1, k);
-            region<0, kEarly>(i0, k);
-            region<0, kLate>(i0, k);
-            region<1, kLate>(i1, k);
+            t = c.next_tile(c.next_tile(t + 1) + 1);
+            fetch(t, nxt);
+            Rows rows;
+            locate(cur, rows);
+            region<kEarly>(rows, k);
+            region<kLate>(rows, k);
 #pragma unroll
-            for (int i = 0; i < 4; ++i) i0[i] = n0[i], i1[i] = n1[i];
+            for (int i = 0; i < kRows; ++i) cur[i] = nxt[i];
         }
         cp_async_wait_all();
     }
@@ -280,13 +269,13 @@ struct PairConsumer {
     // d (+)= the 12 k-steps of chain ch over buffer W's tile.
     __device__ __forceinline__ void s_chain(float (&d)[32], int ch)
     {
-        const uint32_t kb = opaque(c.kbuf(W)), qb = opaque(c.sQ);
+        const uint32_t kd = opaque(desc_base(c.kbuf(W), 16)), qd = opaque(desc_base(c.sQ, 16));
         wg_fence();
 #pragma unroll
         for (int i = 12 * ch; i < 12 * ch + 12; ++i) {
             const int ks = kstep<W>(i);
             const uint32_t off = (ks >> 2) * kBlk + (ks & 3) * 32;
-            wgmma_n64(d, desc(qb + off, 16, 1024), desc(kb + off, 16, 1024), i > 12 * ch);
+            wgmma_n64(d, desc_at(qd, off), desc_at(kd, off), i > 12 * ch);
         }
         wg_commit();
     }
@@ -418,20 +407,21 @@ struct PairConsumer {
     }
 
     // --- P V ---------------------------------------------------------------------------------------
-    // V = buffer b's columns 256 W .. + 255, k-step kk (tokens 16 kk ..), N-major.
-    __device__ __forceinline__ uint64_t v_desc(uint32_t kb, int kk) const
+    // V = the K buffer's (descriptor base vd = desc_base(kb, kBlk)) columns 256 W .. + 255, k-step kk
+    // (tokens 16 kk ..), N-major.
+    __device__ __forceinline__ uint64_t v_desc(uint32_t vd, int kk) const
     {
-        return desc(kb + (4 * W) * kBlk + (16 * kk) * 128, kBlk, 1024);
+        return desc_at(vd, (4 * W) * kBlk + (16 * kk) * 128);
     }
     // O += P V over this warpgroup's own tile, P from registers (one commit group).
     __device__ __forceinline__ void pv_local(uint32_t (&hi)[16], uint32_t (&lo)[16])
     {
         if constexpr (!kNoPV) {
-            const uint32_t kb = opaque(c.kbuf(W));
+            const uint32_t vd = opaque(desc_base(c.kbuf(W), kBlk));
             wg_fence();
 #pragma unroll
             for (int kk = 0; kk < 4; ++kk) {
-                const uint64_t dv = v_desc(kb, kk);
+                const uint64_t dv = v_desc(vd, kk);
                 wgmma_n256_rs(o, reinterpret_cast<const uint32_t(&)[4]>(hi[4 * kk]), dv);
                 if constexpr (!kNoLo) wgmma_n256_rs(o, reinterpret_cast<const uint32_t(&)[4]>(lo[4 * kk]), dv);
             }
@@ -442,13 +432,14 @@ struct PairConsumer {
     __device__ __forceinline__ void pv_remote()
     {
         if constexpr (!kNoPV) {
-            const uint32_t kb = opaque(c.kbuf(kPeer)), hb = kb + 8 * kBlk, lb = lo_block(kPeer);
+            const uint32_t kb = c.kbuf(kPeer), vd = opaque(desc_base(kb, kBlk));
+            const uint32_t hd = opaque(desc_base(kb + 8 * kBlk, 16)), ld = desc_base(lo_block(kPeer), 16);
             wg_fence();
 #pragma unroll
             for (int kk = 0; kk < 4; ++kk) {
-                const uint64_t dv = v_desc(kb, kk);
-                wgmma_n256_tb(o, desc(hb + kk * 32, 16, 1024), dv);
-                if constexpr (!kNoLo) wgmma_n256_tb(o, desc(lb + kk * 32, 16, 1024), dv);
+                const uint64_t dv = v_desc(vd, kk);
+                wgmma_n256_tb(o, desc_at(hd, kk * 32), dv);
+                if constexpr (!kNoLo) wgmma_n256_tb(o, desc_at(ld, kk * 32), dv);
             }
         }
         wg_commit();
@@ -606,7 +597,9 @@ __global__ void __launch_bounds__(kThreads, 1) attn_sm90p_kernel(const __grid_co
     pdl_launch_dependents();  // the combine (split mode) may be scheduled; it waits for this grid
     if (c.tid == 0) {
 #pragma unroll
-        for (int i = 0; i < 8; ++i) mbar_init(c.bar_full + 8 * i, 128);
+        for (int i = 0; i < 4; ++i)  // full[b][r]: one buffer's 64 producer threads (+ 8 flag writers: early)
+            mbar_init(c.bar_full + 8 * i, (i & 1) == kEarly ? 72 : 64);
+        for (int i = 4; i < 8; ++i) mbar_init(c.bar_full + 8 * i, 128);  // empty: one consumer warpgroup
         fence_mbarrier_init();
     }
     if (c.tid < 256) issue_q<kHT, 256>(a, c, c.h0);

@@ -122,11 +122,28 @@ __device__ __forceinline__ void fence_regs(uint32_t (&r)[N])
     for (int i = 0; i < N; ++i) asm volatile("" : "+r"(r[i])::"memory");
 }
 
-// Shared-memory matrix descriptor, 128-byte swizzle.
-__device__ __forceinline__ uint64_t desc(uint32_t addr, uint32_t lbo, uint32_t sbo)
+// Shared-memory matrix descriptors of these kernels: 128-byte swizzle, stride (sbo) 1024 B, leading byte
+// offset lbo. Split in two so that a k-step's descriptor costs one 32-bit add: desc_base once per operand
+// (the low word: start address >> 4, bits 0..13, and lbo >> 4, bits 16..29), desc_at(base, off) per
+// k-step. The start address field holds any shared-memory address (< 2^18 B) and base + off stays in it
+// for every operand here (off < the 227 KB of shared memory), so the add never carries out of the field.
+// (Built from the fields, as wgmma's own encoding was before: 12 uniform instructions per wgmma.)
+constexpr uint32_t kDescHi = (1024u >> 4) | (1u << 30);  // sbo 1024 B; bit 62: 128-byte swizzle
+__device__ __forceinline__ uint32_t desc_base(uint32_t addr, uint32_t lbo)
 {
-    return static_cast<uint64_t>((addr & 0x3FFFF) >> 4) | (static_cast<uint64_t>(lbo >> 4) << 16) |
-           (static_cast<uint64_t>(sbo >> 4) << 32) | (1ull << 62);
+    return ((addr & 0x3FFFF) >> 4) | ((lbo >> 4) << 16);
+}
+__device__ __forceinline__ uint64_t desc_at(uint32_t base, uint32_t off)
+{
+    return (static_cast<uint64_t>(kDescHi) << 32) | (base + (off >> 4));
+}
+
+// x, opaque to the compiler: descriptor bases are the same on every tile, so without this it would
+// hoist the k-steps' descriptors derived from them out of the tile loop and hold (or spill) them all.
+__device__ __forceinline__ uint32_t opaque(uint32_t x)
+{
+    asm volatile("" : "+r"(x));
+    return x;
 }
 
 // S[64 x 32] (+)= A[64 x 16] B[32 x 16]^T, both K-major in smem.
@@ -204,11 +221,11 @@ __device__ __forceinline__ void wgmma_n64_rs(float (&d)[32], const uint32_t (&a)
 }
 // Waits until at most one wgmma group of this warpgroup is pending (groups complete in order).
 __device__ __forceinline__ void wg_wait1() { asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory"); }
-// The mbarrier's current phase also waits for every cp.async this thread issued so far (it counts one
-// more pending arrival now, which those copies' completion makes).
-__device__ __forceinline__ void cp_async_mbar_arrive(uint32_t bar)
+// This thread's arrival on the mbarrier, made once every cp.async it issued so far has landed (.noinc:
+// it is one of the arrivals the barrier was initialised to expect).
+__device__ __forceinline__ void cp_async_mbar_arrive_noinc(uint32_t bar)
 {
-    asm volatile("cp.async.mbarrier.arrive.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
+    asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
 }
 
 // The narrow kernel's products (sm90/narrow_kernel.cuh), tokens on M: D[64 x N] (+)= A[64 x 16] B[16 x N]
