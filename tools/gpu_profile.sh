@@ -4,6 +4,8 @@
 # on one launch each of decode (h=128 b=128 s_q=2, fp8) and prefill (h=128 s_kv=32K): the .ncu-rep
 # files, the details page, and the per-instruction (SASS) warp-stall samples as CSV. Output in $OUT.
 # PRECISION=fast (default; the recipe compared with FlashMLA) or high: the calls' precision=.
+# KERNEL=auto (default) | sm90 | sm90p | sm90n: the kernel family profiled (SMLA_ATTN_KERNEL; the
+# ablation runs auto). tools/ncu_hot.py also splits the waits by mbarrier.
 set -u
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/smla-out}; mkdir -p "$OUT"
@@ -15,7 +17,7 @@ timeout 240 python3 tools/ablate.py --precision "$P" 2>&1 | tee "$OUT/ablate.txt
 N="ncu --clock-control none -k regex:attn_sm90 --launch-skip 2 --launch-count 1 --set full --import-source no"
 for c in "decode:bench_sparse_mla_decode.py --shape 128,2,128 --no-graph" "prefill:bench_sparse_mla_prefill.py --shape 128,32768"; do
   n=${c%%:*}; set -- ${c#*:}
-  timeout 150 $N -f -o "/tmp/$n" python3 "benchmarks/$1" "${@:2}" --precision "$P" --no-baseline --iters 1 --quick \
+  SMLA_ATTN_KERNEL=${KERNEL:-auto} timeout 150 $N -f -o "/tmp/$n" python3 "benchmarks/$1" "${@:2}" --precision "$P" --no-baseline --iters 1 --quick \
     > "$OUT/ncu_$n.log" 2>&1
   ncu -i "/tmp/$n.ncu-rep" --page details > "$OUT/${n}_details.txt" 2>&1
   ncu -i "/tmp/$n.ncu-rep" --page source --csv --print-source sass > "$OUT/${n}_sass.csv" 2>&1

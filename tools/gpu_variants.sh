@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Side-by-side speed of this tree and earlier states of it in one device call: each argument is a
 # tar.gz of a tree (`git archive --format=tar.gz -o .whl/x.tar.gz <commit>`, in an ignored folder the
-# call carries); all are built in parallel, then the decode benchmark alternates between them (ARGS, default
-# the small-head shapes), twice. TESTS="pytest args" (and TESTS_K, a -k expression) also runs those tests
-# on every tree first.
+# call carries); all are built in parallel, then a benchmark (BENCH, default bench_sparse_mla_decode.py)
+# alternates between them (ARGS, default the small-head decode shapes), twice. TESTS="pytest args" (and
+# TESTS_K, a -k expression) also runs those tests on every tree first.
 set -u
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/smla-out}; mkdir -p "$OUT"
@@ -26,10 +26,11 @@ if [ -n "${TESTS:-}" ]; then  # on every tree, in parallel
   done
   wait
 fi
+BENCH=${BENCH:-bench_sparse_mla_decode.py}
 ARGS=${ARGS:---shape 16,1,128 --shape 32,1,128 --shape 8,1,128 --no-graph --no-baseline --iters 30}
 for i in 1 2; do
   for d in "${trees[@]}"; do
     echo "== $(basename "$d") (round $i)"
-    (cd "$d" && PYTHONPATH="$d/src" timeout 120 python3 benchmarks/bench_sparse_mla_decode.py $ARGS 2>&1 | grep -v "^#" | tail -n 4)
+    (cd "$d" && PYTHONPATH="$d/src" timeout 150 python3 "benchmarks/$BENCH" $ARGS 2>&1 | grep -v "^#" | tail -n 4)
   done
 done

@@ -1,16 +1,21 @@
 """Summarise an Nsight Compute per-instruction CSV (`ncu -i rep --page source --csv --print-source sass`,
-as tools/gpu_profile.sh writes it): warp-stall reasons over the whole kernel, then the instructions with
-the most stall samples and their two main reasons.
+as tools/gpu_profile.sh writes it; a .gz is read as such): warp-stall reasons over the whole kernel,
+the instructions with the most stall samples and their two main reasons, then the samples spent waiting
+on each mbarrier (the branch after a SYNCS.PHASECHK try-wait, grouped by the barrier's shared-memory
+address: which full / empty barrier the warps wait on) and per instruction class.
 
-    python tools/ncu_hot.py decode_sass.csv [N]
+    python tools/ncu_hot.py decode_sass.csv[.gz] [N]
 """
+import collections
 import csv
+import gzip
+import re
 import sys
 
 
 def main():
     path, top = sys.argv[1], int(sys.argv[2]) if len(sys.argv) > 2 else 30
-    with open(path, newline="") as f:
+    with (gzip.open(path, "rt", newline="") if path.endswith(".gz") else open(path, newline="")) as f:
         rows = list(csv.reader(f))
     head = next(i for i, r in enumerate(rows) if r and r[0] == "Address")
     hdr, data = rows[head], rows[head + 1:]
@@ -26,6 +31,20 @@ def main():
         why = sorted(((num(r, n), n[6:]) for n in reasons), reverse=True)[:2]
         print(f"{i:5d} {100 * num(r, samples) / total:5.1f}%  exec {r[col['Instructions Executed']]:>10}  "
               f"{r[col['Source']].strip()[:58]:<58} {why[0][1]}:{why[0][0]} {why[1][1]}:{why[1][0]}")
+    waits, kinds, prev = collections.Counter(), collections.Counter(), ""
+    for r in data:
+        src = r[col["Source"]].strip()
+        op = re.sub(r"^@!?U?P\w+\s+", "", src).split()[0] if src else ""
+        if op == "BRA" and "TRYWAIT" in prev:
+            m = re.search(r"\[([^\]]+)\]", prev)
+            waits[m.group(1) if m else "?"] += num(r, samples)
+        kinds[op.split(".")[0]] += num(r, samples)
+        if src:
+            prev = src
+    print("mbarrier waits (samples on the branch after the try-wait, by barrier address):")
+    for k, v in waits.most_common(12):
+        print(f"  {k:<24} {100 * v / total:5.1f}%")
+    print("by instruction class:", ", ".join(f"{k} {100 * v / total:.1f}%" for k, v in kinds.most_common(14)))
 
 
 if __name__ == "__main__":
