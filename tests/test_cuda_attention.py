@@ -712,6 +712,50 @@ def test_kernel_families(family, precision, monkeypatch):
                                                                    f"s_kv{s_kv}", precision=precision, out_abs=out_abs)
 
 
+def _pair_views(q):
+    """q [.., h, 576] as a (q_nope, q_pe) pair in other memory: q_nope rows inside wider rows (row stride
+    640, 16-byte aligned), q_pe with the heads outermost."""
+    wide = torch.zeros(q.shape[:-1] + (640,), dtype=q.dtype, device=q.device)
+    wide[..., 64:576] = q[..., :512]
+    pe = q[..., 512:].movedim(-2, 0).contiguous().movedim(0, -2)
+    return wide[..., 64:576], pe
+
+
+@pytest.mark.parametrize("family", ["auto"] + KERNEL_FAMILIES)
+def test_q_pair_read_in_place(family, monkeypatch):
+    """q as the (q_nope, q_pe) pair, read through two pointers: the same bits as q in one array, decode
+    (fp8 and bf16 caches, split and unsplit) and prefill, on every kernel family; misaligned halves are
+    refused naming the array."""
+    if family not in ("auto", "portable") and not _is_hopper():
+        pytest.skip("the sm90 kernel families need a compute capability 9.0 GPU")
+    monkeypatch.setenv("SMLA_ATTN_KERNEL", family)
+    for i, (cd, h, s_q, topk, bs, b) in enumerate(FAMILY_DECODE):
+        if family == "sm90p" and cd != "bf16":
+            continue  # the pair kernel reads bf16 K only
+        c = decode_case(cd, b, s_q, h, topk, bs, seed=800 + i, tl_mode=TL_MODES[i % 4], sink_mode="mixed",
+                        strided_q=i % 2 == 0)
+        for ws in ({}, {"workspace": torch.empty(0, dtype=torch.uint8, device=DEV)}):
+            out, lse = run_decode(c, **ws)
+            c2 = dict(c, q=_pair_views(c["q"]))
+            out2, lse2 = run_decode(c2, **ws)
+            assert torch.equal(out.view(torch.int16), out2.view(torch.int16)), (family, cd, h, ws)
+            assert torch.equal(lse, lse2), (family, cd, h)
+    for i, (h, s_q, s_kv, topk) in enumerate(FAMILY_PREFILL):
+        c = prefill_case(s_q, h, s_kv, topk, seed=900 + i, tl_mode=TL_MODES[(i + 1) % 4], sink_mode="mixed")
+        for precision in ref.PRECISIONS:
+            out, lse, ml = run_prefill(c, precision=precision)
+            out2, lse2, ml2 = run_prefill(dict(c, q=_pair_views(c["q"])), precision=precision)
+            assert torch.equal(out.view(torch.int16), out2.view(torch.int16)), (family, h, precision)
+            assert torch.equal(lse, lse2) and torch.equal(ml, ml2), (family, h, precision)
+    c = prefill_case(3, 16, 128, 64, seed=950)
+    q = c["q"]
+    wide = torch.zeros(q.shape[:-1] + (520,), dtype=q.dtype, device=DEV)
+    with pytest.raises(ValueError, match=r"^q: .*16-byte aligned"):
+        run_prefill(dict(c, q=(wide[..., 1:513], q[..., 512:])))
+    with pytest.raises(ValueError, match=r"^q_pe: .*16-byte aligned"):
+        run_prefill(dict(c, q=(q[..., :512], wide[..., 1:65])))
+
+
 def test_portable_kernel_fast_is_high(monkeypatch):
     """The portable kernel has no fast variant (docs/design.md section 4): precision="fast" runs it
     at high precision, the same bits."""

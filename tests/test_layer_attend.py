@@ -194,10 +194,9 @@ def test_workspace_specs_and_caller_buffers(mode):
                           max_model_len=world.max_model_len, max_num_seqs=world.max_reqs,
                           max_num_batched_tokens=128, mode="auto" if mode == "bf16" else mode)
     specs = SparseMLAMetadataBuilder.workspace_specs(cfg, prefill_workspace_rows=700)
-    names = {"indices", "lse", "max_logits", "q_staging"} | ({"prefill_workspace"} if mode == "split" else set())
-    assert set(specs) == names  # the CPU has no decode workspace
+    names = {"indices", "lse", "max_logits"} | ({"prefill_workspace"} if mode == "split" else set())
+    assert set(specs) == names  # the CPU has no decode workspace; a q pair needs no staging (read in place)
     assert specs["indices"] == ((128, topk), "int32", 128 * topk * 4)
-    assert specs["q_staging"] == ((128, h, 576), "bfloat16", 128 * h * 576 * 2)
     if mode == "split":
         assert specs["prefill_workspace"] == ((700, 576), "bfloat16", 700 * 576 * 2)
     dtypes = {"int32": np.int32, "float32": np.float32, "bfloat16": BF16}
@@ -213,7 +212,6 @@ def test_workspace_specs_and_caller_buffers(mode):
         assert md.prefill_workspace.shape == (700, 576)
     attn.write_kv_cache(st["kv_c"], st["k_pe"], world.cache, md)
     res = attn.attend(q_form(st["q"][:st["T"]], "pair", rng), world.cache, st["topk"], md)
-    assert np.shares_memory(md.q_staging.array, given["q_staging"])
     check_range(attn, md, world, st, res, world.expected(st), 0, st["T"], f"caller buffers {mode}")
 
 
@@ -230,8 +228,10 @@ def test_workspaces_rejected_with_the_buffer_named():
         builder(prefill_workspace=np.zeros((320, 512), BF16))
     with pytest.raises(TypeError, match=r"^workspaces\['lse'\]: expected float32, got float64"):
         builder(lse=np.zeros((8, 16)))
-    with pytest.raises(ValueError, match=r"^workspaces\['q_staging'\]: expected a C-contiguous array"):
-        builder(q_staging=np.zeros((8, 16, 600), BF16)[..., :576])
+    with pytest.raises(ValueError, match=r"^workspaces\['lse'\]: expected a C-contiguous array"):
+        builder(lse=np.zeros((8, 20), np.float32)[..., :16])
+    with pytest.raises(ValueError, match=r"^workspaces: no buffer 'q_staging' in this configuration"):
+        builder(q_staging=np.zeros((8, 16, 576), BF16))  # pairs are read in place: no staging buffer
     with pytest.raises(TypeError, match=r"^workspaces\['max_logits'\]: expected a NumPy array"):
         builder(max_logits=[0.0] * 128)
     with pytest.raises(ValueError, match=r"^workspaces: no buffer 'decode_workspace' in this configuration"):
@@ -269,7 +269,6 @@ def test_attend_per_call_workspaces(mode):
     for name, f in md._WORKSPACE_FIELDS.items():  # the builder's buffers were not written
         if name in own:
             assert np.array_equal(np.asarray(getattr(md, f)).view(np.uint8), own[name].view(np.uint8)), name
-    assert md.q_staging.array is None  # the builder's staging buffer was never made
 
 
 def test_attend_per_call_workspaces_rejected_with_the_buffer_named():
@@ -311,7 +310,7 @@ def test_builder_holds_no_per_call_buffers(mode):
     attn = smla.SparseMLAAttention.from_config(cfg, SCALE)
     md = build(builder, st)
     assert md.per_call == frozenset(specs)
-    assert md.indices is None and md.lse_scratch is None and md.prefill_workspace is None and md.q_staging is None
+    assert md.indices is None and md.lse_scratch is None and md.prefill_workspace is None
     attn.write_kv_cache(st["kv_c"], st["k_pe"], world.cache, md)
     T = st["T"]
     with pytest.raises(ValueError, match=r"^workspaces: the builder was made to take \['indices', "):
@@ -328,11 +327,11 @@ def test_builder_holds_no_per_call_buffers(mode):
         res = attn.attend(q_form(st["q"][start:end], form, rng), world.cache, st["topk"][start:end], md,
                           tokens=(start, end), workspaces=given)
         check_range(attn, md, world, st, res, ref, start, end, f"builder without buffers {mode} {form}")
-    assert given["q_staging"].any() and given["indices"].any()
+    assert given["indices"].any()
 
 
 def test_torch_cpu_pair():
-    """torch CPU tensors: a non-contiguous (q_nope, q_pe) pair through a torch builder's staging buffer."""
+    """torch CPU tensors: a non-contiguous (q_nope, q_pe) pair, read in place."""
     torch = pytest.importorskip("torch")
     rng = np.random.default_rng(26)
     world, st = mixed_step(rng, "fp8_ds_mla", 16, 32)
@@ -345,7 +344,7 @@ def test_torch_cpu_pair():
     start, end = 3, st["T"]
     out, lse = attn.attend((q[start:end, :, :512], q[start:end, :, 512:]), cache,
                            _torch_bf16(torch, st["topk"][start:end], dev), md, tokens=(start, end))
-    assert isinstance(out, torch.Tensor) and isinstance(md.q_staging.array, torch.Tensor)
+    assert isinstance(out, torch.Tensor)
     check_range(attn, md, world, st, (_host_bits(out), lse.numpy()), world.expected(st), start, end, "torch pair")
 
 
@@ -394,8 +393,6 @@ class TestCuda:
         for (a, e), (out, lse) in zip(((0, nd), (nd, T)), res):
             check_range(attn, md, world, st, (_host_bits(out), lse.cpu().numpy()), ref, a, e,
                         f"cuda {attn.mode}/{form} {a}..{e}")
-        if form == "pair":
-            assert md.q_staging.array.data_ptr() == given["q_staging"].data_ptr()
 
 
 def test_workspace_contiguity_rule():

@@ -18,8 +18,10 @@ import smla
 sys.path.insert(0, os.path.dirname(__file__))
 import reference as ref  # noqa: E402
 from test_sparse_mla_decode import (  # noqa: E402
-    SINK_MODES, TL_MODES, assert_fast_runs_bf16_p, from_torch, make_sink, rand_q, run_decode, strided, to_torch)
+    SINK_MODES, TL_MODES, assert_fast_runs_bf16_p, from_torch, make_decode_case, make_sink, rand_q, run_decode, strided,
+    to_torch)
 from test_sparse_mla_decode import check_against_ref as check_decode_against_ref  # noqa: E402
+from test_pack_kv import isa  # noqa: E402,F401 (the SMLA_CPU_ISA levels fixture)
 
 BF16 = ml_dtypes.bfloat16
 SCALE = 576 ** -0.5
@@ -472,3 +474,41 @@ def test_prefill_cuda_heads_and_topk(h, s_kv, topk):
     torch = pytest.importorskip("torch")
     c = make_prefill_case(64, h, s_kv, topk, seed=h + topk)
     _check_cuda(c, torch)
+
+
+def q_pair(q, rng):
+    """q [.., h, 576] as a (q_nope, q_pe) pair in other memory: q_nope inside wider rows with NaN around
+    it, q_pe with the heads outermost (so a stride bug or a read of the wrong half shows)."""
+    wide = np.full(q.shape[:-1] + (600,), np.nan, BF16)
+    wide[..., 8:520] = q[..., :512]
+    pe = np.ascontiguousarray(np.moveaxis(q[..., 512:], -2, 0))
+    return wide[..., 8:520], np.moveaxis(pe, 0, -2)
+
+
+def test_q_pair_read_in_place(isa):
+    """q as the (q_nope, q_pe) pair (the extension's q_pe=): the same bits as q in one array, prefill and
+    decode (both cache dtypes), on each CPU level; a pair that does not fit raises naming the half."""
+    rng = np.random.default_rng(77)
+    for i, (s_q, h, s_kv, topk) in enumerate([(5, 16, 300, 128), (3, 33, 1000, 512), (1, 128, 64, 64)]):
+        c = make_prefill_case(s_q, h, s_kv, topk, seed=300 + i)
+        one = run_prefill(c)
+        two = run_prefill(dict(c, q=q_pair(c["q"], rng)))
+        for a, b in zip(one, two):
+            assert np.array_equal(a.view(np.uint8), b.view(np.uint8)), (isa, s_q, h)
+    for i, cd in enumerate(["fp8_ds_mla", "bf16"]):
+        c = make_decode_case(cd, 3, 2, 20, 96, 16, seed=310 + i)
+        one = run_decode(c)
+        two = run_decode(dict(c, q=q_pair(c["q"], rng)))
+        for a, b in zip(one, two):
+            assert np.array_equal(a.view(np.uint8), b.view(np.uint8)), (isa, cd)
+    c = make_prefill_case(4, 16, 128, 64, seed=320)
+    q = c["q"]
+    for bad, exc, msg in (((q[..., :512], q[..., 512:570]), ValueError, r"^q_pe: expected shape\[2\] == 64"),
+                          ((q, q[..., 512:]), ValueError, r"^q: expected shape\[2\] == 512 \(d_nope\), got 576"),
+                          ((q[..., :512], q[:2, :, 512:]), ValueError, r"^q_pe: expected shape\[0\] == 4"),
+                          ((q[..., :512], q[:, :8, 512:]), ValueError, r"^q_pe: expected shape\[1\] == 16"),
+                          ((q[..., :512], q[..., 512:].astype(np.float32)), TypeError, r"^q_pe: expected bfloat16"),
+                          ((q[..., :512],), ValueError, r"^q: expected one array or a \(q_nope, q_pe\) pair"),
+                          ((q[..., :512], q[..., 512:], q), ValueError, r"^q: expected one array or a")):
+        with pytest.raises(exc, match=msg):
+            run_prefill(dict(c, q=bad))

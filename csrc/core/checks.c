@@ -173,6 +173,10 @@ static int check_attn(const smla_attn_params *p, int on_cuda, const char *kv, sm
     const span q[] = {{p->b, 2 * p->q_stride_b}, {p->s_q, 2 * p->q_stride_s}, {p->h, 2 * p->q_stride_h}};
     const span out[] = {{p->b, 2 * p->out_stride_b}, {p->s_q, 2 * p->out_stride_s}, {p->h, 2 * p->out_stride_h}};
     if (check_aligned("q", p->q, 16, 3, q, st)) return st->code;
+    if (p->q_pe) {
+        const span qpe[] = {{p->b, 2 * p->q_pe_stride_b}, {p->s_q, 2 * p->q_pe_stride_s}, {p->h, 2 * p->q_pe_stride_h}};
+        if (check_aligned("q_pe", p->q_pe, 16, 3, qpe, st)) return st->code;
+    }
     return check_aligned("out", p->out, 16, 3, out, st);
 }
 

@@ -145,8 +145,10 @@ typedef struct {
  * seen as one block of s_kv rows, b = 1). Index idx of row (bi, si) is valid iff
  * 0 <= idx < num_blocks * block_size and its position < topk_length[bi, si] (when given). */
 typedef struct {
-    const uint16_t *q;         /* [b, s_q, h, 576] bf16 bits */
+    const uint16_t *q;         /* [b, s_q, h, 576] bf16 bits; [b, s_q, h, 512] when q_pe is set */
     int64_t q_stride_b, q_stride_s, q_stride_h;
+    const uint16_t *q_pe;      /* NULL, or [b, s_q, h, 64]: the RoPE part of q, read from here (smla_q_at) */
+    int64_t q_pe_stride_b, q_pe_stride_s, q_pe_stride_h;
     smla_cache kv;             /* paged cache, fp8_ds_mla or bf16 */
     const int32_t *indices;    /* [b, s_q, topk] */
     int64_t idx_stride_b, idx_stride_s;
@@ -168,6 +170,16 @@ typedef struct {
     void *stream;
     smla_run run;             /* settings of this call */
 } smla_attn_params;
+
+/* Where values d .. of query row (bi, si) head hi start: q's row, or q_pe's for the RoPE dims (d >= 512)
+ * when the pair is given. d and the run read from it stay on one side of 512 (the kernels read 8- or
+ * 2-value runs at even offsets). The one rule for both backends' q loads. */
+SMLA_HD const uint16_t *smla_q_at(const smla_attn_params *p, int64_t bi, int64_t si, int64_t hi, int d)
+{
+    if (p->q_pe && d >= SMLA_D_V)
+        return p->q_pe + bi * p->q_pe_stride_b + si * p->q_pe_stride_s + hi * p->q_pe_stride_h + (d - SMLA_D_V);
+    return p->q + bi * p->q_stride_b + si * p->q_stride_s + hi * p->q_stride_h + d;
+}
 
 /* ---- CPU kernels (csrc/cpu/) ---- */
 int smla_cpu_pack_kv(const smla_pack_kv_params *p, smla_status *st);

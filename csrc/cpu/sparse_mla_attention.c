@@ -799,16 +799,18 @@ static void FN(attn_unit)(const attn_ctx *x, int64_t r, int64_t p0, int64_t p1, 
 {
     const smla_attn_params *p = x->p;
     const int64_t bi = r / p->s_q, si = r % p->s_q, h = p->h, hp = x->hp;
-    const uint16_t *q = p->q + bi * p->q_stride_b + si * p->q_stride_s;
     const int32_t *idx = p->indices + bi * p->idx_stride_b + si * p->idx_stride_s;
 
+    /* q's latent part and RoPE part of head hi (one row of 576, or the q / q_pe pair: smla_q_at) */
 #ifdef ATTN_DPBF16
     for (int64_t hi = 0; hi < hp; hi++) { /* head blocks of [288][hw] bf16 pairs */
         uint32_t *qt2 = (uint32_t *)(void *)FN(block_at)(w->q, SMLA_D_QK / 2, hi);
         const int64_t hw = FN(block_width)(hp, hi);
+        const uint16_t *qn = hi < h ? smla_q_at(p, bi, si, hi, 0) : NULL;
+        const uint16_t *qr = hi < h ? smla_q_at(p, bi, si, hi, SMLA_D_V) : NULL;
         for (int i = 0; i < SMLA_D_QK / 2; i++) {
             uint32_t pair = 0;
-            if (hi < h) memcpy(&pair, q + hi * p->q_stride_h + 2 * i, 4);
+            if (hi < h) memcpy(&pair, 2 * i < SMLA_D_V ? qn + 2 * i : qr + (2 * i - SMLA_D_V), 4);
             qt2[i * hw] = pair;
         }
     }
@@ -816,8 +818,13 @@ static void FN(attn_unit)(const attn_ctx *x, int64_t r, int64_t p0, int64_t p1, 
     for (int64_t hi = 0; hi < hp; hi++) { /* head blocks of [576][hw] */
         float *qt = FN(block_at)(w->q, SMLA_D_QK, hi);
         const int64_t hw = FN(block_width)(hp, hi);
-        const uint16_t *qh = q + hi * p->q_stride_h;
-        for (int d = 0; d < SMLA_D_QK; d++) qt[d * hw] = hi < h ? smla_bf16_to_f32(qh[d]) : 0.0f;
+        if (hi >= h) {
+            for (int d = 0; d < SMLA_D_QK; d++) qt[d * hw] = 0.0f;
+            continue;
+        }
+        const uint16_t *qn = smla_q_at(p, bi, si, hi, 0), *qr = smla_q_at(p, bi, si, hi, SMLA_D_V);
+        for (int d = 0; d < SMLA_D_V; d++) qt[d * hw] = smla_bf16_to_f32(qn[d]);
+        for (int d = SMLA_D_V; d < SMLA_D_QK; d++) qt[d * hw] = smla_bf16_to_f32(qr[d - SMLA_D_V]);
     }
 #endif
     for (int64_t hi = 0; hi < hp; hi++) {

@@ -15,7 +15,7 @@
     X(block_table) X(seq_lens) X(workspace_starts) X(seq_starts) X(req_id) X(topk_indices) X(block_size)     \
     X(num_blocks) X(prefill_request_ids) X(prefill_workspace_starts) X(valid_counts) X(dcp_size) X(dcp_rank) \
     X(interleave) X(compact) X(out_a) X(lse_a) X(out_b) X(lse_b) X(out_lse) X(b) X(s_q) X(h) X(topk) X(device) \
-    X(precision)
+    X(precision) X(q_pe)
 
 #define SMLA_ARG_ENUM(n) SMLA_N_##n,
 enum { SMLA_ARG_NAMES(SMLA_ARG_ENUM) SMLA_N_COUNT };

@@ -19,8 +19,7 @@ A step has two halves, which a caller may run together (forward) or apart, as vL
 - "auto": "split" when num_heads >= smla.config.MIN_HEADS_FOR_SPLIT, else "mixed"; measured on
   the H200 by benchmarks/bench_layer.py, split won at every head count (so the threshold is 1).
 
-All reusable buffers (converted indices, lse scratch, prefill and decode workspaces, the q staging
-buffer) belong to the metadata builder, made once per model and shared by every layer, or are
+All reusable buffers (converted indices, lse scratch, prefill and decode workspaces) belong to the metadata builder, made once per model and shared by every layer, or are
 handed to it by the caller (SparseMLAMetadataBuilder.workspace_specs / workspaces=, or per call:
 attend(..., workspaces=)); forward and attend allocate only the outputs they are not given. All host work of a step (the split mode's
 prefill chunks included) is done by the builder's build(), so forward and attend never copy from the
@@ -50,6 +49,11 @@ def _first(x, n):
     """x's first n rows: x itself when it has exactly n (a slice costs ~1-3 us of host time per array
     with torch, the largest part of a decode step's host time next to the kernel launches)."""
     return x if x.shape[0] == n else x[:n]
+
+
+def _q_rows(q, rows):
+    """Rows `rows` (a slice) of q: one array or the (q_nope, q_pe) pair."""
+    return (q[0][rows], q[1][rows]) if isinstance(q, tuple) else q[rows]
 
 
 def _flat_rows(kv_cache):
@@ -188,10 +192,7 @@ class SparseMLAAttention:
         works, as every token's request, prefill id and workspace chunk come from md.
 
         With n = end - start: q is [n, h, 576] bf16, or the pair (q_nope [n, h, 512], q_pe [n, h,
-        64]) of any strides. The kernels read q through one pointer with a row stride, so a pair is
-        first copied into the builder's q staging buffer ([max_num_batched_tokens, h, 576], made at
-        the first pair unless given as workspaces["q_staging"]); reading the two halves in place
-        needs a kernel change (a second q pointer), left for later. topk_indices [n, topk] int32:
+        64]) of any row strides, which the kernels read in place (no concatenation). topk_indices [n, topk] int32:
         request-local positions of those n tokens (-1: none). out [n, h, 512] bf16 and lse [n, h]
         f32 are written (their first n rows; allocated when not given). Returns (out, lse), lse in
         natural log.
@@ -223,28 +224,14 @@ class SparseMLAAttention:
             out = _arrays.empty(ref, (n, h, D_V), "bfloat16")
         if lse is None:
             lse = _arrays.empty(ref, (n, h), "float32")
+        if pair:  # the extension would name them q and q_pe
+            for name, x, _ in qs:
+                if _arrays.dtype_name(x) != "bfloat16":
+                    raise TypeError(f"{name}: expected bfloat16, got {_arrays.dtype_name(x)}")
         if n:
-            q = self._join(q[0], q[1], md, n) if pair else q
-            self._attend(_first(q, n), kv_cache, _first(topk_indices, n), md, start, end, _first(out, n),
-                         _first(lse, n))
+            q = (_first(q[0], n), _first(q[1], n)) if pair else _first(q, n)
+            self._attend(q, kv_cache, _first(topk_indices, n), md, start, end, _first(out, n), _first(lse, n))
         return out, lse
-
-    def _join(self, q_nope, q_pe, md, n):
-        """The pair in the staging buffer's first n rows: the one copy a pair costs (attend)."""
-        for name, x in (("q[0] (q_nope)", q_nope), ("q[1] (q_pe)", q_pe)):
-            if _arrays.dtype_name(x) != "bfloat16":
-                raise TypeError(f"{name}: expected bfloat16, got {_arrays.dtype_name(x)}")
-        buf = md.q_staging.get(q_nope)
-        if _arrays.framework(buf) != _arrays.framework(q_nope) or _arrays.device(buf) != _arrays.device(q_nope):
-            raise ValueError(f"q: the pair must be {_arrays.framework(buf)} arrays on the q staging buffer's "
-                             f"device {_arrays.device(buf)} (DLPack type, id)")
-        q = buf[:n]
-        for dst, src in ((q[:, :, :D_NOPE], q_nope[:n]), (q[:, :, D_NOPE:], q_pe[:n])):
-            if _arrays.framework(dst) == "torch":
-                dst.copy_(src)  # on the arrays' stream, no host round trip
-            else:
-                dst[...] = src
-        return q
 
     def forward(self, q: Array, kv_c: Array, k_pe: Array, kv_cache: Array, topk_indices: Array,
                 md: SparseMLAMetadata, out: Array | None = None, return_lse: bool = False,
@@ -307,7 +294,8 @@ class SparseMLAAttention:
         d = min(end, b * s) - start
         if d > 0:
             whole = start % s == 0 and d % s == 0
-            self._decode(q[:d], kv_cache, idx[:d], o[:d], l[:d], md, d // s if whole else d, s if whole else 1)
+            self._decode(_q_rows(q, slice(0, d)), kv_cache, idx[:d], o[:d], l[:d], md, d // s if whole else d,
+                         s if whole else 1)
         ws = md.prefill_workspace
         max_logits = md.max_logits_scratch[tok] if md.chunks else None
         for c in md.chunks:
@@ -318,7 +306,7 @@ class SparseMLAAttention:
             gather_upconvert(kv_cache, rows, c.block_table, c.seq_lens, c.workspace_starts,
                              kv_cache_dtype=cfg.kv_cache_dtype)
             t = slice(lo - start, hi - start)
-            sparse_mla_prefill(q[t], rows, idx[t], softmax_scale=self.softmax_scale, out=o[t], lse=l[t],
+            sparse_mla_prefill(_q_rows(q, t), rows, idx[t], softmax_scale=self.softmax_scale, out=o[t], lse=l[t],
                                max_logits=max_logits[t], precision=cfg.precision)
 
     __call__ = forward
@@ -326,7 +314,8 @@ class SparseMLAAttention:
     def _decode(self, q, kv_cache, idx, o, l, md, b, s):
         cfg = self.config
         h = cfg.num_heads
-        sparse_mla_decode(q.reshape(b, s, h, D_QK), kv_cache, idx.reshape(b, s, cfg.topk),
+        q = tuple(x.reshape(b, s, h, x.shape[-1]) for x in q) if isinstance(q, tuple) else q.reshape(b, s, h, D_QK)
+        sparse_mla_decode(q, kv_cache, idx.reshape(b, s, cfg.topk),
                           softmax_scale=self.softmax_scale, kv_cache_dtype=cfg.kv_cache_dtype,
                           out=o.reshape(b, s, h, D_V), lse=l.reshape(b, s, h),
                           workspace=md.decode_workspace, precision=cfg.precision)

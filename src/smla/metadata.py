@@ -20,8 +20,7 @@ synchronise (it may wait for the upload of two steps before, see _put).
 
 Scratch shared by every layer of the model also lives here (converted indices, lse / max_logits
 scratch, the decode kernel's split-top-k workspace sized for the largest step at allocation, the
-split mode's bf16 prefill workspace, and the staging buffer in which attend joins a (q_nope, q_pe)
-pair), so a decode step through SparseMLAAttention allocates nothing. `workspace_specs` names them
+split mode's bf16 prefill workspace), so a decode step through SparseMLAAttention allocates nothing. `workspace_specs` names them
 with their shapes and byte sizes, and the `workspaces=` keyword takes caller-owned arrays in their
 place, so a host framework can own and count that memory; SparseMLAMetadata.with_workspaces (and
 the layer's attend(..., workspaces=)) takes them for one call, for a framework that hands its
@@ -149,23 +148,6 @@ _PER_TOKEN = ("indices", "lse", "max_logits")  # workspaces of [max_num_batched_
 _ITEMSIZE = {"bfloat16": 2, "float32": 4, "int32": 4, "uint8": 1}
 
 
-class _LazyBuffer:
-    """A builder buffer made at its first use (or handed in), shared by the builder and every
-    metadata record it builds: the q staging buffer, which only a layer given (q_nope, q_pe) pairs
-    needs and which is the largest scratch ([max_num_batched_tokens, h, 576] bf16)."""
-    __slots__ = ("array", "shape")
-
-    def __init__(self, shape, array=None) -> None:
-        self.shape, self.array = shape, array
-
-    def get(self, ref):
-        """The buffer, allocated next to ref on first use (an eager step before a CUDA graph
-        capture makes it, as it does every lazily made buffer of the frameworks)."""
-        if self.array is None:
-            self.array = _arrays.empty(ref, self.shape, "bfloat16")
-        return self.array
-
-
 class _BuildToken:
     """Shared by one build()'s metadata (and any copy of it) and its builder, which sets `stale` at
     its next build(): the metadata's arrays are views of buffers that build overwrites. A flag, not
@@ -213,7 +195,6 @@ class SparseMLAMetadata:
     max_logits_scratch: object = None        # [T, h] f32
     decode_workspace: object = None          # uint8 [>= decode_workspace_bytes] or None
     decode_workspace_bytes: int = 0          # what this step's decode call needs (the config's mode)
-    q_staging: Optional[_LazyBuffer] = None  # [max_num_batched_tokens, h, 576] bf16, made at first use
     workspace_specs: Optional[dict] = None   # the builder's workspace_specs (with_workspaces checks by them)
     per_call: frozenset = frozenset()        # scratch the caller hands to each attend (None fields here)
     step: int = 0                            # the builder's build count
@@ -232,7 +213,7 @@ class SparseMLAMetadata:
         """True once the builder has built another step (this record's arrays are overwritten)."""
         return self._token.stale
 
-    # the record's field for each workspace name but q_staging; lse is forward's scratch
+    # the record's field for each workspace name; lse is forward's scratch
     _WORKSPACE_FIELDS = {"indices": "indices", "lse": "lse_scratch", "max_logits": "max_logits_scratch",
                          "prefill_workspace": "prefill_workspace", "decode_workspace": "decode_workspace"}
 
@@ -250,11 +231,8 @@ class SparseMLAMetadata:
         ref_dev = _arrays.device(ref)
         ws = {name: _check_workspace(name, x, specs[name], ref_dev) for name, x in workspaces.items()}
         new = copy.copy(self)  # a field-for-field copy (dataclasses.replace re-runs __init__: ~4x the time)
-        for name, x in ws.items():
-            if name == "q_staging":
-                new.q_staging = _LazyBuffer(specs[name].shape, x)
-            else:  # per-token scratch viewed to the step's T rows, as build() does
-                setattr(new, self._WORKSPACE_FIELDS[name], x[:self.num_padded_tokens] if name in _PER_TOKEN else x)
+        for name, x in ws.items():  # per-token scratch viewed to the step's T rows, as build() does
+            setattr(new, self._WORKSPACE_FIELDS[name], x[:self.num_padded_tokens] if name in _PER_TOKEN else x)
         new.per_call = self.per_call - ws.keys()
         return new
 
@@ -451,9 +429,7 @@ class SparseMLAMetadataBuilder:
           max_logits;
         - "prefill_workspace" [W, 576] bfloat16 (split mode): the upconverted prefill sequences;
         - "decode_workspace" [bytes] uint8 (CUDA, when the decode kernel splits top-k): the largest
-          decode call's workspace; device: "cpu", "cuda[:N]", an int or a CUDA array of that device;
-        - "q_staging" [T, h, 576] bfloat16: where attend joins a (q_nope, q_pe) pair (made at the
-          first such call when not given).
+          decode call's workspace; device: "cpu", "cuda[:N]", an int or a CUDA array of that device.
 
         T is max_num_batched_tokens, h num_heads; decode_threshold and prefill_workspace_rows as
         the constructor takes them."""
@@ -469,7 +445,6 @@ class SparseMLAMetadataBuilder:
             config, _int(decode_threshold, "decode_threshold", 1, _I32_MAX), dev)
         if nbytes > 0:
             shapes["decode_workspace"] = ((nbytes,), "uint8")
-        shapes["q_staging"] = ((T, h, D_QK), "bfloat16")
         return {name: WorkspaceSpec(shape, dt, int(np.prod(shape)) * _ITEMSIZE[dt])
                 for name, (shape, dt) in shapes.items()}
 
@@ -524,15 +499,12 @@ class SparseMLAMetadataBuilder:
                                      prefill_workspace_rows=self.prefill_workspace_rows)
         self._specs = specs
         _check_names(self._workspaces, specs)
-        ws = {name: self._workspace(name, spec, ref) for name, spec in specs.items() if name != "q_staging"}
+        ws = {name: self._workspace(name, spec, ref) for name, spec in specs.items()}
         self._indices, self._lse, self._max_logits = ws["indices"], ws["lse"], ws["max_logits"]
         self._prefill_ws = ws.get("prefill_workspace")
         self._decode_ws = ws.get("decode_workspace")
         has_decode_ws = self._decode_ws is not None or "decode_workspace" in self._per_call
         self.max_decode_workspace_bytes = specs["decode_workspace"].nbytes if has_decode_ws else 0
-        q_staging = self._workspaces.get("q_staging")
-        self._q_staging = None if "q_staging" in self._per_call else _LazyBuffer(
-            specs["q_staging"].shape, None if q_staging is None else self._workspace("q_staging", specs["q_staging"], ref))
 
     def _workspace(self, name, spec, ref):
         """The caller's buffer `name` checked against its spec (viewed to the spec's rows), else a new one;
@@ -677,7 +649,7 @@ class SparseMLAMetadataBuilder:
             prefill_workspace_rows=self.prefill_workspace_rows,
             indices=_rows(self._indices, T), lse_scratch=_rows(self._lse, T),
             max_logits_scratch=_rows(self._max_logits, T), decode_workspace=self._decode_ws,
-            decode_workspace_bytes=self.decode_workspace_size(b, s), q_staging=self._q_staging,
+            decode_workspace_bytes=self.decode_workspace_size(b, s),
             workspace_specs=self._specs, per_call=self._per_call,
             step=self._step, _token=self._token)
         if split_prefills:

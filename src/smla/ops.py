@@ -247,11 +247,23 @@ def sparse_mla_decode_workspace_size(b: int, s_q: int, h: int, topk: int, kv_cac
                                                device=_int(device_id, "device_id", 0, _I32_MAX))
 
 
-def sparse_mla_decode(q: Array, kv_cache: Array, indices: Array, *, softmax_scale: float, kv_cache_dtype: str,
+def _q_pair(q: Array | tuple[Array, Array]) -> tuple[Array, Array | None]:
+    """(q, None) for one array [.., h, 576]; (q_nope, q_pe) for the pair ([.., h, 512], [.., h, 64]),
+    which the kernels read in place (no concatenation)."""
+    if isinstance(q, (tuple, list)):
+        if len(q) != 2:
+            raise ValueError(f"q: expected one array or a (q_nope, q_pe) pair, got a {type(q).__name__} of {len(q)}")
+        return q[0], q[1]
+    return q, None
+
+
+def sparse_mla_decode(q: Array | tuple[Array, Array], kv_cache: Array, indices: Array, *, softmax_scale: float,
+                      kv_cache_dtype: str,
                       topk_length: Array | None = None, attn_sink: Array | None = None, out: Array | None = None,
                       lse: Array | None = None, workspace: Array | None = None, stream: int | None = None,
                       precision: str = "high") -> tuple[Array, Array]:
-    """Sparse MLA over a paged cache. q [b, s_q, h, 576] bf16, indices [b, s_q, topk] int32 global slots
+    """Sparse MLA over a paged cache. q [b, s_q, h, 576] bf16, or the pair (q_nope [b, s_q, h, 512],
+    q_pe [b, s_q, h, 64]) of any row strides, read in place; indices [b, s_q, topk] int32 global slots
     (invalid ones ignored). Returns (out [b, s_q, h, 512] bf16, lse [b, s_q, h] f32, natural log).
 
     precision: "high" (default) keeps the probabilities at full precision in P.V and meets
@@ -260,13 +272,14 @@ def sparse_mla_decode(q: Array, kv_cache: Array, indices: Array, *, softmax_scal
     docs/design.md section 4 ("Precision"). The CPU and the portable CUDA kernel run high either way.
     The extension checks the value."""
     cdt = canonical_cache_dtype(kv_cache_dtype)
+    q, q_pe = _q_pair(q)
     s = launch_stream(q, stream, "q")
     if out is None or lse is None or (workspace is None and is_cuda(q, "q")):
         out, lse, workspace = _decode_outputs(q, indices, cdt, out, lse, workspace)
     # softmax_scale and the arrays are checked by the extension, each message naming its argument
-    _C.sparse_mla_decode(q=q, kv_cache=kv_cache, indices=indices, topk_length=topk_length, attn_sink=attn_sink,
-                         out=out, lse=lse, workspace=workspace, softmax_scale=softmax_scale, kv_cache_dtype=cdt,
-                         precision=precision, stream=s)
+    _C.sparse_mla_decode(q=q, q_pe=q_pe, kv_cache=kv_cache, indices=indices, topk_length=topk_length,
+                         attn_sink=attn_sink, out=out, lse=lse, workspace=workspace, softmax_scale=softmax_scale,
+                         kv_cache_dtype=cdt, precision=precision, stream=s)
     return out, lse
 
 
@@ -288,13 +301,15 @@ def _decode_outputs(q, indices, cdt, out, lse, workspace):
     return out, lse, workspace
 
 
-def sparse_mla_prefill(q: Array, kv: Array, indices: Array, *, softmax_scale: float,
+def sparse_mla_prefill(q: Array | tuple[Array, Array], kv: Array, indices: Array, *, softmax_scale: float,
                        topk_length: Array | None = None, attn_sink: Array | None = None, out: Array | None = None,
                        lse: Array | None = None, max_logits: Array | None = None, stream: int | None = None,
                        precision: str = "high") -> tuple[Array, Array, Array]:
-    """Sparse MLA over bf16 rows. q [s_q, h, 576], kv [s_kv, 576] (or [s_kv, 1, 576]), indices [s_q, topk]
-    int32 rows of kv. Returns (out [s_q, h, 512] bf16, lse [s_q, h] f32, max_logits [s_q, h] f32).
+    """Sparse MLA over bf16 rows. q [s_q, h, 576] (or the pair q_nope [s_q, h, 512], q_pe [s_q, h, 64], read
+    in place), kv [s_kv, 576] (or [s_kv, 1, 576]), indices [s_q, topk] int32 rows of kv. Returns
+    (out [s_q, h, 512] bf16, lse [s_q, h] f32, max_logits [s_q, h] f32).
     precision: "high" (default) or "fast", as for sparse_mla_decode."""
+    q, q_pe = _q_pair(q)
     s = launch_stream(q, stream, "q")
     if out is None or lse is None or max_logits is None:
         s_q, h, _ = _shape(q, "q", 3, "[s_q, h, 576]")
@@ -304,6 +319,7 @@ def sparse_mla_prefill(q: Array, kv: Array, indices: Array, *, softmax_scale: fl
             lse = empty(q, (s_q, h), "float32")
         if max_logits is None:
             max_logits = empty(q, (s_q, h), "float32")
-    _C.sparse_mla_prefill(q=q, kv=kv, indices=indices, topk_length=topk_length, attn_sink=attn_sink, out=out, lse=lse,
-                          max_logits=max_logits, softmax_scale=softmax_scale, precision=precision, stream=s)
+    _C.sparse_mla_prefill(q=q, q_pe=q_pe, kv=kv, indices=indices, topk_length=topk_length, attn_sink=attn_sink,
+                          out=out, lse=lse, max_logits=max_logits, softmax_scale=softmax_scale, precision=precision,
+                          stream=s)
     return out, lse, max_logits

@@ -22,8 +22,8 @@ fp8 cache "split" (decodes through the decode kernel, prefills by the bf16 prefi
 dequantised workspace) or "mixed" (every token through the decode kernel on the fp8 pages), chosen
 by mode "auto" from the head count; SMLA_VLLM_MODE=mixed|split forces one (tests, benchmarks).
 SMLA_VLLM_PRECISION=high|fast (default high) is the attention ops' precision= (docs/design.md section 4;
-"fast" is FlashMLA's recipe, bf16 probabilities in P.V, on the kernels that have it). The
-layer owns q staging (a pair costs one copy). smla's scratch (SparseMLAMetadataBuilder.workspace_specs)
+"fast" is FlashMLA's recipe, bf16 probabilities in P.V, on the kernels that have it). A q given as
+the (ql_nope, q_pe) pair is read in place by the kernels (no concatenation). smla's scratch (SparseMLAMetadataBuilder.workspace_specs)
 is reserved through vLLM's workspace manager where one runs and handed to attend per call
 (workspaces=), as vLLM hands its workspaces out at each use; without a manager the builder's own
 buffers are used. With a manager the builder holds none of that scratch (workspaces={name: None}),
@@ -217,7 +217,7 @@ class SmlaSparseMLAImpl(MLAAttentionImpl[SmlaSparseMLAMetadata]):
     def _workspace_specs(self, vc) -> tuple[list, list]:
         """smla's scratch (SparseMLAMetadataBuilder.workspace_specs: converted indices, lse and
         max_logits scratch, the split plan's bf16 prefill workspace, the decode kernel's workspace on
-        CUDA, the q staging buffer) as vLLM's [(shape, torch dtype)], reserved through vLLM's
+        CUDA) as vLLM's [(shape, torch dtype)], reserved through vLLM's
         workspace manager where one is running (vLLM's worker makes it before the model); without
         one, attend uses the builder's own buffers."""
         from vllm.v1.worker.workspace import is_workspace_manager_initialized

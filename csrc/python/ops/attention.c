@@ -19,11 +19,19 @@ int smla_attn_check(const smla_attn_arrays *x, int batch_dims)
 {
     static const int bf16[] = {SMLA_DT_BF16, SMLA_DT_U16};
     static const int f32[] = {SMLA_DT_F32};
-    const smla_arr *q = x->q, *idx = x->indices;
+    const smla_arr *q = x->q, *qpe = x->q_pe, *idx = x->indices;
     int hd = batch_dims; /* dimension of q that holds the heads */
     if (smla_check_dtype(q, 2, bf16) || smla_check_ndim(q, batch_dims + 2) ||
-        smla_check_dim(q, hd + 1, SMLA_D_QK, "d_qk") || smla_check_last_contiguous(q))
+        smla_check_dim(q, hd + 1, qpe->present ? SMLA_D_V : SMLA_D_QK, qpe->present ? "d_nope" : "d_qk") ||
+        smla_check_last_contiguous(q))
         return -1;
+    if (qpe->present) { /* the RoPE part beside q: same rows, 64 values */
+        if (smla_check_dtype(qpe, 2, bf16) || smla_check_ndim(qpe, batch_dims + 2) ||
+            smla_check_dim(qpe, hd + 1, SMLA_D_QK - SMLA_D_V, "d_rope") || smla_check_last_contiguous(qpe))
+            return -1;
+        for (int i = 0; i <= hd; i++)
+            if (smla_check_same_dim(qpe, i, q, i)) return -1;
+    }
     if (smla_check_int_index(idx) || smla_check_ndim(idx, batch_dims + 1) || smla_check_last_contiguous(idx))
         return -1;
     for (int i = 0; i < batch_dims; i++)
@@ -67,6 +75,12 @@ int smla_attn_fill(smla_args *A, smla_attn_params *p, const smla_attn_arrays *x,
     p->q_stride_b = q->strides[0];
     p->q_stride_s = q->strides[1];
     p->q_stride_h = q->strides[2];
+    if (x->q_pe->present) {
+        p->q_pe = x->q_pe->data;
+        p->q_pe_stride_b = x->q_pe->strides[0];
+        p->q_pe_stride_s = x->q_pe->strides[1];
+        p->q_pe_stride_h = x->q_pe->strides[2];
+    }
     p->indices = idx->data;
     p->idx_stride_b = idx->strides[0];
     p->idx_stride_s = idx->strides[1];

@@ -5,11 +5,12 @@
 #include "../binding.h"
 
 /* The arrays of one attention call, in the decode ("batched") layout:
- * q [b, s_q, h, 576], indices [b, s_q, topk], topk_length [b, s_q], attn_sink [h],
- * out [b, s_q, h, 512], lse [b, s_q, h], max_logits [b, s_q, h]. Prefill arrays are given a unit
- * leading dimension by smla_attn_unsqueeze after their own checks. */
+ * q [b, s_q, h, 576] (or, with q_pe [b, s_q, h, 64] present, q [b, s_q, h, 512]: the latent and the RoPE
+ * part of each query row as two arrays, read in place), indices [b, s_q, topk], topk_length [b, s_q],
+ * attn_sink [h], out [b, s_q, h, 512], lse [b, s_q, h], max_logits [b, s_q, h]. Prefill arrays are given
+ * a unit leading dimension by smla_attn_unsqueeze after their own checks. */
 typedef struct {
-    smla_arr *q, *indices, *topk_length, *attn_sink, *out, *lse, *max_logits;
+    smla_arr *q, *q_pe, *indices, *topk_length, *attn_sink, *out, *lse, *max_logits;
 } smla_attn_arrays;
 
 /* Checks the dtypes, shapes (batch_dims = 2 for decode, 1 for prefill), contiguity and writability of

@@ -5,7 +5,7 @@
 
 enum {
     Q, KV_CACHE, INDICES, TOPK_LENGTH, ATTN_SINK, OUT, LSE, WORKSPACE, SOFTMAX_SCALE, KV_CACHE_DTYPE, PRECISION, STREAM,
-    NARGS
+    Q_PE, NARGS
 };
 static const smla_kw_spec args_spec[NARGS] = {
     [Q] = {SMLA_N_q, SMLA_KW_OBJ},
@@ -20,6 +20,7 @@ static const smla_kw_spec args_spec[NARGS] = {
     [KV_CACHE_DTYPE] = {SMLA_N_kv_cache_dtype, SMLA_KW_STR},
     [PRECISION] = {SMLA_N_precision, SMLA_KW_STR},
     [STREAM] = {SMLA_N_stream, SMLA_KW_STREAM},
+    [Q_PE] = {SMLA_N_q_pe, SMLA_KW_OBJ_OPT},
 };
 static const smla_kw_fn spec = {"sparse_mla_decode", NARGS, args_spec};
 
@@ -33,7 +34,8 @@ PyObject *smla_op_sparse_mla_decode(PyObject *module, PyObject *const *args, Py_
     memset(&p, 0, sizeof p);
     smla_attn_arrays x;
     smla_arr *cache, *ws;
-    if (!(x.q = smla_args_in(&A, &v[Q])) || !(cache = smla_args_in(&A, &v[KV_CACHE])) ||
+    if (!(x.q = smla_args_in(&A, &v[Q])) || !(x.q_pe = smla_args_in(&A, &v[Q_PE])) ||
+        !(cache = smla_args_in(&A, &v[KV_CACHE])) ||
         !(x.indices = smla_args_in(&A, &v[INDICES])) || !(x.topk_length = smla_args_in(&A, &v[TOPK_LENGTH])) ||
         !(x.attn_sink = smla_args_in(&A, &v[ATTN_SINK])) || !(x.out = smla_args_out(&A, &v[OUT])) ||
         !(x.lse = smla_args_out(&A, &v[LSE])) || !(x.max_logits = smla_args_get(&A, Py_None, "max_logits", 1, 1)) ||

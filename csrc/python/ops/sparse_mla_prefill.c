@@ -3,7 +3,7 @@
 
 #include "attention.h"
 
-enum { Q, KV, INDICES, TOPK_LENGTH, ATTN_SINK, OUT, LSE, MAX_LOGITS, SOFTMAX_SCALE, PRECISION, STREAM, NARGS };
+enum { Q, KV, INDICES, TOPK_LENGTH, ATTN_SINK, OUT, LSE, MAX_LOGITS, SOFTMAX_SCALE, PRECISION, STREAM, Q_PE, NARGS };
 static const smla_kw_spec args_spec[NARGS] = {
     [Q] = {SMLA_N_q, SMLA_KW_OBJ},
     [KV] = {SMLA_N_kv, SMLA_KW_OBJ},
@@ -16,6 +16,7 @@ static const smla_kw_spec args_spec[NARGS] = {
     [SOFTMAX_SCALE] = {SMLA_N_softmax_scale, SMLA_KW_DOUBLE},
     [PRECISION] = {SMLA_N_precision, SMLA_KW_STR},
     [STREAM] = {SMLA_N_stream, SMLA_KW_STREAM},
+    [Q_PE] = {SMLA_N_q_pe, SMLA_KW_OBJ_OPT},
 };
 static const smla_kw_fn spec = {"sparse_mla_prefill", NARGS, args_spec};
 
@@ -30,7 +31,8 @@ PyObject *smla_op_sparse_mla_prefill(PyObject *module, PyObject *const *args, Py
     memset(&p, 0, sizeof p);
     smla_attn_arrays x;
     smla_arr *kv;
-    if (!(x.q = smla_args_in(&A, &v[Q])) || !(kv = smla_args_in(&A, &v[KV])) ||
+    if (!(x.q = smla_args_in(&A, &v[Q])) || !(x.q_pe = smla_args_in(&A, &v[Q_PE])) ||
+        !(kv = smla_args_in(&A, &v[KV])) ||
         !(x.indices = smla_args_in(&A, &v[INDICES])) || !(x.topk_length = smla_args_in(&A, &v[TOPK_LENGTH])) ||
         !(x.attn_sink = smla_args_in(&A, &v[ATTN_SINK])) || !(x.out = smla_args_out(&A, &v[OUT])) ||
         !(x.lse = smla_args_out(&A, &v[LSE])) || !(x.max_logits = smla_args_out(&A, &v[MAX_LOGITS])))
@@ -46,7 +48,7 @@ PyObject *smla_op_sparse_mla_prefill(PyObject *module, PyObject *const *args, Py
     if (smla_check_ndim(kv, 2) || smla_check_dim(kv, 1, SMLA_D_QK, "d_qk") || smla_check_last_contiguous(kv))
         goto fail;
     if (smla_attn_check(&x, 1) || smla_check_outputs(&A, NULL, 0)) goto fail;
-    smla_arr *all[] = {x.q, x.indices, x.topk_length, x.out, x.lse, x.max_logits};
+    smla_arr *all[] = {x.q, x.q_pe, x.indices, x.topk_length, x.out, x.lse, x.max_logits};
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) smla_attn_unsqueeze(all[i]);
     if (smla_attn_fill(&A, &p, &x, v[SOFTMAX_SCALE].f, v[PRECISION].s)) goto fail;
     /* kv is one block of s_kv rows: slot = row */

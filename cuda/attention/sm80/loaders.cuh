@@ -21,11 +21,10 @@ template <class C>
 __device__ __forceinline__ void load_q(const Args &a, const Cta<C> &c)
 {
     const smla_attn_params &p = a.p;
-    const uint16_t *qb = p.q + c.bi * p.q_stride_b + c.si * p.q_stride_s;
     for (int i = c.tid; i < C::HT * kRowChunks; i += C::NT) {
         const int r = i / kRowChunks, ch = i - r * kRowChunks;
         const bool ok = c.h0 + r < c.h;
-        const uint16_t *src = ok ? qb + static_cast<int64_t>(c.h0 + r) * p.q_stride_h + ch * 8 : qb;
+        const uint16_t *src = ok ? smla_q_at(&p, c.bi, c.si, c.h0 + r, ch * 8) : p.q;  // q or q_pe
         cp_async16(row_chunk(c.sQ, r, ch), src, ok ? 16 : 0);
     }
 }

@@ -120,11 +120,10 @@ template <int ROWS, int NT>
 __device__ __forceinline__ void issue_q(const Args &a, const CtaCommon &c, int h0)
 {
     const smla_attn_params &p = a.p;
-    const uint16_t *qb = p.q + c.bi * p.q_stride_b + c.si * p.q_stride_s;
     for (int i = c.tid; i < ROWS * kRowChunks; i += NT) {
         const int r = i / kRowChunks, ch = i - r * kRowChunks;
         const bool ok = h0 + r < c.h;
-        const uint16_t *src = ok ? qb + static_cast<int64_t>(h0 + r) * p.q_stride_h + ch * 8 : qb;
+        const uint16_t *src = ok ? smla_q_at(&p, c.bi, c.si, h0 + r, ch * 8) : p.q;  // q or q_pe
         cp_async16(c.sQ + (ch >> 3) * (ROWS * 128) + r * 128 + (((ch & 7) ^ (r & 7)) << 4), src, ok ? 16 : 0);
     }
     cp_async_commit();
