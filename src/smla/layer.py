@@ -192,7 +192,8 @@ class SparseMLAAttention:
         works, as every token's request, prefill id and workspace chunk come from md.
 
         With n = end - start: q is [n, h, 576] bf16, or the pair (q_nope [n, h, 512], q_pe [n, h,
-        64]) of any row strides, which the kernels read in place (no concatenation). topk_indices [n, topk] int32:
+        64]) of any row strides, which the kernels read in place (no concatenation; on CUDA each half's
+        rows 16-byte aligned, as q's). topk_indices [n, topk] int32:
         request-local positions of those n tokens (-1: none). out [n, h, 512] bf16 and lse [n, h]
         f32 are written (their first n rows; allocated when not given). Returns (out, lse), lse in
         natural log.
