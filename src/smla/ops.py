@@ -247,14 +247,12 @@ def sparse_mla_decode_workspace_size(b: int, s_q: int, h: int, topk: int, kv_cac
                                                device=_int(device_id, "device_id", 0, _I32_MAX))
 
 
-def _q_pair(q: Array | tuple[Array, Array]) -> tuple[Array, Array | None]:
-    """(q, None) for one array [.., h, 576]; (q_nope, q_pe) for the pair ([.., h, 512], [.., h, 64]),
-    which the kernels read in place (no concatenation)."""
-    if isinstance(q, (tuple, list)):
-        if len(q) != 2:
-            raise ValueError(f"q: expected one array or a (q_nope, q_pe) pair, got a {type(q).__name__} of {len(q)}")
-        return q[0], q[1]
-    return q, None
+def _q_pair(q: tuple[Array, Array] | list) -> tuple[Array, Array]:
+    """(q_nope, q_pe) of a pair ([.., h, 512], [.., h, 64]), which the kernels read in place (no
+    concatenation). The callers test for a pair inline: this runs on every attention call."""
+    if len(q) != 2:
+        raise ValueError(f"q: expected one array or a (q_nope, q_pe) pair, got a {type(q).__name__} of {len(q)}")
+    return q[0], q[1]
 
 
 def sparse_mla_decode(q: Array | tuple[Array, Array], kv_cache: Array, indices: Array, *, softmax_scale: float,
@@ -272,14 +270,16 @@ def sparse_mla_decode(q: Array | tuple[Array, Array], kv_cache: Array, indices: 
     docs/design.md section 4 ("Precision"). The CPU and the portable CUDA kernel run high either way.
     The extension checks the value."""
     cdt = canonical_cache_dtype(kv_cache_dtype)
-    q, q_pe = _q_pair(q)
+    q_pe = None
+    if isinstance(q, (tuple, list)):
+        q, q_pe = _q_pair(q)
     s = launch_stream(q, stream, "q")
     if out is None or lse is None or (workspace is None and is_cuda(q, "q")):
         out, lse, workspace = _decode_outputs(q, indices, cdt, out, lse, workspace)
     # softmax_scale and the arrays are checked by the extension, each message naming its argument
-    _C.sparse_mla_decode(q=q, q_pe=q_pe, kv_cache=kv_cache, indices=indices, topk_length=topk_length,
-                         attn_sink=attn_sink, out=out, lse=lse, workspace=workspace, softmax_scale=softmax_scale,
-                         kv_cache_dtype=cdt, precision=precision, stream=s)
+    _C.sparse_mla_decode(q=q, kv_cache=kv_cache, indices=indices, topk_length=topk_length, attn_sink=attn_sink,
+                         out=out, lse=lse, workspace=workspace, softmax_scale=softmax_scale, kv_cache_dtype=cdt,
+                         precision=precision, stream=s, q_pe=q_pe)  # in the binding's order: fastest lookup
     return out, lse
 
 
@@ -309,7 +309,9 @@ def sparse_mla_prefill(q: Array | tuple[Array, Array], kv: Array, indices: Array
     in place), kv [s_kv, 576] (or [s_kv, 1, 576]), indices [s_q, topk] int32 rows of kv. Returns
     (out [s_q, h, 512] bf16, lse [s_q, h] f32, max_logits [s_q, h] f32).
     precision: "high" (default) or "fast", as for sparse_mla_decode."""
-    q, q_pe = _q_pair(q)
+    q_pe = None
+    if isinstance(q, (tuple, list)):
+        q, q_pe = _q_pair(q)
     s = launch_stream(q, stream, "q")
     if out is None or lse is None or max_logits is None:
         s_q, h, _ = _shape(q, "q", 3, "[s_q, h, 576]")
@@ -319,7 +321,7 @@ def sparse_mla_prefill(q: Array | tuple[Array, Array], kv: Array, indices: Array
             lse = empty(q, (s_q, h), "float32")
         if max_logits is None:
             max_logits = empty(q, (s_q, h), "float32")
-    _C.sparse_mla_prefill(q=q, q_pe=q_pe, kv=kv, indices=indices, topk_length=topk_length, attn_sink=attn_sink,
-                          out=out, lse=lse, max_logits=max_logits, softmax_scale=softmax_scale, precision=precision,
-                          stream=s)
+    _C.sparse_mla_prefill(q=q, kv=kv, indices=indices, topk_length=topk_length, attn_sink=attn_sink, out=out, lse=lse,
+                          max_logits=max_logits, softmax_scale=softmax_scale, precision=precision, stream=s,
+                          q_pe=q_pe)
     return out, lse, max_logits
