@@ -12,7 +12,8 @@
 //
 // CTA = one query row x 64 heads x one top-k split, 384 threads:
 //   WG0, WG1 (setmaxnreg kConsumerRegs): the consumers (PairConsumer<0>, PairConsumer<1>);
-//   WG2 (setmaxnreg kProducerRegs): the producer, cp.async into the K buffers, no register staging.
+//   WG2 (setmaxnreg kProducerRegs): the producer, cp.async into the K buffers, no register staging;
+//     warps 0, 1 fill buffer 0 and warps 2, 3 buffer 1, each on its own (PairProducer).
 // Shared-memory plan (Smem): Q and two K buffers of 9 column blocks [64 tokens x 128 B] (128-byte
 // swizzle as plan.cuh), one P_lo block ("high"), mbarriers, row flags, the max exchange and the
 // non-empty tile mask. (Q's RoPE part in registers instead, as the A operand of S's last 4 k-steps,
