@@ -19,12 +19,13 @@ A step has two halves, which a caller may run together (forward) or apart, as vL
 - "auto": "split" when num_heads >= smla.config.MIN_HEADS_FOR_SPLIT, else "mixed"; measured on
   the H200 by benchmarks/bench_layer.py, split won at every head count (so the threshold is 1).
 
-All reusable buffers (converted indices, lse scratch, prefill and decode workspaces) belong to the metadata builder, made once per model and shared by every layer, or are
-handed to it by the caller (SparseMLAMetadataBuilder.workspace_specs / workspaces=, or per call:
-attend(..., workspaces=)); forward and attend allocate only the outputs they are not given. All host work of a step (the split mode's
-prefill chunks included) is done by the builder's build(), so forward and attend never copy from the
-device or wait for it. A decode step with out= (and for attend lse=) given also allocates nothing, so
-it can be captured in a CUDA graph (capture after one eager step, replay after each build()).
+All reusable buffers (converted indices, lse scratch, prefill and decode workspaces) belong to the metadata
+builder, made once per model and shared by every layer, or are handed to it by the caller
+(SparseMLAMetadataBuilder.workspace_specs / workspaces=, or per call: attend(..., workspaces=)); forward and
+attend allocate only the outputs they are not given. All host work of a step (the split mode's prefill chunks
+included) is done by the builder's build(), so forward and attend never copy from the device or wait for it. A
+decode step with out= (and for attend lse=) given also allocates nothing, so it can be captured in a CUDA
+graph (capture after one eager step, replay after each build()).
 """
 from typing import Any
 
@@ -51,9 +52,9 @@ def _first(x, n):
     return x if x.shape[0] == n else x[:n]
 
 
-def _q_rows(q, rows):
-    """Rows `rows` (a slice) of q: one array or the (q_nope, q_pe) pair."""
-    return (q[0][rows], q[1][rows]) if isinstance(q, tuple) else q[rows]
+def _q_map(q, f):
+    """f applied to q: one array, or each half of the (q_nope, q_pe) pair (a tuple)."""
+    return (f(q[0]), f(q[1])) if isinstance(q, tuple) else f(q)
 
 
 def _flat_rows(kv_cache):
@@ -230,7 +231,7 @@ class SparseMLAAttention:
                 if _arrays.dtype_name(x) != "bfloat16":
                     raise TypeError(f"{name}: expected bfloat16, got {_arrays.dtype_name(x)}")
         if n:
-            q = (_first(q[0], n), _first(q[1], n)) if pair else _first(q, n)
+            q = _q_map(tuple(q) if pair else q, lambda x: _first(x, n))
             self._attend(q, kv_cache, _first(topk_indices, n), md, start, end, _first(out, n), _first(lse, n))
         return out, lse
 
@@ -295,7 +296,7 @@ class SparseMLAAttention:
         d = min(end, b * s) - start
         if d > 0:
             whole = start % s == 0 and d % s == 0
-            self._decode(_q_rows(q, slice(0, d)), kv_cache, idx[:d], o[:d], l[:d], md, d // s if whole else d,
+            self._decode(_q_map(q, lambda x: x[:d]), kv_cache, idx[:d], o[:d], l[:d], md, d // s if whole else d,
                          s if whole else 1)
         ws = md.prefill_workspace
         max_logits = md.max_logits_scratch[tok] if md.chunks else None
@@ -307,16 +308,15 @@ class SparseMLAAttention:
             gather_upconvert(kv_cache, rows, c.block_table, c.seq_lens, c.workspace_starts,
                              kv_cache_dtype=cfg.kv_cache_dtype)
             t = slice(lo - start, hi - start)
-            sparse_mla_prefill(_q_rows(q, t), rows, idx[t], softmax_scale=self.softmax_scale, out=o[t], lse=l[t],
-                               max_logits=max_logits[t], precision=cfg.precision)
+            sparse_mla_prefill(_q_map(q, lambda x: x[t]), rows, idx[t], softmax_scale=self.softmax_scale, out=o[t],
+                               lse=l[t], max_logits=max_logits[t], precision=cfg.precision)
 
     __call__ = forward
 
     def _decode(self, q, kv_cache, idx, o, l, md, b, s):
         cfg = self.config
         h = cfg.num_heads
-        q = tuple(x.reshape(b, s, h, x.shape[-1]) for x in q) if isinstance(q, tuple) else q.reshape(b, s, h, D_QK)
-        sparse_mla_decode(q, kv_cache, idx.reshape(b, s, cfg.topk),
+        sparse_mla_decode(_q_map(q, lambda x: x.reshape(b, s, h, x.shape[-1])), kv_cache, idx.reshape(b, s, cfg.topk),
                           softmax_scale=self.softmax_scale, kv_cache_dtype=cfg.kv_cache_dtype,
                           out=o.reshape(b, s, h, D_V), lse=l.reshape(b, s, h),
                           workspace=md.decode_workspace, precision=cfg.precision)

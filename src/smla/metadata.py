@@ -18,13 +18,12 @@ for a split step with prefills: each copy synchronises with the device. Pass `qu
 / `seq_lens_cpu=` (what a serving stack already has) to avoid them; then build() does not
 synchronise (it may wait for the upload of two steps before, see _put).
 
-Scratch shared by every layer of the model also lives here (converted indices, lse / max_logits
-scratch, the decode kernel's split-top-k workspace sized for the largest step at allocation, the
-split mode's bf16 prefill workspace), so a decode step through SparseMLAAttention allocates nothing. `workspace_specs` names them
-with their shapes and byte sizes, and the `workspaces=` keyword takes caller-owned arrays in their
-place, so a host framework can own and count that memory; SparseMLAMetadata.with_workspaces (and
-the layer's attend(..., workspaces=)) takes them for one call, for a framework that hands its
-buffers out at each use.
+Scratch shared by every layer of the model also lives here (converted indices, lse / max_logits scratch, the
+decode kernel's split-top-k workspace sized for the largest step at allocation, the split mode's bf16 prefill
+workspace), so a decode step through SparseMLAAttention allocates nothing. `workspace_specs` names them with
+their shapes and byte sizes, and the `workspaces=` keyword takes caller-owned arrays in their place, so a host
+framework can own and count that memory; SparseMLAMetadata.with_workspaces (and the layer's attend(...,
+workspaces=)) takes them for one call, for a framework that hands its buffers out at each use.
 """
 from __future__ import annotations
 

@@ -249,7 +249,8 @@ def sparse_mla_decode_workspace_size(b: int, s_q: int, h: int, topk: int, kv_cac
 
 def _q_pair(q: tuple[Array, Array] | list) -> tuple[Array, Array]:
     """(q_nope, q_pe) of a pair ([.., h, 512], [.., h, 64]), which the kernels read in place (no
-    concatenation). The callers test for a pair inline: this runs on every attention call."""
+    concatenation). The attention wrappers test for a pair inline (they run on every call) and call
+    this only for one."""
     if len(q) != 2:
         raise ValueError(f"q: expected one array or a (q_nope, q_pe) pair, got a {type(q).__name__} of {len(q)}")
     return q[0], q[1]

@@ -22,12 +22,13 @@ fp8 cache "split" (decodes through the decode kernel, prefills by the bf16 prefi
 dequantised workspace) or "mixed" (every token through the decode kernel on the fp8 pages), chosen
 by mode "auto" from the head count; SMLA_VLLM_MODE=mixed|split forces one (tests, benchmarks).
 SMLA_VLLM_PRECISION=high|fast (default high) is the attention ops' precision= (docs/design.md section 4;
-"fast" is FlashMLA's recipe, bf16 probabilities in P.V, on the kernels that have it). A q given as
-the (ql_nope, q_pe) pair is read in place by the kernels (no concatenation). smla's scratch (SparseMLAMetadataBuilder.workspace_specs)
-is reserved through vLLM's workspace manager where one runs and handed to attend per call
-(workspaces=), as vLLM hands its workspaces out at each use; without a manager the builder's own
-buffers are used. With a manager the builder holds none of that scratch (workspaces={name: None}),
-so the memory is reserved once.
+"fast" is FlashMLA's recipe, bf16 probabilities in P.V, on the kernels that have it). A q given as the
+(ql_nope, q_pe) pair is read in place by the kernels (no concatenation). smla's scratch
+(SparseMLAMetadataBuilder.workspace_specs) is reserved through vLLM's workspace manager where one runs and
+handed to attend per call (workspaces=), as vLLM hands its workspaces out at each use; without a manager the
+builder's own buffers are used. With a manager the builder holds none of that scratch
+(workspaces={name: None}), so the memory is reserved once.
+
 
 CUDA graphs: declared NEVER until the decode path has been captured under vLLM on a GPU (not done:
 the development machine has no GPU); smla's own layer preallocates everything a decode step needs.
