@@ -459,6 +459,15 @@ struct PairConsumer {
         v[0] = c.sM[w * kHT + r0];
         v[1] = c.sM[w * kHT + r0 + 8];
     }
+    // This warpgroup's new running max mn = max(ref, mx) per row, published for the peer (barrier bar).
+    __device__ __forceinline__ void publish_max(const float (&ref)[2], const float (&mx)[2], float (&mn)[2],
+                                                int bar) const
+    {
+        mn[0] = fmaxf(ref[0], mx[0]);
+        mn[1] = fmaxf(ref[1], mx[1]);
+        put_m(W, mn);
+        named_arrive(bar, 256);
+    }
 
     // --- the schedules --------------------------------------------------------------------------------
     // Pairs k = 0 .. np - 1: tile 2k in buffer 0, 2k + 1 in buffer 1 (an odd count's last pair has a
@@ -511,10 +520,7 @@ struct PairConsumer {
         float mx[2], m0[2], m1[2], f[2];
         uint32_t hi[16], lo[16];
         mask_scores(s, mx);
-        m0[0] = fmaxf(m[0], mx[0]);
-        m0[1] = fmaxf(m[1], mx[1]);
-        put_m(0, m0);
-        named_arrive(kBarM0, 256);
+        publish_max(m, mx, m0, kBarM0);
         move_max(m0);
         probs(s, m0, hi, lo);
         pv_local(hi, lo);
@@ -547,10 +553,7 @@ struct PairConsumer {
         mask_scores(s, mx);
         named_sync(kBarM0, 256);
         get_m(0, m0);
-        m1[0] = fmaxf(m0[0], mx[0]);
-        m1[1] = fmaxf(m0[1], mx[1]);
-        put_m(1, m1);
-        named_arrive(kBarM1, 256);
+        publish_max(m0, mx, m1, kBarM1);
         move_max(m1);
         probs(s, m1, hi, lo);
         store_p(hi, lo);
