@@ -25,6 +25,16 @@ def attention_parser(doc, iters_full, iters_quick, shape_help):
     return ap
 
 
+def precisions(args):
+    """The calls' precision= values that --precision asks for ("both": high, then fast)."""
+    return ["high", "fast"] if args.precision == "both" else [args.precision]
+
+
+def shape_args(args):
+    """The --shape values as int tuples (H,S_KV or H,S_Q,B)."""
+    return [tuple(int(v) for v in sh.split(",")) for sh in args.shape]
+
+
 def start_attention(name, args, iters_full, iters_quick):
     """Sets SMLA_ATTN_KERNEL and opens the GPU: (torch, smla, iters) or None (message printed)."""
     os.environ["SMLA_ATTN_KERNEL"] = args.kernel

@@ -28,7 +28,7 @@ import sys
 import time
 
 # benchmarks/_gpu.py (scripts run from this folder)
-from _gpu import attention_parser, graph_replay_us, start_attention, time_us, write_json
+from _gpu import attention_parser, graph_replay_us, precisions, shape_args, start_attention, time_us, write_json
 
 HBM_BYTES_PER_S = 4.3e12
 CTX = 32768
@@ -170,9 +170,9 @@ def main():
     warmup = 3 if args.quick else 10
     flush = not args.no_flush
     cd = args.cache_dtype
-    precs = ["high", "fast"] if args.precision == "both" else [args.precision]
+    precs = precisions(args)
     cmp = "fast" if "fast" in precs else "high"  # the time speed comparisons use
-    todo = [tuple(int(v) for v in sh.split(",")) for sh in args.shape] or shapes(args.quick)
+    todo = shape_args(args) or shapes(args.quick)
     caps = [int(v) for v in args.splits.split(",") if v] or [0]
     t0 = time.time()
     cache, bt = build_cache(torch, smla, max([2] + [b for _, _, b in todo]), cd)

@@ -23,7 +23,8 @@ FlashMLA padded to 64 heads and issue 17's targets (at "high").
 """
 import sys
 
-from _gpu import attention_parser, start_attention, time_us, write_json  # benchmarks/_gpu.py (scripts run from this folder)
+from _gpu import (  # benchmarks/_gpu.py (scripts run from this folder)
+    attention_parser, precisions, shape_args, start_attention, time_us, write_json)
 
 S_Q = 4096
 TOPK = 2048
@@ -256,8 +257,8 @@ def main():
     torch, smla, iters = gpu
     warmup = 2 if args.quick else 5
     flush = not args.no_flush
-    precs = ["high", "fast"] if args.precision == "both" else [args.precision]
-    todo = [tuple(int(v) for v in sh.split(",")) for sh in args.shape]
+    precs = precisions(args)
+    todo = shape_args(args)
     if not todo and not args.causal:
         todo = shapes(args.quick)
     with_causal = args.causal or not args.shape
