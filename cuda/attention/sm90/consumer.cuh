@@ -123,45 +123,46 @@ struct ScoreWarpgroup : ConsumerBase<ABL, XO, FAST> {
     {
     }
 
-    // d (+)= Q K^T over dims 192 ch .. 192 ch + 191 (12 wgmma steps), all 64 tokens.
-    __device__ __forceinline__ void s_chain(const Cta<XO> &c, float (&d)[32], int ch, uint32_t kb) const
+    // d (+)= Q K^T over k-steps k0 .. k1 - 1 (16 dims each), all 64 tokens.
+    __device__ __forceinline__ void s_chain(const Cta<XO> &c, float (&d)[32], int k0, int k1, uint32_t kb,
+                                            bool add) const
     {
         const uint32_t qd = opaque(desc_base(c.sQ, 16)), kd = opaque(desc_base(kb, 16));
         wg_fence();  // d was read since its last wgmma
 #pragma unroll
-        for (int kk = 12 * ch; kk < 12 * ch + 12; ++kk) {
+        for (int kk = k0; kk < k1; ++kk) {
             const uint32_t off = (kk >> 2) * kBlk + (kk & 3) * 32;
-            wgmma_n64(d, desc_at(qd, off), desc_at(kd, off), kk > 12 * ch);
+            wgmma_n64(d, desc_at(qd, off), desc_at(kd, off), add || kk > k0);
         }
         wg_commit();
     }
 
-    // S[64 heads x 64 tokens]. Accuracy: one 36-step tensor-core chain over 576 dims loses up to ~1e-6
-    // (natural-log units) on a logit, at docs/design.md's lse / max_logits tolerance; so the 576 dims
-    // are 3 chains of 192 (12 wgmma steps each), summed in fp32 with round-to-nearest. Chain 0 (into s)
-    // is issued by issue_s0 right after the buffer is acquired.
+    // S[64 heads x 64 tokens] as kSChains chains of 36 / kSChains k-steps (the accuracy rule,
+    // sm90/score_tile.cuh). Chain 0 (into s) is issued by issue_s0 right after the buffer is acquired.
+    static constexpr int kChainSteps = 36 / kSChains;
     __device__ __forceinline__ void issue_s0(const Cta<XO> &c, uint32_t kb, float (&s)[32]) const
     {
-        if constexpr (!B::kNoS) s_chain(c, s, 0, kb);
+        if constexpr (!B::kNoS) s_chain(c, s, 0, kChainSteps, kb, false);
     }
     __device__ __forceinline__ void s_phase(const Cta<XO> &c, uint32_t kb, float (&s)[32]) const
     {
         if constexpr (B::kNoS) {
 #pragma unroll
             for (int i = 0; i < 32; ++i) s[i] = 0.f;
-        } else {
-            float t[32];
-            s_chain(c, t, 1, kb);
+        } else if constexpr (kSChains == 1) {
             wg_wait0();
             fence_regs(s);
-            fence_regs(t);
+        } else {
+            float t[32];
 #pragma unroll
-            for (int i = 0; i < 32; ++i) s[i] += t[i];
-            s_chain(c, t, 2, kb);
-            wg_wait0();
-            fence_regs(t);
+            for (int ch = 1; ch < kSChains; ++ch) {
+                s_chain(c, t, ch * kChainSteps, (ch + 1) * kChainSteps, kb, false);
+                wg_wait0();
+                fence_regs(s);
+                fence_regs(t);
 #pragma unroll
-            for (int i = 0; i < 32; ++i) s[i] += t[i];
+                for (int i = 0; i < 32; ++i) s[i] += t[i];
+            }
         }
     }
 

@@ -44,7 +44,7 @@
 //   in the epilogue.
 // Empty tiles cost nothing: before loading, the producer marks the CTA's tiles that hold any valid
 // index (scan_tiles, producer.cuh); only those are loaded and paired.
-// S is 3 chains of 12 k-steps summed in fp32 (the accuracy rule of sm90/consumer.cuh); row sums in
+// S is 3 chains of 12 k-steps summed in fp32 (the accuracy rule of sm90/score_tile.cuh); row sums in
 // double; overflowed scores saturate (attention/softmax.cuh). FAST: precision="fast" (P one bf16
 // term); otherwise P = P_hi + P_lo, two products per k-step.
 // ABL (profiling builds only, sm90/kernel.cuh's bits): 1 no K loads (zeros), 2 no S wgmma, 4 no P V
@@ -267,45 +267,51 @@ struct PairConsumer {
     __device__ __forceinline__ void release(int b, int r) const { mbar_arrive(c.empty(b, r)); }
 
     // --- S ---------------------------------------------------------------------------------------
-    // d (+)= the 12 k-steps of chain ch over buffer W's tile.
-    __device__ __forceinline__ void s_chain(float (&d)[32], int ch)
+    // d (+)= k-steps i0 .. i1 - 1 (in kstep order) over buffer W's tile.
+    __device__ __forceinline__ void s_chain(float (&d)[32], int i0, int i1, bool add)
     {
         const uint32_t kd = opaque(desc_base(c.kbuf(W), 16)), qd = opaque(desc_base(c.sQ, 16));
         wg_fence();
 #pragma unroll
-        for (int i = 12 * ch; i < 12 * ch + 12; ++i) {
+        for (int i = i0; i < i1; ++i) {
             const int ks = kstep<W>(i);
             const uint32_t off = (ks >> 2) * kBlk + (ks & 3) * 32;
-            wgmma_n64(d, desc_at(qd, off), desc_at(kd, off), i > 12 * ch);
+            wgmma_n64(d, desc_at(qd, off), desc_at(kd, off), add || i > i0);
         }
         wg_commit();
     }
+    // The chains of S (the accuracy rule, sm90/score_tile.cuh): 3 chains of 12 k-steps, or 2 (or 1) split
+    // at the region boundary (16 k-steps in the early region); chain 0 reads only the early region.
+    static constexpr int kFirst = kSChains == 3 ? 12 : 16;
     // Chain 0 once the early region of use `use` landed.
     __device__ __forceinline__ void s_first(float (&s)[32], int use)
     {
         acquire(W, kEarly, use);
-        if constexpr (!kNoS) s_chain(s, 0);
+        if constexpr (!kNoS) s_chain(s, 0, kFirst, false);
     }
-    // Chains 1 and 2 once the late region landed, summed into s in fp32; returns with S complete.
+    // The other chains once the late region landed, summed into s in fp32; returns with S complete.
     __device__ __forceinline__ void s_rest(float (&s)[32], int use)
     {
         acquire(W, kLate, use);
         if constexpr (kNoS) {
 #pragma unroll
             for (int i = 0; i < 32; ++i) s[i] = 0.f;
-        } else {
-            float t[32];
-            s_chain(t, 1);
+        } else if constexpr (kSChains == 1) {
+            s_chain(s, kFirst, 36, true);
             wg_wait0();
             fence_regs(s);
-            fence_regs(t);
+        } else {
+            float t[32];
+            constexpr int kStep = (36 - kFirst) / (kSChains > 1 ? kSChains - 1 : 1);
 #pragma unroll
-            for (int i = 0; i < 32; ++i) s[i] += t[i];
-            s_chain(t, 2);
-            wg_wait0();
-            fence_regs(t);
+            for (int ch = 0; ch + 1 < kSChains; ++ch) {
+                s_chain(t, kFirst + ch * kStep, kFirst + (ch + 1) * kStep, false);
+                wg_wait0();
+                fence_regs(s);
+                fence_regs(t);
 #pragma unroll
-            for (int i = 0; i < 32; ++i) s[i] += t[i];
+                for (int i = 0; i < 32; ++i) s[i] += t[i];
+            }
         }
     }
 

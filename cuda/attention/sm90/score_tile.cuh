@@ -11,6 +11,15 @@
 namespace attn {
 namespace sm90 {
 
+// S's accuracy rule: one tensor-core chain of 36 k-steps over the 576 dims loses up to ~1e-6 (natural-log
+// units) on a logit, at docs/design.md's lse / max_logits tolerance, so S is kSChains chains, each into
+// its own fp32 accumulator, summed with round-to-nearest. SMLA_S_CHAINS (1..3) is an experiment knob.
+#ifndef SMLA_S_CHAINS
+#define SMLA_S_CHAINS 3
+#endif
+constexpr int kSChains = SMLA_S_CHAINS;
+static_assert(kSChains >= 1 && kSChains <= 3, "S as 1, 2 or 3 chains");
+
 // Mask (valid: the tile's 64 row flags), scale to the log2 domain, saturate overflow where the
 // thread's maxima and the rows' running maxima m say it matters (attention/softmax.cuh); mx: the
 // tile's row maxima, reduced over the quad (which holds all 64 tokens of rows r0, r0 + 8).
