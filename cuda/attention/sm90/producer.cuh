@@ -51,15 +51,25 @@ struct KvSource {
 template <int P0, int PW>
 __device__ __forceinline__ void scan_tiles(const Args &a, const CtaCommon &c, uint32_t *mask)
 {
+    constexpr int kTiles = 8;  // tiles per warp in flight: the 16 loads of a lane are issued before any is used
     const KvSource kv(a);
     const int lane = c.lane, pw = (c.tid - P0) >> 5;
     const int nm = c.nt_all < kMaskTiles ? c.nt_all : kMaskTiles;
-    auto valid_at = [&](int pos) { return pos < c.L && kv.valid(__ldg(c.idx_row + pos)); };
-#pragma unroll 8
-    for (int t = pw; t < nm; t += PW) {  // 8 tiles per warp in flight: top-k 2048 in one round trip
-        const int pos = (c.j0 + t) * kBN + lane;
-        const bool any = __any_sync(0xffffffffu, valid_at(pos) || valid_at(pos + 32));
-        if (any && lane == 0) atomicOr(mask + (t >> 5), 1u << (t & 31));
+    const int last = c.L - 1;  // c.L >= 1 when the slice has tiles
+    for (int t0 = pw; t0 < nm; t0 += PW * kTiles) {
+        int v[2 * kTiles];
+#pragma unroll
+        for (int k = 0; k < 2 * kTiles; ++k) {  // unconditional loads (clamped into the row): one round trip
+            const int pos = (c.j0 + t0 + PW * (k >> 1)) * kBN + 32 * (k & 1) + lane;
+            v[k] = __ldg(c.idx_row + (pos < last ? pos : last));
+            if (pos > last) v[k] = -1;
+        }
+#pragma unroll
+        for (int k = 0; k < kTiles; ++k) {
+            const int t = t0 + PW * k;
+            const bool any = __any_sync(0xffffffffu, kv.valid(v[2 * k]) || kv.valid(v[2 * k + 1]));
+            if (any && lane == 0 && t < nm) atomicOr(mask + (t >> 5), 1u << (t & 31));
+        }
     }
 }
 __device__ __forceinline__ void use_tile_mask(CtaCommon &c, const uint32_t *mask)
