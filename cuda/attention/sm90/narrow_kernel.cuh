@@ -293,7 +293,7 @@ __global__ void __launch_bounds__(C::kThreads, 1) attn_sm90n_kernel(const __grid
     if (c.tid >= C::kP0) {
         setmaxnreg_dec<kProducerRegs>();
         if constexpr (FP8) Fp8Producer<ABL, false, C::kP0, C::kPW>(a, c, 0u, 0u).run();
-        else produce_bf16<ABL, C::kP0, C::kPW>(a, c);
+        else Bf16Producer<ABL, C::kP0, C::kPW>(a, c).run(false);
         return;
     }
     setmaxnreg_inc<kConsumerRegs>();

@@ -1,7 +1,7 @@
 // The producer warpgroup (WG2, setmaxnreg 120) of the wgmma kernel: it fills the two K buffers,
 // handing each over through mbarriers (full: producer -> consumers, empty: consumers -> producer),
 // and marks each row valid or not (sValid) for the consumers' mask.
-//   produce_bf16: bf16 rows by 16-byte cp.async (zero fill for invalid rows), 8 lanes per row, each
+//   Bf16Producer: bf16 rows by 16-byte cp.async (zero fill for invalid rows), 8 lanes per row, each
 //                 lane finding its own rows' addresses;
 //   Fp8Producer : fp8_ds_mla rows by 16-byte loads into registers (two 4-row batches in flight per
 //                 warp; row addresses found a tile ahead, one lane per row) and the exact dequant
@@ -83,12 +83,21 @@ __device__ __forceinline__ void use_tile_mask(CtaCommon &c, const uint32_t *mask
 
 // The whole step for a kernel of NT threads whose producers are the PW warps from P0: they scan, all
 // NT meet at named barrier bar, each takes the result.
+// pre(): what the producers do first (the wide kernel: issue tile 0, Bf16Producer::speculate).
+template <int P0, int PW, int NT, class Pre>
+__device__ __forceinline__ void skip_empty_tiles(const Args &a, CtaCommon &c, uint32_t *mask, int bar, Pre pre)
+{
+    if (c.tid >= P0) {
+        pre();
+        scan_tiles<P0, PW>(a, c, mask);
+    }
+    named_sync(bar, NT);
+    use_tile_mask(c, mask);
+}
 template <int P0, int PW, int NT>
 __device__ __forceinline__ void skip_empty_tiles(const Args &a, CtaCommon &c, uint32_t *mask, int bar)
 {
-    if (c.tid >= P0) scan_tiles<P0, PW>(a, c, mask);
-    named_sync(bar, NT);
-    use_tile_mask(c, mask);
+    skip_empty_tiles<P0, PW, NT>(a, c, mask, bar, [] {});
 }
 
 // Who produces: the PW warps from thread P0 on (the wide kernel: WG2, 4 warps from thread 256; the
@@ -99,39 +108,45 @@ __device__ __forceinline__ void skip_empty_tiles(const Args &a, CtaCommon &c, ui
 // lane chunk cl = lane & 7 of each of the 9 column blocks, so a lane's 9 cp.async share one swizzled
 // offset (block c8 at +c8 * kBlk in smem, +c8 * 128 B in the row). Each lane finds its own rows'
 // addresses (indices fetched a tile ahead): no per-row work is serialised across the warp.
+// speculate(): the wide kernel issues the slice's tile 0 into buffer 0 before its tile scan (a causal
+// row's tile 0 always runs, and almost every row's does), so the scan's round trip overlaps the first
+// copies; run(true) then keeps them when the scan marked tile 0, else lets them land and reloads.
 template <int ABL, int P0 = 256, int PW = 4>
-__device__ __forceinline__ void produce_bf16(const Args &a, const CtaCommon &c)
-{
-    constexpr bool kNoLoad = (ABL & 1) != 0;
-    constexpr int kRows = kBN / PW, kNi = kRows / 4;  // rows per warp, 4-row steps
+struct Bf16Producer {
+    static constexpr bool kNoLoad = (ABL & 1) != 0;
+    static constexpr int kRows = kBN / PW, kNi = kRows / 4;  // rows per warp, 4-row steps
     static_assert(kRows % 4 == 0, "4 rows per warp step");
-    const KvSource kv(a);
-    const int lane = c.lane;
-    const int pw = (c.tid - P0) >> 5;
-    const uint64_t pol = a.evict_last ? policy_evict_last() : 0;
-    const int sub = lane >> 3, cl = lane & 7;
-    auto fetch_idx = [&](int t, int (&v)[kNi]) {  // slice tile t (nt_all: none)
+    const Args &a;
+    const CtaCommon &c;
+    const KvSource kv;
+    const int pw, sub, cl;
+    const uint64_t pol;
+
+    __device__ __forceinline__ Bf16Producer(const Args &a_, const CtaCommon &cta)
+        : a(a_), c(cta), kv(a_), pw((cta.tid - P0) >> 5), sub(cta.lane >> 3), cl(cta.lane & 7),
+          pol(a_.evict_last ? policy_evict_last() : 0)
+    {
+    }
+
+    // The indices of this lane's rows of slice tile t (nt_all: none, all -1).
+    __device__ __forceinline__ void fetch_idx(int t, int (&v)[kNi]) const
+    {
 #pragma unroll
         for (int i = 0; i < kNi; ++i) {
             const int pos = (c.j0 + t) * kBN + kRows * pw + 4 * i + sub;
             v[i] = (t < c.nt_all && pos < c.L) ? __ldg(c.idx_row + pos) : -1;
         }
-    };
-    int idx_cur[kNi], idx_nxt[kNi];
-    int t_nxt = c.next_tile(0);
-    fetch_idx(t_nxt, idx_cur);
-    for (int it = 0; it < c.nt; ++it) {
-        const int b = it & 1, use = it >> 1;
-        t_nxt = c.next_tile(t_nxt + 1);
-        fetch_idx(t_nxt, idx_nxt);
-        if (use > 0) mbar_wait(c.bar_empty + 8 * b, (use - 1) & 1);
+    }
+
+    // The rows of indices idx into K buffer b, one cp.async group, and their row flags.
+    __device__ __forceinline__ void issue(int b, const int (&idx)[kNi]) const
+    {
         const uint32_t kb = c.sK + b * kTileBytes;
 #pragma unroll
         for (int i = 0; i < kNi; ++i) {
             const int r = kRows * pw + 4 * i + sub;
-            const int idx = idx_cur[i];
-            const bool ok = kv.valid(idx);  // -1 past L
-            const uint8_t *src = kv.row(idx, ok) + cl * 16;
+            const bool ok = kv.valid(idx[i]);  // -1 past L
+            const uint8_t *src = kv.row(idx[i], ok) + cl * 16;
             const int nb = (ok && !kNoLoad) ? 16 : 0;
             const uint32_t dst = kb + r * 128 + ((cl ^ (r & 7)) << 4);
 #pragma unroll
@@ -142,13 +157,38 @@ __device__ __forceinline__ void produce_bf16(const Args &a, const CtaCommon &c)
             if (cl == 0) c.sValid[b * kBN + r] = ok ? 1 : 0;
         }
         cp_async_commit();
-#pragma unroll
-        for (int i = 0; i < kNi; ++i) idx_cur[i] = idx_nxt[i];
-        cp_async_wait_all();
-        fence_async_smem();
-        mbar_arrive(c.bar_full + 8 * b);
     }
-}
+
+    // Slice tile 0 into buffer 0, before the scan (the slice has a tile).
+    __device__ __forceinline__ void speculate() const
+    {
+        int idx[kNi];
+        fetch_idx(0, idx);
+        issue(0, idx);
+    }
+
+    // Every tile that runs, through the two buffers; speculated: speculate() ran.
+    __device__ __forceinline__ void run(bool speculated) const
+    {
+        int idx_cur[kNi], idx_nxt[kNi];
+        int t_nxt = c.next_tile(0);
+        const bool have0 = speculated && c.nt > 0 && t_nxt == 0;
+        if (speculated && !have0) cp_async_wait_all();  // a wasted guess lands before buffer 0 is rewritten
+        fetch_idx(t_nxt, idx_cur);
+        for (int it = 0; it < c.nt; ++it) {
+            const int b = it & 1, use = it >> 1;
+            t_nxt = c.next_tile(t_nxt + 1);
+            fetch_idx(t_nxt, idx_nxt);
+            if (use > 0) mbar_wait(c.bar_empty + 8 * b, (use - 1) & 1);
+            if (it > 0 || !have0) issue(b, idx_cur);
+#pragma unroll
+            for (int i = 0; i < kNi; ++i) idx_cur[i] = idx_nxt[i];
+            cp_async_wait_all();
+            fence_async_smem();
+            mbar_arrive(c.bar_full + 8 * b);
+        }
+    }
+};
 
 // One batch of a warp: 4 rows (r = pw + PW * (4 * batch + k)); lane l holds latent
 // values 16l..16l+15 (scale tile l/8) and bytes 4l..4l+3 of the row's k_pe.
