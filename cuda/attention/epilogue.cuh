@@ -84,12 +84,19 @@ struct ColGroup<4> {
 // (1 / the row sum, 0 for an empty row) times attn_sink's factor, and, by the row's lead thread, the
 // natural-log lse and whatever `extra` writes next to it (a kernel's max_logits). col(), lead() and
 // get(i) describe this thread's share (see finish_row); they are evaluated where they are needed.
+// The factor of a direct output row: f (1 / the row sum, 0 for an empty row) times attn_sink's factor.
+__device__ __forceinline__ float out_factor(const smla_attn_params &p, int hr, float f, bool none, double lse_d)
+{
+    if (p.attn_sink && !none) f *= static_cast<float>(sink_factor(p.attn_sink[hr * p.sink_stride], lse_d));
+    return f;
+}
+
 template <int NV, int NG, int STEP, class Col, class Lead, class Get, class Extra>
 __device__ __forceinline__ void store_out_row(const smla_attn_params &p, int64_t bi, int64_t si, int hr, float f,
                                               bool none, double lse_d, Col col, Lead lead, Get get, Extra extra)
 {
     const float lse = static_cast<float>(lse_d);
-    if (p.attn_sink && !none) f *= static_cast<float>(sink_factor(p.attn_sink[hr * p.sink_stride], lse_d));
+    f = out_factor(p, hr, f, none, lse_d);
     uint16_t *op = p.out + bi * p.out_stride_b + si * p.out_stride_s + hr * p.out_stride_h + col();
 #pragma unroll
     for (int i = 0; i < NG; ++i) ColGroup<NV>::store_bf16(op + STEP * i, get(i), f);

@@ -105,8 +105,10 @@ struct ConsumerBase {
     // The epilogue of this warpgroup's 256 columns, once WG0 published the row statistics (kBarL).
     __device__ __forceinline__ void finish(const Cta<XO> &c)
     {
-        named_sync(kBarL, 256);
-        finish_half(a, c, c.h0, r0, wg, t4, o, [&](int, int rl) { return RowStat{c.sM[rl], c.sL[rl]}; });
+        named_sync(kBarL, 256);  // also: every S is done, so Q's region may hold the staged output
+        const auto stat = [&](int, int rl) { return RowStat{c.sM[rl], c.sL[rl]}; };
+        if (a.n_splits > 1) finish_half(a, c, c.h0, r0, wg, t4, o, stat);
+        else finish_half_staged(a, c, c.h0, r0, wg, t4, o, stat, c.sQ, kBarOut + wg);
     }
 };
 

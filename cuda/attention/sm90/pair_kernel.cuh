@@ -67,8 +67,9 @@ constexpr int kConsumerRegs = 224, kProducerRegs = 56;
 static_assert(2 * kConsumerRegs + kProducerRegs <= 3 * 168, "the launch allocation: 64K / 384 -> 168");
 // Named barriers (0 is __syncthreads): the max and P exchanges of a pair (256 consumer threads: one
 // warpgroup arrives, the other waits), the epilogue's row sums, Q landed, the start (the producers'
-// tile scan done, all 384 threads; scan_tiles in producer.cuh).
-constexpr int kBarM0 = 1, kBarM1 = 2, kBarP0 = 3, kBarP1 = 4, kBarL = 5, kBarQ = 6, kBarStart = 7;
+// tile scan done, all 384 threads; scan_tiles in producer.cuh), each warpgroup's staged output written
+// (kBarOut + W, 128 threads).
+constexpr int kBarM0 = 1, kBarM1 = 2, kBarP0 = 3, kBarP1 = 4, kBarL = 5, kBarQ = 6, kBarStart = 7, kBarOut = 8;
 struct Smem {
     static constexpr Region q = first_region(kTileBytes);            // Q, 9 column blocks
     static constexpr Region k = region_after(q, 2 * kTileBytes);     // K buffers 0, 1
@@ -589,9 +590,10 @@ struct PairConsumer {
             c.sL[W * kHT + r0] = l[0];
             c.sL[W * kHT + r0 + 8] = l[1];
         }
-        named_sync(kBarL, 256);
-        finish_half(a, c, c.h0, r0, W, t4, o,
-                    [&](int hf, int rl) { return RowStat{m[hf], c.sL[rl] + c.sL[kHT + rl]}; });
+        named_sync(kBarL, 256);  // every S is done too: Q's region may hold the staged output
+        const auto stat = [&](int hf, int rl) { return RowStat{m[hf], c.sL[rl] + c.sL[kHT + rl]}; };
+        if (a.n_splits > 1) finish_half(a, c, c.h0, r0, W, t4, o, stat);
+        else finish_half_staged(a, c, c.h0, r0, W, t4, o, stat, c.sQ, kBarOut + W);
     }
 };
 

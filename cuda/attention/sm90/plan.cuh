@@ -31,8 +31,9 @@ static_assert(kScoreRegs + kValueRegs + kProducerRegs <= 3 * 168, "the launch al
 // Named barriers of the 256 consumer threads: P of K buffer b ready (kBarP + b: WG0 arrives, WG1 waits;
 // one per buffer, so WG0 can never arrive twice on one before WG1 waited: its next arrival there needs
 // the buffer back), P_lo free (WG1 arrives, WG0 waits; high precision only), the epilogue's row
-// statistics, Q landed; bf16: the producers' tile scan done (all 384 threads).
-constexpr int kBarP = 1, kBarFree = 3, kBarL = 4, kBarQ = 5, kBarStart = 6;
+// statistics, Q landed; bf16: the producers' tile scan done (all 384 threads); each warpgroup's staged
+// output written (kBarOut + warpgroup, 128 threads).
+constexpr int kBarP = 1, kBarFree = 3, kBarL = 4, kBarQ = 5, kBarStart = 6, kBarOut = 7;
 
 struct Smem {
     static constexpr Region q = first_region(kTileBytes);

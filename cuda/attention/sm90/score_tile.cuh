@@ -104,5 +104,49 @@ __device__ __forceinline__ void finish_half(const Args &a, const CtaCommon &c, i
     }
 }
 
+// The same for a direct output (no top-k split), written through shared memory: each thread puts its
+// rows' scaled bf16 pairs into stage (64 rows x 1 KB, 16-byte chunk k of a row at chunk k ^ (row & 7),
+// so a quarter warp's eight rows hit distinct banks), the warpgroup meets at named barrier bar, and
+// each 16-byte chunk of its 256 columns goes out in one store (a warp writes 512 contiguous bytes of a
+// row, where the direct stores wrote 16 bytes per row and instruction). The arithmetic is
+// finish_row's: row_lse, out_factor, row_max_logit.
+template <class Stat>
+__device__ __forceinline__ void finish_half_staged(const Args &a, const CtaCommon &c, int h0, int r0, int half, int t4,
+                                                   const float (&o)[128], Stat stat, uint32_t stage, int bar)
+{
+    const smla_attn_params &p = a.p;
+#pragma unroll
+    for (int hf = 0; hf < 2; ++hf) {
+        const int rl = r0 + 8 * hf;
+        const int hr = h0 + rl;
+        if (hr >= c.h) continue;
+        const RowStat rs = stat(hf, rl);
+        const bool none = rs.m == -INFINITY;
+        const double lse_d = row_lse(rs.m, rs.l, a.ml_factor);
+        const float f = out_factor(p, hr, none ? 0.f : static_cast<float>(1.0 / rs.l), none, lse_d);
+#pragma unroll
+        for (int jn = 0; jn < 32; ++jn) {
+            const uint32_t at = stage + rl * 1024 + (((32 * half + jn) ^ (rl & 7)) << 4) + 4 * t4;
+            st_shared_u32(at, pack_bf16x2(o[4 * jn + 2 * hf] * f, o[4 * jn + 2 * hf + 1] * f));
+        }
+        if (half == 0 && t4 == 0) {
+            p.lse[c.bi * p.lse_stride_b + c.si * p.lse_stride_s + hr * p.lse_stride_h] = static_cast<float>(lse_d);
+            if (p.max_logits)
+                p.max_logits[c.bi * p.ml_stride_b + c.si * p.ml_stride_s + hr * p.ml_stride_h] =
+                    row_max_logit(rs.m, a.ml_factor);
+        }
+    }
+    named_sync(bar, 128);
+    const int tw = c.tid & 127;
+    uint16_t *const out_row = p.out + c.bi * p.out_stride_b + c.si * p.out_stride_s + 256 * half;
+#pragma unroll 4
+    for (int k = 0; k < 16; ++k) {
+        const int q = 128 * k + tw, row = q >> 5, cc = q & 31;
+        if (h0 + row >= c.h) break;  // rows ascend with k
+        const uint4 v = ld_shared_v4(stage + row * 1024 + (((32 * half + cc) ^ (row & 7)) << 4));
+        *reinterpret_cast<uint4 *>(out_row + (h0 + row) * p.out_stride_h + 8 * cc) = v;
+    }
+}
+
 }  // namespace sm90
 }  // namespace attn
