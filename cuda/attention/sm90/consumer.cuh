@@ -102,13 +102,14 @@ struct ConsumerBase {
         return desc_at(vd, (4 * wg) * kBlk + (16 * kk) * 128);
     }
 
-    // The epilogue of this warpgroup's 256 columns, once WG0 published the row statistics (kBarL).
-    __device__ __forceinline__ void finish(const Cta<XO> &c)
+    // The epilogue of this warpgroup's 256 columns, once WG0 published the row statistics (kBarL); mt:
+    // the rows' true maxima (max_logits, which only WG0, half 0, writes).
+    __device__ __forceinline__ void finish(const Cta<XO> &c, const float (&mt)[2])
     {
         named_sync(kBarL, 256);  // also: every S is done, so Q's region may hold the staged output
-        const auto stat = [&](int, int rl) { return RowStat{c.sM[rl], c.sL[rl]}; };
-        if (a.n_splits > 1) finish_half(a, c, c.h0, r0, wg, t4, o, stat);
-        else finish_half_staged(a, c, c.h0, r0, wg, t4, o, stat, c.sQ, kBarOut + wg);
+        const auto stat = [&](int hf, int rl) { return RowStat{c.sM[rl], c.sL[rl], mt[hf]}; };
+        if (a.n_splits > 1) finish_half_split(a, c, c.h0, r0, wg, t4, o, stat);
+        else finish_half_direct(a, c, c.h0, r0, wg, t4, o, stat, c.sQ, kBarOut + wg);
     }
 };
 
@@ -117,8 +118,13 @@ template <int ABL, bool XO, bool FAST>
 struct ScoreWarpgroup : ConsumerBase<ABL, XO, FAST> {
     using B = ConsumerBase<ABL, XO, FAST>;
     using B::a, B::g, B::t4, B::r0, B::o;
-    float m_r[2] = {-INFINITY, -INFINITY};
+    float m_r[2] = {-INFINITY, -INFINITY};  // the reference max of P = 2^(S - m_r) (see softmax)
+    float m_t[2] = {-INFINITY, -INFINITY};  // the true row max (max_logits)
     double l_r[2] = {0.0, 0.0};  // row sums in double (see sm80/tile.cuh)
+    // The reference max moves only when a tile's max exceeds it by more than kMaxSlack (log2 units), so
+    // P <= 2^8 and O, l and WG1's O are rescaled rarely (the max of random scores keeps creeping up in
+    // most tiles). lse = m_r + log2(l) holds for any reference; mt gives max_logits.
+    static constexpr float kMaxSlack = 8.f;
 
     __device__ __forceinline__ ScoreWarpgroup(const Args &a_, const Cta<XO> &cta, uint32_t peer_base_)
         : B(a_, cta, peer_base_)
@@ -182,7 +188,8 @@ struct ScoreWarpgroup : ConsumerBase<ABL, XO, FAST> {
         float base_[2];
 #pragma unroll
         for (int i = 0; i < 2; ++i) {
-            const float mn = fmaxf(m_r[i], mx[i]);
+            m_t[i] = fmaxf(m_t[i], mx[i]);
+            const float mn = mx[i] > m_r[i] + kMaxSlack ? mx[i] : m_r[i];  // NaN keeps m_r
             base_[i] = mn == -INFINITY ? 0.f : mn;
             alpha[i] = ex2(m_r[i] - base_[i]);
             m_r[i] = mn;
@@ -298,7 +305,7 @@ struct ScoreWarpgroup : ConsumerBase<ABL, XO, FAST> {
             c.sM[r0] = m_r[0];
             c.sM[r0 + 8] = m_r[1];
         }
-        B::finish(c);
+        B::finish(c, m_t);
     }
 };
 
@@ -349,7 +356,11 @@ struct ValueWarpgroup : ConsumerBase<ABL, XO, FAST> {
         B::release(c, b);
     }
 
-    __device__ __forceinline__ void epilogue(const Cta<XO> &c) { B::finish(c); }
+    __device__ __forceinline__ void epilogue(const Cta<XO> &c)
+    {
+        const float unused[2] = {-INFINITY, -INFINITY};  // half 1 writes no max_logits
+        B::finish(c, unused);
+    }
 };
 
 }  // namespace sm90

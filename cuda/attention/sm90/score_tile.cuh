@@ -78,18 +78,20 @@ __device__ __forceinline__ void rescale_rows(float (&o)[128], const float (&f)[2
     }
 }
 
-// The epilogue of an O half (columns 256 half .. + 255 of heads h0 + r0, h0 + r0 + 8): finish_row
-// (attention/epilogue.cuh) for each of the thread's rows below h, with stat(hf, rl) -> {m, l} the row's
-// log2-domain max and sum (rl = r0 + 8 hf); half 0's quad lead writes the row's lse.
+// The epilogue of an O half (columns 256 half .. + 255 of heads h0 + r0, h0 + r0 + 8), with stat(hf, rl) ->
+// {m, l, mt} (rl = r0 + 8 hf): the row's log2-domain reference max m, its sum l of 2^(s - m) and its
+// true max mt (max_logits; the wide kernel moves m lazily, so mt >= m). Half 0's quad lead writes the
+// row's lse (and max_logits). finish_half_split: a top-k split's partial (finish_row, attention/epilogue.cuh,
+// which has no max_logits to write there).
 struct RowStat {
     float m;
     double l;
+    float mt;
 };
 template <class Stat>
-__device__ __forceinline__ void finish_half(const Args &a, const CtaCommon &c, int h0, int r0, int half, int t4,
-                                            const float (&o)[128], Stat stat)
+__device__ __forceinline__ void finish_half_split(const Args &a, const CtaCommon &c, int h0, int r0, int half,
+                                                  int t4, const float (&o)[128], Stat stat)
 {
-    const bool split = a.n_splits > 1;
 #pragma unroll
     for (int hf = 0; hf < 2; ++hf) {
         const int rl = r0 + 8 * hf;
@@ -98,20 +100,20 @@ __device__ __forceinline__ void finish_half(const Args &a, const CtaCommon &c, i
         const int col0 = 256 * half + 2 * t4;
         const RowStat rs = stat(hf, rl);
         finish_row<32>(
-            a, c.row, c.bi, c.si, c.sp, c.h, hr, split, rs.m, rs.l, [&] { return col0; },
+            a, c.row, c.bi, c.si, c.sp, c.h, hr, /*split=*/true, rs.m, rs.l, [&] { return col0; },
             [&] { return half == 0 && t4 == 0; },
             [&](int jn) { return make_float2(o[4 * jn + 2 * hf], o[4 * jn + 2 * hf + 1]); });
     }
 }
 
-// The same for a direct output (no top-k split), written through shared memory: each thread puts its
+// A direct output (no top-k split), written through shared memory: each thread puts its
 // rows' scaled bf16 pairs into stage (64 rows x 1 KB, 16-byte chunk k of a row at chunk k ^ (row & 7),
 // so a quarter warp's eight rows hit distinct banks), the warpgroup meets at named barrier bar, and
 // each 16-byte chunk of its 256 columns goes out in one store (a warp writes 512 contiguous bytes of a
 // row, where the direct stores wrote 16 bytes per row and instruction). The arithmetic is
 // finish_row's: row_lse, out_factor, row_max_logit.
 template <class Stat>
-__device__ __forceinline__ void finish_half_staged(const Args &a, const CtaCommon &c, int h0, int r0, int half, int t4,
+__device__ __forceinline__ void finish_half_direct(const Args &a, const CtaCommon &c, int h0, int r0, int half, int t4,
                                                    const float (&o)[128], Stat stat, uint32_t stage, int bar)
 {
     const smla_attn_params &p = a.p;
@@ -133,7 +135,7 @@ __device__ __forceinline__ void finish_half_staged(const Args &a, const CtaCommo
             p.lse[c.bi * p.lse_stride_b + c.si * p.lse_stride_s + hr * p.lse_stride_h] = static_cast<float>(lse_d);
             if (p.max_logits)
                 p.max_logits[c.bi * p.ml_stride_b + c.si * p.ml_stride_s + hr * p.ml_stride_h] =
-                    row_max_logit(rs.m, a.ml_factor);
+                    row_max_logit(rs.mt, a.ml_factor);
         }
     }
     named_sync(bar, 128);
