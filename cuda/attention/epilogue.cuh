@@ -80,10 +80,6 @@ struct ColGroup<4> {
     }
 };
 
-// The direct output of a finished row of query row (bi, si), head hr: out = acc * f in bf16, with f
-// (1 / the row sum, 0 for an empty row) times attn_sink's factor, and, by the row's lead thread, the
-// natural-log lse and whatever `extra` writes next to it (a kernel's max_logits). col(), lead() and
-// get(i) describe this thread's share (see finish_row); they are evaluated where they are needed.
 // The factor of a direct output row: f (1 / the row sum, 0 for an empty row) times attn_sink's factor.
 __device__ __forceinline__ float out_factor(const smla_attn_params &p, int hr, float f, bool none, double lse_d)
 {
@@ -91,6 +87,10 @@ __device__ __forceinline__ float out_factor(const smla_attn_params &p, int hr, f
     return f;
 }
 
+// The direct output of a finished row of query row (bi, si), head hr: out = acc * f in bf16, with f
+// (1 / the row sum, 0 for an empty row) times attn_sink's factor, and, by the row's lead thread, the
+// natural-log lse and whatever `extra` writes next to it (a kernel's max_logits). col(), lead() and
+// get(i) describe this thread's share (see finish_row); they are evaluated where they are needed.
 template <int NV, int NG, int STEP, class Col, class Lead, class Get, class Extra>
 __device__ __forceinline__ void store_out_row(const smla_attn_params &p, int64_t bi, int64_t si, int hr, float f,
                                               bool none, double lse_d, Col col, Lead lead, Get get, Extra extra)

@@ -108,8 +108,7 @@ struct ConsumerBase {
     {
         named_sync(kBarL, 256);  // also: every S is done, so Q's region may hold the staged output
         const auto stat = [&](int hf, int rl) { return RowStat{c.sM[rl], c.sL[rl], mt[hf]}; };
-        if (a.n_splits > 1) finish_half_split(a, c, c.h0, r0, wg, t4, o, stat);
-        else finish_half_direct(a, c, c.h0, r0, wg, t4, o, stat, c.sQ, kBarOut + wg);
+        finish_o_half(a, c, c.h0, r0, wg, t4, o, stat, c.sQ, kBarOut + wg);
     }
 };
 
@@ -121,9 +120,10 @@ struct ScoreWarpgroup : ConsumerBase<ABL, XO, FAST> {
     float m_r[2] = {-INFINITY, -INFINITY};  // the reference max of P = 2^(S - m_r) (see softmax)
     float m_t[2] = {-INFINITY, -INFINITY};  // the true row max (max_logits)
     double l_r[2] = {0.0, 0.0};  // row sums in double (see sm80/tile.cuh)
-    // The reference max moves only when a tile's max exceeds it by more than kMaxSlack (log2 units), so
-    // P <= 2^8 and O, l and WG1's O are rescaled rarely (the max of random scores keeps creeping up in
-    // most tiles). lse = m_r + log2(l) holds for any reference; mt gives max_logits.
+    // kLazyMax (plan.cuh): the reference max moves only when a tile's max exceeds it by more than
+    // kMaxSlack (log2 units), so P <= 2^8 and O, l and WG1's O are rescaled rarely (the max of random
+    // scores keeps creeping up in most tiles). lse = m_r + log2(l) holds for any reference; m_t gives
+    // max_logits. Otherwise m_r is the running max itself.
     static constexpr float kMaxSlack = 8.f;
 
     __device__ __forceinline__ ScoreWarpgroup(const Args &a_, const Cta<XO> &cta, uint32_t peer_base_)
@@ -189,7 +189,8 @@ struct ScoreWarpgroup : ConsumerBase<ABL, XO, FAST> {
 #pragma unroll
         for (int i = 0; i < 2; ++i) {
             m_t[i] = fmaxf(m_t[i], mx[i]);
-            const float mn = mx[i] > m_r[i] + kMaxSlack ? mx[i] : m_r[i];  // NaN keeps m_r
+            const float mn = kLazyMax ? (mx[i] > m_r[i] + kMaxSlack ? mx[i] : m_r[i])  // NaN keeps m_r
+                                      : fmaxf(m_r[i], mx[i]);
             base_[i] = mn == -INFINITY ? 0.f : mn;
             alpha[i] = ex2(m_r[i] - base_[i]);
             m_r[i] = mn;

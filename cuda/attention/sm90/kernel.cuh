@@ -77,14 +77,14 @@ __global__ void __launch_bounds__(kThreads, 1) attn_sm90_kernel(const __grid_con
     // (the producers issue the slice's tile 0 first: the scan's round trip overlaps its copies)
     if constexpr (!FP8) {
         skip_empty_tiles<256, 4, kThreads>(a, c, mask, kBarStart, [&] {
-            if (c.nt_all > 0) Bf16Producer<ABL>(a, c).speculate();
+            if (kSpeculate && c.nt_all > 0) Bf16Producer<ABL>(a, c).speculate();
         });
     }
 
     if (c.tid >= 256) {
         setmaxnreg_dec<kProducerRegs>();
         if constexpr (FP8) Fp8Producer<ABL, XO>(a, c, peer, peer_base).run();
-        else Bf16Producer<ABL>(a, c).run(c.nt_all > 0);
+        else Bf16Producer<ABL>(a, c).run(kSpeculate && c.nt_all > 0);
         return;
     }
 

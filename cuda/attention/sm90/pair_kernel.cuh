@@ -592,8 +592,7 @@ struct PairConsumer {
         }
         named_sync(kBarL, 256);  // every S is done too: Q's region may hold the staged output
         const auto stat = [&](int hf, int rl) { return RowStat{m[hf], c.sL[rl] + c.sL[kHT + rl], m[hf]}; };
-        if (a.n_splits > 1) finish_half_split(a, c, c.h0, r0, W, t4, o, stat);
-        else finish_half_direct(a, c, c.h0, r0, W, t4, o, stat, c.sQ, kBarOut + W);
+        finish_o_half(a, c, c.h0, r0, W, t4, o, stat, c.sQ, kBarOut + W);
     }
 };
 

@@ -80,18 +80,20 @@ __device__ __forceinline__ void rescale_rows(float (&o)[128], const float (&f)[2
 
 // The epilogue of an O half (columns 256 half .. + 255 of heads h0 + r0, h0 + r0 + 8), with stat(hf, rl) ->
 // {m, l, mt} (rl = r0 + 8 hf): the row's log2-domain reference max m, its sum l of 2^(s - m) and its
-// true max mt (max_logits; the wide kernel moves m lazily, so mt >= m). Half 0's quad lead writes the
-// row's lse (and max_logits). finish_half_split: a top-k split's partial (finish_row, attention/epilogue.cuh,
-// which has no max_logits to write there).
+// true max mt (max_logits; with kLazyMax the wide kernel moves m lazily, so mt >= m). Half 0's quad lead
+// writes the row's lse (and max_logits). finish_half: each row through finish_row (attention/epilogue.cuh),
+// split partials or direct stores (max_logits from m: not for the lazy max, plan.cuh); SPLIT = 1: the
+// caller knows it is a split.
 struct RowStat {
     float m;
     double l;
     float mt;
 };
-template <class Stat>
-__device__ __forceinline__ void finish_half_split(const Args &a, const CtaCommon &c, int h0, int r0, int half,
-                                                  int t4, const float (&o)[128], Stat stat)
+template <int SPLIT = -1, class Stat>
+__device__ __forceinline__ void finish_half(const Args &a, const CtaCommon &c, int h0, int r0, int half, int t4,
+                                            const float (&o)[128], Stat stat)
 {
+    const bool split = SPLIT < 0 ? a.n_splits > 1 : SPLIT != 0;
 #pragma unroll
     for (int hf = 0; hf < 2; ++hf) {
         const int rl = r0 + 8 * hf;
@@ -100,7 +102,7 @@ __device__ __forceinline__ void finish_half_split(const Args &a, const CtaCommon
         const int col0 = 256 * half + 2 * t4;
         const RowStat rs = stat(hf, rl);
         finish_row<32>(
-            a, c.row, c.bi, c.si, c.sp, c.h, hr, /*split=*/true, rs.m, rs.l, [&] { return col0; },
+            a, c.row, c.bi, c.si, c.sp, c.h, hr, split, rs.m, rs.l, [&] { return col0; },
             [&] { return half == 0 && t4 == 0; },
             [&](int jn) { return make_float2(o[4 * jn + 2 * hf], o[4 * jn + 2 * hf + 1]); });
     }
@@ -147,6 +149,20 @@ __device__ __forceinline__ void finish_half_direct(const Args &a, const CtaCommo
         if (h0 + row >= c.h) break;  // rows ascend with k
         const uint4 v = ld_shared_v4(stage + row * 1024 + (((32 * half + cc) ^ (row & 7)) << 4));
         *reinterpret_cast<uint4 *>(out_row + (h0 + row) * p.out_stride_h + 8 * cc) = v;
+    }
+}
+
+// The writer of an O half: finish_half_direct for a direct output when kStagedOut (plan.cuh), else
+// finish_half. stage: Q's region (dead once every S is done), bar: the warpgroup's named barrier.
+template <class Stat>
+__device__ __forceinline__ void finish_o_half(const Args &a, const CtaCommon &c, int h0, int r0, int half, int t4,
+                                              const float (&o)[128], Stat stat, uint32_t stage, int bar)
+{
+    if constexpr (kStagedOut) {
+        if (a.n_splits > 1) finish_half<1>(a, c, h0, r0, half, t4, o, stat);
+        else finish_half_direct(a, c, h0, r0, half, t4, o, stat, stage, bar);
+    } else {
+        finish_half(a, c, h0, r0, half, t4, o, stat);
     }
 }
 
