@@ -36,7 +36,7 @@ constexpr int kMaskWords = 32, kMaskTiles = 32 * kMaskWords;  // the non-empty t
                                                               // past kMaskTiles always run
 constexpr int kBlk = 64 * 128;                 // one column block: 64 rows x 128 B
 constexpr int kTileBytes = 9 * kBlk;           // 73,728 B: Q or one K buffer
-static_assert(kDqk == 36 * 16, "the S phase is written for 3 chains of 12 k-steps");
+static_assert(kDqk == 36 * 16, "S is written as 36 k-steps of 16 dims (kSChains chains, score_tile.cuh)");
 static_assert(kRowChunks == 9 * 8, "a row is 9 column blocks of 8 chunks");
 // Registers per thread after setmaxnreg: WG0 holds half of O (128), S with its second chain (64) and P
 // in registers; WG1 only its half of O. setmaxnreg.inc only takes what the other warpgroups released
