@@ -35,6 +35,7 @@ struct Args {
     float *o_part;     // [n_splits, rows, h, 512] fp32 (split mode)
     float *lse_part;   // [n_splits, rows, h] fp32, log2 domain (split mode)
     int evict_last;    // L2 evict_last hint on K rows (prefill: neighbouring rows share K)
+    int n_sms;         // the device's SMs (a persistent kernel's grid, sm90/kernel.cuh)
 };
 
 // What one CTA of query row (bi, si) and top-k split sp reads: the row's indices, its top-k length L
@@ -46,10 +47,9 @@ struct GridPos {
     int64_t row, bi, si;
     int ht, sp;
 };
-__device__ __forceinline__ GridPos grid_pos(const Args &a)
+__device__ __forceinline__ GridPos grid_pos_of(const Args &a, int64_t bx)
 {
     GridPos g;
-    int64_t bx = blockIdx.x;
     g.sp = static_cast<int>(bx % a.n_splits);
     bx /= a.n_splits;
     g.ht = static_cast<int>(bx % a.n_ht);
@@ -57,6 +57,7 @@ __device__ __forceinline__ GridPos grid_pos(const Args &a)
     g.bi = g.row / a.p.s_q, g.si = g.row % a.p.s_q;
     return g;
 }
+__device__ __forceinline__ GridPos grid_pos(const Args &a) { return grid_pos_of(a, blockIdx.x); }
 
 struct RowSlice {
     const int32_t *idx;

@@ -271,18 +271,21 @@ struct ScoreWarpgroup : ConsumerBase<ABL, XO, FAST> {
         }
     }
 
-    // All K tiles; WG1's P V of tile it overlaps this warpgroup's S of tile it + 1.
-    __device__ __forceinline__ void run(const Cta<XO> &c)
+    // All K tiles; WG1's P V of tile it overlaps this warpgroup's S of tile it + 1. g0: the buffers' uses
+    // so far; q_empty (a persistent CTA, sm90/kernel.cuh): arrived on once this item's last S is done.
+    __device__ __forceinline__ void run(const Cta<XO> &c, int g0 = 0, uint32_t q_empty = 0)
     {
+        if (q_empty && c.nt == 0) mbar_arrive(q_empty);
 #pragma unroll 1
         for (int it = 0; it < c.nt; ++it) {
-            const int b = it & 1;
+            const int b = (g0 + it) & 1;
             const uint32_t kb = c.sK + b * kTileBytes;
             float s[32], mx[2], alpha[2];
             uint32_t hi[16], lo[16];
-            B::acquire(c, b, it >> 1);
+            B::acquire(c, b, (g0 + it) >> 1);
             issue_s0(c, kb, s);
             s_phase(c, kb, s);
+            if (q_empty && it == c.nt - 1) mbar_arrive(q_empty);  // Q may be reloaded
             mask_scores(c, b, s, mx);
             softmax(s, mx, alpha, hi, lo);
             publish(c, it, b, kb, alpha, hi, lo);
@@ -339,12 +342,12 @@ struct ValueWarpgroup : ConsumerBase<ABL, XO, FAST> {
         }
     }
 
-    // K tile it of nt (buffer it & 1). The full barrier's phase for this use is complete once kBarP + b
-    // passed (WG0 waited for it); waiting on it here too orders the producer's writes before our wgmma
-    // without relying on the named barrier's transitivity.
-    __device__ __forceinline__ void tile(const Cta<XO> &c, int it, int nt)
+    // K tile it of nt (buffer (g0 + it) & 1, g0 as in ScoreWarpgroup::run). The full barrier's phase for
+    // this use is complete once kBarP + b passed (WG0 waited for it); waiting on it here too orders the
+    // producer's writes before our wgmma without relying on the named barrier's transitivity.
+    __device__ __forceinline__ void tile(const Cta<XO> &c, int it, int nt, int g0 = 0)
     {
-        const int b = it & 1, use = it >> 1;
+        const int b = (g0 + it) & 1, use = (g0 + it) >> 1;
         const uint32_t kb = c.sK + b * kTileBytes;
         named_sync(kBarP + b, 256);
         B::acquire(c, b, use);

@@ -108,6 +108,105 @@ __global__ void __launch_bounds__(kThreads, 1) attn_sm90_kernel(const __grid_con
     }
 }
 
+// kPersistent (plan.cuh; built, not yet run on a GPU): the bf16 kernel as persistent CTAs, at most one
+// per SM, CTA j taking work items j, j + gridDim.x, .. (an item is what one CTA of attn_sm90_kernel does,
+// grid_pos_of), so that one item's fixed cost - the tile scan, Q, the first tiles - overlaps the previous
+// item's last tiles and epilogue instead of running alone. The K ring (full / empty) runs on across
+// items (g: its uses so far). Per item k, besides it (mbarriers in Smem::pers):
+//   the producers scan into their own mask (kBarProd: their 128 threads), publish the tile count in
+//     nt[k & 1] (scan_full[k & 1], one arrival; nt_free[k & 1]: the 8 consumer warps have read it), wait
+//     until WG0's last S of item k - 1 is done (q_empty), load Q (q_full: their 128 cp.async arrivals),
+//     then the tiles;
+//   WG0 waits for Q (q_full), runs the item, arrives on q_empty after its last S (at once for no tile);
+//   WG1 runs the item; both write their columns, then meet (kBarL) so that WG1 has read the row
+//     statistics before WG0 writes the next item's.
+template <int ABL, bool FAST>
+__global__ void __launch_bounds__(kThreads, 1) attn_sm90_persistent_kernel(const __grid_constant__ Args a)
+{
+    extern __shared__ uint8_t smem_raw[];
+    const int64_t items = a.rows * a.n_ht * a.n_splits;
+    const Cta<false> c0(a, smem_raw, grid_pos_of(a, blockIdx.x));  // the regions (the same for every item)
+    uint32_t *const mask = reinterpret_cast<uint32_t *>(c0.smem + Smem::mask.off);
+    const uint32_t q_full = c0.base + Smem::pers.off, q_empty = q_full + 8;
+    const uint32_t scan_full = q_full + 16, nt_free = q_full + 32;  // [2] each
+    int *const nt_s = reinterpret_cast<int *>(c0.smem + Smem::pers.off + 48);
+
+    pdl_launch_dependents();
+    init_barriers(c0);
+    if (c0.tid == 0) {
+        mbar_init(q_full, 128);
+        mbar_init(q_empty, 128);
+        for (int i = 0; i < 2; ++i) {
+            mbar_init(scan_full + 8 * i, 1);
+            mbar_init(nt_free + 8 * i, 8);
+        }
+        fence_mbarrier_init();
+    }
+    __syncthreads();
+
+    if (c0.tid >= 256) {
+        setmaxnreg_dec<kProducerRegs>();
+        int g = 0, k = 0;
+        for (int64_t item = blockIdx.x; item < items; item += gridDim.x, ++k) {
+            Cta<false> c(a, smem_raw, grid_pos_of(a, item));
+            named_sync(kBarProd, 128);  // every producer thread is done with the last item's mask
+            if (c.tid - 256 < kMaskWords) mask[c.tid - 256] = 0u;
+            named_sync(kBarProd, 128);
+            scan_tiles<256, 4>(a, c, mask);
+            named_sync(kBarProd, 128);
+            use_tile_mask(c, mask);
+            if (c.tid == 256) {
+                if (k >= 2) mbar_wait(nt_free + 8 * (k & 1), ((k >> 1) - 1) & 1);
+                nt_s[k & 1] = c.nt;
+                mbar_arrive(scan_full + 8 * (k & 1));
+            }
+            if (k > 0) mbar_wait(q_empty, (k - 1) & 1);
+            issue_q<kHT, 128>(a, c, c.h0, c.tid - 256);
+            cp_async_mbar_arrive_noinc(q_full);
+            Bf16Producer<ABL>(a, c).run_ring(g);
+            g += c.nt;
+        }
+        cp_async_wait_all();
+        return;
+    }
+
+    // Each consumer warp takes item k's tile count (each warpgroup's loop on its own: setmaxnreg
+    // gives WG0 and WG1 different register budgets, so their code must not share a loop body).
+    auto take = [&](Cta<false> &c, int k) {
+        mbar_wait(scan_full + 8 * (k & 1), (k >> 1) & 1);
+        c.nt = nt_s[k & 1];
+        __syncwarp();
+        if (c.lane == 0) mbar_arrive(nt_free + 8 * (k & 1));
+    };
+    if (c0.tid < 128) {
+        setmaxnreg_inc<kScoreRegs>();
+        int g = 0, k = 0;
+        for (int64_t item = blockIdx.x; item < items; item += gridDim.x, ++k) {
+            Cta<false> c(a, smem_raw, grid_pos_of(a, item));
+            take(c, k);
+            mbar_wait(q_full, k & 1);
+            fence_async_smem();  // the producers' cp.async data, read by wgmma
+            ScoreWarpgroup<ABL, false, FAST> wg0(a, c, 0u);
+            wg0.run(c, g, q_empty);
+            wg0.epilogue(c);
+            named_sync(kBarL, 256);  // WG1 has read the row statistics
+            g += c.nt;
+        }
+    } else {
+        setmaxnreg_dec<kValueRegs>();
+        int g = 0, k = 0;
+        for (int64_t item = blockIdx.x; item < items; item += gridDim.x, ++k) {
+            Cta<false> c(a, smem_raw, grid_pos_of(a, item));
+            take(c, k);
+            ValueWarpgroup<ABL, false, FAST> wg1(a, c, 0u);
+            for (int it = 0; it < c.nt; ++it) wg1.tile(c, it, c.nt, g);
+            wg1.epilogue(c);
+            named_sync(kBarL, 256);
+            g += c.nt;
+        }
+    }
+}
+
 // Launches ablation variant ABL (0: the full kernel) in the call's precision: for fp8 with two head
 // tiles the crossover kernel in clusters of 2, else the plain one. The shared-memory attribute of
 // each is set once per device.
@@ -115,6 +214,17 @@ template <bool FP8, int ABL, bool FAST>
 int launch_variant(const Args &a, int64_t grid, cudaStream_t s, int dev, smla_status *st)
 {
     static OncePerDevice configured;
+    if constexpr (!FP8 && kPersistent) {  // at most one CTA per SM, each taking items in turn
+        if (configured.needed(dev)) {
+            SMLA_CUDA_CHECK(st, cudaFuncSetAttribute(attn_sm90_persistent_kernel<ABL, FAST>,
+                                                     cudaFuncAttributeMaxDynamicSharedMemorySize, Smem::bytes));
+            configured.mark(dev);
+        }
+        const int64_t ctas = grid < a.n_sms ? grid : (a.n_sms > 0 ? a.n_sms : 1);
+        attn_sm90_persistent_kernel<ABL, FAST><<<static_cast<unsigned>(ctas), kThreads, Smem::bytes, s>>>(a);
+        SMLA_CUDA_LAUNCH_CHECK(st);
+        return SMLA_OK;
+    }
     // fp8 with two head tiles: clusters of the two (the crossover; sm90/producer.cuh)
     const bool xo = FP8 && a.n_ht == 2;
     static_assert(SMLA_MAX_HEADS <= 2 * kHT, "more than two head tiles would need another producer split");

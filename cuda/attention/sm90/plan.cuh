@@ -26,9 +26,14 @@ namespace sm90 {
 #ifndef SMLA_SM90_LAZY_MAX
 #define SMLA_SM90_LAZY_MAX 0  // the wide kernel's reference max moves only by more than 8 (log2)
 #endif
+// And one built but not yet run on a GPU: the bf16 wide kernel as persistent CTAs (sm90/kernel.cuh).
+#ifndef SMLA_SM90_PERSISTENT
+#define SMLA_SM90_PERSISTENT 0
+#endif
 constexpr bool kSpeculate = SMLA_SM90_SPECULATE != 0, kStagedOut = SMLA_SM90_STAGED_OUT != 0;
-constexpr bool kLazyMax = SMLA_SM90_LAZY_MAX != 0;
+constexpr bool kLazyMax = SMLA_SM90_LAZY_MAX != 0, kPersistent = SMLA_SM90_PERSISTENT != 0;
 static_assert(!kLazyMax || kStagedOut, "the lazy max writes max_logits from the true max (finish_half_direct)");
+static_assert(!kPersistent || !kStagedOut, "a persistent CTA loads the next item's Q where the staged output goes");
 
 constexpr int kHT = 64, kBN = 64;              // heads per CTA, tokens per K tile
 constexpr int kThreads = 384;                  // WG0, WG1: consumers; WG2: producer
@@ -48,8 +53,8 @@ static_assert(kScoreRegs + kValueRegs + kProducerRegs <= 3 * 168, "the launch al
 // one per buffer, so WG0 can never arrive twice on one before WG1 waited: its next arrival there needs
 // the buffer back), P_lo free (WG1 arrives, WG0 waits; high precision only), the epilogue's row
 // statistics, Q landed; bf16: the producers' tile scan done (all 384 threads); each warpgroup's staged
-// output written (kBarOut + warpgroup, 128 threads).
-constexpr int kBarP = 1, kBarFree = 3, kBarL = 4, kBarQ = 5, kBarStart = 6, kBarOut = 7;
+// output written (kBarOut + warpgroup, 128 threads); the persistent kernel's producer warpgroup (128).
+constexpr int kBarP = 1, kBarFree = 3, kBarL = 4, kBarQ = 5, kBarStart = 6, kBarOut = 7, kBarProd = 9;
 
 struct Smem {
     static constexpr Region q = first_region(kTileBytes);
@@ -61,10 +66,12 @@ struct Smem {
     static constexpr Region row_l = region_after(alpha, kHT * 8);       // double [64]: final row sums (epilogue)
     static constexpr Region row_m = region_after(row_l, kHT * 4);       // float [64]: final row maxima (epilogue)
     static constexpr Region mask = region_after(row_m, kMaskWords * 4);  // bf16: the non-empty tiles
-    static constexpr int used = mask.end();
+    // kPersistent: mbarriers q_full, q_empty, scan_full[2], nt_free[2] and int nt[2] (sm90/kernel.cuh)
+    static constexpr Region pers = region_after(mask, kPersistent ? 56 : 0);
+    static constexpr int used = pers.end();
     static constexpr int bytes = used + 1024;  // slack to align the base to 1024 B
     static_assert(q.off % 1024 == 0 && k.off % 1024 == 0 && plo.off % 1024 == 0, "swizzled tiles");
-    static_assert(bar.off % 8 == 0 && row_l.off % 8 == 0, "mbarriers and row sums are 8-byte");
+    static_assert(bar.off % 8 == 0 && row_l.off % 8 == 0 && pers.off % 8 == 0, "mbarriers and row sums are 8-byte");
     static_assert(bytes <= 227 * 1024, "sm_90 opt-in shared memory per block");
 };
 
@@ -132,18 +139,24 @@ struct CtaCommon {
 
 // Q rows h0 .. h0 + ROWS - 1 of the CTA's query row into 9 column blocks of [ROWS x 128 B] at c.sQ, in
 // blk_addr's swizzled layout (block size ROWS * 128; ROWS = 64 is blk_addr itself), rows past h zero;
-// issued by NT threads from thread 0 as one cp.async group (the caller waits for it).
+// issued by NT threads (t: this thread's place among them, by default its tid) as one cp.async group (the
+// caller waits for it).
 template <int ROWS, int NT>
-__device__ __forceinline__ void issue_q(const Args &a, const CtaCommon &c, int h0)
+__device__ __forceinline__ void issue_q(const Args &a, const CtaCommon &c, int h0, int t)
 {
     const smla_attn_params &p = a.p;
-    for (int i = c.tid; i < ROWS * kRowChunks; i += NT) {
+    for (int i = t; i < ROWS * kRowChunks; i += NT) {
         const int r = i / kRowChunks, ch = i - r * kRowChunks;
         const bool ok = h0 + r < c.h;
         const uint16_t *src = ok ? smla_q_at(&p, c.bi, c.si, h0 + r, ch * 8) : p.q;  // q or q_pe
         cp_async16(c.sQ + (ch >> 3) * (ROWS * 128) + r * 128 + (((ch & 7) ^ (r & 7)) << 4), src, ok ? 16 : 0);
     }
     cp_async_commit();
+}
+template <int ROWS, int NT>
+__device__ __forceinline__ void issue_q(const Args &a, const CtaCommon &c, int h0)
+{
+    issue_q<ROWS, NT>(a, c, h0, c.tid);
 }
 
 // One CTA of the wide kernel: CtaCommon with heads [h0, h0 + 64) and its own regions. XO: the CTA is one
@@ -156,6 +169,17 @@ struct Cta : CtaCommon {
     double *sL;
 
     __device__ __forceinline__ Cta(const Args &a, uint8_t *smem_raw) : Cta(a, smem_raw, place(a)) {}
+    // The CTA's share for work item gp (a persistent CTA takes several, sm90/kernel.cuh).
+    __device__ __forceinline__ Cta(const Args &a, uint8_t *smem_raw, const GridPos &gp)
+        : CtaCommon(a, smem_raw, gp, Smem::q.off, Smem::k.off, Smem::bar.off, Smem::valid.off)
+    {
+        ht = gp.ht;
+        h0 = ht * kHT;
+        sPlo = base + Smem::plo.off;
+        sAlpha = reinterpret_cast<float *>(smem + Smem::alpha.off);
+        sL = reinterpret_cast<double *>(smem + Smem::row_l.off);
+        sM = reinterpret_cast<float *>(smem + Smem::row_m.off);
+    }
 
   private:
     // XO: blockIdx.x = (row * n_splits + split) * 2 + head tile; head tile = cluster rank
@@ -173,16 +197,6 @@ struct Cta : CtaCommon {
             g.bi = g.row / a.p.s_q, g.si = g.row % a.p.s_q;
             return g;
         }
-    }
-    __device__ __forceinline__ Cta(const Args &a, uint8_t *smem_raw, const GridPos &gp)
-        : CtaCommon(a, smem_raw, gp, Smem::q.off, Smem::k.off, Smem::bar.off, Smem::valid.off)
-    {
-        ht = gp.ht;
-        h0 = ht * kHT;
-        sPlo = base + Smem::plo.off;
-        sAlpha = reinterpret_cast<float *>(smem + Smem::alpha.off);
-        sL = reinterpret_cast<double *>(smem + Smem::row_l.off);
-        sM = reinterpret_cast<float *>(smem + Smem::row_m.off);
     }
 };
 

@@ -168,7 +168,13 @@ struct Bf16Producer {
     }
 
     // Every tile that runs, through the two buffers; speculated: speculate() ran.
-    __device__ __forceinline__ void run(bool speculated) const
+    __device__ __forceinline__ void run(bool speculated) const { loop<false>(speculated, 0); }
+    // The same for one item of a persistent CTA: g0, the buffers' uses so far (the ring runs on across items).
+    __device__ __forceinline__ void run_ring(int g0) const { loop<true>(false, g0); }
+
+  private:
+    template <bool RING>
+    __device__ __forceinline__ void loop(bool speculated, int g0) const
     {
         int idx_cur[kNi], idx_nxt[kNi];
         int t_nxt = c.next_tile(0);
@@ -176,7 +182,8 @@ struct Bf16Producer {
         if (speculated && !have0) cp_async_wait_all();  // a wasted guess lands before buffer 0 is rewritten
         fetch_idx(t_nxt, idx_cur);
         for (int it = 0; it < c.nt; ++it) {
-            const int b = it & 1, use = it >> 1;
+            const int gi = RING ? g0 + it : it;
+            const int b = gi & 1, use = gi >> 1;
             t_nxt = c.next_tile(t_nxt + 1);
             fetch_idx(t_nxt, idx_nxt);
             if (use > 0) mbar_wait(c.bar_empty + 8 * b, (use - 1) & 1);
