@@ -35,13 +35,15 @@ def shape_args(args):
     return [tuple(int(v) for v in sh.split(",")) for sh in args.shape]
 
 
-def start_attention(name, args, iters_full, iters_quick):
-    """Sets SMLA_ATTN_KERNEL and opens the GPU: (torch, smla, iters) or None (message printed)."""
+def start_attention(name, args, iters, warmup):
+    """Sets SMLA_ATTN_KERNEL and opens the GPU: (torch, smla, iters, warmup, flush) or None (message
+    printed); iters and warmup are (full, quick) defaults, --iters overrides the first."""
     os.environ["SMLA_ATTN_KERNEL"] = args.kernel
     gpu = open_gpu(name)
     if gpu is None:
         return None
-    return gpu[0], gpu[1], args.iters or (iters_quick if args.quick else iters_full)
+    pick = 1 if args.quick else 0
+    return gpu[0], gpu[1], args.iters or iters[pick], warmup[pick], not args.no_flush
 
 
 def write_json(path, torch, kernel, iters, results):

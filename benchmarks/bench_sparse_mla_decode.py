@@ -163,12 +163,10 @@ def graph_section(torch, smla, cache, bt, cd, precs, iters, results):
 
 def main():
     args = parse()
-    gpu = start_attention("bench_sparse_mla_decode", args, 50, 15)
+    gpu = start_attention("bench_sparse_mla_decode", args, (50, 15), (10, 3))
     if gpu is None:
         return 0
-    torch, smla, iters = gpu
-    warmup = 3 if args.quick else 10
-    flush = not args.no_flush
+    torch, smla, iters, warmup, flush = gpu
     cd = args.cache_dtype
     precs = precisions(args)
     cmp = "fast" if "fast" in precs else "high"  # the time speed comparisons use

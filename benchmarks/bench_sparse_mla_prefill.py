@@ -251,12 +251,10 @@ def small_head_summary(results, precs):
 
 def main():
     args = parse()
-    gpu = start_attention("bench_sparse_mla_prefill", args, 20, 8)
+    gpu = start_attention("bench_sparse_mla_prefill", args, (20, 8), (5, 2))
     if gpu is None:
         return 0
-    torch, smla, iters = gpu
-    warmup = 2 if args.quick else 5
-    flush = not args.no_flush
+    torch, smla, iters, warmup, flush = gpu
     precs = precisions(args)
     todo = shape_args(args)
     if not todo and not args.causal:
