@@ -108,7 +108,7 @@ __global__ void __launch_bounds__(kThreads, 1) attn_sm90_kernel(const __grid_con
     }
 }
 
-// kPersistent (plan.cuh; built, not yet run on a GPU): the bf16 kernel as persistent CTAs, at most one
+// kPersistent (plan.cuh; correct on the H200, slower, off): the bf16 kernel as persistent CTAs, at most one
 // per SM, CTA j taking work items j, j + gridDim.x, .. (an item is what one CTA of attn_sm90_kernel does,
 // grid_pos_of), so that one item's fixed cost - the tile scan, Q, the first tiles - overlaps the previous
 // item's last tiles and epilogue instead of running alone. The K ring (full / empty) runs on across
