@@ -25,16 +25,20 @@ def main():
     ap.add_argument("--precision", default="fast", choices=["high", "fast"], help="precision= of the calls")
     ap.add_argument("--small", action="store_true",
                     help="the small-head shapes (h 16 / 32) on the narrow kernel (sm90n) instead of h 64 / 128 on sm90")
+    ap.add_argument("--pair", action="store_true",
+                    help="the pair kernel (sm90p, bf16 K only: the prefill shapes) instead of the wide one")
     args = ap.parse_args()
     prec = args.precision
-    os.environ["SMLA_ATTN_KERNEL"] = "sm90n" if args.small else "sm90"
+    os.environ["SMLA_ATTN_KERNEL"] = "sm90n" if args.small else ("sm90p" if args.pair else "sm90")
     gpu = open_gpu("ablate")
     if gpu is None:
         return 0
     torch, smla = gpu
     print(f"{'case':<26} " + " ".join(f"{'abl' + str(v):>8}" for v in VARIANTS) + f"   (us per call, {prec})")
     dec = [(16, 1, 128), (32, 1, 128), (16, 2, 128)] if args.small else [(128, 2, 128), (64, 2, 128), (128, 1, 2)]
-    cache, bt = bd.build_cache(torch, smla, max(b for _, _, b in dec), "fp8_ds_mla")
+    if args.pair:
+        dec = []  # the decode cases read an fp8 cache: the wide kernel's
+    cache, bt = bd.build_cache(torch, smla, max(b for _, _, b in dec), "fp8_ds_mla") if dec else (None, None)
     for h, s_q, b in dec:
         q = torch.randn((b, s_q, h, 576), device="cuda").to(torch.bfloat16)
         idx = bd.make_indices(torch, bt, b, s_q, seed=1)

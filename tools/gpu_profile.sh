@@ -13,11 +13,13 @@ export PYTHONPATH=$PWD/src PYTHONUNBUFFERED=1
 SMLA_PROFILE_BUILD=1 python3 setup.py build_ext --inplace -j "$(nproc)" > "$OUT/build.log" 2>&1 || { tail -30 "$OUT/build.log"; exit 1; }
 grep -iE "warning" "$OUT/build.log" | head -5
 P=${PRECISION:-fast}
-timeout 240 python3 tools/ablate.py --precision "$P" 2>&1 | tee "$OUT/ablate.txt"
+AB=""; [ "${KERNEL:-}" = sm90p ] && AB=--pair  # the pair kernel: its prefill shapes
+timeout 240 python3 tools/ablate.py --precision "$P" $AB 2>&1 | tee "$OUT/ablate.txt"
 N="ncu --clock-control none -k regex:attn_sm90 --launch-skip 2 --launch-count 1 --set full --import-source no"
 for c in "decode:bench_sparse_mla_decode.py --shape 128,2,128 --no-graph" "prefill:bench_sparse_mla_prefill.py --shape 128,32768"; do
   n=${c%%:*}; set -- ${c#*:}
-  SMLA_ATTN_KERNEL=${KERNEL:-auto} timeout 150 $N -f -o "/tmp/$n" python3 "benchmarks/$1" "${@:2}" --precision "$P" --no-baseline --iters 1 --quick \
+  K=${KERNEL:-auto}; [ "$n" = decode ] && [ "$K" = sm90p ] && K=auto  # the pair kernel reads bf16 K only
+  timeout 150 $N -f -o "/tmp/$n" python3 "benchmarks/$1" "${@:2}" --kernel "$K" --precision "$P" --no-baseline --iters 1 --quick \
     > "$OUT/ncu_$n.log" 2>&1
   ncu -i "/tmp/$n.ncu-rep" --page details > "$OUT/${n}_details.txt" 2>&1
   ncu -i "/tmp/$n.ncu-rep" --page source --csv --print-source sass > "$OUT/${n}_sass.csv" 2>&1

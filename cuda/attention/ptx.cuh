@@ -28,6 +28,15 @@ __device__ __forceinline__ void cp_async16_hint(uint32_t dst, const void *src, i
                  : "memory");
 }
 
+// The same with the L2 told to fetch the whole 256-byte block around src on a miss (a bf16 K row is
+// 1152 bytes read 128 at a time: one DRAM round trip serves two of a row's chunks).
+__device__ __forceinline__ void cp_async16_hint_pf256(uint32_t dst, const void *src, int src_bytes, uint64_t pol)
+{
+    asm volatile("cp.async.cg.shared.global.L2::cache_hint.L2::256B [%0], [%1], 16, %2, %3;\n" ::"r"(dst), "l"(src),
+                 "r"(src_bytes), "l"(pol)
+                 : "memory");
+}
+
 __device__ __forceinline__ void cp_async4(uint32_t dst, const void *src, int src_bytes)
 {
     asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes)
@@ -42,6 +51,14 @@ __device__ __forceinline__ uint64_t policy_evict_last()
 {
     uint64_t pol;
     asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;\n" : "=l"(pol));
+    return pol;
+}
+
+// L2 policy for data read once (Q rows of a prefill), so that it does not displace the K rows.
+__device__ __forceinline__ uint64_t policy_evict_first()
+{
+    uint64_t pol;
+    asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(pol));
     return pol;
 }
 
@@ -71,6 +88,15 @@ __device__ __forceinline__ void mma_bf16(float (&c)[4], const uint32_t (&a)[4], 
                  "{%8,%9}, {%0,%1,%2,%3};\n"
                  : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// Four 8x8 bf16 matrices from the warp's fragments (lane l: row l / 4, columns 2 (l % 4), +1 of each):
+// lanes 8 m .. 8 m + 7 give the row addresses of matrix m.
+__device__ __forceinline__ void stsm_x4(uint32_t addr, uint32_t a, uint32_t b, uint32_t c, uint32_t d)
+{
+    asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "r"(a), "r"(b),
+                 "r"(c), "r"(d)
+                 : "memory");
 }
 
 __device__ __forceinline__ void st_shared_u32(uint32_t addr, uint32_t v)

@@ -220,6 +220,10 @@ struct ScoreWarpgroup : ConsumerBase<ABL, XO, FAST> {
     // One A fragment set [64 x 64] into a swizzled [64 rows x 128 B] block (WG1's smem A operand).
     __device__ __forceinline__ void store_p(uint32_t blk, const uint32_t (&p)[16]) const
     {
+        if constexpr (kStsm) {
+            store_p_frags(blk, r0, B::lane, p);
+            return;
+        }
 #pragma unroll
         for (int kk = 0; kk < 4; ++kk) {
 #pragma unroll

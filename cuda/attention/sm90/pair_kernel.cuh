@@ -26,7 +26,9 @@
 // the peer after its remote product. The RoPE block (8) is dead once S is done and carries the owner's
 // P_hi to the peer (it is in the late region, which the peer frees). "high": WG1's P_lo goes through the
 // P_lo block, WG0's through block 0 of buffer 0 once WG0's local product is done (so WG1 frees buffer
-// 0's early region then, after its remote product).
+// 0's early region then, after its remote product). "fast" has no P_lo: WG1's P goes through the P_lo
+// block and buffer 1's RoPE block joins its early region (20 of S's 36 k-steps, freed by WG1 after its
+// local product), so WG1's next S waits only for blocks 0..3.
 // Each warpgroup's first S chain reads only its early region (the k-step order of kstep()).
 //
 // Per pair of tiles (t0 in buffer 0, t1 in buffer 1; an odd count's last t1 is a tile of zeros with no
@@ -116,7 +118,7 @@ struct Cta : CtaCommon {
 // warps 2, 3 buffer 1 (the second), each buffer's region by region in the order its owners free them
 // (early, late). One buffer's loads never wait for the other buffer's frees.
 // ------------------------------------------------------------------------------------------------
-template <int ABL>
+template <int ABL, bool FAST>
 struct PairProducer {
     static constexpr bool kNoLoad = (ABL & 1) != 0;
     static constexpr int kRows = 8;  // rows per thread and tile: 64 threads x 8 rows x 1 chunk per block
@@ -167,7 +169,8 @@ struct PairProducer {
             const uint32_t dst = kb + 8 * i * 128;
 #pragma unroll
             for (int c8 = c0; c8 < c1; ++c8) {
-                if (hint) cp_async16_hint(dst + c8 * kBlk, R.src[i] + c8 * 128, nb, pol);
+                if (kKPrefetch && hint) cp_async16_hint_pf256(dst + c8 * kBlk, R.src[i] + c8 * 128, nb, pol);
+                else if (hint) cp_async16_hint(dst + c8 * kBlk, R.src[i] + c8 * 128, nb, pol);
                 else cp_async16(dst + c8 * kBlk, R.src[i] + c8 * 128, nb);
             }
         }
@@ -186,10 +189,14 @@ struct PairProducer {
                 mbar_arrive(c.full(buf, R));
             }
         }
-        // buffer 0: early = blocks 0..3, late = 4..8; buffer 1: early = 4..7, late = 0..3 and 8
+        // buffer 0: early = blocks 0..3, late = 4..8; buffer 1: early = 4..8 ("fast") or 4..7, late = 0..3
+        // (and 8: "high")
         if (buf == 0) {
             if constexpr (R == kEarly) copy(rows, 0, 4);
             else copy(rows, 4, 9);
+        } else if constexpr (FAST) {
+            if constexpr (R == kEarly) copy(rows, 4, 9);
+            else copy(rows, 0, 4);
         } else {
             if constexpr (R == kEarly) {
                 copy(rows, 4, 8);
@@ -226,12 +233,14 @@ struct PairProducer {
 // The consumers. W = 0: even tiles (buffer 0), O columns 0..255; W = 1: odd tiles, columns 256..511.
 // ------------------------------------------------------------------------------------------------
 
-// The k-step order of W's S: 36 steps of 16 dims (0..31 the latent part, 32..35 RoPE). Each chain of
-// 12 starts in W's early region: WG0 0..35 in order; WG1 16..31 (blocks 4..7), 0..15, 32..35.
-template <int W>
+// The k-step order of W's S: 36 steps of 16 dims (0..31 the latent part, 32..35 RoPE), its early region
+// first: WG0 0..35 in order; WG1 16..35 (blocks 4..8), 0..15 ("fast") or 16..31, 0..15, 32..35 ("high").
+template <int W, bool FAST>
 __device__ __forceinline__ constexpr int kstep(int i)
 {
-    return W == 0 ? i : (i < 16 ? i + 16 : (i < 32 ? i - 16 : i));
+    if (W == 0) return i;
+    if (FAST) return i < 20 ? i + 16 : i - 20;
+    return i < 16 ? i + 16 : (i < 32 ? i - 16 : i);
 }
 
 template <int W, int ABL, bool FAST>
@@ -275,15 +284,16 @@ struct PairConsumer {
         wg_fence();
 #pragma unroll
         for (int i = i0; i < i1; ++i) {
-            const int ks = kstep<W>(i);
+            const int ks = kstep<W, FAST>(i);
             const uint32_t off = (ks >> 2) * kBlk + (ks & 3) * 32;
             wgmma_n64(d, desc_at(qd, off), desc_at(kd, off), add || i > i0);
         }
         wg_commit();
     }
     // The chains of S (the accuracy rule, sm90/score_tile.cuh): 3 chains of 12 k-steps, or 2 (or 1) split
-    // at the region boundary (16 k-steps in the early region); chain 0 reads only the early region.
-    static constexpr int kFirst = kSChains == 3 ? 12 : 16;
+    // at the region boundary (the early region's k-steps); chain 0 reads only the early region.
+    static constexpr int kEarlySteps = (W == 1 && FAST) ? 20 : 16;
+    static constexpr int kFirst = kSChains == 3 ? 12 : kEarlySteps;
     // Chain 0 once the early region of use `use` landed.
     __device__ __forceinline__ void s_first(float (&s)[32], int use)
     {
@@ -375,12 +385,24 @@ struct PairConsumer {
     // product is done (so in "high" buffer 0's early region is freed by WG1, after its remote product);
     // WG1's into the P_lo block.
     __device__ __forceinline__ uint32_t lo_block(int w) const { return w == 0 ? opaque(c.kbuf(0)) : opaque(c.sPlo); }
+    // Where warpgroup w's P_hi goes: the RoPE block of its K buffer, dead once its S is done; in "fast"
+    // WG1's into the P_lo block (unused then), so that buffer 1's RoPE block is in its early region.
+    __device__ __forceinline__ uint32_t hi_block(int w) const
+    {
+        return (FAST && w == 1) ? opaque(c.sPlo) : c.kbuf(w) + 8 * kBlk;
+    }
 
     // The A fragments of P (hi, lo) for the peer: P_hi into buffer W's RoPE block, P_lo into lo_block(W),
     // as the K-major A operand [64 heads x 64 tokens] of its remote product.
     __device__ __forceinline__ void store_p(const uint32_t (&hi)[16], const uint32_t (&lo)[16]) const
     {
-        const uint32_t hb = c.kbuf(W) + 8 * kBlk, lb = lo_block(W);
+        const uint32_t hb = hi_block(W), lb = lo_block(W);
+        if constexpr (kStsm) {
+            store_p_frags(hb, r0, c.lane, hi);
+            if constexpr (!kNoLo) store_p_frags(lb, r0, c.lane, lo);
+            fence_async_smem();
+            return;
+        }
 #pragma unroll
         for (int kk = 0; kk < 4; ++kk) {
 #pragma unroll
@@ -441,7 +463,7 @@ struct PairConsumer {
     {
         if constexpr (!kNoPV) {
             const uint32_t kb = c.kbuf(kPeer), vd = opaque(desc_base(kb, kBlk));
-            const uint32_t hd = opaque(desc_base(kb + 8 * kBlk, 16)), ld = desc_base(lo_block(kPeer), 16);
+            const uint32_t hd = opaque(desc_base(hi_block(kPeer), 16)), ld = desc_base(lo_block(kPeer), 16);
             wg_fence();
 #pragma unroll
             for (int kk = 0; kk < 4; ++kk) {
@@ -619,7 +641,7 @@ __global__ void __launch_bounds__(kThreads, 1) attn_sm90p_kernel(const __grid_co
     skip_empty_tiles<256, 4, kThreads>(a, c, c.mask, kBarStart);
     if (c.tid >= 256) {
         setmaxnreg_dec<kProducerRegs>();
-        PairProducer<ABL>(a, c).run();
+        PairProducer<ABL, FAST>(a, c).run();
         return;
     }
     setmaxnreg_inc<kConsumerRegs>();
