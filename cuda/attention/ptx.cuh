@@ -28,15 +28,6 @@ __device__ __forceinline__ void cp_async16_hint(uint32_t dst, const void *src, i
                  : "memory");
 }
 
-// The same with the L2 told to fetch the whole 256-byte block around src on a miss (a bf16 K row is
-// 1152 bytes read 128 at a time: one DRAM round trip serves two of a row's chunks).
-__device__ __forceinline__ void cp_async16_hint_pf256(uint32_t dst, const void *src, int src_bytes, uint64_t pol)
-{
-    asm volatile("cp.async.cg.shared.global.L2::cache_hint.L2::256B [%0], [%1], 16, %2, %3;\n" ::"r"(dst), "l"(src),
-                 "r"(src_bytes), "l"(pol)
-                 : "memory");
-}
-
 __device__ __forceinline__ void cp_async4(uint32_t dst, const void *src, int src_bytes)
 {
     asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes)
@@ -51,14 +42,6 @@ __device__ __forceinline__ uint64_t policy_evict_last()
 {
     uint64_t pol;
     asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;\n" : "=l"(pol));
-    return pol;
-}
-
-// L2 policy for data read once (Q rows of a prefill), so that it does not displace the K rows.
-__device__ __forceinline__ uint64_t policy_evict_first()
-{
-    uint64_t pol;
-    asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(pol));
     return pol;
 }
 

@@ -4,13 +4,13 @@
 //
 //   WG0, ScoreWarpgroup (setmaxnreg kScoreRegs), per K tile:
 //     acquire  : wait until the producer filled the buffer (XO: and the peer's half arrived);
-//     s_phase  : S[64 heads x 64 tokens] = Q K^T, wgmma m64n64k16 x 36 from smem as 3 chains of 12
-//                summed in fp32 (accuracy, below);
+//     s_phase  : S[64 heads x 64 tokens] = Q K^T, wgmma m64n64k16 x 36 from smem as kSChains (2) chains
+//                summed in fp32 (the accuracy rule, sm90/score_tile.cuh);
 //     softmax  : mask and scale (log2 domain), overflow saturated where it matters, row maxima within
 //                the thread's quad (no exchange: WG0 sees every token), alpha = 2^(m_old - m_new),
 //                P = 2^(S - m) packed as the bf16 A fragments of P V (high: P = P_hi + P_lo, two
 //                bf16 terms, split_bf16x2), row sums in double;
-//     publish  : P_hi into the tile's RoPE block (dead once S is done), P_lo into its own block (high:
+//     publish  : (stmatrix) P_hi into the tile's RoPE block (dead once S is done), P_lo into its own block (high:
 //                after WG1 freed it, kBarFree), alpha into sAlpha[b]; arrive kBarP + b;
 //     pv       : O[:, 0:256] = O * alpha + P V with P from registers (wgmma m64n256k16, register A);
 //     release  : hand the buffer back to the producer(s).
@@ -220,19 +220,7 @@ struct ScoreWarpgroup : ConsumerBase<ABL, XO, FAST> {
     // One A fragment set [64 x 64] into a swizzled [64 rows x 128 B] block (WG1's smem A operand).
     __device__ __forceinline__ void store_p(uint32_t blk, const uint32_t (&p)[16]) const
     {
-        if constexpr (kStsm) {
-            store_p_frags(blk, r0, B::lane, p);
-            return;
-        }
-#pragma unroll
-        for (int kk = 0; kk < 4; ++kk) {
-#pragma unroll
-            for (int hf = 0; hf < 2; ++hf) {
-                const int tok = 16 * kk + 8 * hf + 2 * t4;
-                st_shared_u32(blk_addr(blk, r0, tok >> 3) + (tok & 7) * 2, p[4 * kk + 2 * hf]);
-                st_shared_u32(blk_addr(blk, r0 + 8, tok >> 3) + (tok & 7) * 2, p[4 * kk + 2 * hf + 1]);
-            }
-        }
+        store_p_frags(blk, r0, B::lane, p);
     }
 
     // P and alpha for WG1 (P_hi into the RoPE block of K buffer kb, which only S read; P_lo into its

@@ -46,7 +46,7 @@
 //   in the epilogue.
 // Empty tiles cost nothing: before loading, the producer marks the CTA's tiles that hold any valid
 // index (scan_tiles, producer.cuh); only those are loaded and paired.
-// S is 3 chains of 12 k-steps summed in fp32 (the accuracy rule of sm90/score_tile.cuh); row sums in
+// S is kSChains chains summed in fp32 (the accuracy rule of sm90/score_tile.cuh); row sums in
 // double; overflowed scores saturate (attention/softmax.cuh). FAST: precision="fast" (P one bf16
 // term); otherwise P = P_hi + P_lo, two products per k-step.
 // ABL (profiling builds only, sm90/kernel.cuh's bits): 1 no K loads (zeros), 2 no S wgmma, 4 no P V
@@ -169,8 +169,7 @@ struct PairProducer {
             const uint32_t dst = kb + 8 * i * 128;
 #pragma unroll
             for (int c8 = c0; c8 < c1; ++c8) {
-                if (kKPrefetch && hint) cp_async16_hint_pf256(dst + c8 * kBlk, R.src[i] + c8 * 128, nb, pol);
-                else if (hint) cp_async16_hint(dst + c8 * kBlk, R.src[i] + c8 * 128, nb, pol);
+                if (hint) cp_async16_hint(dst + c8 * kBlk, R.src[i] + c8 * 128, nb, pol);
                 else cp_async16(dst + c8 * kBlk, R.src[i] + c8 * 128, nb);
             }
         }
@@ -397,25 +396,8 @@ struct PairConsumer {
     __device__ __forceinline__ void store_p(const uint32_t (&hi)[16], const uint32_t (&lo)[16]) const
     {
         const uint32_t hb = hi_block(W), lb = lo_block(W);
-        if constexpr (kStsm) {
-            store_p_frags(hb, r0, c.lane, hi);
-            if constexpr (!kNoLo) store_p_frags(lb, r0, c.lane, lo);
-            fence_async_smem();
-            return;
-        }
-#pragma unroll
-        for (int kk = 0; kk < 4; ++kk) {
-#pragma unroll
-            for (int hf = 0; hf < 2; ++hf) {
-                const int tok = 16 * kk + 8 * hf + 2 * t4;
-#pragma unroll
-                for (int rr = 0; rr < 2; ++rr) {
-                    const uint32_t at = blk_addr(0, r0 + 8 * rr, tok >> 3) + (tok & 7) * 2;
-                    st_shared_u32(hb + at, hi[4 * kk + 2 * hf + rr]);
-                    if constexpr (!kNoLo) st_shared_u32(lb + at, lo[4 * kk + 2 * hf + rr]);
-                }
-            }
-        }
+        store_p_frags(hb, r0, c.lane, hi);
+        if constexpr (!kNoLo) store_p_frags(lb, r0, c.lane, lo);
         fence_async_smem();
     }
     // P *= f (rows r0 / r0 + 8 by f[0] / f[1]) on its fragments, split again (a no-op where f is 1).

@@ -32,20 +32,6 @@ namespace sm90 {
 #ifndef SMLA_SM90_PERSISTENT
 #define SMLA_SM90_PERSISTENT 0
 #endif
-// Experiments on the L2 (seventh session): K rows fetched with the 256-byte L2 prefetch; Q with an
-// evict_first policy (prefill: Q is read once, the K rows many times).
-#ifndef SMLA_SM90_K_PREFETCH
-#define SMLA_SM90_K_PREFETCH 0
-#endif
-#ifndef SMLA_SM90_Q_EVICT_FIRST
-#define SMLA_SM90_Q_EVICT_FIRST 0
-#endif
-// P published through shared memory with stmatrix (4 instructions a tile and term instead of 16 stores).
-#ifndef SMLA_SM90_STSM
-#define SMLA_SM90_STSM 0
-#endif
-constexpr bool kStsm = SMLA_SM90_STSM != 0;
-constexpr bool kKPrefetch = SMLA_SM90_K_PREFETCH != 0, kQEvictFirst = SMLA_SM90_Q_EVICT_FIRST != 0;
 constexpr bool kSpeculate = SMLA_SM90_SPECULATE != 0, kStagedOut = SMLA_SM90_STAGED_OUT != 0;
 constexpr bool kLazyMax = SMLA_SM90_LAZY_MAX != 0, kPersistent = SMLA_SM90_PERSISTENT != 0;
 static_assert(!kLazyMax || kStagedOut, "the lazy max writes max_logits from the true max (finish_half_direct)");
@@ -161,14 +147,11 @@ template <int ROWS, int NT>
 __device__ __forceinline__ void issue_q(const Args &a, const CtaCommon &c, int h0, int t)
 {
     const smla_attn_params &p = a.p;
-    const uint64_t pol = (kQEvictFirst && a.evict_last) ? policy_evict_first() : 0;
     for (int i = t; i < ROWS * kRowChunks; i += NT) {
         const int r = i / kRowChunks, ch = i - r * kRowChunks;
         const bool ok = h0 + r < c.h;
         const uint16_t *src = ok ? smla_q_at(&p, c.bi, c.si, h0 + r, ch * 8) : p.q;  // q or q_pe
-        const uint32_t dst = c.sQ + (ch >> 3) * (ROWS * 128) + r * 128 + (((ch & 7) ^ (r & 7)) << 4);
-        if (kQEvictFirst && a.evict_last) cp_async16_hint(dst, src, ok ? 16 : 0, pol);
-        else cp_async16(dst, src, ok ? 16 : 0);
+        cp_async16(c.sQ + (ch >> 3) * (ROWS * 128) + r * 128 + (((ch & 7) ^ (r & 7)) << 4), src, ok ? 16 : 0);
     }
     cp_async_commit();
 }

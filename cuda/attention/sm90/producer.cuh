@@ -151,8 +151,7 @@ struct Bf16Producer {
             const uint32_t dst = kb + r * 128 + ((cl ^ (r & 7)) << 4);
 #pragma unroll
             for (int c8 = 0; c8 < 9; ++c8) {
-                if (kKPrefetch && a.evict_last) cp_async16_hint_pf256(dst + c8 * kBlk, src + c8 * 128, nb, pol);
-                else if (a.evict_last) cp_async16_hint(dst + c8 * kBlk, src + c8 * 128, nb, pol);
+                if (a.evict_last) cp_async16_hint(dst + c8 * kBlk, src + c8 * 128, nb, pol);
                 else cp_async16(dst + c8 * kBlk, src + c8 * 128, nb);
             }
             if (cl == 0) c.sValid[b * kBN + r] = ok ? 1 : 0;

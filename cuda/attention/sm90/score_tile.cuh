@@ -13,9 +13,11 @@ namespace sm90 {
 
 // S's accuracy rule: one tensor-core chain of 36 k-steps over the 576 dims loses up to ~1e-6 (natural-log
 // units) on a logit, at docs/design.md's lse / max_logits tolerance, so S is kSChains chains, each into
-// its own fp32 accumulator, summed with round-to-nearest. SMLA_S_CHAINS (1..3) is an experiment knob.
+// its own fp32 accumulator, summed with round-to-nearest. 2 chains pass every test on the H200 (1 fails an
+// lse by 1.3e-6 near 0) and save the wide kernel one tensor-pipe drain a tile (~2% of a prefill with the
+// stmatrix publication of P, benchmarks/README.md); SMLA_S_CHAINS (1..3) is an experiment knob.
 #ifndef SMLA_S_CHAINS
-#define SMLA_S_CHAINS 3
+#define SMLA_S_CHAINS 2
 #endif
 constexpr int kSChains = SMLA_S_CHAINS;
 static_assert(kSChains >= 1 && kSChains <= 3, "S as 1, 2 or 3 chains");
