@@ -701,6 +701,22 @@ def test_malformed_switch_raises_at_the_first_op_and_in_build_info(monkeypatch, 
     _op()
 
 
+@pytest.mark.parametrize("value", ["abc", "-1", "12x", "99999999999999999999999"])
+def test_trace_switch_of_profiling_builds_is_parsed_strictly(monkeypatch, value):
+    """SMLA_ATTN_TRACE (a device address for the sm90 kernels' stage timestamps, tools/trace_attn.py) is
+    read only by profiling builds (SMLA_PROFILE_BUILD=1); other builds ignore it."""
+    monkeypatch.delenv("SMLA_ATTN_TRACE", raising=False)
+    profiling = smla.build_info()["ablation"]
+    monkeypatch.setenv("SMLA_ATTN_TRACE", value)
+    if profiling:
+        with pytest.raises(ValueError, match=f"^SMLA_ATTN_TRACE: expected an unsigned 64-bit integer .*, got '{value}'$"):
+            _op()
+    else:
+        _op()
+    monkeypatch.setenv("SMLA_ATTN_TRACE", "0")
+    _op()
+
+
 def test_build_info_cpu_isa_follows_the_switch(monkeypatch):
     monkeypatch.delenv("SMLA_CPU_ISA", raising=False)
     default = smla.build_info()["cpu_isa_default"]

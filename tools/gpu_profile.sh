@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Where the sm90 attention kernel's time goes, in one device call: a profiling build (ablation variants
-# compiled in), tools/ablate.py (time of each stage by leaving it out), then Nsight Compute's full set
+# compiled in), tools/ablate.py (time of each stage by leaving it out), tools/trace_attn.py (when each
+# warpgroup passes each point of its schedule), then Nsight Compute's full set
 # on one launch each of decode (h=128 b=128 s_q=2, fp8) and prefill (h=128 s_kv=32K): the .ncu-rep
 # files, the details page, and the per-instruction (SASS) warp-stall samples as CSV. Output in $OUT.
 # PRECISION=fast (default; the recipe compared with FlashMLA) or high: the calls' precision=.
@@ -15,6 +16,10 @@ grep -iE "warning" "$OUT/build.log" | head -5
 P=${PRECISION:-fast}
 AB=""; [ "${KERNEL:-}" = sm90p ] && AB=--pair  # the pair kernel: its prefill shapes
 timeout 240 python3 tools/ablate.py --precision "$P" $AB 2>&1 | tee "$OUT/ablate.txt"
+TK=${KERNEL:-sm90}; [ "$TK" = auto ] && TK=sm90  # stage timestamps (the bf16 wide or pair kernel)
+if [ "$TK" = sm90 ] || [ "$TK" = sm90p ]; then
+  timeout 120 python3 tools/trace_attn.py --kernel "$TK" --precision "$P" 2>&1 | tee "$OUT/trace.txt"
+fi
 N="ncu --clock-control none -k regex:attn_sm90 --launch-skip 2 --launch-count 1 --set full --import-source no"
 for c in "decode:bench_sparse_mla_decode.py --shape 128,2,128 --no-graph" "prefill:bench_sparse_mla_prefill.py --shape 128,32768"; do
   n=${c%%:*}; set -- ${c#*:}

@@ -14,7 +14,7 @@ extern "C" {
 #endif
 
 /* Run-time settings of one call: the binding reads the environment switches (SMLA_NUM_THREADS,
- * SMLA_CPU_ISA, SMLA_ATTN_KERNEL, SMLA_ATTN_ABLATE) under the GIL, parses them strictly and passes them
+ * SMLA_CPU_ISA, SMLA_ATTN_KERNEL, SMLA_ATTN_ABLATE, SMLA_ATTN_TRACE) under the GIL, parses them strictly and passes them
  * in every params struct; kernels never read the environment (another thread may be writing it). */
 typedef struct {
     int num_threads;   /* CPU threads for this call, >= 1; 0 = OpenMP's default */
@@ -22,6 +22,8 @@ typedef struct {
     int emulated_bf16; /* test hook SMLA_CPU_ISA=avx2-emulated-bf16 (cpu_isa is then AVX2 or lower) */
     int attn_kernel;   /* CUDA attention family: 0 auto, 1 portable (mma.sync), 2 sm90 (wgmma), 3 sm90n (narrow wgmma), 4 sm90p (pair wgmma, bf16 K) */
     int attn_ablate;   /* profiling builds: ablation variant bits; 0 = the full kernel */
+    uint64_t attn_trace; /* profiling builds: device address of the sm90 kernels' stage-timestamp buffer
+                            (SMLA_ATTN_TRACE, cuda/attention/sm90/trace.cuh, tools/trace_attn.py); 0 = none */
 } smla_run;
 
 /* A paged KV cache [num_blocks, block_size, entry]; slot = block * block_size + offset. */

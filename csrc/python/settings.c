@@ -30,6 +30,26 @@ static int env_int(const char *name, long lo, long hi, int dflt, int *v)
     return 0;
 }
 
+#if defined(SMLA_ATTN_ABLATION)
+/* Unset or empty: *v = 0. Else a decimal or 0x-prefixed unsigned 64-bit integer (a device address). */
+static int env_u64(const char *name, uint64_t *v)
+{
+    const char *e = getenv(name);
+    *v = 0;
+    if (!e || !*e) return 0;
+    char *end = NULL;
+    errno = 0;
+    unsigned long long x = strtoull(e, &end, 0);
+    while (end && (*end == ' ' || *end == '\t')) end++;
+    if (errno || end == e || *end || *e == '-') {
+        PyErr_Format(PyExc_ValueError, "%s: expected an unsigned 64-bit integer (a device address), got '%s'", name, e);
+        return -1;
+    }
+    *v = (uint64_t)x;
+    return 0;
+}
+#endif
+
 /* Unset or empty: index 0 of names (the default). Else one of names. */
 static int env_choice(const char *name, const char *const *names, int n, int *v)
 {
@@ -65,6 +85,9 @@ int smla_read_settings(smla_run *r)
         env_choice("SMLA_ATTN_KERNEL", kernel_names, 5, &r->attn_kernel) < 0 ||
         env_int("SMLA_ATTN_ABLATE", 0, 1 << 20, 0, &r->attn_ablate) < 0)
         return -1;
+#if defined(SMLA_ATTN_ABLATION)
+    if (env_u64("SMLA_ATTN_TRACE", &r->attn_trace) < 0) return -1;  /* profiling builds only */
+#endif
     const int sup = smla_cpu_isa_supported();
     if (isa == 0) {
         r->cpu_isa = smla_cpu_isa_default();

@@ -18,6 +18,9 @@
 //     with P from smem, free P_lo (kBarFree), release.
 // Then the epilogue: WG0 publishes the final row maxima and sums (kBarL) and each warpgroup writes its
 // 256 columns (finish_row, attention/epilogue.cuh).
+// Trace events per tile (profiling builds, sm90/trace.cuh): WG0 0 start, 1 K landed, 2 S done, 3 softmax
+// done, 4 P published, 5 its P V done; WG1 0 start, 1 P received, 2 its P V done; producer (Bf16Producer)
+// 0 start, 1 buffer free, 2 copies issued, 3 this thread's copies landed.
 // FAST (precision="fast", docs/design.md section 4): P is one bf16 term, P V one MMA per k-step.
 // ABL (profiling builds only, sm90/kernel.cuh): bit 2 leaves out the S = Q K^T wgmma, 4 the P V
 // wgmma, 16 the P_lo V wgmma (high only).
@@ -26,6 +29,7 @@
 #include "attention/epilogue.cuh"
 #include "attention/sm90/plan.cuh"
 #include "attention/sm90/score_tile.cuh"
+#include "attention/sm90/trace.cuh"
 
 namespace attn {
 namespace sm90 {
@@ -274,15 +278,21 @@ struct ScoreWarpgroup : ConsumerBase<ABL, XO, FAST> {
             const uint32_t kb = c.sK + b * kTileBytes;
             float s[32], mx[2], alpha[2];
             uint32_t hi[16], lo[16];
+            trace(a, it, 0);
             B::acquire(c, b, (g0 + it) >> 1);
+            trace(a, it, 1);
             issue_s0(c, kb, s);
             s_phase(c, kb, s);
+            trace(a, it, 2);
             if (q_empty && it == c.nt - 1) mbar_arrive(q_empty);  // Q may be reloaded
             mask_scores(c, b, s, mx);
             softmax(s, mx, alpha, hi, lo);
+            trace(a, it, 3);
             publish(c, it, b, kb, alpha, hi, lo);
+            trace(a, it, 4);
             B::rescale(alpha);
             pv_phase(kb, hi, lo);
+            trace(a, it, 5);
             B::release(c, b);
         }
     }
@@ -341,11 +351,14 @@ struct ValueWarpgroup : ConsumerBase<ABL, XO, FAST> {
     {
         const int b = (g0 + it) & 1, use = (g0 + it) >> 1;
         const uint32_t kb = c.sK + b * kTileBytes;
+        trace(B::a, it, 0);
         named_sync(kBarP + b, 256);
+        trace(B::a, it, 1);
         B::acquire(c, b, use);
         const float alpha[2] = {c.sAlpha[b * kHT + r0], c.sAlpha[b * kHT + r0 + 8]};
         B::rescale(alpha);
         pv_phase(c, kb);
+        trace(B::a, it, 2);
         if constexpr (!FAST) {
             if (it + 1 < nt) named_arrive(kBarFree, 256);  // P_lo may be rewritten
         }

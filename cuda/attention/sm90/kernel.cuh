@@ -64,6 +64,7 @@ __global__ void __launch_bounds__(kThreads, 1) attn_sm90_kernel(const __grid_con
     Cta<XO> c(a, smem_raw);
     uint32_t *const mask = reinterpret_cast<uint32_t *>(c.smem + Smem::mask.off);
 
+    trace(a, kTraceEdge, kTrStart);
     pdl_launch_dependents();  // the combine (split mode) may be scheduled; it waits for this grid
     init_barriers(c);
     if (c.nt > 0 && c.tid < 256) load_q(a, c);
@@ -79,6 +80,7 @@ __global__ void __launch_bounds__(kThreads, 1) attn_sm90_kernel(const __grid_con
         skip_empty_tiles<256, 4, kThreads>(a, c, mask, kBarStart, [&] {
             if (kSpeculate && c.nt_all > 0) Bf16Producer<ABL>(a, c).speculate();
         });
+        trace(a, kTraceEdge, kTrScanned);
     }
 
     if (c.tid >= 256) {
@@ -97,14 +99,18 @@ __global__ void __launch_bounds__(kThreads, 1) attn_sm90_kernel(const __grid_con
         ScoreWarpgroup<ABL, XO, FAST> wg0(a, c, peer_base);
         wg0.run(c);
         if constexpr (XO) cluster_sync();
+        trace(a, kTraceEdge, kTrEpilogue);
         wg0.epilogue(c);
+        trace(a, kTraceEdge, kTrEnd);
     } else {
         setmaxnreg_dec<kValueRegs>();
         wait_q();
         ValueWarpgroup<ABL, XO, FAST> wg1(a, c, peer_base);
         for (int it = 0; it < c.nt; ++it) wg1.tile(c, it, c.nt);
         if constexpr (XO) cluster_sync();
+        trace(a, kTraceEdge, kTrEpilogue);
         wg1.epilogue(c);
+        trace(a, kTraceEdge, kTrEnd);
     }
 }
 

@@ -58,6 +58,7 @@
 #include "attention/sm90/plan.cuh"
 #include "attention/sm90/producer.cuh"
 #include "attention/sm90/score_tile.cuh"
+#include "attention/sm90/trace.cuh"
 #include "attention/sm90/variants.cuh"
 
 namespace attn {
@@ -89,6 +90,17 @@ struct Smem {
 };
 
 constexpr int kEarly = 0, kLate = 1;
+
+// Trace events per pair (profiling builds, sm90/trace.cuh). WG0: 0 start, 1 its max published, 2 its
+// local P V issued, 3 WG1's max received, 4 local P V done, 5 P0 published, 6 P1 received, 7 the next
+// pair's first S chain issued (its early region landed), 8 remote P V done, 9 the next late region
+// landed, 10 the next S done. WG1: 0 start, 1 WG0's max received, 2 P1 published, 3 P0 received, 4 local
+// P V done, 5..8 as WG0's 7..10. Producers (per buffer): 0 start, 1 early region free, 2 its copies
+// issued, 3 late region free, 4 its copies issued.
+template <int W>
+struct PairEv {
+    static constexpr int kFirst = W == 0 ? 7 : 5, kRemoteDone = kFirst + 1, kLate = kFirst + 2, kS = kFirst + 3;
+};
 
 // One CTA: CtaCommon (plan.cuh) and the pair kernel's regions.
 struct Cta : CtaCommon {
@@ -122,6 +134,7 @@ template <int ABL, bool FAST>
 struct PairProducer {
     static constexpr bool kNoLoad = (ABL & 1) != 0;
     static constexpr int kRows = 8;  // rows per thread and tile: 64 threads x 8 rows x 1 chunk per block
+    const Args &a;
     const Cta &c;
     const KvSource kv;
     const int buf, rg, cl;  // K buffer; rows 8 i + rg of each tile, 16-byte chunk cl of each column block
@@ -133,9 +146,9 @@ struct PairProducer {
         uint32_t ok;
     };
 
-    __device__ __forceinline__ PairProducer(const Args &a, const Cta &cta)
-        : c(cta), kv(a), buf((cta.tid - 256) >> 6), rg(((cta.tid - 256) >> 3) & 7), cl(cta.lane & 7),
-          hint(a.evict_last != 0), pol(a.evict_last ? policy_evict_last() : 0)
+    __device__ __forceinline__ PairProducer(const Args &a_, const Cta &cta)
+        : a(a_), c(cta), kv(a_), buf((cta.tid - 256) >> 6), rg(((cta.tid - 256) >> 3) & 7), cl(cta.lane & 7),
+          hint(a_.evict_last != 0), pol(a_.evict_last ? policy_evict_last() : 0)
     {
     }
 
@@ -181,6 +194,7 @@ struct PairProducer {
     __device__ __forceinline__ void region(const Rows &rows, int use) const
     {
         if (use > 0) mbar_wait(c.empty(buf, R), (use - 1) & 1);
+        trace(a, use, R == kEarly ? 1 : 3);
         if constexpr (R == kEarly) {  // the row flags go with the early region (its owner reads them); the
             if (cl == 0) {             // plain arrival (release) orders them, so full(b, early) counts 64 + 8
 #pragma unroll
@@ -205,6 +219,7 @@ struct PairProducer {
             }
         }
         cp_async_mbar_arrive_noinc(c.full(buf, R));
+        trace(a, use, R == kEarly ? 2 : 4);
     }
 
     __device__ __forceinline__ void run() const
@@ -219,6 +234,7 @@ struct PairProducer {
             fetch(t, nxt);
             Rows rows;
             locate(cur, rows);
+            trace(a, k, 0);
             region<kEarly>(rows, k);
             region<kLate>(rows, k);
 #pragma unroll
@@ -303,6 +319,7 @@ struct PairConsumer {
     __device__ __forceinline__ void s_rest(float (&s)[32], int use)
     {
         acquire(W, kLate, use);
+        trace(a, use - 1, PairEv<W>::kLate);
         if constexpr (kNoS) {
 #pragma unroll
             for (int i = 0; i < 32; ++i) s[i] = 0.f;
@@ -323,6 +340,7 @@ struct PairConsumer {
                 for (int i = 0; i < 32; ++i) s[i] += t[i];
             }
         }
+        trace(a, use - 1, PairEv<W>::kS);
     }
 
     // --- softmax -----------------------------------------------------------------------------------
@@ -517,10 +535,12 @@ struct PairConsumer {
     {
         if constexpr (NEXT) {
             s_first(s, k + 1);
+            trace(a, k, PairEv<W>::kFirst);
             wg_wait1();
         } else {
             wg_wait0();
         }
+        trace(a, k, PairEv<W>::kRemoteDone);
         fence_regs(o);
     }
 
@@ -530,25 +550,32 @@ struct PairConsumer {
     {
         float mx[2], m0[2], m1[2], f[2];
         uint32_t hi[16], lo[16];
+        trace(a, k, 0);
         mask_scores(s, mx);
         publish_max(m, mx, m0, kBarM0);
+        trace(a, k, 1);
         move_max(m0);
         probs(s, m0, hi, lo);
         pv_local(hi, lo);
+        trace(a, k, 2);
         named_sync(kBarM1, 256);
+        trace(a, k, 3);
         get_m(1, m1);
 #pragma unroll
         for (int i = 0; i < 2; ++i) f[i] = m0[i] == -INFINITY ? 1.f : ex2(m0[i] - base_of(m1[i]));
         wg_wait0();
         local_done(hi, lo);
+        trace(a, k, 4);
         if constexpr (kNoLo) release(0, kEarly);  // else WG1 frees it (lo_block)
         rescale_p(hi, lo, f);
         store_p(hi, lo);  // P0 relative to m1, for WG1
         named_arrive(kBarP0, 256);
+        trace(a, k, 5);
         rescale(f);
         m[0] = m1[0];
         m[1] = m1[1];
         named_sync(kBarP1, 256);
+        trace(a, k, 6);
         pv_remote();
         after_remote<NEXT>(s, k);
         release(1, kLate);
@@ -561,19 +588,24 @@ struct PairConsumer {
     {
         float mx[2], m0[2], m1[2];
         uint32_t hi[16], lo[16];
+        trace(a, k, 0);
         mask_scores(s, mx);
         named_sync(kBarM0, 256);
+        trace(a, k, 1);
         get_m(0, m0);
         publish_max(m0, mx, m1, kBarM1);
         move_max(m1);
         probs(s, m1, hi, lo);
         store_p(hi, lo);
         named_arrive(kBarP1, 256);
+        trace(a, k, 2);
         pv_local(hi, lo);
         named_sync(kBarP0, 256);
+        trace(a, k, 3);
         pv_remote();
         wg_wait1();
         local_done(hi, lo);
+        trace(a, k, 4);
         release(1, kEarly);
         after_remote<NEXT>(s, k);
         if constexpr (!kNoLo) release(0, kEarly);  // WG0's P_lo was in it (lo_block)
@@ -609,6 +641,7 @@ __global__ void __launch_bounds__(kThreads, 1) attn_sm90p_kernel(const __grid_co
     extern __shared__ uint8_t smem_raw[];
     Cta c(a, smem_raw, grid_pos(a));
 
+    trace(a, kTraceEdge, kTrStart);
     pdl_launch_dependents();  // the combine (split mode) may be scheduled; it waits for this grid
     if (c.tid == 0) {
 #pragma unroll
@@ -621,6 +654,7 @@ __global__ void __launch_bounds__(kThreads, 1) attn_sm90p_kernel(const __grid_co
     if (c.tid < kMaskWords) c.mask[c.tid] = 0u;
     __syncthreads();
     skip_empty_tiles<256, 4, kThreads>(a, c, c.mask, kBarStart);
+    trace(a, kTraceEdge, kTrScanned);
     if (c.tid >= 256) {
         setmaxnreg_dec<kProducerRegs>();
         PairProducer<ABL, FAST>(a, c).run();
@@ -631,12 +665,16 @@ __global__ void __launch_bounds__(kThreads, 1) attn_sm90p_kernel(const __grid_co
         PairConsumer<0, ABL, FAST> wg(a, c);
         wg.wait_q();
         wg.run((c.nt + 1) / 2);
+        trace(a, kTraceEdge, kTrEpilogue);
         wg.epilogue();
+        trace(a, kTraceEdge, kTrEnd);
     } else {
         PairConsumer<1, ABL, FAST> wg(a, c);
         wg.wait_q();
         wg.run((c.nt + 1) / 2);
+        trace(a, kTraceEdge, kTrEpilogue);
         wg.epilogue();
+        trace(a, kTraceEdge, kTrEnd);
     }
 }
 

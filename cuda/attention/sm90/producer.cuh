@@ -17,6 +17,7 @@
 #pragma once
 
 #include "attention/sm90/plan.cuh"
+#include "attention/sm90/trace.cuh"
 
 namespace attn {
 namespace sm90 {
@@ -186,13 +187,17 @@ struct Bf16Producer {
         for (int it = 0; it < c.nt; ++it) {
             const int gi = RING ? g0 + it : it;
             const int b = gi & 1, use = gi >> 1;
+            trace(a, it, 0);
             t_nxt = c.next_tile(t_nxt + 1);
             fetch_idx(t_nxt, idx_nxt);
             if (use > 0) mbar_wait(c.bar_empty + 8 * b, (use - 1) & 1);
+            trace(a, it, 1);
             if (it > 0 || !have0) issue(b, idx_cur);
+            trace(a, it, 2);
 #pragma unroll
             for (int i = 0; i < kNi; ++i) idx_cur[i] = idx_nxt[i];
             cp_async_wait_all();
+            trace(a, it, 3);
             fence_async_smem();
             mbar_arrive(c.bar_full + 8 * b);
         }

@@ -1,0 +1,41 @@
+// Stage timestamps of the sm90 bf16 kernels (the wide and the pair kernel), profiling builds only
+// (SMLA_PROFILE_BUILD=1 -> SMLA_ATTN_ABLATION): where Nsight Compute's stall samples say which
+// instruction waits, this says when, per tile, each warpgroup passes each point of its schedule, so the
+// waits of one warpgroup can be matched with what the other (or the producer) was doing meanwhile.
+// tools/trace_attn.py sets SMLA_ATTN_TRACE (run.attn_trace) to a device buffer of
+// [kTraceCtas][kTraceSlots][kTraceSteps][kTraceEvents] uint64 and prints the result.
+//
+// CTA blockIdx.x < kTraceCtas records; slot = the recording warp: 0 WG0's first warp, 1 WG1's first, 2 and
+// 3 the producers' first and third (the pair kernel: buffer 0's and buffer 1's); step = the tile (wide
+// kernel) or pair (pair kernel) index, kTraceSteps - 1 the prologue / epilogue; event = the point in the
+// schedule (the kTr* names below). Lane 0 writes clock64() (one SM: one clock for the whole CTA). In
+// other builds trace() is empty.
+#pragma once
+
+#include "attention/args.cuh"
+
+namespace attn {
+namespace sm90 {
+
+constexpr int kTraceCtas = 16, kTraceSlots = 4, kTraceSteps = 48, kTraceEvents = 16;
+constexpr int kTraceEdge = kTraceSteps - 1;  // the step of the prologue / epilogue events
+// Edge events (step kTraceEdge), every slot: kernel start, the tile scan done, epilogue start and end.
+enum TraceEdge { kTrStart = 0, kTrScanned = 1, kTrEpilogue = 2, kTrEnd = 3 };
+
+__device__ __forceinline__ void trace(const Args &a, int step, int ev)
+{
+#if defined(SMLA_ATTN_ABLATION)
+    if (!a.p.run.attn_trace || blockIdx.x >= kTraceCtas || (threadIdx.x & 31) != 0 || step < 0 || step >= kTraceSteps)
+        return;
+    const int w = threadIdx.x >> 5;
+    const int slot = w == 0 ? 0 : (w == 4 ? 1 : (w == 8 ? 2 : (w == 10 ? 3 : -1)));
+    if (slot < 0) return;
+    uint64_t *const buf = reinterpret_cast<uint64_t *>(a.p.run.attn_trace);
+    buf[((static_cast<int64_t>(blockIdx.x) * kTraceSlots + slot) * kTraceSteps + step) * kTraceEvents + ev] = clock64();
+#else
+    (void)a, (void)step, (void)ev;
+#endif
+}
+
+}  // namespace sm90
+}  // namespace attn

@@ -1,0 +1,160 @@
+"""When each warpgroup of the sm90 bf16 prefill kernels passes each point of its schedule, per tile (the
+wide kernel) or per pair of tiles (the pair kernel): the stage timestamps of cuda/attention/sm90/trace.cuh,
+recorded by the first 16 CTAs of one call (h=128, s_q=4096, s_kv=32768, top-k 2048 random, the
+benchmark's case), printed as mean intervals in SM cycles over the steady-state steps. Nsight Compute's
+stall samples say which instruction waits; this says what the other warpgroup and the producer were
+doing meanwhile (hand-off latencies, how long a K region takes to land after its copies were issued).
+Needs a profiling build (SMLA_PROFILE_BUILD=1: the timestamps are compiled in only there).
+
+    SMLA_PROFILE_BUILD=1 python3 setup.py build_ext --inplace
+    PYTHONPATH=src python3 tools/trace_attn.py [--kernel sm90|sm90p] [--precision fast|high] [--h 128]
+"""
+import argparse
+import os
+import sys
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "benchmarks"))
+import bench_sparse_mla_prefill as bp  # noqa: E402
+from _gpu import open_gpu  # noqa: E402
+
+CTAS, SLOTS, STEPS, EVENTS = 16, 4, 48, 16  # sm90/trace.cuh: kTraceCtas, kTraceSlots, kTraceSteps, kTraceEvents
+EDGE = STEPS - 1
+WG0, WG1, PR0, PR1 = range(4)  # slots: WG0's first warp, WG1's first, the producers' first and third
+
+# (label, (slot, step offset, event), (slot, step offset, event)): the interval from the first point of
+# step k + offset to the second, averaged over the steady-state steps k and the CTAs. Events: the
+# comments at sm90/consumer.cuh (wide) and sm90/pair_kernel.cuh (PairEv, pair).
+WIDE = [
+    ("WG0 tile period (start k -> start k+1)", (WG0, 0, 0), (WG0, 1, 0)),
+    ("WG0 wait for K (start -> landed)", (WG0, 0, 0), (WG0, 0, 1)),
+    ("WG0 S (landed -> S done)", (WG0, 0, 1), (WG0, 0, 2)),
+    ("WG0 softmax (S done -> P ready)", (WG0, 0, 2), (WG0, 0, 3)),
+    ("WG0 publish P (-> arrived)", (WG0, 0, 3), (WG0, 0, 4)),
+    ("WG0 its P V (published -> done)", (WG0, 0, 4), (WG0, 0, 5)),
+    ("WG0 release + loop (P V done -> next start)", (WG0, 0, 5), (WG0, 1, 0)),
+    ("WG1 wait for P (start -> P received)", (WG1, 0, 0), (WG1, 0, 1)),
+    ("WG1 hand-off (WG0 published -> WG1 received)", (WG0, 0, 4), (WG1, 0, 1)),
+    ("WG1 its P V (received -> done)", (WG1, 0, 1), (WG1, 0, 2)),
+    ("producer wait for a free buffer", (PR0, 0, 0), (PR0, 0, 1)),
+    ("producer issue (free -> issued)", (PR0, 0, 1), (PR0, 0, 2)),
+    ("producer copies landing (issued -> landed, one thread)", (PR0, 0, 2), (PR0, 0, 3)),
+    ("K tile: issued -> WG0 saw it landed", (PR0, 0, 2), (WG0, 0, 1)),
+]
+PAIR = [
+    ("WG0 pair period (start k -> start k+1)", (WG0, 0, 0), (WG0, 1, 0)),
+    ("WG0 mask + max (-> M0 published)", (WG0, 0, 0), (WG0, 0, 1)),
+    ("WG0 softmax + local P V issue", (WG0, 0, 1), (WG0, 0, 2)),
+    ("WG0 wait for WG1's max", (WG0, 0, 2), (WG0, 0, 3)),
+    ("WG0 local P V done", (WG0, 0, 3), (WG0, 0, 4)),
+    ("WG0 rescale + store P0", (WG0, 0, 4), (WG0, 0, 5)),
+    ("WG0 wait for P1", (WG0, 0, 5), (WG0, 0, 6)),
+    ("WG0 next early region landed (remote P V issued)", (WG0, 0, 6), (WG0, 0, 7)),
+    ("WG0 remote P V done", (WG0, 0, 7), (WG0, 0, 8)),
+    ("WG0 next late region landed", (WG0, 0, 8), (WG0, 0, 9)),
+    ("WG0 next S done", (WG0, 0, 9), (WG0, 0, 10)),
+    ("WG1 pair period", (WG1, 0, 0), (WG1, 1, 0)),
+    ("WG1 mask + wait for WG0's max", (WG1, 0, 0), (WG1, 0, 1)),
+    ("WG1 max hand-off (WG0 published -> WG1 received)", (WG0, 0, 1), (WG1, 0, 1)),
+    ("WG1 softmax + store P1", (WG1, 0, 1), (WG1, 0, 2)),
+    ("WG1 wait for P0 (local P V issued)", (WG1, 0, 2), (WG1, 0, 3)),
+    ("WG1 local P V done", (WG1, 0, 3), (WG1, 0, 4)),
+    ("WG1 next early region landed", (WG1, 0, 4), (WG1, 0, 5)),
+    ("WG1 remote P V done", (WG1, 0, 5), (WG1, 0, 6)),
+    ("WG1 next late region landed", (WG1, 0, 6), (WG1, 0, 7)),
+    ("WG1 next S done", (WG1, 0, 7), (WG1, 0, 8)),
+    ("buffer 0 early: free -> issued", (PR0, 0, 1), (PR0, 0, 2)),
+    ("buffer 0 early: issued -> WG0 saw it landed", (PR0, 1, 2), (WG0, 0, 7)),
+    ("buffer 0 late: wait for free (early issued -> free)", (PR0, 0, 2), (PR0, 0, 3)),
+    ("buffer 0 late: issued -> WG0 saw it landed", (PR0, 1, 4), (WG0, 0, 9)),
+    ("buffer 1 early: issued -> WG1 saw it landed", (PR1, 1, 2), (WG1, 0, 5)),
+    ("buffer 1 late: wait for free", (PR1, 0, 2), (PR1, 0, 3)),
+    ("buffer 1 late: issued -> WG1 saw it landed", (PR1, 1, 4), (WG1, 0, 7)),
+]
+EDGES = [
+    ("prologue: start -> tile scan done", (WG0, None, 0), (WG0, None, 1)),
+    ("epilogue WG0", (WG0, None, 2), (WG0, None, 3)),
+    ("epilogue WG1", (WG1, None, 2), (WG1, None, 3)),
+    ("whole CTA (WG0 start -> WG1 end)", (WG0, None, 0), (WG1, None, 3)),
+]
+
+
+def summarize(t, kernel):
+    """Lines of mean intervals from the [CTAS][SLOTS][STEPS][EVENTS] timestamps t (0: not recorded); the
+    first line says over what. [] when nothing was recorded."""
+    steps = [k for c in t for k in range(EDGE) if c[WG0][k][0]]
+    if not steps:
+        return []
+    nsteps = max(steps) + 1
+    lo, hi = 2, nsteps - 3  # steady state: skip the first two and the last steps
+    lines = [f"{nsteps} steps a CTA, means over steps {lo}..{hi - 1} of {len(t)} CTAs, SM cycles (us at 1.8 GHz)"]
+
+    def interval(a, b, k):
+        out = []
+        for c in t:
+            ka = EDGE if a[1] is None else k + a[1]
+            kb = EDGE if b[1] is None else k + b[1]
+            if ka >= STEPS or kb >= STEPS:
+                continue
+            va, vb = c[a[0]][ka][a[2]], c[b[0]][kb][b[2]]
+            if va and vb:
+                out.append(vb - va)
+        return out
+
+    for label, a, b in (PAIR if kernel == "sm90p" else WIDE):
+        vals = [v for k in range(lo, hi) for v in interval(a, b, k)]
+        if vals:
+            m = sum(vals) / len(vals)
+            lines.append(f"{label:<56} {m:>9.0f} cyc {m / 1800:>7.3f} us   (min {min(vals)}, max {max(vals)}, n {len(vals)})")
+        else:
+            lines.append(f"{label:<56}  (not recorded)")
+    for label, a, b in EDGES:
+        vals = interval(a, b, 0)
+        if vals:
+            m = sum(vals) / len(vals)
+            lines.append(f"{label:<56} {m:>9.0f} cyc {m / 1800:>7.3f} us")
+    return lines
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--kernel", default="sm90", choices=["sm90", "sm90p"])
+    ap.add_argument("--precision", default="fast", choices=["fast", "high"])
+    ap.add_argument("--h", type=int, default=128)
+    ap.add_argument("--s-kv", type=int, default=32768)
+    args = ap.parse_args()
+    os.environ["SMLA_ATTN_KERNEL"] = args.kernel
+    gpu = open_gpu("trace_attn")
+    if gpu is None:
+        return 0
+    torch, smla = gpu
+    if not smla.build_info().get("ablation"):
+        print("not a profiling build (smla.build_info()['ablation'] is False): rebuild with SMLA_PROFILE_BUILD=1")
+        return 1
+    kv = torch.randn((args.s_kv, 576), device="cuda").to(torch.bfloat16)
+    idx = bp.make_indices(torch, args.s_kv, seed=2)
+    q = torch.randn((bp.S_Q, args.h, 576), device="cuda").to(torch.bfloat16)
+    buf = torch.zeros(CTAS * SLOTS * STEPS * EVENTS, dtype=torch.int64, device="cuda")
+
+    def call():
+        return smla.sparse_mla_prefill(q, kv, idx, softmax_scale=bp.SCALE, precision=args.precision)
+
+    call()
+    torch.cuda.synchronize()
+    os.environ["SMLA_ATTN_TRACE"] = str(buf.data_ptr())
+    try:
+        call()
+        torch.cuda.synchronize()
+    finally:
+        del os.environ["SMLA_ATTN_TRACE"]
+    t = buf.view(CTAS, SLOTS, STEPS, EVENTS).cpu().tolist()
+    lines = summarize(t, args.kernel)
+    if not lines:
+        print("nothing recorded")
+        return 1
+    print(f"# kernel {args.kernel}, h={args.h}, s_kv={args.s_kv}, {args.precision}; " + lines[0])
+    print("\n".join(lines[1:]))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
