@@ -3,7 +3,7 @@
 # core, run every CUDA test in parallel pytest processes, then the quick benchmarks. Logs under $OUT.
 # Env: TL / TB time limits (tests / each benchmark), DEMO=1, BENCHES="a.py args;b.py" (none: no benchmark), ABLATE=1 (a
 # profiling build, SMLA_PROFILE_BUILD=1, and tools/ablate.py after the benchmarks: where the time goes),
-# SANITIZE=1 (compute-sanitizer memcheck, synccheck and racecheck on the attention tests, alongside the tests;
+# SANITIZE=1 (compute-sanitizer memcheck, synccheck and racecheck on the attention tests, after the tests;
 # racecheck's hazards summarised by source line: docs/design.md section 1 says which are expected).
 # Each device call pays ~1.5-2 min of machine start: put build, tests, benchmarks and ablation in one.
 set -u
@@ -25,8 +25,13 @@ $P tests/test_cuda_memory_ops.py tests/test_pack_kv.py tests/test_unpack_kv.py t
    tests/test_convert_topk_indices.py tests/test_merge_attn_states.py tests/test_data_checks.py tests/test_edge.py \
    tests/test_host_path.py > "$OUT/t_mem.log" 2>&1 &
 $P tests/test_layer.py tests/test_layer_attend.py tests/test_parallel.py tests/test_metadata.py > "$OUT/t_layer.log" 2>&1 &
+wait  # the sanitizers after the tests, not beside them: side by side their device memory and the test
+      # processes' ran out (cudaErrorMemoryAllocation, reported as sanitizer errors and failed tests)
+el tests done
 if [ -n "${SANITIZE:-}" ]; then
-  CS="timeout ${TL:-200} compute-sanitizer"
+  # torch's caching allocator off: each tensor its own cudaMalloc, so memcheck sees every array's bounds
+  # (inside a cached block an overrun is not an error) and no process hoards freed memory
+  CS="env PYTORCH_NO_CUDA_MEMORY_CACHING=1 timeout ${TL:-200} compute-sanitizer"
   PA="python3 -m pytest -q -p no:cacheprovider -m cuda $A"
   $CS --print-limit 20 --tool memcheck $PA -k "vs_cpu_and_reference or all_invalid or split or graph or small_heads and auto and (b5 or sq62)" \
     > "$OUT/s_memcheck.log" 2>&1 &
@@ -34,12 +39,13 @@ if [ -n "${SANITIZE:-}" ]; then
   $CS --show-backtrace no --print-limit 100000 --tool racecheck --racecheck-report hazard $PA \
     -k "vs_cpu_and_reference and fp8_ds_mla and (128 or 100) or all_invalid or small_heads and auto and (b5 or sq62)" \
     > "$OUT/s_racecheck.log" 2>&1 &
+  wait
+  el sanitizers done
 fi
-wait
-el tests done
 for f in "$OUT"/s_*.log; do
   [ -e "$f" ] || continue
   echo "== $(basename "$f"): $(grep -E "ERROR SUMMARY|RACECHECK SUMMARY" "$f" | tail -n 1)"
+  grep -m 6 -E "^========= +(Invalid|Program hit|Barrier|Race|Missing|Uninitialized)" "$f"  # the first errors themselves
   grep -E "^=========     (Read|Write) Thread" "$f" | sed -E 's/Thread \([0-9,]*\)/Thread/; s/\+0x[0-9a-f]*//' | cut -c1-160 \
     | sort | uniq -c | sort -rn | head -n 6
 done
