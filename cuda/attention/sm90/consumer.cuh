@@ -43,8 +43,9 @@ __device__ __forceinline__ void wait_q()
 }
 
 // What both consumer warpgroups share: the thread's place (rows r0, r0 + 8 of the 64 heads, column
-// pairs 2 t4 + 8 jn of its warpgroup's accumulator), the buffer hand-off and the output half O.
-template <int ABL, bool XO, bool FAST>
+// pairs 2 t4 + 8 jn of its warpgroup's accumulator), the buffer hand-off and its share of O: NC columns
+// from C0 (256 each by default; SMLA_SM90_SPLIT = 128, bf16 only: WG0 128, WG1 384, plan.cuh).
+template <int ABL, bool XO, bool FAST, int NC = 256, int C0 = 0>
 struct ConsumerBase {
     static constexpr bool kNoS = (ABL & 2) != 0, kNoPV = (ABL & 4) != 0, kNoLo = FAST || (ABL & 16) != 0;
 
@@ -54,15 +55,18 @@ struct ConsumerBase {
     const int wg;              // 0: scores + output columns 0..255; 1: output columns 256..511
     const int g, t4;
     const int r0;              // this thread's rows r0, r0 + 8
-    float o[128];              // O[r0 / r0 + 8][256 wg + 8 jn + 2 t4 + {0, 1}] at o[4 jn + {0, 1} / {2, 3}]
+    float o[NC / 2];           // O[r0 / r0 + 8][col0 + 8 jn + 2 t4 + {0, 1}] at o[4 jn + {0, 1} / {2, 3}]
 
     __device__ __forceinline__ ConsumerBase(const Args &a_, const Cta<XO> &cta, uint32_t peer_base_)
         : a(a_), peer_base(peer_base_), lane(cta.lane), wg(cta.tid >> 7), g(cta.lane >> 2), t4(cta.lane & 3),
           r0(16 * ((cta.tid >> 5) & 3) + (cta.lane >> 2))
     {
 #pragma unroll
-        for (int i = 0; i < 128; ++i) o[i] = 0.f;
+        for (int i = 0; i < NC / 2; ++i) o[i] = 0.f;
     }
+
+    // The first of this warpgroup's O columns (the even split from wg at run time: its measured code).
+    __device__ __forceinline__ int col0() const { return NC == 256 ? 256 * wg : C0; }
 
     __device__ __forceinline__ void acquire(const Cta<XO> &c, int b, int use) const
     {
@@ -100,10 +104,14 @@ struct ConsumerBase {
     __device__ __forceinline__ void rescale(const float (&alpha)[2]) { rescale_rows(o, alpha); }
 
     // V = the K buffer's (descriptor base vd = desc_base(kb, kBlk)) columns 256 wg .. + 255, k-step kk
-    // (tokens 16 kk ..), N-major.
+    // (tokens 16 kk ..), N-major; v_desc_at: from column block blk (64 columns) on.
     __device__ __forceinline__ uint64_t v_desc(uint32_t vd, int kk) const
     {
         return desc_at(vd, (4 * wg) * kBlk + (16 * kk) * 128);
+    }
+    __device__ __forceinline__ static uint64_t v_desc_at(uint32_t vd, int kk, int blk)
+    {
+        return desc_at(vd, blk * kBlk + (16 * kk) * 128);
     }
 
     // The epilogue of this warpgroup's 256 columns, once WG0 published the row statistics (kBarL); mt:
@@ -112,14 +120,14 @@ struct ConsumerBase {
     {
         named_sync(kBarL, 256);  // also: every S is done, so Q's region may hold the staged output
         const auto stat = [&](int hf, int rl) { return RowStat{c.sM[rl], c.sL[rl], mt[hf]}; };
-        finish_o_half(a, c, c.h0, r0, wg, t4, o, stat, c.sQ, kBarOut + wg);
+        finish_o_cols(a, c, c.h0, r0, col0(), t4, o, stat, c.sQ, kBarOut + wg);
     }
 };
 
-// WG0: S, softmax, P for both warpgroups, and P V for output columns 0..255.
-template <int ABL, bool XO, bool FAST>
-struct ScoreWarpgroup : ConsumerBase<ABL, XO, FAST> {
-    using B = ConsumerBase<ABL, XO, FAST>;
+// WG0: S, softmax, P for both warpgroups, and P V for output columns 0 .. SPLIT - 1 (256 or 128).
+template <int ABL, bool XO, bool FAST, int SPLIT = 256>
+struct ScoreWarpgroup : ConsumerBase<ABL, XO, FAST, SPLIT, 0> {
+    using B = ConsumerBase<ABL, XO, FAST, SPLIT, 0>;
     using B::a, B::g, B::t4, B::r0, B::o;
     float m_r[2] = {-INFINITY, -INFINITY};  // the reference max of P = 2^(S - m_r) (see softmax)
     float m_t[2] = {-INFINITY, -INFINITY};  // the true row max (max_logits)
@@ -245,7 +253,7 @@ struct ScoreWarpgroup : ConsumerBase<ABL, XO, FAST> {
         named_arrive(kBarP + b, 256);
     }
 
-    // O[:, 0:256] += P V with P from registers; returns once it completed. (Queuing the next tile's S
+    // O[:, 0:SPLIT] += P V with P from registers; returns once it completed. (Queuing the next tile's S
     // chain 0 behind it was measured on the H200 and lost: 224 registers spill then, and decode h = 128
     // s_q = 2 b = 128 took 610 instead of 488 us in "fast"; benchmarks/README.md.)
     __device__ __forceinline__ void pv_phase(uint32_t kb, uint32_t (&hi)[16], uint32_t (&lo)[16])
@@ -255,9 +263,18 @@ struct ScoreWarpgroup : ConsumerBase<ABL, XO, FAST> {
             wg_fence();
 #pragma unroll
             for (int kk = 0; kk < 4; ++kk) {
-                const uint64_t dv = B::v_desc(vd, kk);
-                wgmma_n256_rs(o, reinterpret_cast<const uint32_t(&)[4]>(hi[4 * kk]), dv);
-                if constexpr (!B::kNoLo) wgmma_n256_rs(o, reinterpret_cast<const uint32_t(&)[4]>(lo[4 * kk]), dv);
+                const auto &ah = reinterpret_cast<const uint32_t(&)[4]>(hi[4 * kk]);
+                const auto &al = reinterpret_cast<const uint32_t(&)[4]>(lo[4 * kk]);
+                if constexpr (SPLIT == 256) {
+                    const uint64_t dv = B::v_desc(vd, kk);
+                    wgmma_n256_rs(o, ah, dv);
+                    if constexpr (!B::kNoLo) wgmma_n256_rs(o, al, dv);
+                } else {
+                    static_assert(SPLIT == 128, "WG0 takes 256 or 128 columns");
+                    const uint64_t dv = B::v_desc_at(vd, kk, 0);
+                    wgmma_n128_rs(o, ah, dv);
+                    if constexpr (!B::kNoLo) wgmma_n128_rs(o, al, dv);
+                }
             }
             wg_commit();
             wg_wait0();
@@ -315,10 +332,10 @@ struct ScoreWarpgroup : ConsumerBase<ABL, XO, FAST> {
     }
 };
 
-// WG1: P V for output columns 256..511 with P from smem.
-template <int ABL, bool XO, bool FAST>
-struct ValueWarpgroup : ConsumerBase<ABL, XO, FAST> {
-    using B = ConsumerBase<ABL, XO, FAST>;
+// WG1: P V for output columns SPLIT..511 (256 or 384 of them) with P from smem.
+template <int ABL, bool XO, bool FAST, int SPLIT = 256>
+struct ValueWarpgroup : ConsumerBase<ABL, XO, FAST, 512 - SPLIT, SPLIT> {
+    using B = ConsumerBase<ABL, XO, FAST, 512 - SPLIT, SPLIT>;
     using B::r0, B::o;
 
     __device__ __forceinline__ ValueWarpgroup(const Args &a_, const Cta<XO> &cta, uint32_t peer_base_)
@@ -334,9 +351,21 @@ struct ValueWarpgroup : ConsumerBase<ABL, XO, FAST> {
             wg_fence();
 #pragma unroll
             for (int kk = 0; kk < 4; ++kk) {
-                const uint64_t dv = B::v_desc(vd, kk);
-                wgmma_n256_tb(o, desc_at(pd, kk * 32), dv);
-                if constexpr (!B::kNoLo) wgmma_n256_tb(o, desc_at(ld, kk * 32), dv);
+                if constexpr (SPLIT == 256) {
+                    const uint64_t dv = B::v_desc(vd, kk);
+                    wgmma_n256_tb(o, desc_at(pd, kk * 32), dv);
+                    if constexpr (!B::kNoLo) wgmma_n256_tb(o, desc_at(ld, kk * 32), dv);
+                } else {  // columns 128..383 (blocks 2..5) into o[0..127], 384..511 (blocks 6, 7) into o[128..191]
+                    auto &oa = reinterpret_cast<float(&)[128]>(o[0]);
+                    auto &ob = reinterpret_cast<float(&)[64]>(o[128]);
+                    const uint64_t da = B::v_desc_at(vd, kk, 2), db = B::v_desc_at(vd, kk, 6);
+                    wgmma_n256_tb(oa, desc_at(pd, kk * 32), da);
+                    wgmma_n128_tb(ob, desc_at(pd, kk * 32), db);
+                    if constexpr (!B::kNoLo) {
+                        wgmma_n256_tb(oa, desc_at(ld, kk * 32), da);
+                        wgmma_n128_tb(ob, desc_at(ld, kk * 32), db);
+                    }
+                }
             }
             wg_commit();
             wg_wait0();

@@ -83,8 +83,10 @@ __global__ void __launch_bounds__(kThreads, 1) attn_sm90_kernel(const __grid_con
         trace(a, kTraceEdge, kTrScanned);
     }
 
+    constexpr int SPLIT = FP8 ? 256 : kSplit;  // WG0's O columns (plan.cuh)
+    using Regs = WgRegs<SPLIT>;
     if (c.tid >= 256) {
-        setmaxnreg_dec<kProducerRegs>();
+        setmaxnreg_to<Regs::producer>();
         if constexpr (FP8) Fp8Producer<ABL, XO>(a, c, peer, peer_base).run();
         else Bf16Producer<ABL>(a, c).run(kSpeculate && c.nt_all > 0);
         return;
@@ -94,18 +96,18 @@ __global__ void __launch_bounds__(kThreads, 1) attn_sm90_kernel(const __grid_con
     // are in flight, nor we while its are (the producers, which have left, are not waited for: their
     // stores completed before the consumers' last rr wait)
     if (c.tid < 128) {
-        setmaxnreg_inc<kScoreRegs>();
+        setmaxnreg_to<Regs::score>();
         wait_q();
-        ScoreWarpgroup<ABL, XO, FAST> wg0(a, c, peer_base);
+        ScoreWarpgroup<ABL, XO, FAST, SPLIT> wg0(a, c, peer_base);
         wg0.run(c);
         if constexpr (XO) cluster_sync();
         trace(a, kTraceEdge, kTrEpilogue);
         wg0.epilogue(c);
         trace(a, kTraceEdge, kTrEnd);
     } else {
-        setmaxnreg_dec<kValueRegs>();
+        setmaxnreg_to<Regs::value>();
         wait_q();
-        ValueWarpgroup<ABL, XO, FAST> wg1(a, c, peer_base);
+        ValueWarpgroup<ABL, XO, FAST, SPLIT> wg1(a, c, peer_base);
         for (int it = 0; it < c.nt; ++it) wg1.tile(c, it, c.nt);
         if constexpr (XO) cluster_sync();
         trace(a, kTraceEdge, kTrEpilogue);
@@ -150,8 +152,9 @@ __global__ void __launch_bounds__(kThreads, 1) attn_sm90_persistent_kernel(const
     }
     __syncthreads();
 
+    using Regs = WgRegs<kSplit>;
     if (c0.tid >= 256) {
-        setmaxnreg_dec<kProducerRegs>();
+        setmaxnreg_to<Regs::producer>();
         int g = 0, k = 0;
         for (int64_t item = blockIdx.x; item < items; item += gridDim.x, ++k) {
             Cta<false> c(a, smem_raw, grid_pos_of(a, item));
@@ -185,26 +188,26 @@ __global__ void __launch_bounds__(kThreads, 1) attn_sm90_persistent_kernel(const
         if (c.lane == 0) mbar_arrive(nt_free + 8 * (k & 1));
     };
     if (c0.tid < 128) {
-        setmaxnreg_inc<kScoreRegs>();
+        setmaxnreg_to<Regs::score>();
         int g = 0, k = 0;
         for (int64_t item = blockIdx.x; item < items; item += gridDim.x, ++k) {
             Cta<false> c(a, smem_raw, grid_pos_of(a, item));
             take(c, k);
             mbar_wait(q_full, k & 1);
             fence_async_smem();  // the producers' cp.async data, read by wgmma
-            ScoreWarpgroup<ABL, false, FAST> wg0(a, c, 0u);
+            ScoreWarpgroup<ABL, false, FAST, kSplit> wg0(a, c, 0u);
             wg0.run(c, g, q_empty);
             wg0.epilogue(c);
             named_sync(kBarL, 256);  // WG1 has read the row statistics
             g += c.nt;
         }
     } else {
-        setmaxnreg_dec<kValueRegs>();
+        setmaxnreg_to<Regs::value>();
         int g = 0, k = 0;
         for (int64_t item = blockIdx.x; item < items; item += gridDim.x, ++k) {
             Cta<false> c(a, smem_raw, grid_pos_of(a, item));
             take(c, k);
-            ValueWarpgroup<ABL, false, FAST> wg1(a, c, 0u);
+            ValueWarpgroup<ABL, false, FAST, kSplit> wg1(a, c, 0u);
             for (int it = 0; it < c.nt; ++it) wg1.tile(c, it, c.nt, g);
             wg1.epilogue(c);
             named_sync(kBarL, 256);

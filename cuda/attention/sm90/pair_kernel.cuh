@@ -628,7 +628,7 @@ struct PairConsumer {
         }
         named_sync(kBarL, 256);  // every S is done too: Q's region may hold the staged output
         const auto stat = [&](int hf, int rl) { return RowStat{m[hf], c.sL[rl] + c.sL[kHT + rl], m[hf]}; };
-        finish_o_half(a, c, c.h0, r0, W, t4, o, stat, c.sQ, kBarOut + W);
+        finish_o_cols(a, c, c.h0, r0, 256 * W, t4, o, stat, c.sQ, kBarOut + W);
     }
 };
 

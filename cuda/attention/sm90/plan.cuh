@@ -49,8 +49,35 @@ static_assert(kRowChunks == 9 * 8, "a row is 9 column blocks of 8 chunks");
 // in registers; WG1 only its half of O. setmaxnreg.inc only takes what the other warpgroups released
 // with .dec (the CTA's pool), so the three must sum to the launch allocation, 3 x 168 (a larger sum
 // blocks WG0's .inc forever).
+constexpr int kLaunchRegs = 168;  // 64K / 384, rounded down to a multiple of 8
 constexpr int kScoreRegs = 224, kValueRegs = 160, kProducerRegs = 120;
-static_assert(kScoreRegs + kValueRegs + kProducerRegs <= 3 * 168, "the launch allocation: 64K / 384 -> 168");
+static_assert(kScoreRegs + kValueRegs + kProducerRegs <= 3 * kLaunchRegs, "the launch allocation: 64K / 384 -> 168");
+// The O columns of WG0 in the bf16 wide kernel (the fp8 one: always 256): 256 (even, the default) or 128
+// (WG0 then holds 64 accumulator registers instead of 128 and its P V, on the critical path of every
+// tile, is half as long; WG1, idle half of its time with 256, takes the other 384). Built, not yet run.
+#ifndef SMLA_SM90_SPLIT
+#define SMLA_SM90_SPLIT 256
+#endif
+constexpr int kSplit = SMLA_SM90_SPLIT;
+static_assert(kSplit == 256 || kSplit == 128, "SMLA_SM90_SPLIT: WG0 takes 256 or 128 of O's 512 columns");
+// setmaxnreg budgets of the three warpgroups for a split (their sum is the launch allocation, as above).
+template <int SPLIT>
+struct WgRegs {
+    static constexpr int score = SPLIT == 256 ? kScoreRegs : 176;
+    static constexpr int value = SPLIT == 256 ? kValueRegs : 224;
+    static constexpr int producer = SPLIT == 256 ? kProducerRegs : 104;
+    static_assert(score + value + producer <= 3 * kLaunchRegs && score % 8 == 0 && value % 8 == 0 &&
+                      producer % 8 == 0,
+                  "setmaxnreg: multiples of 8 within the launch allocation");
+};
+// setmaxnreg to N registers from the launch allocation: .inc above it, .dec below (ptxas rejects a .dec
+// that would raise the count).
+template <int N>
+__device__ __forceinline__ void setmaxnreg_to()
+{
+    if constexpr (N > kLaunchRegs) setmaxnreg_inc<N>();
+    else setmaxnreg_dec<N>();
+}
 // Named barriers of the 256 consumer threads: P of K buffer b ready (kBarP + b: WG0 arrives, WG1 waits;
 // one per buffer, so WG0 can never arrive twice on one before WG1 waited: its next arrival there needs
 // the buffer back), P_lo free (WG1 arrives, WG0 waits; high precision only), the epilogue's row

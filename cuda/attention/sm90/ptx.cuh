@@ -208,6 +208,34 @@ __device__ __forceinline__ void wgmma_n256_rs(float (&d)[128], const uint32_t (&
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(1));
 }
 
+// m64n128k16 with A from registers (wgmma_n256_rs's fragment) / from shared memory, B N-major (as
+// wgmma_n256_tb): the 128-column share of P V (the wide bf16 kernel with SMLA_SM90_SPLIT = 128).
+__device__ __forceinline__ void wgmma_n128_rs(float (&d)[64], const uint32_t (&a)[4], uint64_t db)
+{
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, "
+        "%21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, "
+        "%41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, "
+        "%61, %62, %63} "
+        ", {%64, %65, %66, %67}, %68, p, 1, 1, 1;\n}\n"
+        : SMLA_F8(0), SMLA_F8(8), SMLA_F8(16), SMLA_F8(24), SMLA_F8(32), SMLA_F8(40), SMLA_F8(48), SMLA_F8(56)
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(1));
+}
+__device__ __forceinline__ void wgmma_n128_tb(float (&d)[64], uint64_t da, uint64_t db)
+{
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, "
+        "%21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, "
+        "%41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, "
+        "%61, %62, %63} "
+        ", %64, %65, p, 1, 1, 0, 1;\n}\n"
+        : SMLA_F8(0), SMLA_F8(8), SMLA_F8(16), SMLA_F8(24), SMLA_F8(32), SMLA_F8(40), SMLA_F8(48), SMLA_F8(56)
+        : "l"(da), "l"(db), "r"(1));
+}
 // S[64 x 64] (+)= A[64 x 16] B[64 x 16]^T, A in registers (the m64k16 A fragment, as wgmma_n256_rs), B
 // K-major in smem (the pair kernel's RoPE k-steps, sm90/pair_kernel.cuh).
 __device__ __forceinline__ void wgmma_n64_rs(float (&d)[32], const uint32_t (&a)[4], uint64_t db, int accumulate)

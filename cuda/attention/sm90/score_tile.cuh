@@ -77,13 +77,14 @@ __device__ __forceinline__ void store_p_frags(uint32_t blk, int r0, int lane, co
         stsm_x4(blk_addr(blk, row, 2 * kk + (m >> 1)), p[4 * kk], p[4 * kk + 1], p[4 * kk + 2], p[4 * kk + 3]);
 }
 
-// O's rows r0 / r0 + 8 times f[0] / f[1], skipped when no lane of the warp has a factor other than 1
-// (the running max moved: rarely, late in a row).
-__device__ __forceinline__ void rescale_rows(float (&o)[128], const float (&f)[2])
+// O's rows r0 / r0 + 8 times f[0] / f[1] (an accumulator of N floats: N / 4 column blocks of 8), skipped
+// when no lane of the warp has a factor other than 1 (the running max moved: rarely, late in a row).
+template <int N>
+__device__ __forceinline__ void rescale_rows(float (&o)[N], const float (&f)[2])
 {
     if (__any_sync(0xffffffffu, f[0] != 1.f || f[1] != 1.f)) {
 #pragma unroll
-        for (int jn = 0; jn < 32; ++jn) {
+        for (int jn = 0; jn < N / 4; ++jn) {
             o[4 * jn + 0] *= f[0];
             o[4 * jn + 1] *= f[0];
             o[4 * jn + 2] *= f[1];
@@ -92,20 +93,21 @@ __device__ __forceinline__ void rescale_rows(float (&o)[128], const float (&f)[2
     }
 }
 
-// The epilogue of an O half (columns 256 half .. + 255 of heads h0 + r0, h0 + r0 + 8), with stat(hf, rl) ->
-// {m, l, mt} (rl = r0 + 8 hf): the row's log2-domain reference max m, its sum l of 2^(s - m) and its
-// true max mt (max_logits; with kLazyMax the wide kernel moves m lazily, so mt >= m). Half 0's quad lead
-// writes the row's lse (and max_logits). finish_half: each row through finish_row (attention/epilogue.cuh),
-// split partials or direct stores (max_logits from m: not for the lazy max, plan.cuh); SPLIT = 1: the
-// caller knows it is a split.
+// The epilogue of a warpgroup's O columns col0 .. col0 + 2 N - 1 (o: N floats, the m64n(2N) accumulator
+// layout, o[4 jn + ..] at columns col0 + 8 jn + 2 t4, + 1) of heads h0 + r0, h0 + r0 + 8, with
+// stat(hf, rl) -> {m, l, mt} (rl = r0 + 8 hf): the row's log2-domain reference max m, its sum l of
+// 2^(s - m) and its true max mt (max_logits; with kLazyMax the wide kernel moves m lazily, so mt >= m).
+// The quad lead of the warpgroup that holds column 0 writes the row's lse (and max_logits).
+// finish_cols: each row through finish_row (attention/epilogue.cuh), split partials or direct stores
+// (max_logits from m: not for the lazy max, plan.cuh); SPLIT = 1: the caller knows it is a split.
 struct RowStat {
     float m;
     double l;
     float mt;
 };
-template <int SPLIT = -1, class Stat>
-__device__ __forceinline__ void finish_half(const Args &a, const CtaCommon &c, int h0, int r0, int half, int t4,
-                                            const float (&o)[128], Stat stat)
+template <int SPLIT = -1, int N, class Stat>
+__device__ __forceinline__ void finish_cols(const Args &a, const CtaCommon &c, int h0, int r0, int col0, int t4,
+                                            const float (&o)[N], Stat stat)
 {
     const bool split = SPLIT < 0 ? a.n_splits > 1 : SPLIT != 0;
 #pragma unroll
@@ -113,11 +115,11 @@ __device__ __forceinline__ void finish_half(const Args &a, const CtaCommon &c, i
         const int rl = r0 + 8 * hf;
         const int hr = h0 + rl;
         if (hr >= c.h) continue;
-        const int col0 = 256 * half + 2 * t4;
+        const int cc = col0 + 2 * t4;
         const RowStat rs = stat(hf, rl);
-        finish_row<32>(
-            a, c.row, c.bi, c.si, c.sp, c.h, hr, split, rs.m, rs.l, [&] { return col0; },
-            [&] { return half == 0 && t4 == 0; },
+        finish_row<N / 4>(
+            a, c.row, c.bi, c.si, c.sp, c.h, hr, split, rs.m, rs.l, [&] { return cc; },
+            [&] { return col0 == 0 && t4 == 0; },
             [&](int jn) { return make_float2(o[4 * jn + 2 * hf], o[4 * jn + 2 * hf + 1]); });
     }
 }
@@ -125,14 +127,16 @@ __device__ __forceinline__ void finish_half(const Args &a, const CtaCommon &c, i
 // A direct output (no top-k split), written through shared memory: each thread puts its
 // rows' scaled bf16 pairs into stage (64 rows x 1 KB, 16-byte chunk k of a row at chunk k ^ (row & 7),
 // so a quarter warp's eight rows hit distinct banks), the warpgroup meets at named barrier bar, and
-// each 16-byte chunk of its 256 columns goes out in one store (a warp writes 512 contiguous bytes of a
+// each 16-byte chunk of its columns goes out in one store (a warp writes 512 contiguous bytes of a
 // row, where the direct stores wrote 16 bytes per row and instruction). The arithmetic is
 // finish_row's: row_lse, out_factor, row_max_logit.
-template <class Stat>
-__device__ __forceinline__ void finish_half_direct(const Args &a, const CtaCommon &c, int h0, int r0, int half, int t4,
-                                                   const float (&o)[128], Stat stat, uint32_t stage, int bar)
+template <int N, class Stat>
+__device__ __forceinline__ void finish_cols_direct(const Args &a, const CtaCommon &c, int h0, int r0, int col0, int t4,
+                                                   const float (&o)[N], Stat stat, uint32_t stage, int bar)
 {
+    constexpr int kChunks = N / 4;  // 16-byte chunks (8 columns) of a row
     const smla_attn_params &p = a.p;
+    const int k0 = col0 >> 3;  // col0 is a multiple of 8
 #pragma unroll
     for (int hf = 0; hf < 2; ++hf) {
         const int rl = r0 + 8 * hf;
@@ -143,11 +147,11 @@ __device__ __forceinline__ void finish_half_direct(const Args &a, const CtaCommo
         const double lse_d = row_lse(rs.m, rs.l, a.ml_factor);
         const float f = out_factor(p, hr, none ? 0.f : static_cast<float>(1.0 / rs.l), none, lse_d);
 #pragma unroll
-        for (int jn = 0; jn < 32; ++jn) {
-            const uint32_t at = stage + rl * 1024 + (((32 * half + jn) ^ (rl & 7)) << 4) + 4 * t4;
+        for (int jn = 0; jn < kChunks; ++jn) {
+            const uint32_t at = stage + rl * 1024 + (((k0 + jn) ^ (rl & 7)) << 4) + 4 * t4;
             st_shared_u32(at, pack_bf16x2(o[4 * jn + 2 * hf] * f, o[4 * jn + 2 * hf + 1] * f));
         }
-        if (half == 0 && t4 == 0) {
+        if (col0 == 0 && t4 == 0) {
             p.lse[c.bi * p.lse_stride_b + c.si * p.lse_stride_s + hr * p.lse_stride_h] = static_cast<float>(lse_d);
             if (p.max_logits)
                 p.max_logits[c.bi * p.ml_stride_b + c.si * p.ml_stride_s + hr * p.ml_stride_h] =
@@ -156,27 +160,29 @@ __device__ __forceinline__ void finish_half_direct(const Args &a, const CtaCommo
     }
     named_sync(bar, 128);
     const int tw = c.tid & 127;
-    uint16_t *const out_row = p.out + c.bi * p.out_stride_b + c.si * p.out_stride_s + 256 * half;
+    uint16_t *const out_row = p.out + c.bi * p.out_stride_b + c.si * p.out_stride_s + col0;
 #pragma unroll 4
-    for (int k = 0; k < 16; ++k) {
-        const int q = 128 * k + tw, row = q >> 5, cc = q & 31;
+    for (int k = 0; k < kChunks / 2; ++k) {  // 64 rows x kChunks chunks over 128 threads
+        const int q = 128 * k + tw;
+        const int row = kChunks == 32 ? q >> 5 : q / kChunks, cc = kChunks == 32 ? q & 31 : q % kChunks;
         if (h0 + row >= c.h) break;  // rows ascend with k
-        const uint4 v = ld_shared_v4(stage + row * 1024 + (((32 * half + cc) ^ (row & 7)) << 4));
+        const uint4 v = ld_shared_v4(stage + row * 1024 + (((k0 + cc) ^ (row & 7)) << 4));
         *reinterpret_cast<uint4 *>(out_row + (h0 + row) * p.out_stride_h + 8 * cc) = v;
     }
 }
 
-// The writer of an O half: finish_half_direct for a direct output when kStagedOut (plan.cuh), else
-// finish_half. stage: Q's region (dead once every S is done), bar: the warpgroup's named barrier.
-template <class Stat>
-__device__ __forceinline__ void finish_o_half(const Args &a, const CtaCommon &c, int h0, int r0, int half, int t4,
-                                              const float (&o)[128], Stat stat, uint32_t stage, int bar)
+// The writer of a warpgroup's O columns: finish_cols_direct for a direct output when kStagedOut
+// (plan.cuh), else finish_cols. stage: Q's region (dead once every S is done), bar: the warpgroup's
+// named barrier.
+template <int N, class Stat>
+__device__ __forceinline__ void finish_o_cols(const Args &a, const CtaCommon &c, int h0, int r0, int col0, int t4,
+                                              const float (&o)[N], Stat stat, uint32_t stage, int bar)
 {
     if constexpr (kStagedOut) {
-        if (a.n_splits > 1) finish_half<1>(a, c, h0, r0, half, t4, o, stat);
-        else finish_half_direct(a, c, h0, r0, half, t4, o, stat, stage, bar);
+        if (a.n_splits > 1) finish_cols<1>(a, c, h0, r0, col0, t4, o, stat);
+        else finish_cols_direct(a, c, h0, r0, col0, t4, o, stat, stage, bar);
     } else {
-        finish_half(a, c, h0, r0, half, t4, o, stat);
+        finish_cols(a, c, h0, r0, col0, t4, o, stat);
     }
 }
 
