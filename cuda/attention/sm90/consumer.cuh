@@ -253,10 +253,11 @@ struct ScoreWarpgroup : ConsumerBase<ABL, XO, FAST, SPLIT, 0> {
         named_arrive(kBarP + b, 256);
     }
 
-    // O[:, 0:SPLIT] += P V with P from registers; returns once it completed. (Queuing the next tile's S
+    // O[:, 0:SPLIT] += P V with P from registers, one commit group (pv_issue); pv_phase returns once it
+    // completed. (Queuing the next tile's S
     // chain 0 behind it was measured on the H200 and lost: 224 registers spill then, and decode h = 128
     // s_q = 2 b = 128 took 610 instead of 488 us in "fast"; benchmarks/README.md.)
-    __device__ __forceinline__ void pv_phase(uint32_t kb, uint32_t (&hi)[16], uint32_t (&lo)[16])
+    __device__ __forceinline__ void pv_issue(uint32_t kb, uint32_t (&hi)[16], uint32_t (&lo)[16])
     {
         if constexpr (!B::kNoPV) {
             const uint32_t vd = opaque(desc_base(kb, kBlk));
@@ -277,10 +278,21 @@ struct ScoreWarpgroup : ConsumerBase<ABL, XO, FAST, SPLIT, 0> {
                 }
             }
             wg_commit();
+        }
+    }
+    // The registers an in-flight P V reads and writes, fenced once it completed.
+    __device__ __forceinline__ void pv_fence(uint32_t (&hi)[16], uint32_t (&lo)[16])
+    {
+        fence_regs(o);
+        fence_regs(hi);
+        if constexpr (!B::kNoLo) fence_regs(lo);
+    }
+    __device__ __forceinline__ void pv_phase(uint32_t kb, uint32_t (&hi)[16], uint32_t (&lo)[16])
+    {
+        if constexpr (!B::kNoPV) {
+            pv_issue(kb, hi, lo);
             wg_wait0();
-            fence_regs(o);
-            fence_regs(hi);
-            if constexpr (!B::kNoLo) fence_regs(lo);
+            pv_fence(hi, lo);
         }
     }
 
@@ -311,6 +323,74 @@ struct ScoreWarpgroup : ConsumerBase<ABL, XO, FAST, SPLIT, 0> {
             pv_phase(kb, hi, lo);
             trace(a, it, 5);
             B::release(c, b);
+        }
+    }
+
+    // kQueueS (plan.cuh; SPLIT = 128): the same tiles with tile it + 1's S issued right behind tile it's
+    // P V (its two chains into s and t, one commit group each), so the tensor cores go from one to the
+    // other without this warpgroup draining them in between; one wait then covers both, and tile it's
+    // buffer is released. Nothing is in flight across the loop's back edge or a branch (ptxas serialises
+    // every wgmma otherwise: C7514 / C7515 when the wait sat at the top of the next tile, with the
+    // accumulators live across the back edge), so the last tile, which issues no next S, is its own
+    // instantiation (NEXT = false). The P fragments of tile it stay allocated until the wait (pv_fence).
+    __device__ __forceinline__ void run_queued(const Cta<XO> &c)
+    {
+        static_assert(SPLIT == 128 && kSChains == 2, "the queued S: WG0's registers with the 128-column split, 2 chains");
+        float s[32], t[32];
+        if (c.nt == 0) return;
+        B::acquire(c, 0, 0);
+        trace(a, 0, 1);
+        issue_s(c, c.sK, s, t);
+        wg_wait0();
+        fence_regs(s);
+        fence_regs(t);
+#pragma unroll 1
+        for (int it = 0; it + 1 < c.nt; ++it) tile_queued<true>(c, it, s, t);
+        tile_queued<false>(c, c.nt - 1, s, t);
+    }
+    template <bool NEXT>
+    __device__ __forceinline__ void tile_queued(const Cta<XO> &c, int it, float (&s)[32], float (&t)[32])
+    {
+        const int b = it & 1;
+        const uint32_t kb = c.sK + b * kTileBytes;
+        float mx[2], alpha[2];
+        uint32_t hi[16], lo[16];
+        trace(a, it, 0);
+        trace(a, it, 2);  // S of this tile is done (waited for at the end of the last tile)
+        if constexpr (B::kNoS) {
+#pragma unroll
+            for (int i = 0; i < 32; ++i) s[i] = 0.f;
+        } else {
+#pragma unroll
+            for (int i = 0; i < 32; ++i) s[i] += t[i];
+        }
+        mask_scores(c, b, s, mx);
+        softmax(s, mx, alpha, hi, lo);
+        trace(a, it, 3);
+        publish(c, it, b, kb, alpha, hi, lo);
+        trace(a, it, 4);
+        B::rescale(alpha);
+        pv_issue(kb, hi, lo);
+        if constexpr (NEXT) {
+            B::acquire(c, b ^ 1, (it + 1) >> 1);
+            trace(a, it + 1, 1);
+            issue_s(c, c.sK + (b ^ 1) * kTileBytes, s, t);
+        }
+        wg_wait0();  // P V of tile it (and S of tile it + 1)
+        pv_fence(hi, lo);
+        if constexpr (NEXT) {
+            fence_regs(s);
+            fence_regs(t);
+        }
+        trace(a, it, 5);
+        B::release(c, b);
+    }
+    // S of K buffer kb as two chains (into s: k-steps 0..17, t: 18..35), one commit group each, no wait.
+    __device__ __forceinline__ void issue_s(const Cta<XO> &c, uint32_t kb, float (&s)[32], float (&t)[32]) const
+    {
+        if constexpr (!B::kNoS) {
+            s_chain(c, s, 0, 18, kb, false);
+            s_chain(c, t, 18, 36, kb, false);
         }
     }
 

@@ -60,12 +60,20 @@ static_assert(kScoreRegs + kValueRegs + kProducerRegs <= 3 * kLaunchRegs, "the l
 #endif
 constexpr int kSplit = SMLA_SM90_SPLIT;
 static_assert(kSplit == 256 || kSplit == 128, "SMLA_SM90_SPLIT: WG0 takes 256 or 128 of O's 512 columns");
+// With the 128-column split WG0 has the registers to issue tile it + 1's S right behind tile it's P V
+// (ScoreWarpgroup::run_queued): the tensor cores go from one to the other without WG0 draining them in
+// between. Built, not yet run.
+#ifndef SMLA_SM90_QUEUE_S
+#define SMLA_SM90_QUEUE_S 0
+#endif
+constexpr bool kQueueS = SMLA_SM90_QUEUE_S != 0;
+static_assert(!kQueueS || kSplit == 128, "SMLA_SM90_QUEUE_S needs SMLA_SM90_SPLIT = 128 (WG0's registers)");
 // setmaxnreg budgets of the three warpgroups for a split (their sum is the launch allocation, as above).
 template <int SPLIT>
 struct WgRegs {
-    static constexpr int score = SPLIT == 256 ? kScoreRegs : 176;
+    static constexpr int score = SPLIT == 256 ? kScoreRegs : (kQueueS ? 200 : 176);
     static constexpr int value = SPLIT == 256 ? kValueRegs : 224;
-    static constexpr int producer = SPLIT == 256 ? kProducerRegs : 104;
+    static constexpr int producer = SPLIT == 256 ? kProducerRegs : (kQueueS ? 80 : 104);
     static_assert(score + value + producer <= 3 * kLaunchRegs && score % 8 == 0 && value % 8 == 0 &&
                       producer % 8 == 0,
                   "setmaxnreg: multiples of 8 within the launch allocation");

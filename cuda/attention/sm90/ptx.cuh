@@ -249,6 +249,7 @@ __device__ __forceinline__ void wgmma_n64_rs(float (&d)[32], const uint32_t (&a)
 }
 // Waits until at most one wgmma group of this warpgroup is pending (groups complete in order).
 __device__ __forceinline__ void wg_wait1() { asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory"); }
+__device__ __forceinline__ void wg_wait2() { asm volatile("wgmma.wait_group.sync.aligned 2;\n" ::: "memory"); }
 // This thread's arrival on the mbarrier, made once every cp.async it issued so far has landed (.noinc:
 // it is one of the arrivals the barrier was initialised to expect).
 __device__ __forceinline__ void cp_async_mbar_arrive_noinc(uint32_t bar)
