@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# Issue 16's next device calls, ready to run (one device call each; outputs under $OUT):
+#   PHASE=ab (default): HEAD against the switched-off variants of the wide bf16 kernel - split (WG0 128
+#     of O's columns, SMLA_SM90_SPLIT=128) and queue (the same plus SMLA_SM90_QUEUE_S=1) - built side by
+#     side (tools/variant_tree.sh); a first check of each variant under a time limit (a hang in new code is
+#     reported as such), the attention tests on each variant, then the prefill benchmark alternating
+#     between the three trees (h=128 32K full + causal, fast; then h=64 both precisions).
+#   PHASE=trace: a profiling build of HEAD and tools/trace_attn.py on the wide and the pair kernel (when
+#     each warpgroup passes each point of its schedule).
+# Run from the repository root on the device: bash tools/gpu_issue16.sh (PHASE=trace bash ...).
+set -u
+cd "$(dirname "$0")/.."
+OUT=${OUT:-/tmp/smla-out}; mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1 SMLA_CUDA_ARCHS=${SMLA_CUDA_ARCHS:-90a}
+T0=$(date +%s); el() { echo "[$(( $(date +%s) - T0 )) s] $*"; }
+if [ "${PHASE:-ab}" = trace ]; then
+  export PYTHONPATH=$PWD/src
+  SMLA_PROFILE_BUILD=1 python3 setup.py build_ext --inplace -j "$(nproc)" > "$OUT/build.log" 2>&1 || { tail -30 "$OUT/build.log"; exit 1; }
+  el built
+  for k in sm90 sm90p; do
+    timeout 60 python3 tools/trace_attn.py --kernel $k --precision fast > "$OUT/trace_$k.txt" 2>&1
+    echo "== trace $k (rc $?)"; cat "$OUT/trace_$k.txt"
+  done
+  el done
+  exit 0
+fi
+bash tools/variant_tree.sh /tmp/split.tar.gz SMLA_SM90_SPLIT=128 > /dev/null
+bash tools/variant_tree.sh /tmp/queue.tar.gz SMLA_SM90_SPLIT=128 SMLA_SM90_QUEUE_S=1 > /dev/null
+declare -A TR=([head]="$PWD")
+for t in split queue; do d=/tmp/v_$t; rm -rf "$d"; mkdir -p "$d" && tar xzf /tmp/$t.tar.gz -C "$d"; TR[$t]=$d; done
+J=$(( $(nproc) / 3 )); [ "$J" -lt 1 ] && J=1
+for t in head split queue; do d=${TR[$t]}
+  (cd "$d" && SMLA_NVCC_JOBS=$J python3 setup.py build_ext --inplace -j $J > "$OUT/build_$t.log" 2>&1 \
+     || { echo "BUILD FAIL $t"; tail -20 "$OUT/build_$t.log"; }) &
+done
+wait
+grep -hE "spill|C75" "$OUT"/build_*.log | grep -v " 0 bytes spill" | sort | uniq -c | head -5
+el built
+ok=()
+for t in split queue; do d=${TR[$t]}
+  (cd "$d" && PYTHONPATH=$d/src timeout 100 python3 tools/gpu_first_check.py --family sm90 --timeout 80) > "$OUT/first_$t.log" 2>&1
+  rc=$?; echo "== first check $t: rc $rc"; grep -E "FAIL|HANG|CRASH" "$OUT/first_$t.log" | head -3
+  [ $rc -eq 0 ] && ok+=("$t")
+done
+el "first checks"
+A="python3 -m pytest -q -rf --tb=line -p no:cacheprovider -m cuda tests/test_cuda_attention.py"
+for t in "${ok[@]}"; do d=${TR[$t]}
+  (cd "$d" && PYTHONPATH=$d/src timeout 200 $A -k "prefill or causal or empty_tiles or decode_grid and bf16 or split" \
+     > "$OUT/tests_$t.log" 2>&1; echo "== tests $t: $(tail -n 1 "$OUT/tests_$t.log" | cut -c1-160)"; grep -E "^FAILED" "$OUT/tests_$t.log" | head -4) &
+done
+wait
+el tests
+pb() { local t=$1; shift; echo "-- $t $*: $(cd ${TR[$t]} && PYTHONPATH=${TR[$t]}/src timeout 60 python3 benchmarks/bench_sparse_mla_prefill.py "$@" --no-baseline --iters 10 2>&1 | grep -vE '^#|^ *h ' | awk '{printf "%s | ", $0}')"; }
+for i in 1 2; do for t in head "${ok[@]}"; do pb $t --shape 128,32768 --causal --precision fast; done; done
+for t in head "${ok[@]}"; do pb $t --shape 64,32768 --precision both; done
+el done
