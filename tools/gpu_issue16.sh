@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Issue 16's next device calls, ready to run (one device call each; outputs under $OUT):
 #   PHASE=ab (default): HEAD against the switched-off variants of the wide bf16 kernel - split (WG0 128
-#     of O's columns, SMLA_SM90_SPLIT=128) and queue (the same plus SMLA_SM90_QUEUE_S=1) - built side by
-#     side (tools/variant_tree.sh); a first check of each variant under a time limit (a hang in new code is
+#     of O's columns, SMLA_SM90_SPLIT=128), queue (the same plus SMLA_SM90_QUEUE_S=1) and fold (queue plus
+#     SMLA_SM90_FOLD_SCALE=1) - built side by side (tools/variant_tree.sh); a first check of each variant under a time limit (a hang in new code is
 #     reported as such), the attention tests on each variant, then the prefill benchmark alternating
 #     between the three trees (h=128 32K full + causal, fast; then h=64 both precisions).
 #   PHASE=trace: a profiling build of HEAD and tools/trace_attn.py on the wide and the pair kernel (when
@@ -26,10 +26,11 @@ if [ "${PHASE:-ab}" = trace ]; then
 fi
 bash tools/variant_tree.sh /tmp/split.tar.gz SMLA_SM90_SPLIT=128 > /dev/null
 bash tools/variant_tree.sh /tmp/queue.tar.gz SMLA_SM90_SPLIT=128 SMLA_SM90_QUEUE_S=1 > /dev/null
+bash tools/variant_tree.sh /tmp/fold.tar.gz SMLA_SM90_SPLIT=128 SMLA_SM90_QUEUE_S=1 SMLA_SM90_FOLD_SCALE=1 > /dev/null
 declare -A TR=([head]="$PWD")
-for t in split queue; do d=/tmp/v_$t; rm -rf "$d"; mkdir -p "$d" && tar xzf /tmp/$t.tar.gz -C "$d"; TR[$t]=$d; done
-J=$(( $(nproc) / 3 )); [ "$J" -lt 1 ] && J=1
-for t in head split queue; do d=${TR[$t]}
+for t in split queue fold; do d=/tmp/v_$t; rm -rf "$d"; mkdir -p "$d" && tar xzf /tmp/$t.tar.gz -C "$d"; TR[$t]=$d; done
+J=$(( $(nproc) / 4 )); [ "$J" -lt 1 ] && J=1
+for t in head split queue fold; do d=${TR[$t]}
   (cd "$d" && SMLA_NVCC_JOBS=$J python3 setup.py build_ext --inplace -j $J > "$OUT/build_$t.log" 2>&1 \
      || { echo "BUILD FAIL $t"; tail -20 "$OUT/build_$t.log"; }) &
 done
@@ -37,7 +38,7 @@ wait
 grep -hE "spill|C75" "$OUT"/build_*.log | grep -v " 0 bytes spill" | sort | uniq -c | head -5
 el built
 ok=()
-for t in split queue; do d=${TR[$t]}
+for t in split queue fold; do d=${TR[$t]}
   (cd "$d" && PYTHONPATH=$d/src timeout 100 python3 tools/gpu_first_check.py --family sm90 --timeout 80) > "$OUT/first_$t.log" 2>&1
   rc=$?; echo "== first check $t: rc $rc"; grep -E "FAIL|HANG|CRASH" "$OUT/first_$t.log" | head -3
   [ $rc -eq 0 ] && ok+=("$t")

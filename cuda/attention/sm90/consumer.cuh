@@ -186,10 +186,21 @@ struct ScoreWarpgroup : ConsumerBase<ABL, XO, FAST, SPLIT, 0> {
         }
     }
 
-    // Mask, scale and the tile's row maxima over the 64 tokens of K buffer b (sm90/score_tile.cuh).
-    __device__ __forceinline__ void mask_scores(const Cta<XO> &c, int b, float (&s)[32], float (&mx)[2]) const
+    // Mask, scale and the tile's row maxima over the 64 tokens of K buffer b (sm90/score_tile.cuh); kFold:
+    // the scale is left to the softmax's exponent (mask_scores_raw), sc_ the factor it applies. Only with
+    // the 128-column split: with 256 columns the warpgroup's 224 registers spill then (8-20 bytes).
+    static constexpr bool kFold = kFoldScale && SPLIT == 128;
+    float sc_ = 1.f;
+    __device__ __forceinline__ void mask_scores(const Cta<XO> &c, int b, float (&s)[32], float (&mx)[2])
     {
-        sm90::mask_scores(c.sValid + b * kBN, a.scale_log2, t4, m_r, s, mx);
+        if constexpr (kFold) sc_ = mask_scores_raw(c.sValid + b * kBN, a.scale_log2, t4, m_r, s, mx);
+        else sm90::mask_scores(c.sValid + b * kBN, a.scale_log2, t4, m_r, s, mx);
+    }
+    // 2^(s - base) of a score (kFoldScale: s unscaled, 2^fma(s, sc_, -base)).
+    __device__ __forceinline__ float prob(float s, float base) const
+    {
+        if constexpr (kFold) return ex2(fmaf(s, sc_, -base));
+        else return ex2(s - base);
     }
 
     // New row maxima, alpha (the factor O is rescaled by), P = 2^(S - m) as the A fragments of the 4
@@ -212,8 +223,8 @@ struct ScoreWarpgroup : ConsumerBase<ABL, XO, FAST, SPLIT, 0> {
         // A fragment registers 4 (jn >> 1) + 2 (jn & 1) + {0: row r0, 1: row r0 + 8}
 #pragma unroll
         for (int jn = 0; jn < 8; ++jn) {
-            const float p0 = ex2(s[4 * jn + 0] - base_[0]), p1 = ex2(s[4 * jn + 1] - base_[0]);
-            const float p2 = ex2(s[4 * jn + 2] - base_[1]), p3 = ex2(s[4 * jn + 3] - base_[1]);
+            const float p0 = prob(s[4 * jn + 0], base_[0]), p1 = prob(s[4 * jn + 1], base_[0]);
+            const float p2 = prob(s[4 * jn + 2], base_[1]), p3 = prob(s[4 * jn + 3], base_[1]);
             rs[0] += p0 + p1;
             rs[1] += p2 + p3;
             const int f = 4 * (jn >> 1) + 2 * (jn & 1);

@@ -67,6 +67,13 @@ static_assert(kSplit == 256 || kSplit == 128, "SMLA_SM90_SPLIT: WG0 takes 256 or
 #define SMLA_SM90_QUEUE_S 0
 #endif
 constexpr bool kQueueS = SMLA_SM90_QUEUE_S != 0;
+// The wide kernel's score warpgroup leaves the scores unscaled and applies the scale inside the softmax's
+// exponent (mask_scores_raw, sm90/score_tile.cuh): one multiply per score less. With the 128-column split
+// only (bf16; ScoreWarpgroup::kFold). Built, not yet run.
+#ifndef SMLA_SM90_FOLD_SCALE
+#define SMLA_SM90_FOLD_SCALE 0
+#endif
+constexpr bool kFoldScale = SMLA_SM90_FOLD_SCALE != 0;
 static_assert(!kQueueS || kSplit == 128, "SMLA_SM90_QUEUE_S needs SMLA_SM90_SPLIT = 128 (WG0's registers)");
 // setmaxnreg budgets of the three warpgroups for a split (their sum is the launch allocation, as above).
 template <int SPLIT>

@@ -23,10 +23,11 @@ constexpr int kSChains = SMLA_S_CHAINS;
 static_assert(kSChains >= 1 && kSChains <= 3, "S as 1, 2 or 3 chains");
 
 // Mask (valid: the tile's 64 row flags), scale to the log2 domain, saturate overflow where the
-// thread's maxima and the rows' running maxima m say it matters (attention/softmax.cuh); mx: the
-// tile's row maxima, reduced over the quad (which holds all 64 tokens of rows r0, r0 + 8).
-__device__ __forceinline__ void mask_scores(const int *valid, float scale_log2, int t4, const float (&m)[2],
-                                            float (&s)[32], float (&mx)[2])
+// thread's maxima and the rows' running maxima m say it matters (attention/softmax.cuh); mx: this
+// thread's row maxima (mask_scale_thread), then reduced over the quad, which holds all 64 tokens of rows
+// r0, r0 + 8 (mask_scores).
+__device__ __forceinline__ void mask_scale_thread(const int *valid, float scale_log2, int t4, const float (&m)[2],
+                                                  float (&s)[32], float (&mx)[2])
 {
     mx[0] = mx[1] = -INFINITY;
 #pragma unroll
@@ -58,11 +59,54 @@ __device__ __forceinline__ void mask_scores(const int *valid, float scale_log2, 
             mx[1] = fmaxf(mx[1], fmaxf(s[4 * jn + 2], s[4 * jn + 3]));
         }
     }
+}
+__device__ __forceinline__ void quad_max(float (&mx)[2])
+{
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
         mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 1));
         mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 2));
     }
+}
+__device__ __forceinline__ void mask_scores(const int *valid, float scale_log2, int t4, const float (&m)[2],
+                                            float (&s)[32], float (&mx)[2])
+{
+    mask_scale_thread(valid, scale_log2, t4, m, s, mx);
+    quad_max(mx);
+}
+
+// kFoldScale (plan.cuh): the same row maxima with the scores left unscaled, so the softmax applies the
+// scale inside its exponent, p = 2^fma(s, sc, -m), instead of one multiply per score here. The raw
+// maxima (minima for a negative scale: scaling reverses the order) are scaled once; an invalid score
+// is the infinity that loses that comparison and scales to -inf. Returns sc: scale_log2, or 1 where
+// this thread took mask_scale_thread's path instead (a zero scale, inf * 0 being NaN, or an overflow to
+// saturate: both rare), which leaves s scaled.
+__device__ __forceinline__ float mask_scores_raw(const int *valid, float scale_log2, int t4, const float (&m)[2],
+                                                 float (&s)[32], float (&mx)[2])
+{
+    const bool neg = scale_log2 < 0.f;
+    const float inv = neg ? INFINITY : -INFINITY;
+    float lo[2] = {inv, inv};
+#pragma unroll
+    for (int jn = 0; jn < 8; ++jn) {
+        const int tok = 8 * jn + 2 * t4;
+        const bool ok0 = valid[tok] != 0, ok1 = valid[tok + 1] != 0;
+        s[4 * jn + 0] = ok0 ? s[4 * jn + 0] : inv;
+        s[4 * jn + 1] = ok1 ? s[4 * jn + 1] : inv;
+        s[4 * jn + 2] = ok0 ? s[4 * jn + 2] : inv;
+        s[4 * jn + 3] = ok1 ? s[4 * jn + 3] : inv;
+#pragma unroll
+        for (int hf = 0; hf < 2; ++hf) {
+            const float a = s[4 * jn + 2 * hf], b = s[4 * jn + 2 * hf + 1];
+            lo[hf] = neg ? fminf(lo[hf], fminf(a, b)) : fmaxf(lo[hf], fmaxf(a, b));
+        }
+    }
+    mx[0] = lo[0] * scale_log2;  // scaling is monotone, and so is its rounding
+    mx[1] = lo[1] * scale_log2;
+    const bool fallback = scale_log2 == 0.f || sat_needed(mx[0], m[0]) || sat_needed(mx[1], m[1]);
+    if (fallback) mask_scale_thread(valid, scale_log2, t4, m, s, mx);  // invalid ones become -inf there
+    quad_max(mx);
+    return fallback ? 1.f : scale_log2;
 }
 
 // A [64 heads x 64 tokens] bf16 A-fragment set (p[4 kk + 2 hf + rr]: row r0 + 8 rr, tokens 16 kk + 8 hf +
