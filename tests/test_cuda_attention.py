@@ -629,6 +629,20 @@ def test_prefill_vs_cpu_and_reference(h, s_q, s_kv, topk, precision):
     ref.check_prefill(og, lg, mg, o_r, l_r, m_r, precision=precision, out_abs=out_abs)
 
 
+@pytest.mark.parametrize("precision", ref.PRECISIONS)
+@pytest.mark.parametrize("scale", [-PRE_SCALE, 0.0, -2.0, 3.0])
+@pytest.mark.parametrize("h", [128, 64, 16])
+def test_prefill_softmax_scale_any_sign(h, scale, precision):
+    """Negative, zero and large scales: a negative scale reverses the raw scores' order (the row max is
+    the raw minimum scaled), a zero one makes every valid score 0 (and an invalid one must still weigh
+    0, not inf * 0)."""
+    c = prefill_case(9, h, 900, 320, seed=77 + h, tl_mode="rand", sink_mode="mixed", scale=scale)
+    out_ref, lse_ref, ml_ref, out_abs = prefill_oracle(c, return_abs=True)
+    out, lse, ml = run_prefill(c, precision=precision)
+    check_prefill(out, lse, ml, out_ref, lse_ref, ml_ref, name=f"scale {scale}", precision=precision,
+                  out_abs=out_abs)
+
+
 def test_prefill_all_invalid():
     gen = torch.Generator(device=DEV).manual_seed(2)
     kv = torch.full((50, 576), float("nan"), dtype=torch.bfloat16, device=DEV)

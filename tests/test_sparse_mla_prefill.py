@@ -150,7 +150,7 @@ def test_prefill_odd_heads(h):
     check_against_ref(c, out, lse, ml)
 
 
-@pytest.mark.parametrize("scale", [1e-3, SCALE, 0.5, 4.0])
+@pytest.mark.parametrize("scale", [1e-3, SCALE, 0.5, 4.0, -SCALE, 0.0, -2.0])
 def test_prefill_softmax_scale(scale):
     c = make_prefill_case(8, 16, 400, 384, seed=2, tl_mode="none", sink_mode="none", scale=scale)
     out, lse, ml = run_prefill(c)
