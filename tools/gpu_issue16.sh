@@ -3,7 +3,7 @@
 #   PHASE=ab (default): HEAD against the switched-off variants of the wide bf16 kernel - split (WG0 128
 #     of O's columns, SMLA_SM90_SPLIT=128), queue (the same plus SMLA_SM90_QUEUE_S=1) and fold (queue plus
 #     SMLA_SM90_FOLD_SCALE=1) - built side by side (tools/variant_tree.sh); a first check of each variant under a time limit (a hang in new code is
-#     reported as such), the attention tests on each variant, then the prefill benchmark alternating
+#     reported as such), the attention tests on HEAD and each variant, then the prefill benchmark alternating
 #     between the three trees (h=128 32K full + causal, fast; then h=64 both precisions).
 #   PHASE=trace: a profiling build of HEAD and tools/trace_attn.py on the wide and the pair kernel (when
 #     each warpgroup passes each point of its schedule).
@@ -45,7 +45,7 @@ for t in split queue fold; do d=${TR[$t]}
 done
 el "first checks"
 A="python3 -m pytest -q -rf --tb=line -p no:cacheprovider -m cuda tests/test_cuda_attention.py"
-for t in "${ok[@]}"; do d=${TR[$t]}
+for t in head "${ok[@]}"; do d=${TR[$t]}  # head too: its wide kernels' epilogue code changed since it last ran
   (cd "$d" && PYTHONPATH=$d/src timeout 200 $A -k "prefill or causal or empty_tiles or decode_grid and bf16 or split" \
      > "$OUT/tests_$t.log" 2>&1; echo "== tests $t: $(tail -n 1 "$OUT/tests_$t.log" | cut -c1-160)"; grep -E "^FAILED" "$OUT/tests_$t.log" | head -4) &
 done
