@@ -2,9 +2,11 @@
 # Issue 16's next device calls, ready to run (one device call each; outputs under $OUT):
 #   PHASE=ab (default): HEAD against the switched-off variants of the wide bf16 kernel - split (WG0 128
 #     of O's columns, SMLA_SM90_SPLIT=128), queue (the same plus SMLA_SM90_QUEUE_S=1) and fold (queue plus
-#     SMLA_SM90_FOLD_SCALE=1) - built side by side (tools/variant_tree.sh); a first check of each variant under a time limit (a hang in new code is
+#     SMLA_SM90_FOLD_SCALE=1) - and of the pair kernel (pairpf: its K rows with the 256-byte L2 prefetch,
+#     SMLA_SM90_PAIR_PREFETCH=1), built side by side (tools/variant_tree.sh); a first check of each variant under a time limit (a hang in new code is
 #     reported as such), the attention tests on HEAD and each variant, then the prefill benchmark alternating
-#     between the three trees (h=128 32K full + causal, fast; then h=64 both precisions).
+#     between the trees (h=128 32K full + causal, fast; then h=64 both precisions; the pair kernel, HEAD
+#     against pairpf, h=128 32K fast).
 #   PHASE=trace: a profiling build of HEAD and tools/trace_attn.py on the wide and the pair kernel (when
 #     each warpgroup passes each point of its schedule).
 # Run from the repository root on the device: bash tools/gpu_issue16.sh (PHASE=trace bash ...).
@@ -27,10 +29,11 @@ fi
 bash tools/variant_tree.sh /tmp/split.tar.gz SMLA_SM90_SPLIT=128 > /dev/null
 bash tools/variant_tree.sh /tmp/queue.tar.gz SMLA_SM90_SPLIT=128 SMLA_SM90_QUEUE_S=1 > /dev/null
 bash tools/variant_tree.sh /tmp/fold.tar.gz SMLA_SM90_SPLIT=128 SMLA_SM90_QUEUE_S=1 SMLA_SM90_FOLD_SCALE=1 > /dev/null
+bash tools/variant_tree.sh /tmp/pairpf.tar.gz SMLA_SM90_PAIR_PREFETCH=1 > /dev/null
 declare -A TR=([head]="$PWD")
-for t in split queue fold; do d=/tmp/v_$t; rm -rf "$d"; mkdir -p "$d" && tar xzf /tmp/$t.tar.gz -C "$d"; TR[$t]=$d; done
-J=$(( $(nproc) / 4 )); [ "$J" -lt 1 ] && J=1
-for t in head split queue fold; do d=${TR[$t]}
+for t in split queue fold pairpf; do d=/tmp/v_$t; rm -rf "$d"; mkdir -p "$d" && tar xzf /tmp/$t.tar.gz -C "$d"; TR[$t]=$d; done
+J=$(( $(nproc) / 5 )); [ "$J" -lt 1 ] && J=1
+for t in head split queue fold pairpf; do d=${TR[$t]}
   (cd "$d" && SMLA_NVCC_JOBS=$J python3 setup.py build_ext --inplace -j $J > "$OUT/build_$t.log" 2>&1 \
      || { echo "BUILD FAIL $t"; tail -20 "$OUT/build_$t.log"; }) &
 done
@@ -38,10 +41,12 @@ wait
 grep -hE "spill|C75" "$OUT"/build_*.log | grep -v " 0 bytes spill" | sort | uniq -c | head -5
 el built
 ok=()
-for t in split queue fold; do d=${TR[$t]}
-  (cd "$d" && PYTHONPATH=$d/src timeout 100 python3 tools/gpu_first_check.py --family sm90 --timeout 80) > "$OUT/first_$t.log" 2>&1
+for t in split queue fold pairpf; do d=${TR[$t]}
+  fam=sm90; [ $t = pairpf ] && fam=sm90p
+  (cd "$d" && PYTHONPATH=$d/src timeout 100 python3 tools/gpu_first_check.py --family $fam --timeout 80) > "$OUT/first_$t.log" 2>&1
   rc=$?; echo "== first check $t: rc $rc"; grep -E "FAIL|HANG|CRASH" "$OUT/first_$t.log" | head -3
-  [ $rc -eq 0 ] && ok+=("$t")
+  [ $rc -eq 0 ] && [ $t != pairpf ] && ok+=("$t")
+  [ $rc -eq 0 ] && [ $t = pairpf ] && PAIR_OK=1
 done
 el "first checks"
 A="python3 -m pytest -q -rf --tb=line -p no:cacheprovider -m cuda tests/test_cuda_attention.py"
@@ -54,4 +59,7 @@ el tests
 pb() { local t=$1; shift; echo "-- $t $*: $(cd ${TR[$t]} && PYTHONPATH=${TR[$t]}/src timeout 60 python3 benchmarks/bench_sparse_mla_prefill.py "$@" --no-baseline --iters 10 2>&1 | grep -vE '^#|^ *h ' | awk '{printf "%s | ", $0}')"; }
 for i in 1 2; do for t in head "${ok[@]}"; do pb $t --shape 128,32768 --causal --precision fast; done; done
 for t in head "${ok[@]}"; do pb $t --shape 64,32768 --precision both; done
+if [ -n "${PAIR_OK:-}" ]; then
+  for i in 1 2; do for t in head pairpf; do pb $t --shape 128,32768 --precision fast --kernel sm90p; done; done
+fi
 el done

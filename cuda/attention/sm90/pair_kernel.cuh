@@ -65,6 +65,14 @@ namespace attn {
 namespace sm90 {
 namespace pair {
 
+// The pair kernel's K rows with the 256-byte L2 prefetch (FlashMLA's prefill loads do this). Measured
+// slower on the wide kernel, whose loads are off its critical path (benchmarks/README.md); the pair
+// kernel's are on it (its ablation: 16% of the time), so it is a separate switch. Built, not yet run.
+#ifndef SMLA_SM90_PAIR_PREFETCH
+#define SMLA_SM90_PAIR_PREFETCH 0
+#endif
+constexpr bool kPairPrefetch = SMLA_SM90_PAIR_PREFETCH != 0;
+
 // setmaxnreg: the three warpgroups share the launch allocation, 3 x 168 (plan.cuh).
 constexpr int kConsumerRegs = 224, kProducerRegs = 56;
 static_assert(2 * kConsumerRegs + kProducerRegs <= 3 * 168, "the launch allocation: 64K / 384 -> 168");
@@ -182,7 +190,8 @@ struct PairProducer {
             const uint32_t dst = kb + 8 * i * 128;
 #pragma unroll
             for (int c8 = c0; c8 < c1; ++c8) {
-                if (hint) cp_async16_hint(dst + c8 * kBlk, R.src[i] + c8 * 128, nb, pol);
+                if (kPairPrefetch && hint) cp_async16_hint_pf256(dst + c8 * kBlk, R.src[i] + c8 * 128, nb, pol);
+                else if (hint) cp_async16_hint(dst + c8 * kBlk, R.src[i] + c8 * 128, nb, pol);
                 else cp_async16(dst + c8 * kBlk, R.src[i] + c8 * 128, nb);
             }
         }
