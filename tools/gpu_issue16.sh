@@ -5,8 +5,8 @@
 #     SMLA_SM90_FOLD_SCALE=1) - and of the pair kernel (pairpf: its K rows with the 256-byte L2 prefetch,
 #     SMLA_SM90_PAIR_PREFETCH=1), built side by side (tools/variant_tree.sh); a first check of each variant under a time limit (a hang in new code is
 #     reported as such), the attention tests on HEAD and each variant, then the prefill benchmark alternating
-#     between the trees (h=128 32K full + causal, fast; then h=64 both precisions; the pair kernel, HEAD
-#     against pairpf, h=128 32K fast).
+#     between the trees (h=128 32K full + causal, fast; with MORE=1 also h=64 in both precisions; the pair
+#     kernel, HEAD against pairpf, h=128 32K fast). About 8-9 minutes.
 #   PHASE=trace: a profiling build of HEAD and tools/trace_attn.py on the wide and the pair kernel (when
 #     each warpgroup passes each point of its schedule).
 # Run from the repository root on the device: bash tools/gpu_issue16.sh (PHASE=trace bash ...).
@@ -41,24 +41,28 @@ wait
 grep -hE "spill|C75" "$OUT"/build_*.log | grep -v " 0 bytes spill" | sort | uniq -c | head -5
 el built
 ok=()
-for t in split queue fold pairpf; do d=${TR[$t]}
+for t in split queue fold pairpf; do d=${TR[$t]}  # in parallel: small cases
   fam=sm90; [ $t = pairpf ] && fam=sm90p
-  (cd "$d" && PYTHONPATH=$d/src timeout 100 python3 tools/gpu_first_check.py --family $fam --timeout 80) > "$OUT/first_$t.log" 2>&1
-  rc=$?; echo "== first check $t: rc $rc"; grep -E "FAIL|HANG|CRASH" "$OUT/first_$t.log" | head -3
-  [ $rc -eq 0 ] && [ $t != pairpf ] && ok+=("$t")
-  [ $rc -eq 0 ] && [ $t = pairpf ] && PAIR_OK=1
+  (cd "$d" && PYTHONPATH=$d/src timeout 100 python3 tools/gpu_first_check.py --family $fam --timeout 80 > "$OUT/first_$t.log" 2>&1
+   echo $? > "/tmp/first_$t.rc") &
+done
+wait
+for t in split queue fold pairpf; do
+  rc=$(cat "/tmp/first_$t.rc"); echo "== first check $t: rc $rc"; grep -E "FAIL|HANG|CRASH" "$OUT/first_$t.log" | head -3
+  [ "$rc" = 0 ] && [ $t != pairpf ] && ok+=("$t")
+  [ "$rc" = 0 ] && [ $t = pairpf ] && PAIR_OK=1
 done
 el "first checks"
 A="python3 -m pytest -q -rf --tb=line -p no:cacheprovider -m cuda tests/test_cuda_attention.py"
 for t in head "${ok[@]}"; do d=${TR[$t]}  # head too: its wide kernels' epilogue code changed since it last ran
-  (cd "$d" && PYTHONPATH=$d/src timeout 200 $A -k "prefill or causal or empty_tiles or decode_grid and bf16 or split" \
+  (cd "$d" && PYTHONPATH=$d/src timeout 150 $A -k "prefill or causal or empty_tiles or decode_grid and bf16 or split" \
      > "$OUT/tests_$t.log" 2>&1; echo "== tests $t: $(tail -n 1 "$OUT/tests_$t.log" | cut -c1-160)"; grep -E "^FAILED" "$OUT/tests_$t.log" | head -4) &
 done
 wait
 el tests
 pb() { local t=$1; shift; echo "-- $t $*: $(cd ${TR[$t]} && PYTHONPATH=${TR[$t]}/src timeout 60 python3 benchmarks/bench_sparse_mla_prefill.py "$@" --no-baseline --iters 10 2>&1 | grep -vE '^#|^ *h ' | awk '{printf "%s | ", $0}')"; }
 for i in 1 2; do for t in head "${ok[@]}"; do pb $t --shape 128,32768 --causal --precision fast; done; done
-for t in head "${ok[@]}"; do pb $t --shape 64,32768 --precision both; done
+[ -n "${MORE:-}" ] && for t in head "${ok[@]}"; do pb $t --shape 64,32768 --precision both; done  # MORE=1
 if [ -n "${PAIR_OK:-}" ]; then
   for i in 1 2; do for t in head pairpf; do pb $t --shape 128,32768 --precision fast --kernel sm90p; done; done
 fi
