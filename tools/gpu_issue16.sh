@@ -3,8 +3,8 @@
 #   PHASE=ab (default): HEAD against the switched-off variants of the wide bf16 kernel - split (WG0 128
 #     of O's columns, SMLA_SM90_SPLIT=128), queue (the same plus SMLA_SM90_QUEUE_S=1) and fold (queue plus
 #     SMLA_SM90_FOLD_SCALE=1) - and of the pair kernel (pairpf: its K rows with the 256-byte L2 prefetch,
-#     SMLA_SM90_PAIR_PREFETCH=1), built side by side (tools/variant_tree.sh); a first check of each variant under a time limit (a hang in new code is
-#     reported as such), the attention tests on HEAD and each variant, then the prefill benchmark alternating
+#     SMLA_SM90_PAIR_PREFETCH=1), built side by side (tools/variant_tree.sh); a first check of each
+#     variant under a time limit (a hang in new code is reported as such), the attention tests on HEAD and each variant, then the prefill benchmark alternating
 #     between the trees (h=128 32K full + causal, fast; with MORE=1 also h=64 in both precisions; the pair
 #     kernel, HEAD against pairpf, h=128 32K fast). About 8-9 minutes.
 #   PHASE=trace: a profiling build of HEAD and tools/trace_attn.py on the wide and the pair kernel (when
@@ -34,29 +34,29 @@ declare -A TR=([head]="$PWD")
 for t in split queue fold pairpf; do d=/tmp/v_$t; rm -rf "$d"; mkdir -p "$d" && tar xzf /tmp/$t.tar.gz -C "$d"; TR[$t]=$d; done
 J=$(( $(nproc) / 5 )); [ "$J" -lt 1 ] && J=1
 for t in head split queue fold pairpf; do d=${TR[$t]}
-  (cd "$d" && SMLA_NVCC_JOBS=$J python3 setup.py build_ext --inplace -j $J > "$OUT/build_$t.log" 2>&1 \
-     || { echo "BUILD FAIL $t"; tail -20 "$OUT/build_$t.log"; }) &
+  (cd "$d" && SMLA_NVCC_JOBS=$J python3 setup.py build_ext --inplace -j $J > "/tmp/i16_build_$t.log" 2>&1 \
+     || { echo "BUILD FAIL $t"; tail -20 "/tmp/i16_build_$t.log"; }) &
 done
 wait
-grep -hE "spill|C75" "$OUT"/build_*.log | grep -v " 0 bytes spill" | sort | uniq -c | head -5
+grep -hE "spill|C75" /tmp/i16_build_*.log | grep -v " 0 bytes spill" | sort | uniq -c | head -5
 el built
 ok=()
 for t in split queue fold pairpf; do d=${TR[$t]}  # in parallel: small cases
   fam=sm90; [ $t = pairpf ] && fam=sm90p
-  (cd "$d" && PYTHONPATH=$d/src timeout 100 python3 tools/gpu_first_check.py --family $fam --timeout 80 > "$OUT/first_$t.log" 2>&1
+  (cd "$d" && PYTHONPATH=$d/src timeout 100 python3 tools/gpu_first_check.py --family $fam --timeout 80 > "/tmp/i16_first_$t.log" 2>&1
    echo $? > "/tmp/first_$t.rc") &
 done
 wait
 for t in split queue fold pairpf; do
-  rc=$(cat "/tmp/first_$t.rc"); echo "== first check $t: rc $rc"; grep -E "FAIL|HANG|CRASH" "$OUT/first_$t.log" | head -3
+  rc=$(cat "/tmp/first_$t.rc"); echo "== first check $t: rc $rc"; grep -E "FAIL|HANG|CRASH" "/tmp/i16_first_$t.log" | head -3
   [ "$rc" = 0 ] && [ $t != pairpf ] && ok+=("$t")
   [ "$rc" = 0 ] && [ $t = pairpf ] && PAIR_OK=1
 done
-el "first checks"
+el "first checks"  # logs: /tmp/i16_*.log (stdout has their summaries)
 A="python3 -m pytest -q -rf --tb=line -p no:cacheprovider -m cuda tests/test_cuda_attention.py"
 for t in head "${ok[@]}"; do d=${TR[$t]}  # head too: its wide kernels' epilogue code changed since it last ran
   (cd "$d" && PYTHONPATH=$d/src timeout 150 $A -k "prefill or causal or empty_tiles or decode_grid and bf16 or split" \
-     > "$OUT/tests_$t.log" 2>&1; echo "== tests $t: $(tail -n 1 "$OUT/tests_$t.log" | cut -c1-160)"; grep -E "^FAILED" "$OUT/tests_$t.log" | head -4) &
+     > "/tmp/i16_tests_$t.log" 2>&1; echo "== tests $t: $(tail -n 1 "/tmp/i16_tests_$t.log" | cut -c1-160)"; grep -E "^FAILED" "/tmp/i16_tests_$t.log" | head -4) &
 done
 wait
 el tests
