@@ -307,6 +307,20 @@ struct ScoreWarpgroup : ConsumerBase<ABL, XO, FAST, SPLIT, 0> {
         }
     }
 
+    // Tile it's S (complete, in s) through the mask and softmax to P (hi, lo) published for WG1, and this
+    // warpgroup's O rescaled for the tile's P V.
+    __device__ __forceinline__ void softmax_publish(const Cta<XO> &c, int it, int b, uint32_t kb, float (&s)[32],
+                                                    uint32_t (&hi)[16], uint32_t (&lo)[16])
+    {
+        float mx[2], alpha[2];
+        mask_scores(c, b, s, mx);
+        softmax(s, mx, alpha, hi, lo);
+        trace(a, it, 3);
+        publish(c, it, b, kb, alpha, hi, lo);
+        trace(a, it, 4);
+        B::rescale(alpha);
+    }
+
     // All K tiles; WG1's P V of tile it overlaps this warpgroup's S of tile it + 1. g0: the buffers' uses
     // so far; q_empty (a persistent CTA, sm90/kernel.cuh): arrived on once this item's last S is done.
     __device__ __forceinline__ void run(const Cta<XO> &c, int g0 = 0, uint32_t q_empty = 0)
@@ -316,7 +330,7 @@ struct ScoreWarpgroup : ConsumerBase<ABL, XO, FAST, SPLIT, 0> {
         for (int it = 0; it < c.nt; ++it) {
             const int b = (g0 + it) & 1;
             const uint32_t kb = c.sK + b * kTileBytes;
-            float s[32], mx[2], alpha[2];
+            float s[32];
             uint32_t hi[16], lo[16];
             trace(a, it, 0);
             B::acquire(c, b, (g0 + it) >> 1);
@@ -325,12 +339,7 @@ struct ScoreWarpgroup : ConsumerBase<ABL, XO, FAST, SPLIT, 0> {
             s_phase(c, kb, s);
             trace(a, it, 2);
             if (q_empty && it == c.nt - 1) mbar_arrive(q_empty);  // Q may be reloaded
-            mask_scores(c, b, s, mx);
-            softmax(s, mx, alpha, hi, lo);
-            trace(a, it, 3);
-            publish(c, it, b, kb, alpha, hi, lo);
-            trace(a, it, 4);
-            B::rescale(alpha);
+            softmax_publish(c, it, b, kb, s, hi, lo);
             pv_phase(kb, hi, lo);
             trace(a, it, 5);
             B::release(c, b);
@@ -364,7 +373,6 @@ struct ScoreWarpgroup : ConsumerBase<ABL, XO, FAST, SPLIT, 0> {
     {
         const int b = it & 1;
         const uint32_t kb = c.sK + b * kTileBytes;
-        float mx[2], alpha[2];
         uint32_t hi[16], lo[16];
         trace(a, it, 0);
         trace(a, it, 2);  // S of this tile is done (waited for at the end of the last tile)
@@ -375,12 +383,7 @@ struct ScoreWarpgroup : ConsumerBase<ABL, XO, FAST, SPLIT, 0> {
 #pragma unroll
             for (int i = 0; i < 32; ++i) s[i] += t[i];
         }
-        mask_scores(c, b, s, mx);
-        softmax(s, mx, alpha, hi, lo);
-        trace(a, it, 3);
-        publish(c, it, b, kb, alpha, hi, lo);
-        trace(a, it, 4);
-        B::rescale(alpha);
+        softmax_publish(c, it, b, kb, s, hi, lo);
         pv_issue(kb, hi, lo);
         if constexpr (NEXT) {
             B::acquire(c, b ^ 1, (it + 1) >> 1);
