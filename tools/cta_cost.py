@@ -12,7 +12,7 @@ import os
 import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "benchmarks"))
-from _gpu import time_us as events_us  # noqa: E402
+from _gpu import open_gpu, time_us as events_us  # noqa: E402
 
 S_Q, H, S_KV = 4096, 128, 32768
 TOPKS = (64, 128, 256, 512, 1024, 2048)
@@ -34,8 +34,10 @@ def main():
     ap.add_argument("--iters", type=int, default=10)
     args = ap.parse_args()
     os.environ["SMLA_ATTN_KERNEL"] = args.kernel
-    import torch
-    import smla
+    gpu = open_gpu("cta_cost")
+    if gpu is None:
+        return 0
+    torch, smla = gpu
 
     g = torch.Generator(device="cuda").manual_seed(1)
     kv = torch.randn((S_KV, 576), generator=g, device="cuda").to(torch.bfloat16)
@@ -71,4 +73,4 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

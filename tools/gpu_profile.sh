@@ -5,8 +5,9 @@
 # on one launch each of decode (h=128 b=128 s_q=2, fp8) and prefill (h=128 s_kv=32K): the .ncu-rep
 # files, the details page, and the per-instruction (SASS) warp-stall samples as CSV. Output in $OUT.
 # PRECISION=fast (default; the recipe compared with FlashMLA) or high: the calls' precision=.
-# KERNEL=auto (default) | sm90 | sm90p | sm90n: the kernel family profiled (SMLA_ATTN_KERNEL; the
-# ablation runs auto). tools/ncu_hot.py also splits the waits by mbarrier.
+# KERNEL=auto (default) | sm90 | sm90p | sm90n: the kernel family profiled (the benchmarks' --kernel;
+# sm90p: the ablation's --pair, and decode stays on auto: the pair kernel reads bf16 K only).
+# tools/ncu_hot.py also splits the waits by mbarrier.
 set -u
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/smla-out}; mkdir -p "$OUT"

@@ -29,7 +29,6 @@ handed to attend per call (workspaces=), as vLLM hands its workspaces out at eac
 builder's own buffers are used. With a manager the builder holds none of that scratch
 (workspaces={name: None}), so the memory is reserved once.
 
-
 CUDA graphs: declared NEVER until the decode path has been captured under vLLM on a GPU (not done:
 the development machine has no GPU); smla's own layer preallocates everything a decode step needs.
 """

@@ -66,8 +66,9 @@ namespace sm90 {
 namespace pair {
 
 // The pair kernel's K rows with the 256-byte L2 prefetch (FlashMLA's prefill loads do this). Measured
-// slower on the wide kernel, whose loads are off its critical path (benchmarks/README.md); the pair
-// kernel's are on it (its ablation: 16% of the time), so it is a separate switch. Built, not yet run.
+// slower on the wide kernel, whose loads are off its critical path; the pair kernel's are on it (16% of
+// its time: tools/ablate.py --pair; both in benchmarks/README.md, seventh session), so it is a separate
+// switch. Built, not yet run.
 #ifndef SMLA_SM90_PAIR_PREFETCH
 #define SMLA_SM90_PAIR_PREFETCH 0
 #endif

@@ -28,7 +28,8 @@ namespace sm90 {
 #define SMLA_SM90_LAZY_MAX 1  // the wide kernel's reference max moves only by more than 8 (log2)
 #endif
 // The bf16 wide kernel as persistent CTAs (sm90/kernel.cuh): correct on the H200 but slower (h=128 32K
-// fast 4976-5047 vs 4743-4752 us), so off; it needs the other two off (static_asserts below).
+// fast 4976-5047 vs 4743-4752 us, benchmarks/README.md "Issue 16, seventh session"), so off; it needs the
+// staged output and the lazy max off (static_asserts below).
 #ifndef SMLA_SM90_PERSISTENT
 #define SMLA_SM90_PERSISTENT 0
 #endif

@@ -236,20 +236,8 @@ __device__ __forceinline__ void wgmma_n128_tb(float (&d)[64], uint64_t da, uint6
         : SMLA_F8(0), SMLA_F8(8), SMLA_F8(16), SMLA_F8(24), SMLA_F8(32), SMLA_F8(40), SMLA_F8(48), SMLA_F8(56)
         : "l"(da), "l"(db), "r"(1));
 }
-// S[64 x 64] (+)= A[64 x 16] B[64 x 16]^T, A in registers (the m64k16 A fragment, as wgmma_n256_rs), B
-// K-major in smem (the pair kernel's RoPE k-steps, sm90/pair_kernel.cuh).
-__device__ __forceinline__ void wgmma_n64_rs(float (&d)[32], const uint32_t (&a)[4], uint64_t db, int accumulate)
-{
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
-                 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, "
-                 "%21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, {%32, %33, %34, %35}, %36, p, 1, 1, 0;\n}\n"
-                 : SMLA_F8(0), SMLA_F8(8), SMLA_F8(16), SMLA_F8(24)
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(accumulate));
-}
 // Waits until at most one wgmma group of this warpgroup is pending (groups complete in order).
 __device__ __forceinline__ void wg_wait1() { asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory"); }
-__device__ __forceinline__ void wg_wait2() { asm volatile("wgmma.wait_group.sync.aligned 2;\n" ::: "memory"); }
 // This thread's arrival on the mbarrier, made once every cp.async it issued so far has landed (.noinc:
 // it is one of the arrivals the barrier was initialised to expect).
 __device__ __forceinline__ void cp_async_mbar_arrive_noinc(uint32_t bar)

@@ -143,17 +143,17 @@ __device__ __forceinline__ void rescale_rows(float (&o)[N], const float (&f)[2])
 // 2^(s - m) and its true max mt (max_logits; with kLazyMax the wide kernel moves m lazily, so mt >= m).
 // The quad lead of the warpgroup that holds column 0 writes the row's lse (and max_logits).
 // finish_cols: each row through finish_row (attention/epilogue.cuh), split partials or direct stores
-// (max_logits from m: not for the lazy max, plan.cuh); SPLIT = 1: the caller knows it is a split.
+// (max_logits from m: not for the lazy max, plan.cuh); TOPK_SPLIT = 1: the caller knows it is a top-k split.
 struct RowStat {
     float m;
     double l;
     float mt;
 };
-template <int SPLIT = -1, int N, class Stat>
+template <int TOPK_SPLIT = -1, int N, class Stat>
 __device__ __forceinline__ void finish_cols(const Args &a, const CtaCommon &c, int h0, int r0, int col0, int t4,
                                             const float (&o)[N], Stat stat)
 {
-    const bool split = SPLIT < 0 ? a.n_splits > 1 : SPLIT != 0;
+    const bool split = TOPK_SPLIT < 0 ? a.n_splits > 1 : TOPK_SPLIT != 0;
 #pragma unroll
     for (int hf = 0; hf < 2; ++hf) {
         const int rl = r0 + 8 * hf;
@@ -207,8 +207,8 @@ __device__ __forceinline__ void finish_cols_direct(const Args &a, const CtaCommo
     uint16_t *const out_row = p.out + c.bi * p.out_stride_b + c.si * p.out_stride_s + col0;
 #pragma unroll 4
     for (int k = 0; k < kChunks / 2; ++k) {  // 64 rows x kChunks chunks over 128 threads
-        const int q = 128 * k + tw;
-        const int row = kChunks == 32 ? q >> 5 : q / kChunks, cc = kChunks == 32 ? q & 31 : q % kChunks;
+        const unsigned q = 128u * k + tw;  // unsigned: the division by a constant is a shift or a multiply
+        const int row = static_cast<int>(q / kChunks), cc = static_cast<int>(q % kChunks);
         if (h0 + row >= c.h) break;  // rows ascend with k
         const uint4 v = ld_shared_v4(stage + row * 1024 + (((k0 + cc) ^ (row & 7)) << 4));
         *reinterpret_cast<uint4 *>(out_row + (h0 + row) * p.out_stride_h + 8 * cc) = v;
