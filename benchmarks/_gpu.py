@@ -38,8 +38,7 @@ def shape_args(args):
 def start_attention(name, args, iters, warmup):
     """Sets SMLA_ATTN_KERNEL and opens the GPU: (torch, smla, iters, warmup, flush) or None (message
     printed); iters and warmup are (full, quick) defaults, --iters overrides the first."""
-    os.environ["SMLA_ATTN_KERNEL"] = args.kernel
-    gpu = open_gpu(name)
+    gpu = open_gpu(name, args.kernel)
     if gpu is None:
         return None
     pick = 1 if args.quick else 0
@@ -57,8 +56,11 @@ def write_json(path, torch, kernel, iters, results):
     print(f"# wrote {path}")
 
 
-def open_gpu(name):
-    """(torch, smla) when both can run on a GPU here; else print why (prefixed by name) and return None."""
+def open_gpu(name, kernel=None):
+    """(torch, smla) when both can run on a GPU here; else print why (prefixed by name) and return None.
+    kernel: the attention kernel family to run (sets SMLA_ATTN_KERNEL), when given."""
+    if kernel is not None:
+        os.environ["SMLA_ATTN_KERNEL"] = kernel
     try:
         import torch
     except ImportError:

@@ -29,8 +29,7 @@ def main():
                     help="the pair kernel (sm90p, bf16 K only: the prefill shapes) instead of the wide one")
     args = ap.parse_args()
     prec = args.precision
-    os.environ["SMLA_ATTN_KERNEL"] = "sm90n" if args.small else ("sm90p" if args.pair else "sm90")
-    gpu = open_gpu("ablate")
+    gpu = open_gpu("ablate", "sm90n" if args.small else ("sm90p" if args.pair else "sm90"))
     if gpu is None:
         return 0
     torch, smla = gpu

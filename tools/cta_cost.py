@@ -33,8 +33,7 @@ def main():
     ap.add_argument("--kernel", default="auto", choices=["auto", "sm90", "sm90p"])
     ap.add_argument("--iters", type=int, default=10)
     args = ap.parse_args()
-    os.environ["SMLA_ATTN_KERNEL"] = args.kernel
-    gpu = open_gpu("cta_cost")
+    gpu = open_gpu("cta_cost", args.kernel)
     if gpu is None:
         return 0
     torch, smla = gpu

@@ -122,8 +122,7 @@ def main():
     ap.add_argument("--h", type=int, default=128)
     ap.add_argument("--s-kv", type=int, default=32768)
     args = ap.parse_args()
-    os.environ["SMLA_ATTN_KERNEL"] = args.kernel
-    gpu = open_gpu("trace_attn")
+    gpu = open_gpu("trace_attn", args.kernel)
     if gpu is None:
         return 0
     torch, smla = gpu
