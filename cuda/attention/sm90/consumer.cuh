@@ -390,14 +390,24 @@ struct ScoreWarpgroup : ConsumerBase<ABL, XO, FAST, SPLIT, 0> {
             trace(a, it + 1, 1);
             issue_s(c, c.sK + (b ^ 1) * kTileBytes, s, t);
         }
-        wg_wait0();  // P V of tile it (and S of tile it + 1)
-        pv_fence(hi, lo);
-        if constexpr (NEXT) {
+        if constexpr (NEXT && kQueueEarlyRelease) {
+            wg_wait2();  // P V of tile it (its group is the oldest of three): buffer b goes back now, while
+            pv_fence(hi, lo);  // S of tile it + 1 still runs
+            trace(a, it, 5);
+            B::release(c, b);
+            wg_wait0();
             fence_regs(s);
             fence_regs(t);
+        } else {
+            wg_wait0();  // P V of tile it (and S of tile it + 1)
+            pv_fence(hi, lo);
+            if constexpr (NEXT) {
+                fence_regs(s);
+                fence_regs(t);
+            }
+            trace(a, it, 5);
+            B::release(c, b);
         }
-        trace(a, it, 5);
-        B::release(c, b);
     }
     // S of K buffer kb as two chains (into s: k-steps 0..17, t: 18..35), one commit group each, no wait.
     __device__ __forceinline__ void issue_s(const Cta<XO> &c, uint32_t kb, float (&s)[32], float (&t)[32]) const

@@ -57,7 +57,7 @@ static_assert(kScoreRegs + kValueRegs + kProducerRegs <= 3 * kLaunchRegs, "the l
 // (WG0 then holds 64 accumulator registers instead of 128 and its P V, on the critical path of every
 // tile, is half as long; WG1, idle half of its time with 256, takes the other 384). Built, not yet run.
 #ifndef SMLA_SM90_SPLIT
-#define SMLA_SM90_SPLIT 256
+#define SMLA_SM90_SPLIT 128
 #endif
 constexpr int kSplit = SMLA_SM90_SPLIT;
 static_assert(kSplit == 256 || kSplit == 128, "SMLA_SM90_SPLIT: WG0 takes 256 or 128 of O's 512 columns");
@@ -68,6 +68,9 @@ static_assert(kSplit == 256 || kSplit == 128, "SMLA_SM90_SPLIT: WG0 takes 256 or
 #define SMLA_SM90_QUEUE_S 0
 #endif
 constexpr bool kQueueS = SMLA_SM90_QUEUE_S != 0;
+// SMLA_SM90_QUEUE_S = 2: K buffer b goes back to the producer once tile it's P V completed, before tile
+// it + 1's S did (with 1 it waited for both, which delays the load of tile it + 2 by an S).
+constexpr bool kQueueEarlyRelease = SMLA_SM90_QUEUE_S == 2;
 // The wide kernel's score warpgroup leaves the scores unscaled and applies the scale inside the softmax's
 // exponent (mask_scores_raw, sm90/score_tile.cuh): one multiply per score less. With the 128-column split
 // only (bf16; ScoreWarpgroup::kFold). Built, not yet run.
