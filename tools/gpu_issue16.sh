@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # Issue 16's next device calls, ready to run (one device call each; outputs under $OUT):
-#   PHASE=ab (default): HEAD against variants of it (VARIANTS, default: fold = SMLA_SM90_FOLD_SCALE=1,
-#     queue2 = SMLA_SM90_QUEUE_S=2), built side by side (tools/variant_tree.sh); a first check of each
-#     variant under a time limit (a hang in new code is reported as such), HEAD's whole CUDA suite
-#     (tools/gpu_validate.sh), each variant's attention tests (one process at a time: four side by side
+#   PHASE=ab (default): HEAD against variants of it (VARIANTS="name:NAME=VALUE,NAME=VALUE ..."; default:
+#     queue2 = SMLA_SM90_QUEUE_S=2, nextpf = SMLA_SM90_NEXT_PREFETCH=1 and q2np = both), built side by side (tools/variant_tree.sh); a first check of each
+#     variant under a time limit (a hang in new code is reported as such), with SUITE=1 HEAD's whole CUDA
+#     suite (tools/gpu_validate.sh), each variant's attention tests (one process at a time: four side by side
 #     ran out of device memory), then the prefill benchmark alternating between the trees (h=128 32K full +
 #     causal, fast, two rounds; MORE=1: also h=64 in both precisions). About 6-7 minutes.
-#   PHASE=trace: a profiling build of HEAD and tools/trace_attn.py on the wide and the pair kernel (when
+#   PHASE=trace: a profiling build of this tree (tools/variant_tree.sh's trees carry this script too) and tools/trace_attn.py on the wide and the pair kernel (when
 #     each warpgroup passes each point of its schedule).
 # Run from the repository root on the device: bash tools/gpu_issue16.sh (PHASE=trace bash ...).
 set -u
@@ -26,7 +26,7 @@ if [ "${PHASE:-ab}" = trace ]; then
   exit 0
 fi
 # The variants (VARIANTS="name:NAME=VALUE,NAME=VALUE name:..." overrides them)
-VARIANTS=${VARIANTS:-"fold:SMLA_SM90_FOLD_SCALE=1 queue2:SMLA_SM90_QUEUE_S=2"}
+VARIANTS=${VARIANTS:-"queue2:SMLA_SM90_QUEUE_S=2 nextpf:SMLA_SM90_NEXT_PREFETCH=1 q2np:SMLA_SM90_QUEUE_S=2,SMLA_SM90_NEXT_PREFETCH=1"}
 declare -A TR=([head]="$PWD")
 names=()
 for v in $VARIANTS; do t=${v%%:*}; sw=${v#*:}; names+=("$t")
@@ -36,7 +36,7 @@ done
 J=$(( $(nproc) / (1 + ${#names[@]}) )); [ "$J" -lt 1 ] && J=1
 for t in head "${names[@]}"; do d=${TR[$t]}
   (cd "$d" && SMLA_NVCC_JOBS=$J python3 setup.py build_ext --inplace -j $J > "/tmp/i16_build_$t.log" 2>&1 \
-     || { echo "BUILD FAIL $t"; tail -20 "/tmp/i16_build_$t.log"; }) &
+     || { echo "BUILD FAIL $t"; grep -m 4 -B 2 -A 4 -E "error|Error" "/tmp/i16_build_$t.log" | cut -c1-300; }) &
 done
 wait
 grep -hE "spill|C75" /tmp/i16_build_*.log | grep -v " 0 bytes spill" | sort | uniq -c | head -5
@@ -54,8 +54,7 @@ done
 el "first checks"
 # HEAD: the whole CUDA suite (tools/gpu_validate.sh, its build a no-op now); the variants: the attention
 # tests, one process at a time (four side by side ran out of device memory on the h=128 s_q=4096 cases)
-OUT=$OUT/validate BENCHES=none bash tools/gpu_validate.sh
-el "head suite"
+if [ -n "${SUITE:-}" ]; then OUT=$OUT/validate BENCHES=none bash tools/gpu_validate.sh; el "head suite"; fi  # SUITE=1
 A="python3 -m pytest -q -rf --tb=line -p no:cacheprovider -m cuda tests/test_cuda_attention.py"
 for t in "${ok[@]}"; do d=${TR[$t]}
   (cd "$d" && PYTHONPATH=$d/src timeout 150 $A -k "prefill or causal or empty_tiles or decode_grid and bf16 or split" \

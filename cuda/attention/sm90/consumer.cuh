@@ -383,6 +383,36 @@ struct ScoreWarpgroup : ConsumerBase<ABL, XO, FAST, SPLIT, 0> {
 #pragma unroll
             for (int i = 0; i < 32; ++i) s[i] += t[i];
         }
+        if constexpr (kQueueEarlyRelease) {
+            // mode 2: this warpgroup's P V goes to the tensor pipe before P is published (the stores and
+            // the fence run beside it), and buffer b goes back once that P V is done, while the next
+            // tile's S still runs (mode 1 waited for both: the load of tile it + 2 started an S later)
+            float mx[2], alpha[2];
+            mask_scores(c, b, s, mx);
+            softmax(s, mx, alpha, hi, lo);
+            trace(a, it, 3);
+            B::rescale(alpha);
+            pv_issue(kb, hi, lo);
+            publish(c, it, b, kb, alpha, hi, lo);
+            trace(a, it, 4);
+            if constexpr (NEXT) {
+                B::acquire(c, b ^ 1, (it + 1) >> 1);
+                trace(a, it + 1, 1);
+                issue_s(c, c.sK + (b ^ 1) * kTileBytes, s, t);
+                wg_wait2();  // P V of tile it: its group is the oldest of the three
+            } else {
+                wg_wait0();
+            }
+            pv_fence(hi, lo);
+            trace(a, it, 5);
+            B::release(c, b);
+            if constexpr (NEXT) {
+                wg_wait0();
+                fence_regs(s);
+                fence_regs(t);
+            }
+            return;
+        }
         softmax_publish(c, it, b, kb, s, hi, lo);
         pv_issue(kb, hi, lo);
         if constexpr (NEXT) {
@@ -390,24 +420,14 @@ struct ScoreWarpgroup : ConsumerBase<ABL, XO, FAST, SPLIT, 0> {
             trace(a, it + 1, 1);
             issue_s(c, c.sK + (b ^ 1) * kTileBytes, s, t);
         }
-        if constexpr (NEXT && kQueueEarlyRelease) {
-            wg_wait2();  // P V of tile it (its group is the oldest of three): buffer b goes back now, while
-            pv_fence(hi, lo);  // S of tile it + 1 still runs
-            trace(a, it, 5);
-            B::release(c, b);
-            wg_wait0();
+        wg_wait0();  // P V of tile it (and S of tile it + 1)
+        pv_fence(hi, lo);
+        if constexpr (NEXT) {
             fence_regs(s);
             fence_regs(t);
-        } else {
-            wg_wait0();  // P V of tile it (and S of tile it + 1)
-            pv_fence(hi, lo);
-            if constexpr (NEXT) {
-                fence_regs(s);
-                fence_regs(t);
-            }
-            trace(a, it, 5);
-            B::release(c, b);
         }
+        trace(a, it, 5);
+        B::release(c, b);
     }
     // S of K buffer kb as two chains (into s: k-steps 0..17, t: 18..35), one commit group each, no wait.
     __device__ __forceinline__ void issue_s(const Cta<XO> &c, uint32_t kb, float (&s)[32], float (&t)[32]) const

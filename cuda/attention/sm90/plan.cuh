@@ -79,6 +79,15 @@ constexpr bool kQueueEarlyRelease = SMLA_SM90_QUEUE_S == 2;
 #endif
 constexpr bool kFoldScale = SMLA_SM90_FOLD_SCALE != 0;
 static_assert(!kQueueS || kSplit == 128, "SMLA_SM90_QUEUE_S needs SMLA_SM90_SPLIT = 128 (WG0's registers)");
+// The wide bf16 kernel's CTAs of one wave start together and all load their Q (73.7 KB) from HBM at once
+// (the trace's prologue: 5.8 us of a 74 us CTA). With this switch each CTA's first producer warp asks L2,
+// kNextAhead tiles before its last, for the Q rows and the index row of item blockIdx.x + n_sms, the one
+// the next wave runs in its place (Bf16Producer::prefetch_next). Built, not yet run.
+#ifndef SMLA_SM90_NEXT_PREFETCH
+#define SMLA_SM90_NEXT_PREFETCH 0
+#endif
+constexpr bool kNextPrefetch = SMLA_SM90_NEXT_PREFETCH != 0;
+constexpr int kNextAhead = 6;
 // setmaxnreg budgets of the three warpgroups for a split (their sum is the launch allocation, as above).
 template <int SPLIT>
 struct WgRegs {
