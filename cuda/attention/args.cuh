@@ -43,6 +43,12 @@ struct Args {
 // Which work a CTA of the main kernels does: launch.cu sizes the one-dimensional grid as
 // blockIdx.x = (row * n_ht + head tile) * n_splits + split, row = request * s_q + token. (The sm90 fp8
 // two-CTA cluster orders its grid by head tile last; sm90/plan.cuh.)
+// SMLA_REVERSE_ROWS: the grid walks the rows from the last to the first. In a causal prefill the later
+// tokens attend to more of the prompt, so their CTAs start first and the short ones fill the last wave
+// (longest first); the work of each CTA is unchanged. Built, not yet run.
+#ifndef SMLA_REVERSE_ROWS
+#define SMLA_REVERSE_ROWS 0
+#endif
 struct GridPos {
     int64_t row, bi, si;
     int ht, sp;
@@ -54,6 +60,7 @@ __device__ __forceinline__ GridPos grid_pos_of(const Args &a, int64_t bx)
     bx /= a.n_splits;
     g.ht = static_cast<int>(bx % a.n_ht);
     g.row = bx / a.n_ht;
+    if (SMLA_REVERSE_ROWS) g.row = a.rows - 1 - g.row;
     g.bi = g.row / a.p.s_q, g.si = g.row % a.p.s_q;
     return g;
 }
