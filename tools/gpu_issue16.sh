@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Issue 16's next device calls, ready to run (one device call each; outputs under $OUT):
 #   PHASE=ab (default): HEAD against variants of it (VARIANTS="name:NAME=VALUE,NAME=VALUE ..."; default:
-#     queue2 = SMLA_SM90_QUEUE_S=2, nextpf = SMLA_SM90_NEXT_PREFETCH=1 and q2np = both), built side by side (tools/variant_tree.sh); a first check of each
+#     the two changes the eighth session kept, each switched back: even = SMLA_SM90_SPLIT=256, forward =
+#     SMLA_REVERSE_ROWS=0), built side by side (tools/variant_tree.sh); a first check of each
 #     variant under a time limit (a hang in new code is reported as such), with SUITE=1 HEAD's whole CUDA
 #     suite (tools/gpu_validate.sh), each variant's attention tests (one process at a time: four side by side
 #     ran out of device memory), then the prefill benchmark alternating between the trees (h=128 32K full +
@@ -26,7 +27,7 @@ if [ "${PHASE:-ab}" = trace ]; then
   exit 0
 fi
 # The variants (VARIANTS="name:NAME=VALUE,NAME=VALUE name:..." overrides them)
-VARIANTS=${VARIANTS:-"queue2:SMLA_SM90_QUEUE_S=2 nextpf:SMLA_SM90_NEXT_PREFETCH=1 q2np:SMLA_SM90_QUEUE_S=2,SMLA_SM90_NEXT_PREFETCH=1"}
+VARIANTS=${VARIANTS:-"even:SMLA_SM90_SPLIT=256 forward:SMLA_REVERSE_ROWS=0"}
 declare -A TR=([head]="$PWD")
 names=()
 for v in $VARIANTS; do t=${v%%:*}; sw=${v#*:}; names+=("$t")

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# A tree of HEAD with some compile-time switches set, as a tar.gz for tools/gpu_variants.sh (which builds
+# A copy of the working tree with some compile-time switches set, as a tar.gz for tools/gpu_variants.sh (which builds
 # each tree given to it and benchmarks them side by side in one device call):
-#   bash tools/variant_tree.sh .whl/split128.tar.gz SMLA_SM90_SPLIT=128 SMLA_SM90_QUEUE_S=1
+#   bash tools/variant_tree.sh .whl/even.tar.gz SMLA_SM90_SPLIT=256 SMLA_REVERSE_ROWS=0
 # Each NAME=VALUE rewrites the `#define NAME <default>` line of the header under cuda/ that defines it
 # (e.g. SMLA_SM90_* in sm90/plan.cuh, SMLA_S_CHAINS in sm90/score_tile.cuh); a name defined nowhere is
 # an error. The tree is the working tree as it is.

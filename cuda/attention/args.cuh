@@ -43,11 +43,13 @@ struct Args {
 // Which work a CTA of the main kernels does: launch.cu sizes the one-dimensional grid as
 // blockIdx.x = (row * n_ht + head tile) * n_splits + split, row = request * s_q + token. (The sm90 fp8
 // two-CTA cluster orders its grid by head tile last; sm90/plan.cuh.)
-// SMLA_REVERSE_ROWS: the grid walks the rows from the last to the first. In a causal prefill the later
-// tokens attend to more of the prompt, so their CTAs start first and the short ones fill the last wave
-// (longest first); the work of each CTA is unchanged. Built, not yet run.
+// SMLA_REVERSE_ROWS (1, the default): the grid walks the rows from the last to the first. In a causal
+// prefill the later tokens attend to more of the prompt, so their CTAs start first and the short ones
+// fill the last wave (longest first); each CTA's work and result are unchanged. Measured on the H200
+// (benchmarks/README.md, "Issue 16, eighth session"): causal fresh prompt h=64 "fast" 640-656 against
+// 663-669 us, "high" 815 against 875; h=128 within the noise. 0 restores the forward order.
 #ifndef SMLA_REVERSE_ROWS
-#define SMLA_REVERSE_ROWS 0
+#define SMLA_REVERSE_ROWS 1
 #endif
 struct GridPos {
     int64_t row, bi, si;

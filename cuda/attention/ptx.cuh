@@ -28,15 +28,6 @@ __device__ __forceinline__ void cp_async16_hint(uint32_t dst, const void *src, i
                  : "memory");
 }
 
-// The same with the L2 told to fetch the whole 256-byte block around src on a miss (a bf16 K row is 1152
-// bytes, read 128 at a time: one DRAM round trip then serves two chunks of the row).
-__device__ __forceinline__ void cp_async16_hint_pf256(uint32_t dst, const void *src, int src_bytes, uint64_t pol)
-{
-    asm volatile("cp.async.cg.shared.global.L2::cache_hint.L2::256B [%0], [%1], 16, %2, %3;\n" ::"r"(dst), "l"(src),
-                 "r"(src_bytes), "l"(pol)
-                 : "memory");
-}
-
 __device__ __forceinline__ void cp_async4(uint32_t dst, const void *src, int src_bytes)
 {
     asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes)

@@ -186,21 +186,10 @@ struct ScoreWarpgroup : ConsumerBase<ABL, XO, FAST, SPLIT, 0> {
         }
     }
 
-    // Mask, scale and the tile's row maxima over the 64 tokens of K buffer b (sm90/score_tile.cuh); kFold:
-    // the scale is left to the softmax's exponent (mask_scores_raw), sc_ the factor it applies. Only with
-    // the 128-column split: with 256 columns the warpgroup's 224 registers spill then (8-20 bytes).
-    static constexpr bool kFold = kFoldScale && SPLIT == 128;
-    float sc_ = 1.f;
-    __device__ __forceinline__ void mask_scores(const Cta<XO> &c, int b, float (&s)[32], float (&mx)[2])
+    // Mask, scale and the tile's row maxima over the 64 tokens of K buffer b (sm90/score_tile.cuh).
+    __device__ __forceinline__ void mask_scores(const Cta<XO> &c, int b, float (&s)[32], float (&mx)[2]) const
     {
-        if constexpr (kFold) sc_ = mask_scores_raw(c.sValid + b * kBN, a.scale_log2, t4, m_r, s, mx);
-        else sm90::mask_scores(c.sValid + b * kBN, a.scale_log2, t4, m_r, s, mx);
-    }
-    // 2^(s - base) of a score (kFoldScale: s unscaled, 2^fma(s, sc_, -base)).
-    __device__ __forceinline__ float prob(float s, float base) const
-    {
-        if constexpr (kFold) return ex2(fmaf(s, sc_, -base));
-        else return ex2(s - base);
+        sm90::mask_scores(c.sValid + b * kBN, a.scale_log2, t4, m_r, s, mx);
     }
 
     // New row maxima, alpha (the factor O is rescaled by), P = 2^(S - m) as the A fragments of the 4
@@ -223,8 +212,8 @@ struct ScoreWarpgroup : ConsumerBase<ABL, XO, FAST, SPLIT, 0> {
         // A fragment registers 4 (jn >> 1) + 2 (jn & 1) + {0: row r0, 1: row r0 + 8}
 #pragma unroll
         for (int jn = 0; jn < 8; ++jn) {
-            const float p0 = prob(s[4 * jn + 0], base_[0]), p1 = prob(s[4 * jn + 1], base_[0]);
-            const float p2 = prob(s[4 * jn + 2], base_[1]), p3 = prob(s[4 * jn + 3], base_[1]);
+            const float p0 = ex2(s[4 * jn + 0] - base_[0]), p1 = ex2(s[4 * jn + 1] - base_[0]);
+            const float p2 = ex2(s[4 * jn + 2] - base_[1]), p3 = ex2(s[4 * jn + 3] - base_[1]);
             rs[0] += p0 + p1;
             rs[1] += p2 + p3;
             const int f = 4 * (jn >> 1) + 2 * (jn & 1);
@@ -343,98 +332,6 @@ struct ScoreWarpgroup : ConsumerBase<ABL, XO, FAST, SPLIT, 0> {
             pv_phase(kb, hi, lo);
             trace(a, it, 5);
             B::release(c, b);
-        }
-    }
-
-    // kQueueS (plan.cuh; SPLIT = 128): the same tiles with tile it + 1's S issued right behind tile it's
-    // P V (its two chains into s and t, one commit group each), so the tensor cores go from one to the
-    // other without this warpgroup draining them in between; one wait then covers both, and tile it's
-    // buffer is released. Nothing is in flight across the loop's back edge or a branch (ptxas serialises
-    // every wgmma otherwise: C7514 / C7515 when the wait sat at the top of the next tile, with the
-    // accumulators live across the back edge), so the last tile, which issues no next S, is its own
-    // instantiation (NEXT = false). The P fragments of tile it stay allocated until the wait (pv_fence).
-    __device__ __forceinline__ void run_queued(const Cta<XO> &c)
-    {
-        static_assert(SPLIT == 128 && kSChains == 2, "the queued S: WG0's registers with the 128-column split, 2 chains");
-        float s[32], t[32];
-        if (c.nt == 0) return;
-        B::acquire(c, 0, 0);
-        trace(a, 0, 1);
-        issue_s(c, c.sK, s, t);
-        wg_wait0();
-        fence_regs(s);
-        fence_regs(t);
-#pragma unroll 1
-        for (int it = 0; it + 1 < c.nt; ++it) tile_queued<true>(c, it, s, t);
-        tile_queued<false>(c, c.nt - 1, s, t);
-    }
-    template <bool NEXT>
-    __device__ __forceinline__ void tile_queued(const Cta<XO> &c, int it, float (&s)[32], float (&t)[32])
-    {
-        const int b = it & 1;
-        const uint32_t kb = c.sK + b * kTileBytes;
-        uint32_t hi[16], lo[16];
-        trace(a, it, 0);
-        trace(a, it, 2);  // S of this tile is done (waited for at the end of the last tile)
-        if constexpr (B::kNoS) {
-#pragma unroll
-            for (int i = 0; i < 32; ++i) s[i] = 0.f;
-        } else {
-#pragma unroll
-            for (int i = 0; i < 32; ++i) s[i] += t[i];
-        }
-        if constexpr (kQueueEarlyRelease) {
-            // mode 2: this warpgroup's P V goes to the tensor pipe before P is published (the stores and
-            // the fence run beside it), and buffer b goes back once that P V is done, while the next
-            // tile's S still runs (mode 1 waited for both: the load of tile it + 2 started an S later)
-            float mx[2], alpha[2];
-            mask_scores(c, b, s, mx);
-            softmax(s, mx, alpha, hi, lo);
-            trace(a, it, 3);
-            B::rescale(alpha);
-            pv_issue(kb, hi, lo);
-            publish(c, it, b, kb, alpha, hi, lo);
-            trace(a, it, 4);
-            if constexpr (NEXT) {
-                B::acquire(c, b ^ 1, (it + 1) >> 1);
-                trace(a, it + 1, 1);
-                issue_s(c, c.sK + (b ^ 1) * kTileBytes, s, t);
-                wg_wait2();  // P V of tile it: its group is the oldest of the three
-            } else {
-                wg_wait0();
-            }
-            pv_fence(hi, lo);
-            trace(a, it, 5);
-            B::release(c, b);
-            if constexpr (NEXT) {
-                wg_wait0();
-                fence_regs(s);
-                fence_regs(t);
-            }
-            return;
-        }
-        softmax_publish(c, it, b, kb, s, hi, lo);
-        pv_issue(kb, hi, lo);
-        if constexpr (NEXT) {
-            B::acquire(c, b ^ 1, (it + 1) >> 1);
-            trace(a, it + 1, 1);
-            issue_s(c, c.sK + (b ^ 1) * kTileBytes, s, t);
-        }
-        wg_wait0();  // P V of tile it (and S of tile it + 1)
-        pv_fence(hi, lo);
-        if constexpr (NEXT) {
-            fence_regs(s);
-            fence_regs(t);
-        }
-        trace(a, it, 5);
-        B::release(c, b);
-    }
-    // S of K buffer kb as two chains (into s: k-steps 0..17, t: 18..35), one commit group each, no wait.
-    __device__ __forceinline__ void issue_s(const Cta<XO> &c, uint32_t kb, float (&s)[32], float (&t)[32]) const
-    {
-        if constexpr (!B::kNoS) {
-            s_chain(c, s, 0, 18, kb, false);
-            s_chain(c, t, 18, 36, kb, false);
         }
     }
 

@@ -99,8 +99,7 @@ __global__ void __launch_bounds__(kThreads, 1) attn_sm90_kernel(const __grid_con
         setmaxnreg_to<Regs::score>();
         wait_q();
         ScoreWarpgroup<ABL, XO, FAST, SPLIT> wg0(a, c, peer_base);
-        if constexpr (SPLIT == 128 && kQueueS) wg0.run_queued(c);
-        else wg0.run(c);
+        wg0.run(c);
         if constexpr (XO) cluster_sync();
         trace(a, kTraceEdge, kTrEpilogue);
         wg0.epilogue(c);

@@ -65,15 +65,6 @@ namespace attn {
 namespace sm90 {
 namespace pair {
 
-// The pair kernel's K rows with the 256-byte L2 prefetch (FlashMLA's prefill loads do this). Measured
-// slower on the wide kernel, whose loads are off its critical path; the pair kernel's are on it (16% of
-// its time: tools/ablate.py --pair; both in benchmarks/README.md, seventh session), so it is a separate
-// switch. Built, not yet run.
-#ifndef SMLA_SM90_PAIR_PREFETCH
-#define SMLA_SM90_PAIR_PREFETCH 0
-#endif
-constexpr bool kPairPrefetch = SMLA_SM90_PAIR_PREFETCH != 0;
-
 // setmaxnreg: the three warpgroups share the launch allocation, 3 x 168 (plan.cuh).
 constexpr int kConsumerRegs = 224, kProducerRegs = 56;
 static_assert(2 * kConsumerRegs + kProducerRegs <= 3 * 168, "the launch allocation: 64K / 384 -> 168");
@@ -191,8 +182,7 @@ struct PairProducer {
             const uint32_t dst = kb + 8 * i * 128;
 #pragma unroll
             for (int c8 = c0; c8 < c1; ++c8) {
-                if (kPairPrefetch && hint) cp_async16_hint_pf256(dst + c8 * kBlk, R.src[i] + c8 * 128, nb, pol);
-                else if (hint) cp_async16_hint(dst + c8 * kBlk, R.src[i] + c8 * 128, nb, pol);
+                if (hint) cp_async16_hint(dst + c8 * kBlk, R.src[i] + c8 * 128, nb, pol);
                 else cp_async16(dst + c8 * kBlk, R.src[i] + c8 * 128, nb);
             }
         }

@@ -53,47 +53,22 @@ static_assert(kRowChunks == 9 * 8, "a row is 9 column blocks of 8 chunks");
 constexpr int kLaunchRegs = 168;  // 64K / 384, rounded down to a multiple of 8
 constexpr int kScoreRegs = 224, kValueRegs = 160, kProducerRegs = 120;
 static_assert(kScoreRegs + kValueRegs + kProducerRegs <= 3 * kLaunchRegs, "the launch allocation: 64K / 384 -> 168");
-// The O columns of WG0 in the bf16 wide kernel (the fp8 one: always 256): 256 (even, the default) or 128
-// (WG0 then holds 64 accumulator registers instead of 128 and its P V, on the critical path of every
-// tile, is half as long; WG1, idle half of its time with 256, takes the other 384). Built, not yet run.
+// The O columns of WG0 in the bf16 wide kernel (the fp8 one: always 256): 128, the default, or 256 (the
+// even split it replaced). With 128 WG0 holds 64 accumulator registers instead of 128 and its P V, on the
+// critical path of every tile, is half as long; WG1, idle half of its time with 256, takes the other 384.
+// Measured on the H200 (benchmarks/README.md, "Issue 16, eighth session"): h=128 32K "fast" 4369-4530
+// against 4710-4764 us, the whole CUDA suite passing.
 #ifndef SMLA_SM90_SPLIT
 #define SMLA_SM90_SPLIT 128
 #endif
 constexpr int kSplit = SMLA_SM90_SPLIT;
 static_assert(kSplit == 256 || kSplit == 128, "SMLA_SM90_SPLIT: WG0 takes 256 or 128 of O's 512 columns");
-// With the 128-column split WG0 has the registers to issue tile it + 1's S right behind tile it's P V
-// (ScoreWarpgroup::run_queued): the tensor cores go from one to the other without WG0 draining them in
-// between. Built, not yet run.
-#ifndef SMLA_SM90_QUEUE_S
-#define SMLA_SM90_QUEUE_S 0
-#endif
-constexpr bool kQueueS = SMLA_SM90_QUEUE_S != 0;
-// SMLA_SM90_QUEUE_S = 2: K buffer b goes back to the producer once tile it's P V completed, before tile
-// it + 1's S did (with 1 it waited for both, which delays the load of tile it + 2 by an S).
-constexpr bool kQueueEarlyRelease = SMLA_SM90_QUEUE_S == 2;
-// The wide kernel's score warpgroup leaves the scores unscaled and applies the scale inside the softmax's
-// exponent (mask_scores_raw, sm90/score_tile.cuh): one multiply per score less. With the 128-column split
-// only (bf16; ScoreWarpgroup::kFold). Built, not yet run.
-#ifndef SMLA_SM90_FOLD_SCALE
-#define SMLA_SM90_FOLD_SCALE 0
-#endif
-constexpr bool kFoldScale = SMLA_SM90_FOLD_SCALE != 0;
-static_assert(!kQueueS || kSplit == 128, "SMLA_SM90_QUEUE_S needs SMLA_SM90_SPLIT = 128 (WG0's registers)");
-// The wide bf16 kernel's CTAs of one wave start together and all load their Q (73.7 KB) from HBM at once
-// (the trace's prologue: 5.8 us of a 74 us CTA). With this switch each CTA's first producer warp asks L2,
-// kNextAhead tiles before its last, for the Q rows and the index row of item blockIdx.x + n_sms, the one
-// the next wave runs in its place (Bf16Producer::prefetch_next). Built, not yet run.
-#ifndef SMLA_SM90_NEXT_PREFETCH
-#define SMLA_SM90_NEXT_PREFETCH 0
-#endif
-constexpr bool kNextPrefetch = SMLA_SM90_NEXT_PREFETCH != 0;
-constexpr int kNextAhead = 6;
 // setmaxnreg budgets of the three warpgroups for a split (their sum is the launch allocation, as above).
 template <int SPLIT>
 struct WgRegs {
-    static constexpr int score = SPLIT == 256 ? kScoreRegs : (kQueueS ? 200 : 176);
+    static constexpr int score = SPLIT == 256 ? kScoreRegs : 176;
     static constexpr int value = SPLIT == 256 ? kValueRegs : 224;
-    static constexpr int producer = SPLIT == 256 ? kProducerRegs : (kQueueS ? 80 : 104);
+    static constexpr int producer = SPLIT == 256 ? kProducerRegs : 104;
     static_assert(score + value + producer <= 3 * kLaunchRegs && score % 8 == 0 && value % 8 == 0 &&
                       producer % 8 == 0,
                   "setmaxnreg: multiples of 8 within the launch allocation");

@@ -160,30 +160,6 @@ struct Bf16Producer {
         cp_async_commit();
     }
 
-    // kNextPrefetch (plan.cuh; the wide kernel, whose grid is one item per CTA): the Q rows (latent and
-    // RoPE parts apart: q_pe may hold the latter) and the index row of item blockIdx.x + n_sms into L2.
-    // Called by one warp; the index row is trimmed to 16-byte boundaries (a hint may cover less).
-    __device__ __forceinline__ void prefetch_next() const
-    {
-        const int64_t item = static_cast<int64_t>(blockIdx.x) + a.n_sms;
-        if (a.n_sms <= 0 || item >= a.rows * a.n_ht * a.n_splits) return;
-        const GridPos g = grid_pos_of(a, item);
-        const int lane = c.tid & 31;
-        for (int r = lane; r < kHT; r += 32) {
-            const int hh = g.ht * kHT + r;
-            if (hh < c.h) {
-                prefetch_l2_bulk(smla_q_at(&a.p, g.bi, g.si, hh, 0), 2 * kDv);
-                prefetch_l2_bulk(smla_q_at(&a.p, g.bi, g.si, hh, kDv), 2 * (kDqk - kDv));
-            }
-        }
-        if (lane == 0) {
-            const int32_t *row = a.p.indices + g.bi * a.p.idx_stride_b + g.si * a.p.idx_stride_s;
-            const uintptr_t b0 = (reinterpret_cast<uintptr_t>(row) + 15) & ~uintptr_t(15);
-            const uintptr_t b1 = reinterpret_cast<uintptr_t>(row + a.p.topk) & ~uintptr_t(15);
-            if (b1 > b0) prefetch_l2_bulk(reinterpret_cast<const void *>(b0), static_cast<uint32_t>(b1 - b0));
-        }
-    }
-
     // Slice tile 0 into buffer 0, before the scan (the slice has a tile).
     __device__ __forceinline__ void speculate() const
     {
@@ -218,9 +194,6 @@ struct Bf16Producer {
             trace(a, it, 1);
             if (it > 0 || !have0) issue(b, idx_cur);
             trace(a, it, 2);
-            if constexpr (kNextPrefetch && !RING && P0 == 256) {
-                if (pw == 0 && it == (c.nt > kNextAhead ? c.nt - kNextAhead : 0)) prefetch_next();
-            }
 #pragma unroll
             for (int i = 0; i < kNi; ++i) idx_cur[i] = idx_nxt[i];
             cp_async_wait_all();

@@ -238,13 +238,6 @@ __device__ __forceinline__ void wgmma_n128_tb(float (&d)[64], uint64_t da, uint6
 }
 // Waits until at most one wgmma group of this warpgroup is pending (groups complete in order).
 __device__ __forceinline__ void wg_wait1() { asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory"); }
-// A hint: L2 fetches bytes (a multiple of 16) from the 16-byte aligned global address p.
-__device__ __forceinline__ void prefetch_l2_bulk(const void *p, uint32_t bytes)
-{
-    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(p), "r"(bytes) : "memory");
-}
-// ... at most two (SMLA_SM90_QUEUE_S = 2: P V done, the next tile's two S chains may still run).
-__device__ __forceinline__ void wg_wait2() { asm volatile("wgmma.wait_group.sync.aligned 2;\n" ::: "memory"); }
 // This thread's arrival on the mbarrier, made once every cp.async it issued so far has landed (.noinc:
 // it is one of the arrivals the barrier was initialised to expect).
 __device__ __forceinline__ void cp_async_mbar_arrive_noinc(uint32_t bar)

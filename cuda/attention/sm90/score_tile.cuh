@@ -75,40 +75,6 @@ __device__ __forceinline__ void mask_scores(const int *valid, float scale_log2, 
     quad_max(mx);
 }
 
-// kFoldScale (plan.cuh): the same row maxima with the scores left unscaled, so the softmax applies the
-// scale inside its exponent, p = 2^fma(s, sc, -m), instead of one multiply per score here. The raw
-// maxima (minima for a negative scale: scaling reverses the order) are scaled once; an invalid score
-// is the infinity that loses that comparison and scales to -inf. Returns sc: scale_log2, or 1 where
-// this thread took mask_scale_thread's path instead (a zero scale, inf * 0 being NaN, or an overflow to
-// saturate: both rare), which leaves s scaled.
-__device__ __forceinline__ float mask_scores_raw(const int *valid, float scale_log2, int t4, const float (&m)[2],
-                                                 float (&s)[32], float (&mx)[2])
-{
-    const bool neg = scale_log2 < 0.f;
-    const float inv = neg ? INFINITY : -INFINITY;
-    float lo[2] = {inv, inv};
-#pragma unroll
-    for (int jn = 0; jn < 8; ++jn) {
-        const int tok = 8 * jn + 2 * t4;
-        const bool ok0 = valid[tok] != 0, ok1 = valid[tok + 1] != 0;
-        s[4 * jn + 0] = ok0 ? s[4 * jn + 0] : inv;
-        s[4 * jn + 1] = ok1 ? s[4 * jn + 1] : inv;
-        s[4 * jn + 2] = ok0 ? s[4 * jn + 2] : inv;
-        s[4 * jn + 3] = ok1 ? s[4 * jn + 3] : inv;
-#pragma unroll
-        for (int hf = 0; hf < 2; ++hf) {
-            const float a = s[4 * jn + 2 * hf], b = s[4 * jn + 2 * hf + 1];
-            lo[hf] = neg ? fminf(lo[hf], fminf(a, b)) : fmaxf(lo[hf], fmaxf(a, b));
-        }
-    }
-    mx[0] = lo[0] * scale_log2;  // scaling is monotone, and so is its rounding
-    mx[1] = lo[1] * scale_log2;
-    const bool fallback = scale_log2 == 0.f || sat_needed(mx[0], m[0]) || sat_needed(mx[1], m[1]);
-    if (fallback) mask_scale_thread(valid, scale_log2, t4, m, s, mx);  // invalid ones become -inf there
-    quad_max(mx);
-    return fallback ? 1.f : scale_log2;
-}
-
 // A [64 heads x 64 tokens] bf16 A-fragment set (p[4 kk + 2 hf + rr]: row r0 + 8 rr, tokens 16 kk + 8 hf +
 // 2 t4, + 1) into a swizzled [64 rows x 128 B] block (blk_addr), the A operand of a wgmma from shared
 // memory: per k-step kk one stmatrix x4 whose matrix m holds rows + 8 (m & 1) and tokens 16 kk + 8 (m >> 1)
