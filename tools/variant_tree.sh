@@ -13,7 +13,7 @@ tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 # the tree as it is (uncommitted changes included), less build outputs: the device machine's copy carries
 # a .git whose HEAD is not the working tree's (git archive HEAD there built stale trees)
-tar cf - --exclude=./build --exclude='*.so' --exclude=./.whl --exclude=./.gpu --exclude=./.gl --exclude=./.git . | tar x -C "$tmp"
+tar cf - --exclude=./build --exclude='*.so' --exclude=./.whl --exclude=./.gpu --exclude=./.gl --exclude=./.git --exclude=__pycache__ . | tar x -C "$tmp"
 for kv in "$@"; do
   name=${kv%%=*} value=${kv#*=}
   file=$(grep -rlE "^#define $name [0-9]+" "$tmp/cuda" | head -n 1 || true)

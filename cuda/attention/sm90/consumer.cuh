@@ -1,8 +1,8 @@
 // The two consumer warpgroups of the wgmma kernel. They do not run in lockstep: WG0 owns the scores
-// and the softmax of a whole 64-token K tile, WG1 only consumes them, so WG1's half of P V overlaps
+// and the softmax of a whole 64-token K tile, WG1 only consumes them, so WG1's share of P V overlaps
 // WG0's next S and softmax on the tensor cores (FlashMLA's split of the work).
 //
-//   WG0, ScoreWarpgroup (setmaxnreg kScoreRegs), per K tile:
+//   WG0, ScoreWarpgroup (setmaxnreg WgRegs::score), per K tile:
 //     acquire  : wait until the producer filled the buffer (XO: and the peer's half arrived);
 //     s_phase  : S[64 heads x 64 tokens] = Q K^T, wgmma m64n64k16 x 36 from smem as kSChains (2) chains
 //                summed in fp32 (the accuracy rule, sm90/score_tile.cuh);
@@ -12,12 +12,13 @@
 //                bf16 terms, split_bf16x2), row sums in double;
 //     publish  : (stmatrix) P_hi into the tile's RoPE block (dead once S is done), P_lo into its own block (high:
 //                after WG1 freed it, kBarFree), alpha into sAlpha[b]; arrive kBarP + b;
-//     pv       : O[:, 0:256] = O * alpha + P V with P from registers (wgmma m64n256k16, register A);
+//     pv       : O[:, 0:SPLIT] = O * alpha + P V with P from registers (register A: m64n128k16 for the
+//                bf16 kernel's default SPLIT = 128, m64n256k16 for 256, plan.cuh);
 //     release  : hand the buffer back to the producer(s).
-//   WG1, ValueWarpgroup (setmaxnreg kValueRegs), per K tile: wait kBarP + b, O[:, 256:512] = O * alpha + P V
+//   WG1, ValueWarpgroup (setmaxnreg WgRegs::value), per K tile: wait kBarP + b, O[:, SPLIT:512] = O * alpha + P V
 //     with P from smem, free P_lo (kBarFree), release.
 // Then the epilogue: WG0 publishes the final row maxima and sums (kBarL) and each warpgroup writes its
-// 256 columns (finish_row, attention/epilogue.cuh).
+// columns (finish_o_cols, sm90/score_tile.cuh). Register budgets per split: WgRegs (plan.cuh).
 // Trace events per tile (profiling builds, sm90/trace.cuh): WG0 0 start, 1 K landed, 2 S done, 3 softmax
 // done, 4 P published, 5 its P V done; WG1 0 start, 1 P received, 2 its P V done; producer (Bf16Producer)
 // 0 start, 1 buffer free, 2 copies issued, 3 this thread's copies landed.
@@ -52,7 +53,7 @@ struct ConsumerBase {
     const Args &a;
     const uint32_t peer_base;  // XO: the peer's address of our smem base
     const int lane;
-    const int wg;              // 0: scores + output columns 0..255; 1: output columns 256..511
+    const int wg;              // 0: scores + output columns 0..SPLIT-1; 1: output columns SPLIT..511
     const int g, t4;
     const int r0;              // this thread's rows r0, r0 + 8
     float o[NC / 2];           // O[r0 / r0 + 8][col0 + 8 jn + 2 t4 + {0, 1}] at o[4 jn + {0, 1} / {2, 3}]
@@ -103,8 +104,8 @@ struct ConsumerBase {
 
     __device__ __forceinline__ void rescale(const float (&alpha)[2]) { rescale_rows(o, alpha); }
 
-    // V = the K buffer's (descriptor base vd = desc_base(kb, kBlk)) columns 256 wg .. + 255, k-step kk
-    // (tokens 16 kk ..), N-major; v_desc_at: from column block blk (64 columns) on.
+    // V = the K buffer's (descriptor base vd = desc_base(kb, kBlk)) columns 256 wg .. + 255 (the even
+    // split), k-step kk (tokens 16 kk ..), N-major; v_desc_at: from column block blk (64 columns) on.
     __device__ __forceinline__ uint64_t v_desc(uint32_t vd, int kk) const
     {
         return desc_at(vd, (4 * wg) * kBlk + (16 * kk) * 128);
@@ -114,7 +115,7 @@ struct ConsumerBase {
         return desc_at(vd, blk * kBlk + (16 * kk) * 128);
     }
 
-    // The epilogue of this warpgroup's 256 columns, once WG0 published the row statistics (kBarL); mt:
+    // The epilogue of this warpgroup's NC columns, once WG0 published the row statistics (kBarL); mt:
     // the rows' true maxima (max_logits, which only WG0, half 0, writes).
     __device__ __forceinline__ void finish(const Cta<XO> &c, const float (&mt)[2])
     {

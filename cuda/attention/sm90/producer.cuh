@@ -1,4 +1,4 @@
-// The producer warpgroup (WG2, setmaxnreg 120) of the wgmma kernel: it fills the two K buffers,
+// The producer warpgroup (WG2, setmaxnreg WgRegs::producer) of the wgmma kernel: it fills the two K buffers,
 // handing each over through mbarriers (full: producer -> consumers, empty: consumers -> producer),
 // and marks each row valid or not (sValid) for the consumers' mask.
 //   Bf16Producer: bf16 rows by 16-byte cp.async (zero fill for invalid rows), 8 lanes per row, each
