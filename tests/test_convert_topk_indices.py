@@ -330,9 +330,11 @@ def test_dcp_every_path(isa, world, il, bs, threads, monkeypatch):
 
 @pytest.mark.cuda
 @pytest.mark.parametrize("k", [1, 384, 2048])
-def test_cuda_matches_cpu(k):
+@pytest.mark.parametrize("bs", [64, 61, 1])
+def test_cuda_matches_cpu(k, bs):
+    """The GPU divides by multiply-shift constants (smla_udiv), the CPU's vector path through a double
+    reciprocal: a non-power-of-two block size compares the two."""
     rng = np.random.default_rng(38)
-    bs = 64
     req, bt, tok = paged_case(rng, n=300, r=7, mb=12, bs=bs, k=k)
     tok[::7, ::3] = rng.choice([I32.min, -123456, -1, 12 * bs, I32.max], tok[::7, ::3].shape)
     bt[2, 3], bt[4, 5] = -1, I32.max
@@ -357,7 +359,8 @@ def test_cuda_matches_cpu(k):
 
 
 @pytest.mark.cuda
-@pytest.mark.parametrize("world,il", [(3, 1), (5, 3), (7, 64), (2, 1000), (6, 7), (1, 1 << 30)])
+@pytest.mark.parametrize("world,il", [(3, 1), (5, 3), (7, 64), (2, 1000), (6, 7), (1, 1 << 30), (3, 1 << 30),
+                                      (2, (1 << 30) + 1)])
 @pytest.mark.parametrize("k", [300, 4096 + 40])
 def test_cuda_dcp_positions_up_to_2_pow_31(world, il, k):
     """GPU DCP conversion against the CPU over the whole int32 position range, odd world sizes and

@@ -2,7 +2,7 @@
 # Issue 18 in one device call: build this tree and a base tree side by side, run the CUDA tests of the
 # host path and the memory ops on this tree, then measure both trees in the same call (host time per op,
 # memory-op bandwidth, the pack_kv scatter diagnosis, the layer decode step). Logs under $OUT.
-#   [FULL=1] [QUICK_TESTS=1] [EXTRA='dir ...'] bash tools/gpu_issue18.sh BASE_DIR [tests|bench|all]
+#   [FULL=1] [QUICK_TESTS=1] [EXTRA='dir ...'] [SCATTER=' '] [LAYER=0] bash tools/gpu_issue18.sh BASE_DIR [tests|bench|all]
 set -u
 cd "$(dirname "$0")/.."
 NEW=$PWD; BASE=$(cd "${1:?usage: tools/gpu_issue18.sh BASE_DIR [tests|bench|all]}" && pwd); WHAT=${2:-all}
@@ -64,6 +64,7 @@ for t in ${SCATTER:-new}; do
   echo "== pack_kv_scatter $t"; run $t python3 "$NEW/tools/pack_kv_scatter.py" 2>&1 | tee "$OUT/scatter_$t.log"
 done
 el scatter done
+[ "${LAYER:-1}" = 0 ] && exit 0
 for t in new base; do
   echo "== bench_layer $t"
   run $t python3 benchmarks/bench_layer.py --chunks 4096 --contexts 0 --sweep-heads 128 --json "$OUT/layer_$t.json" \

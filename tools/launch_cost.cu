@@ -55,6 +55,14 @@ int main()
     cfg.numAttrs = 1;
     printf("cudaLaunchKernelEx (PDL attribute)  %6.2f us\n",
            host_us([&] { cudaLaunchKernelEx(&cfg, empty_kernel, x, p); }));
+    cudaLaunchConfig_t plain = cfg;
+    plain.numAttrs = 0;
+    printf("cudaLaunchKernelEx (no attribute)   %6.2f us\n",
+           host_us([&] { cudaLaunchKernelEx(&plain, empty_kernel, x, p); }));
+    printf("<<<>>> then Ex with PDL (decode)    %6.2f us\n", host_us([&] {
+               empty_kernel<<<132, 256, 0, s>>>(x, p);
+               cudaLaunchKernelEx(&cfg, empty_kernel, x, p);
+           }));
     void *fn = nullptr;
     cudaDriverEntryPointQueryResult q;
     CUfunction f = nullptr;

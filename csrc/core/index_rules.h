@@ -6,10 +6,11 @@
  * cuda/memory (the same ops).
  *
  * The CPU's AVX2 convert path (csrc/cpu/convert_topk_indices.c) is the vector twin of smla_convert_index
- * (DCP included); its scalar path and the GPU call the function here. The one difference between
- * the backends is kept out of the rule: a block id >= num_blocks makes smla_convert_index return -1 and
- * report the column, which the CPU turns into an error and the GPU ignores (reporting it would need a
- * sync). */
+ * (DCP included); its scalar path calls the function here, the GPU its two stages (smla_convert_locate,
+ * smla_convert_slot) with the block-table reads of a thread's entries issued together. The one difference
+ * between the backends is kept out of the rule: a block id >= num_blocks makes smla_convert_slot return
+ * -1 and report the column, which the CPU turns into an error and the GPU ignores (reporting it would
+ * need a sync). */
 #ifndef SMLA_CORE_INDEX_RULES_H
 #define SMLA_CORE_INDEX_RULES_H
 
@@ -40,7 +41,10 @@ SMLA_HD uint8_t *smla_cache_entry_at(const smla_cache *c, int64_t blk, int64_t o
 SMLA_HD uint8_t *smla_cache_entry(const smla_cache *c, int64_t slot)
 {
     if (slot < 0) return NULL;
-    const int64_t blk = slot / c->block_size;
+    /* a 32-bit division where both fit (a 64-bit one is a subroutine call on the GPU) */
+    const int64_t blk = slot <= INT32_MAX && c->block_size <= INT32_MAX
+                            ? (int64_t)((uint32_t)slot / (uint32_t)c->block_size)
+                            : slot / c->block_size;
     return smla_cache_entry_at(c, blk, slot - blk * c->block_size);
 }
 
@@ -64,23 +68,54 @@ SMLA_HD uint8_t *smla_cache_entry_of(const smla_cache *c, const int32_t *bt_row,
     return smla_cache_entry_at(c, bt_row[b], pos - b * c->block_size);
 }
 
-/* ---- DCP: position g belongs to rank (g / I) % D and sits at (g / (D*I)) * I + g % I there ---- */
+/* ---- division of a position (in [0, 2^31)) by a per-call constant, as a multiply and a shift ----
+ * d >= 1; l = ceil(log2 d), s = 31 + l, m = ceil(2^s / d) (< 2^32): m * d - 2^s < d <= 2^l, which makes
+ * (n * m) >> s == n / d for every n < 2^31 (Granlund and Montgomery). A d >= 2^31 exceeds every such n:
+ * m = 0 gives 0. Both backends build it once per call, so no division is left per entry (a 32-bit
+ * division with a run-time divisor is ~20 instructions on the GPU). */
+typedef struct {
+    uint32_t m, s;
+} smla_udiv;
 
-/* Whether rank owns position t (in [0, 2^31)) of a cache spread over D ranks in runs of I; if so *local
- * is its position in that rank's cache (<= t). 32-bit divisions: a 64-bit one is a long instruction
- * sequence on the GPU. */
-SMLA_HD int smla_dcp_owns(uint32_t t, int rank, int D, int I, uint32_t *local)
+SMLA_HD smla_udiv smla_udiv_of(uint64_t d)
 {
-    const uint32_t i = (uint32_t)I, d = (uint32_t)D;
-    const uint32_t g = i == 1 ? t : t / i;
-    if (g % d != (uint32_t)rank) return 0;
-    const uint64_t di = (uint64_t)d * i;
-    const uint32_t rounds = di > t ? 0u : t / (uint32_t)di;
-    *local = rounds * i + (t - g * i);
-    return 1;
+    smla_udiv v = {0u, 0u};
+    if (d == 0 || d >= ((uint64_t)1 << 31)) return v;
+    uint32_t l = 0;
+    while (((uint64_t)1 << l) < d) l++;
+    v.s = 31u + l;
+    v.m = (uint32_t)((((uint64_t)1 << v.s) + d - 1) / d);
+    return v;
+}
+
+SMLA_HD uint32_t smla_udiv_q(smla_udiv v, uint32_t n) /* n < 2^31 */
+{
+    return (uint32_t)(((uint64_t)n * v.m) >> v.s);
 }
 
 /* ---- convert_topk_indices ---- */
+
+/* What every entry of a call shares: the divisors (block_size, and with DCP the interleave I and the
+ * world size D), made once per call by smla_convert_consts_of. */
+typedef struct {
+    int bs_shift;          /* log2(block_size) when it is a power of two <= 2^31, else -1 */
+    smla_udiv bs, dcp_i, dcp_d;
+} smla_convert_consts;
+
+SMLA_HD smla_convert_consts smla_convert_consts_of(const smla_convert_indices_params *p)
+{
+    smla_convert_consts k;
+    const int64_t bs = p->block_size;
+    k.bs_shift = -1;
+    if (bs > 0 && (bs & (bs - 1)) == 0 && bs <= ((int64_t)1 << 31)) {
+        k.bs_shift = 0;
+        while (((int64_t)1 << k.bs_shift) < bs) k.bs_shift++;
+    }
+    k.bs = smla_udiv_of(bs > 0 ? (uint64_t)bs : 1u);
+    k.dcp_i = smla_udiv_of(p->dcp_size >= 1 ? (uint64_t)p->dcp_interleave : 1u);
+    k.dcp_d = smla_udiv_of(p->dcp_size >= 1 ? (uint64_t)p->dcp_size : 1u);
+    return k;
+}
 
 #define SMLA_PAGED_ROW INT64_MIN /* smla_index_row.ws_base of a row that reads the block table */
 
@@ -89,20 +124,11 @@ typedef struct {
     const int32_t *bt_row; /* paged row: the block table row of its request; NULL outside [0, num_reqs) */
     int64_t ws_base;       /* prefill row: its workspace start; SMLA_PAGED_ROW otherwise */
     int dead;              /* a prefill id past num_prefills: every entry -1 */
-    int bs_shift;          /* log2(block_size) when it is a power of two <= 2^31, else -1 */
 } smla_index_row;
 
 SMLA_HD smla_index_row smla_index_row_of(const smla_convert_indices_params *p, int64_t n)
 {
-    const int64_t bs = p->block_size;
-    smla_index_row rc = {NULL, SMLA_PAGED_ROW, 0, -1};
-    if ((bs & (bs - 1)) == 0 && bs <= ((int64_t)1 << 31)) {
-#if defined(__CUDA_ARCH__)
-        rc.bs_shift = __ffsll(bs) - 1;
-#else
-        rc.bs_shift = __builtin_ctzll((unsigned long long)bs);
-#endif
-    }
+    smla_index_row rc = {NULL, SMLA_PAGED_ROW, 0};
     const int64_t pr = p->prefill_request_ids ? (int64_t)p->prefill_request_ids[n] : -1;
     if (pr >= 0) {
         const int64_t num_prefills = p->prefill_workspace_starts ? p->num_prefills : 0;
@@ -119,43 +145,59 @@ SMLA_HD smla_index_row smla_index_row_of(const smla_convert_indices_params *p, i
  *   tok < 0, a dead row or a paged row without a request   -> -1
  *   prefill row: ws_base + tok, -1 past INT32_MAX (no block-table check, no DCP filter: the workspace
  *     holds the request's whole gathered context, as vLLM's fix)
- *   DCP (dcp_size >= 1), paged row: another rank's position -> -1, else its local position
+ *   DCP (dcp_size >= 1), paged row: position t is rank (t / I) % D's and sits at (t / (D*I)) * I + t % I
+ *     there; another rank's position -> -1, else that local position
  *   paged row: b = tok / block_size; b >= max_blocks, block_table[b] < 0 or a slot past INT32_MAX -> -1,
  *     else block_table[b] * block_size + tok % block_size
  *   block_table[b] >= num_blocks (when num_blocks > 0)    -> -1, and *past_col = b (the caller's error)
- * A valid tok is in [0, 2^31), so the divisions are 32-bit, with the int64 results of params.h. */
-SMLA_HD int32_t smla_convert_index(const smla_convert_indices_params *p, const smla_index_row *rc, int32_t tok,
-                                   int64_t *past_col)
+ * In two stages, so that a kernel can issue the block-table reads of many entries at once:
+ * smla_convert_locate gives the block-table column b to read (>= 0) and the offset in the block, or -1
+ * with the entry's final value in *off; smla_convert_slot turns the block id read there into the slot.
+ * A valid tok is in [0, 2^31), so the divisions are 32-bit ones by smla_udiv. */
+SMLA_HD int32_t smla_convert_locate(const smla_convert_indices_params *p, const smla_convert_consts *k,
+                                    const smla_index_row *rc, int32_t tok, int32_t *off)
 {
-    if (tok < 0 || rc->dead) return -1;
+    /* written as selects under the row's and the call's cases (no early exit per entry), so that a
+     * kernel's unrolled entries stay straight-line code */
     if (rc->ws_base != SMLA_PAGED_ROW) {
         const int64_t v = rc->ws_base + tok;
-        return v > INT32_MAX ? -1 : (int32_t)v;
-    }
-    uint32_t t = (uint32_t)tok;
-    if (p->dcp_size >= 1 && !smla_dcp_owns(t, p->dcp_rank, p->dcp_size, p->dcp_interleave, &t)) return -1;
-    if (!rc->bt_row) return -1;
-    int64_t b, off;
-    if (rc->bs_shift >= 0) {
-        b = t >> rc->bs_shift;
-        off = t & ((1u << rc->bs_shift) - 1u);
-    } else if (p->block_size <= INT32_MAX) {
-        const uint32_t bs = (uint32_t)p->block_size, q = t / bs;
-        b = q;
-        off = t - q * bs;
-    } else {
-        b = 0;
-        off = t;
-    }
-    if (b >= p->max_blocks) return -1;
-    const int64_t blk = rc->bt_row[b];
-    if (blk < 0) return -1;
-    if (p->num_blocks > 0 && blk >= p->num_blocks) {
-        *past_col = b;
+        *off = tok < 0 || v > INT32_MAX ? -1 : (int32_t)v;
         return -1;
     }
-    const int64_t slot = blk * p->block_size + off;
+    int ok = tok >= 0 && !rc->dead && rc->bt_row != NULL;
+    uint32_t t = (uint32_t)tok & 0x7fffffffu;
+    if (p->dcp_size >= 1) { /* g = t / I, h = g / D: owner g - h * D, local h * I + t % I */
+        const uint32_t g = smla_udiv_q(k->dcp_i, t), h = smla_udiv_q(k->dcp_d, g);
+        ok = ok && g - h * (uint32_t)p->dcp_size == (uint32_t)p->dcp_rank;
+        t = h * (uint32_t)p->dcp_interleave + (t - g * (uint32_t)p->dcp_interleave);
+    }
+    /* a block size >= 2^31 gives b = 0 (smla_udiv), whatever its low 32 bits */
+    const uint32_t b = k->bs_shift >= 0 ? t >> k->bs_shift : smla_udiv_q(k->bs, t);
+    ok = ok && (int64_t)b < p->max_blocks;
+    *off = ok ? (int32_t)(t - b * (uint32_t)p->block_size) : -1;
+    return ok ? (int32_t)b : -1;
+}
+
+/* Stage 2: the block id read from column col -> the slot, or -1 (see smla_convert_locate). */
+SMLA_HD int32_t smla_convert_slot(const smla_convert_indices_params *p, int32_t blk, int32_t off, int32_t col,
+                                  int64_t *past_col)
+{
+    if (blk < 0) return -1;
+    if (p->num_blocks > 0 && blk >= p->num_blocks) {
+        *past_col = col;
+        return -1;
+    }
+    const int64_t slot = (int64_t)blk * p->block_size + off;
     return slot > INT32_MAX ? -1 : (int32_t)slot;
+}
+
+/* The two stages for one entry (the CPU's scalar path). */
+SMLA_HD int32_t smla_convert_index(const smla_convert_indices_params *p, const smla_convert_consts *k,
+                                   const smla_index_row *rc, int32_t tok, int64_t *past_col)
+{
+    int32_t off;
+    const int32_t col = smla_convert_locate(p, k, rc, tok, &off);
+    return col < 0 ? off : smla_convert_slot(p, rc->bt_row[col], off, col, past_col);
 }
 
 #endif /* SMLA_CORE_INDEX_RULES_H */

@@ -221,6 +221,7 @@ __attribute__((target(SMLA_TARGET_AVX2))) static int64_t convert_prefill_avx2(co
 int smla_cpu_convert_topk_indices(const smla_convert_indices_params *p, smla_status *st)
 {
     const int compact = p->dcp_size >= 1 && p->compact;
+    const smla_convert_consts kc = smla_convert_consts_of(p);
     const int isa = p->run.cpu_isa;
     (void)isa;
 #if SMLA_X86
@@ -284,7 +285,7 @@ int smla_cpu_convert_topk_indices(const smla_convert_indices_params *p, smla_sta
 #endif
         for (int64_t kk = k0; kk < p->topk; kk++) {
             int64_t col = -1;
-            const int32_t v = smla_convert_index(p, &rc, in[kk], &col);
+            const int32_t v = smla_convert_index(p, &kc, &rc, in[kk], &col);
             if (col >= 0) {
 #pragma omp critical(smla_convert_out_of_cache)
                 if (n < bad_row) {

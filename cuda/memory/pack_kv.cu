@@ -1,6 +1,6 @@
 // pack_kv: write T tokens (kv_c [T,512] bf16, k_pe [T,64] bf16) into a paged cache at slot_mapping.
-// One warp per token; every warp-wide access is contiguous (lane l owns 16-byte pieces l and 32+l of
-// the latent row, lanes 0..7 the k_pe row). fp8_ds_mla tiles are 16 lanes wide, so the tile amax is a
+// One warp per kTokensPerWarp tokens, their loads issued together; every warp-wide access is contiguous
+// (lane l owns 16-byte pieces l and 32+l of the latent row, lanes 0..7 the k_pe row). fp8_ds_mla tiles are 16 lanes wide, so the tile amax is a
 // 16-lane shuffle reduction. The rules are core/fp8_ds_mla.h's, shared with csrc/cpu/pack_kv.c:
 // amax = fmaxf over |x| (NaN ignored), s = smla_fp8_scale(amax, rule), byte = smla_fp8_quant(x, s), here
 // in its vector form quant8.
@@ -15,6 +15,10 @@ namespace {
 using namespace smla;
 
 constexpr int kWarpsPerBlock = 8;
+#ifndef SMLA_PACK_TOKENS_PER_WARP
+#define SMLA_PACK_TOKENS_PER_WARP 2
+#endif
+constexpr int kTokensPerWarp = SMLA_PACK_TOKENS_PER_WARP;
 
 template <bool I64> __device__ __forceinline__ int64_t load_slot(const void *s, int64_t t)
 {
@@ -69,33 +73,40 @@ __device__ __forceinline__ uint2 quant8(const float f[8], float s, bool pow2)
     return make_uint2(w[0], w[1]);
 }
 
-// One token per warp: the same loads for both cache dtypes, then an fp8_ds_mla or a bf16 entry.
-template <int DT, bool VIN, bool VOUT, bool I64>
-__global__ void __launch_bounds__(kWarpsPerBlock * kWarp) pack_kernel(smla_pack_kv_params p, bool rope_vec)
-{
-    const int lane = threadIdx.x & 31;
-    const int64_t t = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + (threadIdx.x >> 5);
-    if (t >= p.num_tokens) return;
-    // the token's row is read once: streaming loads (evict first), so that it does not push the cache
-    // lines this kernel writes out of L2 before their neighbouring entries (656-byte entries share a
-    // 32-byte sector with a neighbour) are written too; issued before the slot is known
-    const int64_t slot = load_slot<I64>(p.slot_mapping, t);
-    const uint16_t *x = p.kv_c + t * p.kv_c_stride;
-    uint4 va = ld16_u16_stream<VIN>(x + 8 * lane);
-    uint4 vb = ld16_u16_stream<VIN>(x + 256 + 8 * lane);
-    uint4 vr;
-    if (lane < 8) vr = load_rope(p.k_pe + t * p.k_pe_stride + 8 * lane, rope_vec);
-    uint8_t *e = smla_cache_entry(&p.cache, slot);
-    if (e == nullptr) return; // padded / invalid slot: nothing is written
+// One token's inputs as one warp holds them: lane l has 16-byte pieces l and 32+l of the latent row and,
+// lanes < 8, piece l of k_pe.
+struct TokenRow {
+    int64_t slot;
+    uint4 a, b, rope;
+};
 
+// The token's row is read once: streaming loads (evict first), so that it does not push the cache lines
+// this kernel writes out of L2 before their neighbouring entries (656-byte entries share a 32-byte
+// sector with a neighbour) are written too.
+template <bool VIN, bool I64>
+__device__ __forceinline__ TokenRow load_token(const smla_pack_kv_params &p, int64_t t, int lane, bool rope_vec)
+{
+    TokenRow r;
+    r.slot = load_slot<I64>(p.slot_mapping, t);
+    const uint16_t *x = p.kv_c + t * p.kv_c_stride;
+    r.a = ld16_u16_stream<VIN>(x + 8 * lane);
+    r.b = ld16_u16_stream<VIN>(x + 256 + 8 * lane);
+    if (lane < 8) r.rope = load_rope(p.k_pe + t * p.k_pe_stride + 8 * lane, rope_vec);
+    return r;
+}
+
+// The token's cache entry at e: bf16 as loaded, or fp8_ds_mla (per-tile scale, quantised latent, k_pe).
+template <int DT, bool POW2, bool VOUT>
+__device__ __forceinline__ void write_entry(const smla_pack_kv_params &p, const TokenRow &r, uint8_t *e, int lane)
+{
     if constexpr (DT == SMLA_CACHE_BF16) {
-        st16<VOUT>(e + 16 * lane, va);
-        st16<VOUT>(e + 512 + 16 * lane, vb);
-        if (lane < 8) st16<VOUT>(e + 1024 + 16 * lane, vr);
+        st16<VOUT>(e + 16 * lane, r.a);
+        st16<VOUT>(e + 512 + 16 * lane, r.b);
+        if (lane < 8) st16<VOUT>(e + 1024 + 16 * lane, r.rope);
     } else {
         float fa[8], fb[8];
-        bf16x8_to_f32(va, fa);
-        bf16x8_to_f32(vb, fb);
+        bf16x8_to_f32(r.a, fa);
+        bf16x8_to_f32(r.b, fb);
         // lanes 0-15 hold tiles 0 (fa) and 2 (fb), lanes 16-31 tiles 1 and 3
         float ma = absmax8(fa), mb = absmax8(fb);
 #pragma unroll
@@ -105,24 +116,46 @@ __global__ void __launch_bounds__(kWarpsPerBlock * kWarp) pack_kernel(smla_pack_
         }
         const float sa = smla_fp8_scale(ma, p.scale_rule), sb = smla_fp8_scale(mb, p.scale_rule);
 
-        const bool pow2 = p.scale_rule == SMLA_SCALE_POW2;
-        st8<VOUT>(e + 8 * lane, quant8(fa, sa, pow2));
-        st8<VOUT>(e + 256 + 8 * lane, quant8(fb, sb, pow2));
+        st8<VOUT>(e + 8 * lane, quant8(fa, sa, POW2));
+        st8<VOUT>(e + 256 + 8 * lane, quant8(fb, sb, POW2));
         if ((lane & 15) == 0) {
             st4<VOUT>(e + SMLA_FP8_SCALE_OFF + 4 * (lane >> 4), smla_f32_to_bits(sa));
             st4<VOUT>(e + SMLA_FP8_SCALE_OFF + 8 + 4 * (lane >> 4), smla_f32_to_bits(sb));
         }
-        if (lane < 8) st16<VOUT>(e + SMLA_FP8_ROPE_OFF + 16 * lane, vr);
+        if (lane < 8) st16<VOUT>(e + SMLA_FP8_ROPE_OFF + 16 * lane, r.rope);
+    }
+}
+
+// kTokensPerWarp consecutive tokens per warp: stage 1 issues every token's loads (the slot and the rows),
+// stage 2 writes the entries, so a warp keeps that many rows in flight instead of one. POW2: the fp8
+// scale rule is SMLA_SCALE_POW2 (its quantisation multiplies; a run-time test per value was measured in
+// the SASS as two paths and a branch per pair of values).
+template <int DT, bool POW2, bool VIN, bool VOUT, bool I64>
+__global__ void __launch_bounds__(kWarpsPerBlock * kWarp) pack_kernel(smla_pack_kv_params p, bool rope_vec)
+{
+    const int lane = threadIdx.x & 31;
+    const int64_t t0 = (static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + (threadIdx.x >> 5)) * kTokensPerWarp;
+    TokenRow r[kTokensPerWarp];
+#pragma unroll
+    for (int i = 0; i < kTokensPerWarp; ++i)
+        if (t0 + i < p.num_tokens) r[i] = load_token<VIN, I64>(p, t0 + i, lane, rope_vec);
+#pragma unroll
+    for (int i = 0; i < kTokensPerWarp; ++i) {
+        if (t0 + i >= p.num_tokens) break;
+        uint8_t *e = smla_cache_entry(&p.cache, r[i].slot);
+        if (e != nullptr) write_entry<DT, POW2, VOUT>(p, r[i], e, lane); // else padded / invalid: nothing is written
     }
 }
 
 template <bool VIN, bool VOUT, bool I64> void launch(const smla_pack_kv_params &p, bool rope_vec, dim3 grid,
                                                      dim3 block, cudaStream_t s)
 {
-    if (p.cache.dtype == SMLA_CACHE_FP8_DS_MLA)
-        pack_kernel<SMLA_CACHE_FP8_DS_MLA, VIN, VOUT, I64><<<grid, block, 0, s>>>(p, rope_vec);
+    if (p.cache.dtype == SMLA_CACHE_BF16)
+        pack_kernel<SMLA_CACHE_BF16, false, VIN, VOUT, I64><<<grid, block, 0, s>>>(p, rope_vec);
+    else if (p.scale_rule == SMLA_SCALE_POW2)
+        pack_kernel<SMLA_CACHE_FP8_DS_MLA, true, VIN, VOUT, I64><<<grid, block, 0, s>>>(p, rope_vec);
     else
-        pack_kernel<SMLA_CACHE_BF16, VIN, VOUT, I64><<<grid, block, 0, s>>>(p, rope_vec);
+        pack_kernel<SMLA_CACHE_FP8_DS_MLA, false, VIN, VOUT, I64><<<grid, block, 0, s>>>(p, rope_vec);
 }
 
 template <bool VIN, bool VOUT> void launch_slots(const smla_pack_kv_params &p, bool rope_vec, dim3 grid,
@@ -139,7 +172,7 @@ extern "C" int smla_cuda_pack_kv(const smla_pack_kv_params *p, smla_status *st)
 {
     const smla_cache &c = p->cache;
     if (p->num_tokens == 0 || c.num_blocks == 0) return SMLA_OK;
-    const int64_t nblk = smla_ceil_div(p->num_tokens, kWarpsPerBlock);
+    const int64_t nblk = smla_ceil_div(p->num_tokens, kWarpsPerBlock * kTokensPerWarp);
     if (nblk > 0x7fffffffLL)
         return smla_fail(st, SMLA_ERR_VALUE, "slot_mapping: %lld tokens exceed one CUDA grid",
                          static_cast<long long>(p->num_tokens));
