@@ -9,7 +9,7 @@ byte count rotates the same way, and "ratio" = op GB/s / copy GB/s measured in t
 target is >= 0.7 at the large sizes). Small-size latencies are CUDA-graph replays of 20 captured
 calls (warm L2, launch overhead amortised), per call.
 
-    python benchmarks/bench_memory_ops.py [--quick] [--iters N] [--json benchmarks/results/memory_ops.json]
+    python benchmarks/bench_memory_ops.py [--quick] [--iters N] [--ops pack_kv,...] [--json benchmarks/results/memory_ops.json]
 """
 import argparse
 import json
@@ -28,6 +28,7 @@ def parse():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="fewer shapes and iterations")
     ap.add_argument("--iters", type=int, default=0, help="timed calls per shape (default 100, quick 30)")
+    ap.add_argument("--ops", default="", help="comma-separated op names to measure (default: all)")
     ap.add_argument("--json", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results",
                                                    "memory_ops.json"), help="where to write the results")
     return ap.parse_args()
@@ -279,7 +280,10 @@ def main():
           f"{'ratio':>6}")
     results = []
     t0 = time.time()
+    keep = set(args.ops.split(",")) if args.ops else None
     for op, var, kw in bandwidth_cases(args.quick):
+        if keep and op not in keep:
+            continue
         make, nbytes = make_case(torch, smla, gen, op, var, kw)
         us, gbps, cgbps = bench.bandwidth(make, nbytes)
         ratio = gbps / cgbps
@@ -290,6 +294,8 @@ def main():
               f"{cgbps:>8.0f} {ratio:>6.2f}{'' if ratio >= TARGET or nbytes < 64e6 else '  < target'}", flush=True)
     print(f"\n{'op':<27} {'variant':<10} {'shape':<26} {'graph latency_us':>16}")
     for op, var, kw in latency_cases():
+        if keep and op not in keep:
+            continue
         make, nbytes = make_case(torch, smla, gen, op, var, kw)
         us = bench.graph_latency_us(make(0))
         results.append(dict(kind="latency", op=op, variant=var, shape=kw, bytes=nbytes, time_us=us))

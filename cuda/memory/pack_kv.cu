@@ -1,5 +1,5 @@
 // pack_kv: write T tokens (kv_c [T,512] bf16, k_pe [T,64] bf16) into a paged cache at slot_mapping.
-// One warp per kTokensPerWarp tokens, their loads issued together; every warp-wide access is contiguous
+// One warp per token; every warp-wide access is contiguous
 // (lane l owns 16-byte pieces l and 32+l of the latent row, lanes 0..7 the k_pe row). fp8_ds_mla tiles are 16 lanes wide, so the tile amax is a
 // 16-lane shuffle reduction. The rules are core/fp8_ds_mla.h's, shared with csrc/cpu/pack_kv.c:
 // amax = fmaxf over |x| (NaN ignored), s = smla_fp8_scale(amax, rule), byte = smla_fp8_quant(x, s), here
@@ -15,10 +15,11 @@ namespace {
 using namespace smla;
 
 constexpr int kWarpsPerBlock = 8;
-#ifndef SMLA_PACK_TOKENS_PER_WARP
-#define SMLA_PACK_TOKENS_PER_WARP 2
+// Read-ahead distance in tokens (about one wave of resident warps on a 132-SM H200; 0: none).
+#ifndef SMLA_PACK_PREFETCH_TOKENS
+#define SMLA_PACK_PREFETCH_TOKENS 8192
 #endif
-constexpr int kTokensPerWarp = SMLA_PACK_TOKENS_PER_WARP;
+constexpr int kPrefetchTokens = SMLA_PACK_PREFETCH_TOKENS;
 
 template <bool I64> __device__ __forceinline__ int64_t load_slot(const void *s, int64_t t)
 {
@@ -126,25 +127,23 @@ __device__ __forceinline__ void write_entry(const smla_pack_kv_params &p, const 
     }
 }
 
-// kTokensPerWarp consecutive tokens per warp: stage 1 issues every token's loads (the slot and the rows),
-// stage 2 writes the entries, so a warp keeps that many rows in flight instead of one. POW2: the fp8
-// scale rule is SMLA_SCALE_POW2 (its quantisation multiplies; a run-time test per value was measured in
-// the SASS as two paths and a branch per pair of values).
+// One token per warp: its loads, a read-ahead of the token kPrefetchTokens later (its kv_c row, lanes
+// 0-7, and k_pe row, lane 8), then its entry. POW2: the fp8 scale rule is SMLA_SCALE_POW2 (its
+// quantisation multiplies; a run-time test per value compiled to two paths and a branch per pair of values).
 template <int DT, bool POW2, bool VIN, bool VOUT, bool I64>
 __global__ void __launch_bounds__(kWarpsPerBlock * kWarp) pack_kernel(smla_pack_kv_params p, bool rope_vec)
 {
     const int lane = threadIdx.x & 31;
-    const int64_t t0 = (static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + (threadIdx.x >> 5)) * kTokensPerWarp;
-    TokenRow r[kTokensPerWarp];
-#pragma unroll
-    for (int i = 0; i < kTokensPerWarp; ++i)
-        if (t0 + i < p.num_tokens) r[i] = load_token<VIN, I64>(p, t0 + i, lane, rope_vec);
-#pragma unroll
-    for (int i = 0; i < kTokensPerWarp; ++i) {
-        if (t0 + i >= p.num_tokens) break;
-        uint8_t *e = smla_cache_entry(&p.cache, r[i].slot);
-        if (e != nullptr) write_entry<DT, POW2, VOUT>(p, r[i], e, lane); // else padded / invalid: nothing is written
+    const int64_t t = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + (threadIdx.x >> 5);
+    if (t >= p.num_tokens) return;
+    const TokenRow r = load_token<VIN, I64>(p, t, lane, rope_vec);
+    const int64_t ta = t + kPrefetchTokens;
+    if (kPrefetchTokens > 0 && ta < p.num_tokens) {
+        if (lane < 8) prefetch_l2(p.kv_c + ta * p.kv_c_stride + 64 * lane);
+        else if (lane == 8) prefetch_l2(p.k_pe + ta * p.k_pe_stride);
     }
+    uint8_t *e = smla_cache_entry(&p.cache, r.slot);
+    if (e != nullptr) write_entry<DT, POW2, VOUT>(p, r, e, lane); // else padded / invalid: nothing is written
 }
 
 template <bool VIN, bool VOUT, bool I64> void launch(const smla_pack_kv_params &p, bool rope_vec, dim3 grid,
@@ -172,7 +171,7 @@ extern "C" int smla_cuda_pack_kv(const smla_pack_kv_params *p, smla_status *st)
 {
     const smla_cache &c = p->cache;
     if (p->num_tokens == 0 || c.num_blocks == 0) return SMLA_OK;
-    const int64_t nblk = smla_ceil_div(p->num_tokens, kWarpsPerBlock * kTokensPerWarp);
+    const int64_t nblk = smla_ceil_div(p->num_tokens, kWarpsPerBlock);
     if (nblk > 0x7fffffffLL)
         return smla_fail(st, SMLA_ERR_VALUE, "slot_mapping: %lld tokens exceed one CUDA grid",
                          static_cast<long long>(p->num_tokens));
