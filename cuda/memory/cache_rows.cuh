@@ -19,20 +19,12 @@ static inline bool aligned16(const void *p, int64_t s0 = 0, int64_t s1 = 0)
             15u) == 0;
 }
 
-// ---- read-ahead: the memory ops hold little in registers per thread, so a block's loads alone leave the
-// DRAM idle while the block computes and stores; a block asks L2 for the rows of a block one wave later
+// ---- read-ahead: pack_kv holds one token row per warp in registers, so its loads alone leave the DRAM
+// idle while the warp quantises and stores; a warp asks L2 for the row of a token one wave later
 // (prefetch.global.L2: no register, no wait), whose loads then hit L2 ----
 __device__ __forceinline__ void prefetch_l2(const void *p)
 {
     asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
-}
-
-// The 128-byte lines of [p, p + bytes), one per thread of the block from thread 0 on.
-__device__ __forceinline__ void prefetch_l2_bytes(const void *p, int64_t bytes)
-{
-    const char *c = static_cast<const char *>(p);
-    for (int64_t o = static_cast<int64_t>(threadIdx.x) * 128; o < bytes; o += static_cast<int64_t>(blockDim.x) * 128)
-        prefetch_l2(c + o);
 }
 
 // ---- memory access: V = 16B-aligned vector access, else byte (cache) / 16-bit (bf16 arrays) pieces ----

@@ -5,7 +5,7 @@
 // read past the cache for it.
 //
 // One block per row, walked in chunks of blockDim.x * 8 entries, 8 consecutive entries per thread.
-// Stages of a chunk (first, the block asks L2 for a row one wave ahead: read-ahead):
+// Stages of a chunk:
 //   load    the thread's 8 entries (two 16-byte loads when aligned), before the row's request is read
 //   locate  each entry's block-table column (or its final value), divisions by per-call constants
 //   lookup  the 8 block ids read at once (one memory latency a chunk, not one per entry)
@@ -27,18 +27,6 @@ using namespace smla;
 constexpr int kPerThread = 8;
 constexpr int kMaxThreads = 256;
 constexpr int kMaxWarps = kMaxThreads / kWarp;
-// Read-ahead distance in rows: row n's block asks L2 for row n + kPrefetchRows's entries (about one wave
-// of resident blocks on a 132-SM H200; 0: none).
-#ifndef SMLA_CONVERT_PREFETCH_ROWS
-#define SMLA_CONVERT_PREFETCH_ROWS 1024
-#endif
-constexpr int kPrefetchRows = SMLA_CONVERT_PREFETCH_ROWS;
-// Blocks per SM the register budget must allow (8 x 256 threads fill the SM at <= 32 registers, which
-// spills a few bytes; 1: no constraint).
-#ifndef SMLA_CONVERT_MIN_BLOCKS
-#define SMLA_CONVERT_MIN_BLOCKS 1
-#endif
-constexpr int kMinBlocks = SMLA_CONVERT_MIN_BLOCKS;
 
 // Sum of v over the block, in every thread (warp_sums: kMaxWarps ints; two barriers).
 __device__ __forceinline__ int block_sum(int v, int *warp_sums)
@@ -54,7 +42,7 @@ __device__ __forceinline__ int block_sum(int v, int *warp_sums)
 }
 
 template <bool VEC, bool COMPACT>
-__global__ void __launch_bounds__(kMaxThreads, kMinBlocks) convert_kernel(smla_convert_indices_params p, smla_convert_consts kc)
+__global__ void __launch_bounds__(kMaxThreads) convert_kernel(smla_convert_indices_params p, smla_convert_consts kc)
 {
     __shared__ int warp_sums[kMaxWarps];
     __shared__ int32_t packed[COMPACT ? kMaxThreads * kPerThread : 1];
@@ -64,8 +52,6 @@ __global__ void __launch_bounds__(kMaxThreads, kMinBlocks) convert_kernel(smla_c
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
 
     const int64_t K = p.topk;
-    if (kPrefetchRows > 0 && n + kPrefetchRows < p.num_tokens)
-        prefetch_l2_bytes(p.topk_indices + (n + kPrefetchRows) * p.in_stride, K * 4);
     const int64_t chunk = static_cast<int64_t>(blockDim.x) * kPerThread;
     int64_t count = 0;  // COMPACT: entries written so far (block-uniform); else this thread's count
     for (int64_t c0 = 0; c0 < K; c0 += chunk) {
