@@ -100,6 +100,10 @@ SMLA_HD uint32_t smla_udiv_q(smla_udiv v, uint32_t n) /* n < 2^31 */
 typedef struct {
     int bs_shift;          /* log2(block_size) when it is a power of two <= 2^31, else -1 */
     smla_udiv bs, dcp_i, dcp_d;
+    uint32_t col_end;      /* min(max_blocks, 2^31): columns b < col_end exist */
+    uint32_t blk_max;      /* the largest block id read as a slot: min(num_blocks - 1 when num_blocks > 0,
+                            * INT32_MAX / block_size), so blk * block_size + off < 2^32 never wraps */
+    uint32_t bs32;         /* block_size mod 2^32 (only used where the block fits: b * bs < 2^31) */
 } smla_convert_consts;
 
 SMLA_HD smla_convert_consts smla_convert_consts_of(const smla_convert_indices_params *p)
@@ -114,6 +118,11 @@ SMLA_HD smla_convert_consts smla_convert_consts_of(const smla_convert_indices_pa
     k.bs = smla_udiv_of(bs > 0 ? (uint64_t)bs : 1u);
     k.dcp_i = smla_udiv_of(p->dcp_size >= 1 ? (uint64_t)p->dcp_interleave : 1u);
     k.dcp_d = smla_udiv_of(p->dcp_size >= 1 ? (uint64_t)p->dcp_size : 1u);
+    k.col_end = p->max_blocks > ((int64_t)1 << 31) ? (uint32_t)1 << 31 : (uint32_t)(p->max_blocks < 0 ? 0 : p->max_blocks);
+    int64_t bm = bs > 0 ? INT32_MAX / bs : 0;
+    if (p->num_blocks > 0 && p->num_blocks - 1 < bm) bm = p->num_blocks - 1;
+    k.blk_max = (uint32_t)bm;
+    k.bs32 = (uint32_t)bs;
     return k;
 }
 
@@ -173,22 +182,22 @@ SMLA_HD int32_t smla_convert_locate(const smla_convert_indices_params *p, const 
     }
     /* a block size >= 2^31 gives b = 0 (smla_udiv), whatever its low 32 bits */
     const uint32_t b = k->bs_shift >= 0 ? t >> k->bs_shift : smla_udiv_q(k->bs, t);
-    ok = ok && (int64_t)b < p->max_blocks;
-    *off = ok ? (int32_t)(t - b * (uint32_t)p->block_size) : -1;
+    ok = ok && b < k->col_end;
+    *off = ok ? (int32_t)(t - b * k->bs32) : -1;
     return ok ? (int32_t)b : -1;
 }
 
-/* Stage 2: the block id read from column col -> the slot, or -1 (see smla_convert_locate). */
-SMLA_HD int32_t smla_convert_slot(const smla_convert_indices_params *p, int32_t blk, int32_t off, int32_t col,
-                                  int64_t *past_col)
+/* Stage 2: the block id read from column col -> the slot, or -1 (see smla_convert_locate). A block id in
+ * [0, blk_max] gives blk * block_size + off < 2^31 + block_size <= 2^32: the slot in 32 unsigned bits,
+ * checked against INT32_MAX; any other id is -1 (blk_max is below num_blocks, when given, and the
+ * largest id whose slots can fit int32). */
+SMLA_HD int32_t smla_convert_slot(const smla_convert_indices_params *p, const smla_convert_consts *k, int32_t blk,
+                                  int32_t off, int32_t col, int64_t *past_col)
 {
-    if (blk < 0) return -1;
-    if (p->num_blocks > 0 && blk >= p->num_blocks) {
-        *past_col = col;
-        return -1;
-    }
-    const int64_t slot = (int64_t)blk * p->block_size + off;
-    return slot > INT32_MAX ? -1 : (int32_t)slot;
+    const uint32_t slot = (uint32_t)blk * k->bs32 + (uint32_t)off;
+    if ((uint32_t)blk <= k->blk_max && slot <= (uint32_t)INT32_MAX) return (int32_t)slot;
+    if (p->num_blocks > 0 && blk >= p->num_blocks) *past_col = col;
+    return -1;
 }
 
 /* The two stages for one entry (the CPU's scalar path). */
@@ -197,7 +206,7 @@ SMLA_HD int32_t smla_convert_index(const smla_convert_indices_params *p, const s
 {
     int32_t off;
     const int32_t col = smla_convert_locate(p, k, rc, tok, &off);
-    return col < 0 ? off : smla_convert_slot(p, rc->bt_row[col], off, col, past_col);
+    return col < 0 ? off : smla_convert_slot(p, k, rc->bt_row[col], off, col, past_col);
 }
 
 #endif /* SMLA_CORE_INDEX_RULES_H */

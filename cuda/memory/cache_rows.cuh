@@ -27,20 +27,6 @@ __device__ __forceinline__ void prefetch_l2(const void *p)
     asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
 }
 
-// ---- asynchronous copies into shared memory (sm_80+): the bytes in flight need no registers ----
-__device__ __forceinline__ void cp_async16_to(void *smem, const void *gmem)
-{
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(static_cast<uint32_t>(__cvta_generic_to_shared(smem))),
-                 "l"(gmem)
-                 : "memory");
-}
-__device__ __forceinline__ void cp_async_commit_group() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
-// Wait until at most N of this thread's committed groups are pending.
-template <int N> __device__ __forceinline__ void cp_async_wait_groups()
-{
-    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
-}
-
 // ---- memory access: V = 16B-aligned vector access, else byte (cache) / 16-bit (bf16 arrays) pieces ----
 __device__ __forceinline__ uint32_t ld_u32_bytes(const uint8_t *p)
 {

@@ -4,10 +4,8 @@
 // error on the CPU, is -1 here, since reporting it would need a sync; the attention kernels then never
 // read past the cache for it.
 //
-// Rows of one aligned chunk (topk <= 2048, a multiple of 8: the common case) take the row walk: a wave of
-// blocks, each converting rows blockIdx.x, + gridDim.x, ... while the next row's entries are copied into
-// shared memory (cp.async, double buffered). Other rows: one block per row, walked in chunks of
-// blockDim.x * 8 entries. Either way 8 consecutive entries per thread. Stages of a chunk:
+// One block per row, walked in chunks of blockDim.x * 8 entries, 8 consecutive entries per thread.
+// Stages of a chunk:
 //   load    the thread's 8 entries (two 16-byte loads when aligned), before the row's request is read
 //   locate  each entry's block-table column (or its final value), divisions by per-call constants
 //   lookup  the 8 block ids read at once (one memory latency a chunk, not one per entry)
@@ -15,10 +13,10 @@
 //           of the per-thread counts gives each thread its place among the chunk's valid entries, which
 //           the block then writes out contiguously after the previous chunks' ones; the row's tail
 //           gets -1. Order is kept (deterministic).
-// Shared memory: the warp totals (kMaxWarps ints), when compacting the chunk's packed entries
-// (kMaxThreads * 8 ints = 8 KB), and in the row walk the two row buffers (2 x 8 KB).
+// Shared memory: the warp totals (kMaxWarps ints) and, when compacting, the chunk's packed entries
+// (kMaxThreads * 8 ints = 8 KB).
 // out may alias topk_indices: a chunk is read completely (a barrier) before any of it is written, and
-// compacted writes never reach past the chunk being processed (the row walk reads ahead in another row).
+// compacted writes never reach past the chunk being processed.
 #include "cache_rows.cuh"
 #include "core/index_rules.h"
 
@@ -29,11 +27,6 @@ using namespace smla;
 constexpr int kPerThread = 8;
 constexpr int kMaxThreads = 256;
 constexpr int kMaxWarps = kMaxThreads / kWarp;
-// Rows of one aligned 2048-entry chunk take the row walk (convert_rows_kernel); 0: one block per row.
-#ifndef SMLA_CONVERT_ROW_WALK
-#define SMLA_CONVERT_ROW_WALK 1
-#endif
-constexpr bool kRowWalk = SMLA_CONVERT_ROW_WALK != 0;
 
 // Sum of v over the block, in every thread (warp_sums: kMaxWarps ints; two barriers).
 __device__ __forceinline__ int block_sum(int v, int *warp_sums)
@@ -48,83 +41,6 @@ __device__ __forceinline__ int block_sum(int v, int *warp_sums)
     return total;
 }
 
-// Stages locate, lookup and store of one chunk: the thread's entries v (read from k0 on; `full`: all
-// kPerThread are there, 16-byte aligned) -> out. count: COMPACT, the row's entries written so far (block-
-// uniform); else this thread's count. Every thread of the block calls it (COMPACT has barriers).
-template <bool COMPACT>
-__device__ __forceinline__ void convert_chunk(const smla_convert_indices_params &p, const smla_convert_consts &kc,
-                                              const smla_index_row &rc, int32_t (&v)[kPerThread], int64_t k0,
-                                              bool full, int32_t *out, int64_t &count, int *warp_sums,
-                                              int32_t *packed)
-{
-    const int64_t K = p.topk;
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    // locate
-    int32_t col[kPerThread], off[kPerThread];
-#pragma unroll
-    for (int e = 0; e < kPerThread; ++e) col[e] = smla_convert_locate(&p, &kc, &rc, v[e], &off[e]);
-    // lookup
-    int32_t blk[kPerThread];
-#pragma unroll
-    for (int e = 0; e < kPerThread; ++e) blk[e] = col[e] >= 0 ? __ldg(rc.bt_row + col[e]) : -1;
-    int cnt = 0;
-#pragma unroll
-    for (int e = 0; e < kPerThread; ++e) {
-        int64_t past_col; // a block past the cache: -1 here (the CPU's error)
-        v[e] = col[e] >= 0 ? smla_convert_slot(&p, blk[e], off[e], col[e], &past_col) : off[e];
-        cnt += v[e] != -1;
-    }
-    // store
-    if (COMPACT) {
-        int x = cnt; // inclusive scan over the warp
-#pragma unroll
-        for (int o = 1; o < 32; o <<= 1) {
-            const int y = __shfl_up_sync(kFullMask, x, o);
-            if (lane >= o) x += y;
-        }
-        if (lane == 31) warp_sums[warp] = x;
-        __syncthreads(); // also: the whole chunk is read before any of it is written
-        int pos = x - cnt, total = 0;
-        const int nwarps = (blockDim.x + 31) >> 5;
-        for (int w = 0; w < nwarps; ++w) {
-            const int s = warp_sums[w];
-            pos += w < warp ? s : 0;
-            total += s;
-        }
-#pragma unroll
-        for (int e = 0; e < kPerThread; ++e)
-            if (v[e] != -1) packed[pos++] = v[e];
-        __syncthreads();
-        for (int j = threadIdx.x; j < total; j += blockDim.x) out[count + j] = packed[j];
-        count += total;
-        __syncthreads(); // packed and warp_sums are reused by the next chunk
-    } else {
-        count += cnt;
-        if (full) {
-            *reinterpret_cast<int4 *>(out + k0) = make_int4(v[0], v[1], v[2], v[3]);
-            *reinterpret_cast<int4 *>(out + k0 + 4) = make_int4(v[4], v[5], v[6], v[7]);
-        } else {
-#pragma unroll
-            for (int e = 0; e < kPerThread; ++e)
-                if (k0 + e < K) out[k0 + e] = v[e];
-        }
-    }
-}
-
-// The row's end: the compacted row's tail -> -1, valid_counts[n].
-template <bool COMPACT>
-__device__ __forceinline__ void finish_row(const smla_convert_indices_params &p, int64_t n, int32_t *out,
-                                           int64_t count, int *warp_sums)
-{
-    if (COMPACT) {
-        for (int64_t k = count + threadIdx.x; k < p.topk; k += blockDim.x) out[k] = -1;
-    } else if (p.valid_counts) {
-        count = block_sum(static_cast<int>(count), warp_sums);
-    }
-    if (p.valid_counts && threadIdx.x == 0) p.valid_counts[n] = static_cast<int32_t>(count);
-}
-
-// Any row length and alignment: one block per row, its chunks one after another.
 template <bool VEC, bool COMPACT>
 __global__ void __launch_bounds__(kMaxThreads) convert_kernel(smla_convert_indices_params p, smla_convert_consts kc)
 {
@@ -133,11 +49,13 @@ __global__ void __launch_bounds__(kMaxThreads) convert_kernel(smla_convert_indic
     const int64_t n = blockIdx.x;
     const int32_t *in = p.topk_indices + n * p.in_stride;
     int32_t *out = p.out + n * p.out_stride;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+
     const int64_t K = p.topk;
     const int64_t chunk = static_cast<int64_t>(blockDim.x) * kPerThread;
-    int64_t count = 0;
+    int64_t count = 0;  // COMPACT: entries written so far (block-uniform); else this thread's count
     for (int64_t c0 = 0; c0 < K; c0 += chunk) {
-        // load (before the row's request is read)
+        // load
         const int64_t k0 = c0 + static_cast<int64_t>(threadIdx.x) * kPerThread;
         int32_t v[kPerThread];
         const bool full = VEC && k0 + kPerThread <= K;
@@ -150,65 +68,64 @@ __global__ void __launch_bounds__(kMaxThreads) convert_kernel(smla_convert_indic
 #pragma unroll
             for (int e = 0; e < kPerThread; ++e) v[e] = k0 + e < K ? in[k0 + e] : -1;
         }
+        // locate
         const smla_index_row rc = smla_index_row_of(&p, n);
-        convert_chunk<COMPACT>(p, kc, rc, v, k0, full, out, count, warp_sums, packed);
-    }
-    finish_row<COMPACT>(p, n, out, count, warp_sums);
-}
-
-// Rows of one aligned chunk (topk <= 2048, a multiple of 8; 16-byte aligned rows), the common case: a
-// block walks rows blockIdx.x, + gridDim.x, ... (one wave of blocks) and copies the next row's entries
-// into shared memory (cp.async) while it converts the current one, so that the loads stay in flight
-// through the whole walk instead of one load phase per block. A thread reads back only the 32 bytes it
-// copied itself, so the double buffer needs no barrier.
-template <bool COMPACT>
-__global__ void __launch_bounds__(kMaxThreads) convert_rows_kernel(smla_convert_indices_params p, smla_convert_consts kc)
-{
-    __shared__ int warp_sums[kMaxWarps];
-    __shared__ int32_t packed[COMPACT ? kMaxThreads * kPerThread : 1];
-    __shared__ int4 stage[2][kMaxThreads * 2];
-    const int64_t K = p.topk;
-    const int64_t k0 = static_cast<int64_t>(threadIdx.x) * kPerThread;
-    const bool mine = k0 < K; // K is a multiple of kPerThread: all or none of the thread's entries
-    auto issue = [&](int64_t row, int buf) {
-        if (mine && row < p.num_tokens) {
-            const int32_t *src = p.topk_indices + row * p.in_stride + k0;
-            cp_async16_to(&stage[buf][2 * threadIdx.x], src);
-            cp_async16_to(&stage[buf][2 * threadIdx.x + 1], src + 4);
+        int32_t col[kPerThread], off[kPerThread];
+#pragma unroll
+        for (int e = 0; e < kPerThread; ++e) col[e] = smla_convert_locate(&p, &kc, &rc, v[e], &off[e]);
+        // lookup
+        int32_t blk[kPerThread];
+#pragma unroll
+        for (int e = 0; e < kPerThread; ++e) blk[e] = col[e] >= 0 ? __ldg(rc.bt_row + col[e]) : -1;
+        int cnt = 0;
+#pragma unroll
+        for (int e = 0; e < kPerThread; ++e) {
+            int64_t past_col; // a block past the cache: -1 here (the CPU's error)
+            v[e] = col[e] >= 0 ? smla_convert_slot(&p, &kc, blk[e], off[e], col[e], &past_col) : off[e];
+            cnt += v[e] != -1;
         }
-        cp_async_commit_group();
-    };
-    int64_t n = blockIdx.x;
-    issue(n, 0);
-    for (int it = 0; n < p.num_tokens; n += gridDim.x, ++it) {
-        issue(n + gridDim.x, (it + 1) & 1);
-        cp_async_wait_groups<1>(); // this row's copies have landed
-        int32_t v[kPerThread];
-        const int4 z = make_int4(-1, -1, -1, -1);
-        const int4 a = mine ? stage[it & 1][2 * threadIdx.x] : z, b = mine ? stage[it & 1][2 * threadIdx.x + 1] : z;
-        v[0] = a.x; v[1] = a.y; v[2] = a.z; v[3] = a.w;
-        v[4] = b.x; v[5] = b.y; v[6] = b.z; v[7] = b.w;
-        const smla_index_row rc = smla_index_row_of(&p, n);
-        int64_t count = 0;
-        convert_chunk<COMPACT>(p, kc, rc, v, k0, mine, p.out + n * p.out_stride, count, warp_sums, packed);
-        finish_row<COMPACT>(p, n, p.out + n * p.out_stride, count, warp_sums);
+        // store
+        if (COMPACT) {
+            int x = cnt; // inclusive scan over the warp
+#pragma unroll
+            for (int o = 1; o < 32; o <<= 1) {
+                const int y = __shfl_up_sync(kFullMask, x, o);
+                if (lane >= o) x += y;
+            }
+            if (lane == 31) warp_sums[warp] = x;
+            __syncthreads(); // also: the whole chunk is read before any of it is written
+            int pos = x - cnt, total = 0;
+            const int nwarps = (blockDim.x + 31) >> 5;
+            for (int w = 0; w < nwarps; ++w) {
+                const int s = warp_sums[w];
+                pos += w < warp ? s : 0;
+                total += s;
+            }
+#pragma unroll
+            for (int e = 0; e < kPerThread; ++e)
+                if (v[e] != -1) packed[pos++] = v[e];
+            __syncthreads();
+            for (int j = threadIdx.x; j < total; j += blockDim.x) out[count + j] = packed[j];
+            count += total;
+            __syncthreads(); // packed and warp_sums are reused by the next chunk
+        } else {
+            count += cnt;
+            if (full) {
+                *reinterpret_cast<int4 *>(out + k0) = make_int4(v[0], v[1], v[2], v[3]);
+                *reinterpret_cast<int4 *>(out + k0 + 4) = make_int4(v[4], v[5], v[6], v[7]);
+            } else {
+#pragma unroll
+                for (int e = 0; e < kPerThread; ++e)
+                    if (k0 + e < K) out[k0 + e] = v[e];
+            }
+        }
     }
-    cp_async_wait_groups<0>();
-}
-
-// Blocks of the row walk per SM (the occupancy of convert_rows_kernel, asked once per device).
-template <bool COMPACT> int rows_blocks_per_sm(int dev)
-{
-    static int cache[64];
-    if (dev < 0 || dev >= 64) return 1;
-    if (cache[dev] == 0) {
-        int b = 0;
-        if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&b, convert_rows_kernel<COMPACT>, kMaxThreads, 0) !=
-                cudaSuccess || b < 1)
-            b = 1;
-        cache[dev] = b;
+    if (COMPACT) {
+        for (int64_t k = count + threadIdx.x; k < K; k += blockDim.x) out[k] = -1;
+    } else if (p.valid_counts) {
+        count = block_sum(static_cast<int>(count), warp_sums);
     }
-    return cache[dev];
+    if (p.valid_counts && threadIdx.x == 0) p.valid_counts[n] = static_cast<int32_t>(count);
 }
 
 } // namespace
@@ -228,16 +145,7 @@ extern "C" int smla_cuda_convert_topk_indices(const smla_convert_indices_params 
     const dim3 g(static_cast<unsigned>(p->num_tokens)), b(threads);
     const smla_convert_consts kc = smla_convert_consts_of(p);
     cudaStream_t s = smla_stream(p->stream);
-    if (kRowWalk && vec && p->topk % kPerThread == 0 && p->topk <= kMaxThreads * kPerThread && threads == kMaxThreads) {
-        int dev = 0, sms = 0;
-        SMLA_CUDA_CHECK(st, cudaGetDevice(&dev));
-        SMLA_CUDA_CHECK(st, cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
-        const int per_sm = compact ? rows_blocks_per_sm<true>(dev) : rows_blocks_per_sm<false>(dev);
-        const int64_t wave = static_cast<int64_t>(sms) * per_sm;
-        const dim3 gw(static_cast<unsigned>(p->num_tokens < wave ? p->num_tokens : wave));
-        if (compact) convert_rows_kernel<true><<<gw, b, 0, s>>>(*p, kc);
-        else convert_rows_kernel<false><<<gw, b, 0, s>>>(*p, kc);
-    } else if (compact) {
+    if (compact) {
         if (vec) convert_kernel<true, true><<<g, b, 0, s>>>(*p, kc);
         else convert_kernel<false, true><<<g, b, 0, s>>>(*p, kc);
     } else {
