@@ -379,7 +379,8 @@ def test_cuda_dcp_positions_up_to_2_pow_31(world, il, k):
         for compact in (True, False):
             kw = dict(block_size=bs, dcp_size=world, dcp_rank=rank, interleave=il, compact=compact)
             cpu = smla.filter_convert_dcp_indices(req, bt, tok, **kw)
-            assert (cpu[1] > 0).all(), "every row keeps some entries: the case tests the mapping"
+            if rank * il < 2**31:  # else the rank owns no int32 position (world 3, interleave 2^30: rank 2)
+                assert (cpu[1] > 0).all(), "every row keeps some entries: the case tests the mapping"
             gpu = smla.filter_convert_dcp_indices(g[0], g[1], g[2], **kw)
             np.testing.assert_array_equal(gpu[0].cpu().numpy(), cpu[0])
             np.testing.assert_array_equal(gpu[1].cpu().numpy(), cpu[1])
