@@ -166,8 +166,8 @@ SMLA_HD smla_index_row smla_index_row_of(const smla_convert_indices_params *p, i
 SMLA_HD int32_t smla_convert_locate(const smla_convert_indices_params *p, const smla_convert_consts *k,
                                     const smla_index_row *rc, int32_t tok, int32_t *off)
 {
-    /* written as selects under the row's and the call's cases (no early exit per entry), so that a
-     * kernel's unrolled entries stay straight-line code */
+    /* no early exit per entry: the tests are selects, and the branches left are on the row's and the
+     * call's cases (prefill row, DCP, power-of-two block size), uniform over a GPU block */
     if (rc->ws_base != SMLA_PAGED_ROW) {
         const int64_t v = rc->ws_base + tok;
         *off = tok < 0 || v > INT32_MAX ? -1 : (int32_t)v;

@@ -244,14 +244,12 @@ int smla_cpu_convert_topk_indices(const smla_convert_indices_params *p, smla_sta
             k.inv_i = 1.0 / (double)k.dcp_i;
         }
         k.bs = (int32_t)p->block_size;
-        k.bs_shift = -1;
-        for (int b = 0; b < 31; b++)
-            if (k.bs == (INT32_C(1) << b)) k.bs_shift = b;
+        k.bs_shift = kc.bs_shift; /* <= 30 here: block_size <= INT32_MAX */
         const int64_t cols = p->max_blocks < INT32_MAX / k.bs + 1 ? p->max_blocks : INT32_MAX / k.bs + 1;
         k.col_max = (uint32_t)(cols - 1);
         k.checked = p->num_blocks > 0 && p->num_blocks <= INT32_MAX;
         k.num_blocks = k.checked ? (int32_t)p->num_blocks : 0;
-        k.blk_max = (uint32_t)(k.checked && k.num_blocks - 1 < INT32_MAX / k.bs ? k.num_blocks - 1 : INT32_MAX / k.bs);
+        k.blk_max = kc.blk_max; /* the scalar rule's bound, the same for every path */
         k.blk_always = (INT32_MAX - (k.bs - 1)) / k.bs;
         k.inv_bs = 1.0 / (double)k.bs;
         if (cols > 0) /* no columns: every paged entry is -1, the scalar rule's business */

@@ -1,6 +1,6 @@
 // pack_kv: write T tokens (kv_c [T,512] bf16, k_pe [T,64] bf16) into a paged cache at slot_mapping.
-// One warp per token; every warp-wide access is contiguous
-// (lane l owns 16-byte pieces l and 32+l of the latent row, lanes 0..7 the k_pe row). fp8_ds_mla tiles are 16 lanes wide, so the tile amax is a
+// One warp per token; every warp-wide access is contiguous (lane l owns 16-byte pieces l and 32+l of
+// the latent row, lanes 0..7 the k_pe row). fp8_ds_mla tiles are 16 lanes wide, so the tile amax is a
 // 16-lane shuffle reduction. The rules are core/fp8_ds_mla.h's, shared with csrc/cpu/pack_kv.c:
 // amax = fmaxf over |x| (NaN ignored), s = smla_fp8_scale(amax, rule), byte = smla_fp8_quant(x, s), here
 // in its vector form quant8.
