@@ -808,6 +808,39 @@ def test_decode_large_values(h, s_q, b, cd, precision):
 
 
 @pytest.mark.parametrize("precision", ref.PRECISIONS)
+@pytest.mark.parametrize("h", [16, 32, 64, 128])
+def test_decode_fp8_scale_forms(h, precision):
+    """The fp8 producers' two dequantisation forms (cuda/common.cuh): a batch of rows whose scales are all
+    powers of two 2^-124 .. 2^7 and whose bytes hold no NaN takes dequant8_pow2, any other the conversion
+    form. Rows that are read get scales the shortcut refuses (not a power of two, 2^-125, 2^8), its edge
+    scales (2^-124, 2^7, small bytes so the values stay ~10), and NaN bytes (0x7f, 0xff): against the
+    float64 oracle, NaN where it has NaN."""
+    c = decode_case("fp8_ds_mla", 37, 1, h, 2048, 64, seed=1700 + h, tl_mode="none", sink_mode="none",
+                    all_invalid_frac=0.0)
+    flat = c["kv_cache"].view(-1, ref.FP8_ENTRY)
+    idx = c["indices"].reshape(-1).long()
+    slots = torch.unique(idx[(idx >= 0) & (idx < c["limit"])])
+    gen = torch.Generator(device=DEV).manual_seed(h)
+    rows = slots[torch.randperm(slots.numel(), generator=gen, device=DEV)]
+    g = rows.numel() // 8
+    sc = flat[:, ref.FP8_SCALE_OFF:ref.FP8_SCALE_OFF + 16].view(torch.float32)
+    sc[rows[:g], 1] *= 1.5
+    sc[rows[g:2 * g], 2] = 2.0 ** -125
+    sc[rows[2 * g:3 * g], 2] = 2.0 ** -124
+    for r, (tile, k) in zip((rows[3 * g:4 * g], rows[4 * g:5 * g]), ((3, 7), (0, 8))):
+        small = torch.randint(0, 0x18, (r.numel(), 128), generator=gen, device=DEV, dtype=torch.uint8)
+        sign = torch.randint(0, 2, (r.numel(), 128), generator=gen, device=DEV, dtype=torch.uint8) * 0x80
+        flat[r, 128 * tile:128 * tile + 128] = small | sign
+        sc[r, tile] = 2.0 ** k
+    flat[rows[5 * g], 77] = 0x7F
+    flat[rows[5 * g + 1], 300] = 0xFF
+    out_ref, lse_ref, out_abs = decode_oracle(c, return_abs=True)
+    assert 0 < int(out_ref.float().isnan().any(-1).sum()) < out_ref.shape[0] * h  # some rows read a NaN
+    out, lse = run_decode(c, precision=precision)
+    check_decode(out, lse, out_ref, lse_ref, name=f"scale forms {precision}", precision=precision, out_abs=out_abs)
+
+
+@pytest.mark.parametrize("precision", ref.PRECISIONS)
 @pytest.mark.parametrize("h", [16, 64, 128])
 def test_prefill_large_values(h, precision):
     c = prefill_case(256, h, 8192, 2048, seed=950 + h, tl_mode="none", sink_mode="none", v_scale=10.0,

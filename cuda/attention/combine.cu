@@ -26,24 +26,28 @@ constexpr int kInFlight = 8;  // float4 loads per thread issued together
 // The weights of the splits of one (row, head), as each warp of its CTA sees them.
 struct SplitWeights {
     int mode;   // the splits that count: 1 saturated at +FLT_MAX, 0 ordinary, -1 saturated at -FLT_MAX, 2 none
-    float M;    // the largest ordinary lse
+    float M;    // the largest ordinary lse (fmaxf: a NaN lse is not one)
 
     __device__ __forceinline__ SplitWeights(const float *lp, int ns, int64_t sstride, int lane)
     {
         M = -INFINITY;
-        bool pos = false, neg = false;
+        bool pos = false, neg = false, nan = false;
         for (int s = lane; s < ns; s += 32) {
             const float ls = lp[s * sstride];
             const int sb = box_sign(ls);
             if (sb == 0) M = fmaxf(M, ls);
             pos = pos || sb > 0;
             neg = neg || sb < 0;
+            nan = nan || (sb == 0 && ls != ls);
         }
 #pragma unroll
         for (int o = 16; o > 0; o >>= 1) M = fmaxf(M, __shfl_xor_sync(0xffffffffu, M, o));
         pos = __any_sync(0xffffffffu, pos);
         neg = __any_sync(0xffffffffu, neg);
-        mode = pos ? 1 : (M != -INFINITY ? 0 : (neg ? -1 : 2));
+        nan = __any_sync(0xffffffffu, nan);
+        // a split that read a NaN makes the row NaN, as the unsplit softmax would: with no ordinary split
+        // besides it, mode 0 (M = -inf) still gives it the weight ex2(NaN) (it was "none", zeros, before)
+        mode = pos ? 1 : (M != -INFINITY || nan ? 0 : (neg ? -1 : 2));
     }
 
     // w_s of a split with lse ls (not -inf, an empty split, which is skipped).

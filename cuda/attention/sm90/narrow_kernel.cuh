@@ -20,7 +20,8 @@
 //               column's 64 tokens (in-warp shuffles, then the 4 warps through smem: kBarRed), alpha,
 //               P = 2^(S - m), row sums per thread in double; P^T stored as bf16 (high: P_hi and P_lo,
 //               split_bf16x2) for all 4 warps' wgmma (kBarP); O^T rescaled by alpha;
-//     pv      : O^T += V^T P^T (high: + V^T P_lo^T);
+//     pv      : O^T += V^T P^T (high: + V^T P_lo^T; at NH = 16 one m64n32k16 per V^T block, P_hi^T and
+//               P_lo^T stacked as its 32 B rows, so V^T is read from shared memory once: kStack);
 //     release : hand the buffer back.
 //   Then the epilogue: row sums across the warps (kBarE), O^T staged transposed in smem, and each warp
 //   writes whole head rows (finish_row, attention/epilogue.cuh).
@@ -55,10 +56,14 @@ template <class C, int ABL, bool FAST>
 struct Consumer {
     static constexpr int NH = C::NH, NJ = C::NJ, NS = C::NS, NL = 2 * C::NJ;
     static constexpr bool kNoS = (ABL & 2) != 0, kNoPV = (ABL & 4) != 0, kNoLo = FAST || (ABL & 16) != 0;
+    // "high" with NH = 16: P_hi^T and P_lo^T (rows 16.. of the P region) as one 32-row B operand, so each
+    // m64n32k16 reads its V^T block from shared memory once; O_hi^T and O_lo^T are added in the epilogue
+    static constexpr bool kStack = !kNoLo && NH == 16 && SMLA_NARROW_STACK_P != 0;
+    static constexpr int NO = kStack ? 2 * NS : NS;  // accumulator floats of an O^T m-tile
 
     const Args &a;
     const int w, g, t4;
-    float o[8][NS];     // O^T m-tile mt: dims 64 mt ..
+    float o[8][NO];     // O^T m-tile mt: dims 64 mt .. (kStack: columns 16.. hold O_lo^T)
     float m_r[NL];      // running maxima (log2 domain), the same in every thread holding the head
     double l_r[NL];     // this thread's share of the row sums
 
@@ -68,7 +73,7 @@ struct Consumer {
 #pragma unroll
         for (int mt = 0; mt < 8; ++mt)
 #pragma unroll
-            for (int i = 0; i < NS; ++i) o[mt][i] = 0.f;
+            for (int i = 0; i < NO; ++i) o[mt][i] = 0.f;
 #pragma unroll
         for (int hl = 0; hl < NL; ++hl) {
             m_r[hl] = -INFINITY;
@@ -185,6 +190,10 @@ struct Consumer {
                     const int i0 = 4 * (hl >> 1) + (hl & 1);
                     o[mt][i0] *= alpha[hl];
                     o[mt][i0 + 2] *= alpha[hl];
+                    if constexpr (kStack) {
+                        o[mt][i0 + NS] *= alpha[hl];
+                        o[mt][i0 + NS + 2] *= alpha[hl];
+                    }
                 }
         }
         fence_async_smem();
@@ -205,8 +214,8 @@ struct Consumer {
 #pragma unroll
                 for (int mt = 0; mt < 8; ++mt) {
                     const uint64_t dv = desc_at(vd, mt * kBlk + kk * 16 * 128);
-                    wgmma_ss<1>(o[mt], dv, dh, 1);
-                    if constexpr (!kNoLo) wgmma_ss<1>(o[mt], dv, dl, 1);
+                    wgmma_ss<1>(o[mt], dv, dh, 1);  // kStack: n32, the rows of dh are P_hi^T then P_lo^T
+                    if constexpr (!kNoLo && !kStack) wgmma_ss<1>(o[mt], dv, dl, 1);
                 }
             }
             wg_commit();
@@ -255,7 +264,7 @@ struct Consumer {
             for (int i = 0; i < NS; ++i) {
                 const int hd = 8 * (i >> 2) + 2 * t4 + (i & 1);
                 const int dim = 64 * mt + 16 * w + g + 8 * ((i >> 1) & 1);
-                c.sO[hd * C::kOStride + dim] = o[mt][i];
+                c.sO[hd * C::kOStride + dim] = kStack ? o[mt][i] + o[mt][i + NS] : o[mt][i];
             }
         named_sync(kBarE, 128);
         const int lane = 4 * g + t4;

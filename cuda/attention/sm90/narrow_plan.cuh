@@ -16,6 +16,9 @@
 
 #include "attention/sm90/plan.cuh"
 
+// 1: "high" at NH = 16 runs P_hi and P_lo through one n32 wgmma per V^T block (Consumer::kStack), 0: two n16.
+#define SMLA_NARROW_STACK_P 1
+
 namespace attn {
 namespace sm90 {
 namespace narrow {
@@ -33,8 +36,9 @@ struct Cfg {
     static_assert(NH == 16 || NH == 32, "wgmma n16 / n32");
 };
 
-// Registers after setmaxnreg: the consumer holds O^T (4 NH floats), three S^T chains (1.5 NH) and the
-// per-head state; the producers' batches. The three sum to the launch allocation, 3 x 168.
+// Registers after setmaxnreg: the consumer holds O^T (4 NH floats; 8 NH with the stacked P^T at NH = 16),
+// three S^T chains (1.5 NH) and the per-head state; the producers their two batches. The three sum to the
+// launch allocation, 3 x 168. (Four batches in flight at 200 / 152 were measured slower: benchmarks/README.md.)
 constexpr int kConsumerRegs = 240, kProducerRegs = 128;
 static_assert(kConsumerRegs + 2 * kProducerRegs <= 3 * 168, "the launch allocation: 64K / 384 -> 168");
 // Named barriers of the 128 consumer threads.
