@@ -809,12 +809,11 @@ def test_decode_large_values(h, s_q, b, cd, precision):
 
 @pytest.mark.parametrize("precision", ref.PRECISIONS)
 @pytest.mark.parametrize("h", [16, 32, 64, 128])
-def test_decode_fp8_scale_forms(h, precision):
-    """The fp8 producers' two dequantisation forms (cuda/common.cuh): a batch of rows whose scales are all
-    powers of two 2^-124 .. 2^7 and whose bytes hold no NaN takes dequant8_pow2, any other the conversion
-    form. Rows that are read get scales the shortcut refuses (not a power of two, 2^-125, 2^8), its edge
-    scales (2^-124, 2^7, small bytes so the values stay ~10), and NaN bytes (0x7f, 0xff): against the
-    float64 oracle, NaN where it has NaN."""
+def test_decode_fp8_odd_scales_and_nan(h, precision):
+    """fp8 rows that are read, with scales the "pow2" writer makes and ones it does not: not a power of
+    two, 2^-125 and 2^-124, 2^7 and 2^8 (over bytes small enough that the values stay ~10), and NaN bytes
+    (0x7f, 0xff): against the float64 oracle, NaN where it has NaN (also through the split combine, where
+    a split that read the NaN may be the row's only non-empty one)."""
     c = decode_case("fp8_ds_mla", 37, 1, h, 2048, 64, seed=1700 + h, tl_mode="none", sink_mode="none",
                     all_invalid_frac=0.0)
     flat = c["kv_cache"].view(-1, ref.FP8_ENTRY)
@@ -837,7 +836,7 @@ def test_decode_fp8_scale_forms(h, precision):
     out_ref, lse_ref, out_abs = decode_oracle(c, return_abs=True)
     assert 0 < int(out_ref.float().isnan().any(-1).sum()) < out_ref.shape[0] * h  # some rows read a NaN
     out, lse = run_decode(c, precision=precision)
-    check_decode(out, lse, out_ref, lse_ref, name=f"scale forms {precision}", precision=precision, out_abs=out_abs)
+    check_decode(out, lse, out_ref, lse_ref, name=f"odd scales {precision}", precision=precision, out_abs=out_abs)
 
 
 @pytest.mark.parametrize("precision", ref.PRECISIONS)

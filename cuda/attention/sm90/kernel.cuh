@@ -87,7 +87,7 @@ __global__ void __launch_bounds__(kThreads, 1) attn_sm90_kernel(const __grid_con
     using Regs = WgRegs<SPLIT>;
     if (c.tid >= 256) {
         setmaxnreg_to<Regs::producer>();
-        if constexpr (FP8) Fp8Producer<ABL, XO>(a, c, peer, peer_base).run();
+        if constexpr (FP8) Fp8Producer<ABL, XO, 256, 4, /*SPREAD=*/!XO>(a, c, peer, peer_base).run();
         else Bf16Producer<ABL>(a, c).run(kSpeculate && c.nt_all > 0);
         return;
     }

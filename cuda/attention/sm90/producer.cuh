@@ -219,7 +219,11 @@ struct Fp8Batch {
 // themselves are loaded two tiles ahead. No address arithmetic is serialised across the warp: a
 // batch's row gets its address by two shuffles. (A bulk L2 prefetch of the entries a tile ahead was
 // measured: no gain; benchmarks/README.md.)
-template <int ABL, bool XO, int P0 = 256, int PW = 4>
+// SPREAD: in every quarter warp, lanes 4..7 store their odd latent chunk first, so that each 16-byte store
+// of a quarter warp hits eight distinct slots of the swizzled rows (one shared-memory wavefront, not two).
+// Measured (benchmarks/README.md, issue 17, tenth session): h = 64 decode (the wide kernel without the
+// crossover) 9% faster, the narrow kernel and the crossover slightly slower; so only the former sets it.
+template <int ABL, bool XO, int P0 = 256, int PW = 4, bool SPREAD = false>
 struct Fp8Producer {
     static constexpr bool kNoLoad = (ABL & 1) != 0, kNoDq = (ABL & 8) != 0;
     static constexpr int kRows = kBN / PW;                      // rows of a tile per warp
@@ -297,14 +301,20 @@ struct Fp8Producer {
         for (int k = 0; k < 4; ++k) {
             const int r = pw + PW * (4 * bq + k);
             const uint4 z = make_uint4(0, 0, 0, 0);
+            // chunk 2 lane + c0 first, then 2 lane + (c0 ^ 1): lane l's chunks sit in slot (2l & 7) ^ (r & 7)
+            // and the next, so with even chunks first lanes l and l + 4 of a quarter warp share a slot
+            const int c0 = (SPREAD && (lane & 4)) ? 1 : 0;
+            const uint4 e = B.e[k];
+            const uint2 e0 = c0 ? make_uint2(e.z, e.w) : make_uint2(e.x, e.y);
+            const uint2 e1 = c0 ? make_uint2(e.x, e.y) : make_uint2(e.z, e.w);
             uint4 v0, v1;
             if constexpr (kNoDq) {
-                v0 = v1 = B.ok[k] ? B.e[k] : z;
+                v0 = v1 = B.ok[k] ? e : z;
             } else {
-                v0 = B.ok[k] ? dequant8(make_uint2(B.e[k].x, B.e[k].y), B.s[k]) : z;
-                v1 = B.ok[k] ? dequant8(make_uint2(B.e[k].z, B.e[k].w), B.s[k]) : z;
+                v0 = B.ok[k] ? dequant8(e0, B.s[k]) : z;
+                v1 = B.ok[k] ? dequant8(e1, B.s[k]) : z;
             }
-            const uint32_t a0 = blk_addr(kb, r, 2 * lane), a1 = blk_addr(kb, r, 2 * lane + 1);
+            const uint32_t a0 = blk_addr(kb, r, 2 * lane + c0), a1 = blk_addr(kb, r, 2 * lane + (c0 ^ 1));
             const uint32_t ar = blk_addr(kb, r, kNopeChunks + (lane >> 2)) + 4 * (lane & 3);
             const uint32_t rope = B.ok[k] ? B.rope[k] : 0u;
             st_shared_v4(a0, v0);
