@@ -2,9 +2,12 @@
 as tools/gpu_profile.sh writes it; a .gz is read as such): warp-stall reasons over the whole kernel,
 the instructions with the most stall samples and their two main reasons, then the samples spent waiting
 on each mbarrier (the branch after a SYNCS.PHASECHK try-wait, grouped by the barrier's shared-memory
-address: which full / empty barrier the warps wait on) and per instruction class.
+address: which full / empty barrier the warps wait on) and per instruction class. With --rank TEXT, the
+instructions are ranked instead by the first per-instruction metric column whose name contains TEXT (case
+aside; e.g. "wavefronts shared" for the shared-memory wavefronts each instruction caused), after a list
+of the columns whose names contain its first word.
 
-    python tools/ncu_hot.py decode_sass.csv[.gz] [N]
+    python tools/ncu_hot.py decode_sass.csv[.gz] [N] [--rank TEXT]
 """
 import collections
 import csv
@@ -13,13 +16,37 @@ import re
 import sys
 
 
+def rank(hdr, data, col, text, top):
+    words = text.lower().split()
+    print("columns with", repr(words[0]) + ":", "; ".join(n for n in hdr if words[0] in n.lower()))
+    name = next((n for n in hdr if all(w in n.lower() for w in words)), None)
+    if name is None:
+        print(f"no column contains {text!r}")
+        return
+    val = lambda r: float((r[col[name]] or "0").replace(",", ""))  # noqa: E731
+    total = sum(val(r) for r in data) or 1.0
+    print(f"{name}: {total:.0f} in all")
+    for i, r in sorted(enumerate(data), key=lambda x: -val(x[1]))[:top]:
+        print(f"{i:5d} {100 * val(r) / total:5.1f}%  {val(r):>12.0f}  exec {r[col['Instructions Executed']]:>10}  "
+              f"{r[col['Source']].strip()[:70]}")
+
+
 def main():
-    path, top = sys.argv[1], int(sys.argv[2]) if len(sys.argv) > 2 else 30
+    args = sys.argv[1:]
+    by = None
+    if "--rank" in args:
+        k = args.index("--rank")
+        by = args[k + 1]
+        del args[k:k + 2]
+    path, top = args[0], int(args[1]) if len(args) > 1 else 30
     with (gzip.open(path, "rt", newline="") if path.endswith(".gz") else open(path, newline="")) as f:
         rows = list(csv.reader(f))
     head = next(i for i, r in enumerate(rows) if r and r[0] == "Address")
     hdr, data = rows[head], rows[head + 1:]
     col = {n: i for i, n in enumerate(hdr)}
+    if by:
+        rank(hdr, data, col, by, top)
+        return
     samples = col["Warp Stall Sampling (All Samples)"]
     reasons = [n for n in hdr if n.startswith("stall_") and "Not Issued" not in n]
     num = lambda r, c: int(r[col[c]] or 0) if isinstance(c, str) else int(r[c] or 0)  # noqa: E731
