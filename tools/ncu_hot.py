@@ -3,9 +3,10 @@ as tools/gpu_profile.sh writes it; a .gz is read as such): warp-stall reasons ov
 the instructions with the most stall samples and their two main reasons, then the samples spent waiting
 on each mbarrier (the branch after a SYNCS.PHASECHK try-wait, grouped by the barrier's shared-memory
 address: which full / empty barrier the warps wait on) and per instruction class. With --rank TEXT, the
-instructions are ranked instead by the first per-instruction metric column whose name contains TEXT (case
-aside; e.g. "wavefronts shared" for the shared-memory wavefronts each instruction caused), after a list
-of the columns whose names contain its first word.
+instructions are ranked instead by the first per-instruction metric column whose name contains every
+word of TEXT (case aside; e.g. "wavefronts shared", where the report has such a column: names vary with
+the Nsight Compute version), after a list of the columns whose names contain its first word, which shows
+what the report has.
 
     python tools/ncu_hot.py decode_sass.csv[.gz] [N] [--rank TEXT]
 """
