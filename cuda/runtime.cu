@@ -38,3 +38,25 @@ extern "C" const char *smla_cuda_runtime_version(void)
              (drv % 1000) / 10);
     return buf;
 }
+
+// common.cuh's smla_pdl_supported: compute capability >= 9.0 of the current device, read once per device
+// (a race between threads only repeats the read). A device past the table, or a failed query: no PDL.
+bool smla_pdl_supported()
+{
+    constexpr int kDevices = 64;
+    static signed char known[kDevices];  // 0 unknown, 1 no, 2 yes
+    int dev = -1;
+    if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= kDevices) {
+        cudaGetLastError();
+        return false;
+    }
+    if (!known[dev]) {
+        int major = 0;
+        if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess) {
+            cudaGetLastError();
+            return false;
+        }
+        known[dev] = major >= 9 ? 2 : 1;
+    }
+    return known[dev] == 2;
+}

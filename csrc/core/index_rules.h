@@ -69,12 +69,14 @@ SMLA_HD uint8_t *smla_cache_entry_of(const smla_cache *c, const int32_t *bt_row,
 }
 
 /* ---- division of a position (in [0, 2^31)) by a per-call constant, as a multiply and a shift ----
- * d >= 1; l = ceil(log2 d), s = 31 + l, m = ceil(2^s / d) (< 2^32): m * d - 2^s < d <= 2^l, which makes
- * (n * m) >> s == n / d for every n < 2^31 (Granlund and Montgomery). A d >= 2^31 exceeds every such n:
- * m = 0 gives 0. Both backends build it once per call, so no division is left per entry (a 32-bit
- * division with a run-time divisor is ~20 instructions on the GPU). */
+ * d >= 1; l = ceil(log2 d), m = ceil(2^(31 + l) / d) (< 2^32): m * d - 2^(31 + l) < d <= 2^l, which makes
+ * (n * m) >> (31 + l) == n / d for every n < 2^31 (Granlund and Montgomery). Computed as the high word of
+ * (2n) * m shifted right by l (the same number: floor(floor(2nm / 2^32) / 2^l) = floor(nm / 2^(31 + l))),
+ * one multiply-high and one shift on the GPU. A d >= 2^31 exceeds every such n: m = 0 gives 0. Both
+ * backends build it once per call, so no division is left per entry (a 32-bit division with a run-time
+ * divisor is ~20 instructions on the GPU). */
 typedef struct {
-    uint32_t m, s;
+    uint32_t m, l;
 } smla_udiv;
 
 SMLA_HD smla_udiv smla_udiv_of(uint64_t d)
@@ -83,14 +85,14 @@ SMLA_HD smla_udiv smla_udiv_of(uint64_t d)
     if (d == 0 || d >= ((uint64_t)1 << 31)) return v;
     uint32_t l = 0;
     while (((uint64_t)1 << l) < d) l++;
-    v.s = 31u + l;
-    v.m = (uint32_t)((((uint64_t)1 << v.s) + d - 1) / d);
+    v.l = l;
+    v.m = (uint32_t)((((uint64_t)1 << (31u + l)) + d - 1) / d);
     return v;
 }
 
 SMLA_HD uint32_t smla_udiv_q(smla_udiv v, uint32_t n) /* n < 2^31 */
 {
-    return (uint32_t)(((uint64_t)n * v.m) >> v.s);
+    return (uint32_t)(((uint64_t)(n << 1) * v.m) >> 32) >> v.l;
 }
 
 /* ---- convert_topk_indices ---- */
@@ -100,6 +102,8 @@ SMLA_HD uint32_t smla_udiv_q(smla_udiv v, uint32_t n) /* n < 2^31 */
 typedef struct {
     int bs_shift;          /* log2(block_size) when it is a power of two <= 2^31, else -1 */
     smla_udiv bs, dcp_i, dcp_d;
+    int dcp_pow2;          /* DCP with a power-of-two interleave and world size: shifts and masks */
+    uint32_t dcp_li, dcp_ld; /* then log2 of each */
     uint32_t col_end;      /* min(max_blocks, 2^31): columns b < col_end exist */
     uint32_t blk_max;      /* the largest block id read as a slot: min(num_blocks - 1 when num_blocks > 0,
                             * INT32_MAX / block_size), so blk * block_size + off < 2^32 never wraps */
@@ -118,6 +122,14 @@ SMLA_HD smla_convert_consts smla_convert_consts_of(const smla_convert_indices_pa
     k.bs = smla_udiv_of(bs > 0 ? (uint64_t)bs : 1u);
     k.dcp_i = smla_udiv_of(p->dcp_size >= 1 ? (uint64_t)p->dcp_interleave : 1u);
     k.dcp_d = smla_udiv_of(p->dcp_size >= 1 ? (uint64_t)p->dcp_size : 1u);
+    k.dcp_pow2 = 0;
+    k.dcp_li = k.dcp_ld = 0;
+    if (p->dcp_size >= 1 && (p->dcp_size & (p->dcp_size - 1)) == 0 && p->dcp_interleave >= 1 &&
+        (p->dcp_interleave & (p->dcp_interleave - 1)) == 0) {
+        k.dcp_pow2 = 1;
+        while (((int64_t)1 << k.dcp_li) < p->dcp_interleave) k.dcp_li++;
+        while (((int64_t)1 << k.dcp_ld) < p->dcp_size) k.dcp_ld++;
+    }
     k.col_end = p->max_blocks > ((int64_t)1 << 31) ? (uint32_t)1 << 31 : (uint32_t)(p->max_blocks < 0 ? 0 : p->max_blocks);
     int64_t bm = bs > 0 ? INT32_MAX / bs : 0;
     if (p->num_blocks > 0 && p->num_blocks - 1 < bm) bm = p->num_blocks - 1;
@@ -133,11 +145,12 @@ typedef struct {
     const int32_t *bt_row; /* paged row: the block table row of its request; NULL outside [0, num_reqs) */
     int64_t ws_base;       /* prefill row: its workspace start; SMLA_PAGED_ROW otherwise */
     int dead;              /* a prefill id past num_prefills: every entry -1 */
+    int live;              /* a paged row with a request (bt_row != NULL, not dead): tested once a row */
 } smla_index_row;
 
 SMLA_HD smla_index_row smla_index_row_of(const smla_convert_indices_params *p, int64_t n)
 {
-    smla_index_row rc = {NULL, SMLA_PAGED_ROW, 0};
+    smla_index_row rc = {NULL, SMLA_PAGED_ROW, 0, 0};
     const int64_t pr = p->prefill_request_ids ? (int64_t)p->prefill_request_ids[n] : -1;
     if (pr >= 0) {
         const int64_t num_prefills = p->prefill_workspace_starts ? p->num_prefills : 0;
@@ -147,6 +160,7 @@ SMLA_HD smla_index_row smla_index_row_of(const smla_convert_indices_params *p, i
         const int64_t r = p->req_id[n];
         if (r >= 0 && r < p->num_reqs) rc.bt_row = p->block_table + r * p->bt_stride;
     }
+    rc.live = rc.bt_row != NULL && !rc.dead;
     return rc;
 }
 
@@ -162,9 +176,13 @@ SMLA_HD smla_index_row smla_index_row_of(const smla_convert_indices_params *p, i
  * In two stages, so that a kernel can issue the block-table reads of many entries at once:
  * smla_convert_locate gives the block-table column b to read (>= 0) and the offset in the block, or -1
  * with the entry's final value in *off; smla_convert_slot turns the block id read there into the slot.
- * A valid tok is in [0, 2^31), so the divisions are 32-bit ones by smla_udiv. */
-SMLA_HD int32_t smla_convert_locate(const smla_convert_indices_params *p, const smla_convert_consts *k,
-                                    const smla_index_row *rc, int32_t tok, int32_t *off)
+ * A valid tok is in [0, 2^31), so the divisions are 32-bit ones by smla_udiv.
+ * smla_convert_locate_as takes the call's cases as arguments, dcp = 0 without DCP, 1 with it, 2 with it
+ * and a power-of-two interleave and world size (k->dcp_pow2: the divisions are shifts), and pow2 =
+ * (k->bs_shift >= 0), so that a kernel can pass them as compile-time constants and compile each case's
+ * entry loop without the tests; smla_convert_locate reads them from p and k. */
+SMLA_HD int32_t smla_convert_locate_as(const smla_convert_indices_params *p, const smla_convert_consts *k,
+                                       const smla_index_row *rc, int32_t tok, int32_t *off, int dcp, int pow2)
 {
     /* no early exit per entry: the tests are selects, and the branches left are on the row's and the
      * call's cases (prefill row, DCP, power-of-two block size), uniform over a GPU block */
@@ -173,18 +191,28 @@ SMLA_HD int32_t smla_convert_locate(const smla_convert_indices_params *p, const 
         *off = tok < 0 || v > INT32_MAX ? -1 : (int32_t)v;
         return -1;
     }
-    int ok = tok >= 0 && !rc->dead && rc->bt_row != NULL;
+    int ok = tok >= 0 && rc->live;
     uint32_t t = (uint32_t)tok & 0x7fffffffu;
-    if (p->dcp_size >= 1) { /* g = t / I, h = g / D: owner g - h * D, local h * I + t % I */
+    if (dcp == 2) { /* the same with shifts and masks */
+        const uint32_t g = t >> k->dcp_li, h = g >> k->dcp_ld;
+        ok = ok && (g & ((uint32_t)p->dcp_size - 1u)) == (uint32_t)p->dcp_rank;
+        t = (h << k->dcp_li) | (t & ((uint32_t)p->dcp_interleave - 1u));
+    } else if (dcp) { /* g = t / I, h = g / D: owner g - h * D, local h * I + t % I */
         const uint32_t g = smla_udiv_q(k->dcp_i, t), h = smla_udiv_q(k->dcp_d, g);
         ok = ok && g - h * (uint32_t)p->dcp_size == (uint32_t)p->dcp_rank;
         t = h * (uint32_t)p->dcp_interleave + (t - g * (uint32_t)p->dcp_interleave);
     }
     /* a block size >= 2^31 gives b = 0 (smla_udiv), whatever its low 32 bits */
-    const uint32_t b = k->bs_shift >= 0 ? t >> k->bs_shift : smla_udiv_q(k->bs, t);
+    const uint32_t b = pow2 ? t >> k->bs_shift : smla_udiv_q(k->bs, t);
     ok = ok && b < k->col_end;
     *off = ok ? (int32_t)(t - b * k->bs32) : -1;
     return ok ? (int32_t)b : -1;
+}
+
+SMLA_HD int32_t smla_convert_locate(const smla_convert_indices_params *p, const smla_convert_consts *k,
+                                    const smla_index_row *rc, int32_t tok, int32_t *off)
+{
+    return smla_convert_locate_as(p, k, rc, tok, off, p->dcp_size >= 1 ? 1 + k->dcp_pow2 : 0, k->bs_shift >= 0);
 }
 
 /* Stage 2: the block id read from column col -> the slot, or -1 (see smla_convert_locate). A block id in

@@ -136,7 +136,7 @@ __global__ void __launch_bounds__(kCombineThreads) attn_combine_kernel(const __g
 
 }  // namespace
 
-int launch_combine(const Args &a, cudaStream_t s, bool pdl, const char *op, smla_status *st)
+int launch_combine(const Args &a, cudaStream_t s, const char *op, smla_status *st)
 {
     // many splits (few rows): a CTA per (row, head); else a warp per (row, head)
     const int g = a.n_splits >= 8 ? kCombineThreads : 32;
@@ -144,19 +144,10 @@ int launch_combine(const Args &a, cudaStream_t s, bool pdl, const char *op, smla
     const int64_t grid = (pairs + per_cta - 1) / per_cta;
     if (grid > INT32_MAX)
         return smla_fail(st, SMLA_ERR_VALUE, "%s: too many query rows (%lld)", op, (long long)a.rows);
-    // pdl (sm_90+): a programmatic dependent of the main kernel, whose CTAs signal early
+    // a programmatic dependent of the main kernel (sm_90+), whose CTAs signal early
     // (pdl_launch_dependents): its launch overlaps the main kernel's tail, pdl_wait orders the reads
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = dim3(static_cast<unsigned>(grid), 1, 1);
-    cfg.blockDim = dim3(kCombineThreads, 1, 1);
-    cfg.dynamicSmemBytes = 0;
-    cfg.stream = s;
-    cudaLaunchAttribute attr[1];
-    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr[0].val.programmaticStreamSerializationAllowed = 1;
-    cfg.attrs = attr;
-    cfg.numAttrs = pdl ? 1 : 0;
-    SMLA_CUDA_CHECK(st, cudaLaunchKernelEx(&cfg, g == 32 ? attn_combine_kernel<32> : attn_combine_kernel<kCombineThreads>, a));
+    smla_launch(g == 32 ? attn_combine_kernel<32> : attn_combine_kernel<kCombineThreads>,
+                dim3(static_cast<unsigned>(grid)), dim3(kCombineThreads), 0, s, 1, a);
     SMLA_CUDA_LAUNCH_CHECK(st);
     return SMLA_OK;
 }

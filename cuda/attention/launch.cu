@@ -259,7 +259,7 @@ int run_attention(const smla_attn_params *p, bool is_decode, smla_status *st)
     cudaStream_t s = smla_stream(p->stream);
     rc = L.choice.k->launch(a, grid, s, L.dev, st);
     if (rc != SMLA_OK || ns == 1) return rc;
-    return launch_combine(a, s, /*pdl=*/L.props.cc >= 90, op, st);
+    return launch_combine(a, s, op, st);
 }
 
 }  // namespace

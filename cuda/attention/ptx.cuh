@@ -101,22 +101,6 @@ __device__ __forceinline__ void st_shared_v4(uint32_t addr, uint4 v)
                  : "memory");
 }
 
-// Programmatic dependent launch (sm_90+; no-ops before): the main kernels let the combine kernel be
-// scheduled early (launch_dependents); the combine waits for the main grid's completion and memory
-// (grid_dependency_wait) before reading the partials. launch.cu sets the launch attribute.
-__device__ __forceinline__ void pdl_launch_dependents()
-{
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
-#endif
-}
-__device__ __forceinline__ void pdl_wait()
-{
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("griddepcontrol.wait;\n" ::: "memory");
-#endif
-}
-
 // 2^x, approximate (2 ulp); -inf -> +0.
 __device__ __forceinline__ float ex2(float x)
 {

@@ -47,9 +47,9 @@ extern const KernelList kSm90nFp8Kernels;   // sm90/narrow_fp8.cu
 extern const KernelList kSm90pBf16Kernels;  // sm90/pair_bf16.cu
 #endif
 
-// The split-top-k combine over the partials of a.n_splits splits (combine.cu); pdl: launch it as a
-// programmatic dependent of the main kernel (sm_90+); `op` names the call in errors.
-int launch_combine(const Args &a, cudaStream_t stream, bool pdl, const char *op, smla_status *st);
+// The split-top-k combine over the partials of a.n_splits splits (combine.cu), a programmatic dependent
+// of the main kernel where the device has PDL (smla_launch); `op` names the call in errors.
+int launch_combine(const Args &a, cudaStream_t stream, const char *op, smla_status *st);
 
 // Per-device "done once" flags (a kernel's shared-memory attribute set, a device's properties read);
 // a device past kMaxDevices is never marked, so its work is redone on every call.

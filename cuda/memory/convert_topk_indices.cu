@@ -4,15 +4,24 @@
 // error on the CPU, is -1 here, since reporting it would need a sync; the attention kernels then never
 // read past the cache for it.
 //
-// One block per row, walked in chunks of blockDim.x * 8 entries, 8 consecutive entries per thread.
+// One block per row, walked in chunks of blockDim.x * 8 entries, 8 consecutive entries per thread. The
+// call's cases are template parameters, so that the entry loop tests none of them per entry: DCP (none, any
+// interleave and world size, both powers of two: shifts and masks), compaction, power-of-two block size,
+// 16-byte alignment. 32 registers (8 blocks of 256 threads an SM): these kernels are bound by issued
+// instructions and latency, not by bytes (benchmarks/README.md, issue 18).
 // Stages of a chunk:
 //   load    the thread's 8 entries (two 16-byte loads when aligned), before the row's request is read
 //   locate  each entry's block-table column (or its final value), divisions by per-call constants
 //   lookup  the 8 block ids read at once (one memory latency a chunk, not one per entry)
 //   store   in place (two 16-byte stores), or, with DCP compaction, through shared memory: a warp scan
-//           of the per-thread counts gives each thread its place among the chunk's valid entries, which
-//           the block then writes out contiguously after the previous chunks' ones; the row's tail
-//           gets -1. Order is kept (deterministic).
+//           of the per-thread counts and the warp totals give each thread its place among the chunk's
+//           valid entries, which it writes there; then
+//           - a row of one chunk (top-k <= 2048 with 16-byte alignment, the usual case): each thread
+//             writes back its own 8 positions of the row, the compacted entry or -1 past the count, with
+//             two 16-byte stores (two barriers a row, no tail pass);
+//           - a longer row: the block writes the chunk's entries after the previous chunks' ones, and
+//             the row's tail gets -1 at the end.
+//           Order is kept (deterministic).
 // Shared memory: the warp totals (kMaxWarps ints) and, when compacting, the chunk's packed entries
 // (kMaxThreads * 8 ints = 8 KB).
 // out may alias topk_indices: a chunk is read completely (a barrier) before any of it is written, and
@@ -27,29 +36,69 @@ using namespace smla;
 constexpr int kPerThread = 8;
 constexpr int kMaxThreads = 256;
 constexpr int kMaxWarps = kMaxThreads / kWarp;
+// Blocks an SM must hold (the register bound it implies: 32 per thread): a block is one short row, so the
+// latency of its loads is hidden by the other rows in flight. SMLA_CONVERT_MIN_BLOCKS overrides (A/B).
+#ifndef SMLA_CONVERT_MIN_BLOCKS
+#define SMLA_CONVERT_MIN_BLOCKS 8
+#endif
+constexpr int kMinBlocks = SMLA_CONVERT_MIN_BLOCKS;
 
-// Sum of v over the block, in every thread (warp_sums: kMaxWarps ints; two barriers).
-__device__ __forceinline__ int block_sum(int v, int *warp_sums)
+// The kinds of call, fixed at compile time so that each kernel's entry loop carries no test of them: DCP
+// or not (DCP argument of smla_convert_locate_as: 0 none, 1 any interleave and world size, 2 both powers
+// of two), compacted or not, power-of-two block size or not.
+
+// Sum of the first `upto` warp totals and of all of them (warp_sums: kMaxWarps ints, two 16-byte reads).
+__device__ __forceinline__ void warp_prefix(const int *warp_sums, int upto, int nwarps, int *before, int *total)
+{
+    static_assert(kMaxWarps == 8, "two int4 reads");
+    const int4 a = reinterpret_cast<const int4 *>(warp_sums)[0], b = reinterpret_cast<const int4 *>(warp_sums)[1];
+    const int w[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+    int s = 0, t = 0;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+        const int x = i < nwarps ? w[i] : 0;  // the slots of absent warps are never written
+        s += i < upto ? x : 0;
+        t += x;
+    }
+    *before = s;
+    *total = t;
+}
+
+// The chunk's valid entries v[] (-1: none) of this thread, packed in order into the shared array at
+// `packed` (a shared-space address; the chunk's first valid entry first). Returns the chunk's count. One
+// barrier before the packed writes (so the whole chunk has been read first, and warp_sums is filled); the
+// caller syncs before reading packed.
+__device__ __forceinline__ int pack_chunk(const int32_t (&v)[kPerThread], int cnt, int *warp_sums, uint32_t packed)
 {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = (blockDim.x + 31) >> 5;
-    v = __reduce_add_sync(kFullMask, v);
-    if (lane == 0) warp_sums[warp] = v;
+    int x = cnt; // inclusive scan over the warp
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+        const int y = __shfl_up_sync(kFullMask, x, o);
+        if (lane >= o) x += y;
+    }
+    if (lane == 31) warp_sums[warp] = x;
     __syncthreads();
-    int total = 0;
-    for (int w = 0; w < nwarps; ++w) total += warp_sums[w];
-    __syncthreads(); // warp_sums is reused
+    int before, total;
+    warp_prefix(warp_sums, warp, nwarps, &before, &total);
+    uint32_t addr = packed + 4u * static_cast<uint32_t>(before + x - cnt);
+#pragma unroll
+    for (int e = 0; e < kPerThread; ++e) {
+        if (v[e] != -1) asm volatile("st.shared.b32 [%0], %1;" ::"r"(addr), "r"(v[e]) : "memory");
+        addr += v[e] != -1 ? 4u : 0u;
+    }
     return total;
 }
 
-template <bool VEC, bool COMPACT>
-__global__ void __launch_bounds__(kMaxThreads) convert_kernel(smla_convert_indices_params p, smla_convert_consts kc)
+template <bool VEC, int DCP, bool COMPACT, bool POW2>
+__global__ void __launch_bounds__(kMaxThreads, kMinBlocks) convert_kernel(smla_convert_indices_params p, smla_convert_consts kc)
 {
-    __shared__ int warp_sums[kMaxWarps];
-    __shared__ int32_t packed[COMPACT ? kMaxThreads * kPerThread : 1];
+    __shared__ __align__(16) int warp_sums[kMaxWarps];
+    __shared__ __align__(16) int32_t packed[COMPACT ? kMaxThreads * kPerThread : 4];
+    pdl_wait();
     const int64_t n = blockIdx.x;
     const int32_t *in = p.topk_indices + n * p.in_stride;
     int32_t *out = p.out + n * p.out_stride;
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
 
     const int64_t K = p.topk;
     const int64_t chunk = static_cast<int64_t>(blockDim.x) * kPerThread;
@@ -72,7 +121,8 @@ __global__ void __launch_bounds__(kMaxThreads) convert_kernel(smla_convert_indic
         const smla_index_row rc = smla_index_row_of(&p, n);
         int32_t col[kPerThread], off[kPerThread];
 #pragma unroll
-        for (int e = 0; e < kPerThread; ++e) col[e] = smla_convert_locate(&p, &kc, &rc, v[e], &off[e]);
+        for (int e = 0; e < kPerThread; ++e)
+            col[e] = smla_convert_locate_as(&p, &kc, &rc, v[e], &off[e], DCP, POW2);
         // lookup
         int32_t blk[kPerThread];
 #pragma unroll
@@ -85,29 +135,31 @@ __global__ void __launch_bounds__(kMaxThreads) convert_kernel(smla_convert_indic
             cnt += v[e] != -1;
         }
         // store
-        if (COMPACT) {
-            int x = cnt; // inclusive scan over the warp
-#pragma unroll
-            for (int o = 1; o < 32; o <<= 1) {
-                const int y = __shfl_up_sync(kFullMask, x, o);
-                if (lane >= o) x += y;
-            }
-            if (lane == 31) warp_sums[warp] = x;
-            __syncthreads(); // also: the whole chunk is read before any of it is written
-            int pos = x - cnt, total = 0;
-            const int nwarps = (blockDim.x + 31) >> 5;
-            for (int w = 0; w < nwarps; ++w) {
-                const int s = warp_sums[w];
-                pos += w < warp ? s : 0;
-                total += s;
-            }
-#pragma unroll
-            for (int e = 0; e < kPerThread; ++e)
-                if (v[e] != -1) packed[pos++] = v[e];
+        if constexpr (COMPACT) {
+            const int total = pack_chunk(v, cnt, warp_sums, static_cast<uint32_t>(__cvta_generic_to_shared(packed)));
             __syncthreads();
+            if (VEC && K <= chunk) {  // the row is this chunk: own positions, compacted entry or -1
+                if (full) {
+                    const int4 a = *reinterpret_cast<const int4 *>(packed + k0);
+                    const int4 b = *reinterpret_cast<const int4 *>(packed + k0 + 4);
+                    const int r = total - static_cast<int>(k0);  // entries of the 8 that are valid
+                    *reinterpret_cast<int4 *>(out + k0) =
+                        make_int4(r > 0 ? a.x : -1, r > 1 ? a.y : -1, r > 2 ? a.z : -1, r > 3 ? a.w : -1);
+                    *reinterpret_cast<int4 *>(out + k0 + 4) =
+                        make_int4(r > 4 ? b.x : -1, r > 5 ? b.y : -1, r > 6 ? b.z : -1, r > 7 ? b.w : -1);
+                } else {
+#pragma unroll
+                    for (int e = 0; e < kPerThread; ++e)
+                        if (k0 + e < K) out[k0 + e] = k0 + e < total ? packed[k0 + e] : -1;
+                }
+                count = total;
+                break;
+            }
             for (int j = threadIdx.x; j < total; j += blockDim.x) out[count + j] = packed[j];
             count += total;
             __syncthreads(); // packed and warp_sums are reused by the next chunk
+            if (c0 + chunk >= K)
+                for (int64_t k = count + threadIdx.x; k < K; k += blockDim.x) out[k] = -1;
         } else {
             count += cnt;
             if (full) {
@@ -120,12 +172,30 @@ __global__ void __launch_bounds__(kMaxThreads) convert_kernel(smla_convert_indic
             }
         }
     }
-    if (COMPACT) {
-        for (int64_t k = count + threadIdx.x; k < K; k += blockDim.x) out[k] = -1;
-    } else if (p.valid_counts) {
-        count = block_sum(static_cast<int>(count), warp_sums);
+    if (!COMPACT && p.valid_counts) {  // the block's sum of the thread counts
+        const int c = __reduce_add_sync(kFullMask, static_cast<int>(count));
+        if ((threadIdx.x & 31) == 0) warp_sums[threadIdx.x >> 5] = c;
+        __syncthreads();
+        int unused, total;
+        warp_prefix(warp_sums, 0, (blockDim.x + 31) >> 5, &unused, &total);
+        count = total;
     }
     if (p.valid_counts && threadIdx.x == 0) p.valid_counts[n] = static_cast<int32_t>(count);
+}
+
+// The kernel of one call's cases.
+using ConvertFn = void (*)(smla_convert_indices_params, smla_convert_consts);
+template <bool VEC, int DCP, bool COMPACT>
+ConvertFn pick_pow2(bool pow2)
+{
+    return pow2 ? convert_kernel<VEC, DCP, COMPACT, true> : convert_kernel<VEC, DCP, COMPACT, false>;
+}
+template <bool VEC>
+ConvertFn pick(int dcp, bool compact, bool pow2)
+{
+    if (dcp == 0) return pick_pow2<VEC, 0, false>(pow2);
+    if (dcp == 1) return compact ? pick_pow2<VEC, 1, true>(pow2) : pick_pow2<VEC, 1, false>(pow2);
+    return compact ? pick_pow2<VEC, 2, true>(pow2) : pick_pow2<VEC, 2, false>(pow2);
 }
 
 } // namespace
@@ -145,13 +215,9 @@ extern "C" int smla_cuda_convert_topk_indices(const smla_convert_indices_params 
     const dim3 g(static_cast<unsigned>(p->num_tokens)), b(threads);
     const smla_convert_consts kc = smla_convert_consts_of(p);
     cudaStream_t s = smla_stream(p->stream);
-    if (compact) {
-        if (vec) convert_kernel<true, true><<<g, b, 0, s>>>(*p, kc);
-        else convert_kernel<false, true><<<g, b, 0, s>>>(*p, kc);
-    } else {
-        if (vec) convert_kernel<true, false><<<g, b, 0, s>>>(*p, kc);
-        else convert_kernel<false, false><<<g, b, 0, s>>>(*p, kc);
-    }
+    const int dcp = p->dcp_size >= 1 ? 1 + kc.dcp_pow2 : 0;
+    const bool pow2 = kc.bs_shift >= 0;
+    smla_launch(vec ? pick<true>(dcp, compact, pow2) : pick<false>(dcp, compact, pow2), g, b, 0, s, 1, *p, kc);
     SMLA_CUDA_LAUNCH_CHECK(st);
     return SMLA_OK;
 }

@@ -25,6 +25,7 @@ template <int DT, bool VIN, bool VOUT>
 __global__ void __launch_bounds__(kWarpsPerBlock * kWarp, 4)
     gather_kernel(smla_gather_upconvert_params p, int64_t chunks)
 {
+    pdl_wait();
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int64_t ntasks = p.num_reqs * chunks;
     for (int64_t task = blockIdx.x; task < ntasks; task += gridDim.x) {
@@ -57,10 +58,9 @@ __global__ void __launch_bounds__(kWarpsPerBlock * kWarp, 4)
 template <int DT> void launch_dt(const smla_gather_upconvert_params &p, bool vin, bool vout, int64_t chunks,
                                  dim3 g, dim3 b, cudaStream_t s)
 {
-    if (vin && vout) gather_kernel<DT, true, true><<<g, b, 0, s>>>(p, chunks);
-    else if (vin) gather_kernel<DT, true, false><<<g, b, 0, s>>>(p, chunks);
-    else if (vout) gather_kernel<DT, false, true><<<g, b, 0, s>>>(p, chunks);
-    else gather_kernel<DT, false, false><<<g, b, 0, s>>>(p, chunks);
+    smla_launch(vin ? (vout ? gather_kernel<DT, true, true> : gather_kernel<DT, true, false>)
+                    : (vout ? gather_kernel<DT, false, true> : gather_kernel<DT, false, false>),
+                g, b, 0, s, 1, p, chunks);
 }
 
 } // namespace

@@ -53,6 +53,7 @@ template <typename Raw, bool VEC> struct Pack {
 template <int DT, bool VEC>
 __global__ void __launch_bounds__(kThreads) merge_kernel(smla_merge_attn_states_params p, int64_t npairs)
 {
+    pdl_wait();
     using E = Elt<DT>;
     using Raw = typename E::Raw;
     using PK = Pack<Raw, VEC>;
@@ -112,8 +113,7 @@ template <int DT> void launch_dt(const smla_merge_attn_states_params &p, bool ve
     const int by = kThreads / bx;
     const int64_t nblk = smla_ceil_div(npairs, by);
     const dim3 g(static_cast<unsigned>(nblk < kMaxGrid ? nblk : kMaxGrid)), b(bx, by);
-    if (vec) merge_kernel<DT, true><<<g, b, 0, s>>>(p, npairs);
-    else merge_kernel<DT, false><<<g, b, 0, s>>>(p, npairs);
+    smla_launch(vec ? merge_kernel<DT, true> : merge_kernel<DT, false>, g, b, 0, s, 1, p, npairs);
 }
 
 } // namespace

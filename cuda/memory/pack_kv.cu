@@ -133,6 +133,7 @@ __device__ __forceinline__ void write_entry(const smla_pack_kv_params &p, const 
 template <int DT, bool POW2, bool VIN, bool VOUT, bool I64>
 __global__ void __launch_bounds__(kWarpsPerBlock * kWarp) pack_kernel(smla_pack_kv_params p, bool rope_vec)
 {
+    pdl_wait();
     const int lane = threadIdx.x & 31;
     const int64_t t = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + (threadIdx.x >> 5);
     if (t >= p.num_tokens) return;
@@ -150,11 +151,11 @@ template <bool VIN, bool VOUT, bool I64> void launch(const smla_pack_kv_params &
                                                      dim3 block, cudaStream_t s)
 {
     if (p.cache.dtype == SMLA_CACHE_BF16)
-        pack_kernel<SMLA_CACHE_BF16, false, VIN, VOUT, I64><<<grid, block, 0, s>>>(p, rope_vec);
+        smla_launch(pack_kernel<SMLA_CACHE_BF16, false, VIN, VOUT, I64>, grid, block, 0, s, 1, p, rope_vec);
     else if (p.scale_rule == SMLA_SCALE_POW2)
-        pack_kernel<SMLA_CACHE_FP8_DS_MLA, true, VIN, VOUT, I64><<<grid, block, 0, s>>>(p, rope_vec);
+        smla_launch(pack_kernel<SMLA_CACHE_FP8_DS_MLA, true, VIN, VOUT, I64>, grid, block, 0, s, 1, p, rope_vec);
     else
-        pack_kernel<SMLA_CACHE_FP8_DS_MLA, false, VIN, VOUT, I64><<<grid, block, 0, s>>>(p, rope_vec);
+        smla_launch(pack_kernel<SMLA_CACHE_FP8_DS_MLA, false, VIN, VOUT, I64>, grid, block, 0, s, 1, p, rope_vec);
 }
 
 template <bool VIN, bool VOUT> void launch_slots(const smla_pack_kv_params &p, bool rope_vec, dim3 grid,

@@ -13,6 +13,7 @@ constexpr int kRowsPerWarp = 2;
 template <int DT, bool VIN, bool VOUT, bool I64>
 __global__ void __launch_bounds__(kWarpsPerBlock * kWarp) unpack_kernel(smla_unpack_kv_params p)
 {
+    pdl_wait();
     const int lane = threadIdx.x & 31;
     const int64_t i0 = (static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + (threadIdx.x >> 5)) * kRowsPerWarp;
     RowFrag<DT> f[kRowsPerWarp];
@@ -34,8 +35,7 @@ __global__ void __launch_bounds__(kWarpsPerBlock * kWarp) unpack_kernel(smla_unp
 
 template <int DT, bool VIN, bool VOUT> void launch_dt(const smla_unpack_kv_params &p, dim3 g, dim3 b, cudaStream_t s)
 {
-    if (p.slots_is_i64) unpack_kernel<DT, VIN, VOUT, true><<<g, b, 0, s>>>(p);
-    else unpack_kernel<DT, VIN, VOUT, false><<<g, b, 0, s>>>(p);
+    smla_launch(p.slots_is_i64 ? unpack_kernel<DT, VIN, VOUT, true> : unpack_kernel<DT, VIN, VOUT, false>, g, b, 0, s, 1, p);
 }
 
 template <bool VIN, bool VOUT> void launch(const smla_unpack_kv_params &p, dim3 g, dim3 b, cudaStream_t s)

@@ -77,6 +77,7 @@ namespace {
 template <class C>
 __global__ void __launch_bounds__(C::NT, C::MINB) attn_sm80_kernel(const __grid_constant__ Args a)
 {
+    pdl_wait();  // before any global access: the stream's previous kernel is complete (common.cuh)
     constexpr int BN = C::BN;
     extern __shared__ __align__(128) uint8_t smem[];
     pdl_launch_dependents();  // the combine (split mode) may be scheduled; it waits for this grid
@@ -143,7 +144,7 @@ int launch(const Args &a, int64_t grid, cudaStream_t s, int dev, smla_status *st
                         cudaFuncSetAttribute(attn_sm80_kernel<C>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
         configured.mark(dev);
     }
-    attn_sm80_kernel<C><<<static_cast<unsigned>(grid), C::NT, smem, s>>>(a);
+    smla_launch(attn_sm80_kernel<C>, dim3(static_cast<unsigned>(grid)), dim3(C::NT), smem, s, 1, a);
     SMLA_CUDA_LAUNCH_CHECK(st);
     return SMLA_OK;
 }

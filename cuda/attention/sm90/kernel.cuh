@@ -59,6 +59,7 @@ namespace {
 template <bool FP8, int ABL, bool XO, bool FAST>
 __global__ void __launch_bounds__(kThreads, 1) attn_sm90_kernel(const __grid_constant__ Args a)
 {
+    pdl_wait();  // before any global access: the stream's previous kernel is complete (common.cuh)
     static_assert(FP8 || !XO, "the crossover is written for the fp8 producer");
     extern __shared__ uint8_t smem_raw[];
     Cta<XO> c(a, smem_raw);
@@ -131,6 +132,7 @@ __global__ void __launch_bounds__(kThreads, 1) attn_sm90_kernel(const __grid_con
 template <int ABL, bool FAST>
 __global__ void __launch_bounds__(kThreads, 1) attn_sm90_persistent_kernel(const __grid_constant__ Args a)
 {
+    pdl_wait();  // before any global access: the stream's previous kernel is complete (common.cuh)
     extern __shared__ uint8_t smem_raw[];
     const int64_t items = a.rows * a.n_ht * a.n_splits;
     const Cta<false> c0(a, smem_raw, grid_pos_of(a, blockIdx.x));  // the regions (the same for every item)
@@ -230,7 +232,8 @@ int launch_variant(const Args &a, int64_t grid, cudaStream_t s, int dev, smla_st
             configured.mark(dev);
         }
         const int64_t ctas = grid < a.n_sms ? grid : (a.n_sms > 0 ? a.n_sms : 1);
-        attn_sm90_persistent_kernel<ABL, FAST><<<static_cast<unsigned>(ctas), kThreads, Smem::bytes, s>>>(a);
+        smla_launch(attn_sm90_persistent_kernel<ABL, FAST>, dim3(static_cast<unsigned>(ctas)), dim3(kThreads), Smem::bytes, s,
+                    1, a);
         SMLA_CUDA_LAUNCH_CHECK(st);
         return SMLA_OK;
     }
@@ -249,23 +252,7 @@ int launch_variant(const Args &a, int64_t grid, cudaStream_t s, int dev, smla_st
                                                      cudaFuncAttributeMaxDynamicSharedMemorySize, Smem::bytes));
         configured.mark(dev);
     }
-    if (xo) {
-        cudaLaunchConfig_t cfg = {};
-        cfg.gridDim = dim3(static_cast<unsigned>(grid), 1, 1);
-        cfg.blockDim = dim3(kThreads, 1, 1);
-        cfg.dynamicSmemBytes = Smem::bytes;
-        cfg.stream = s;
-        cudaLaunchAttribute attr[1];
-        attr[0].id = cudaLaunchAttributeClusterDimension;
-        attr[0].val.clusterDim.x = 2;
-        attr[0].val.clusterDim.y = 1;
-        attr[0].val.clusterDim.z = 1;
-        cfg.attrs = attr;
-        cfg.numAttrs = 1;
-        SMLA_CUDA_CHECK(st, cudaLaunchKernelEx(&cfg, kern, a));
-    } else {
-        kern<<<static_cast<unsigned>(grid), kThreads, Smem::bytes, s>>>(a);
-    }
+    smla_launch(kern, dim3(static_cast<unsigned>(grid)), dim3(kThreads), Smem::bytes, s, xo ? 2 : 1, a);
     SMLA_CUDA_LAUNCH_CHECK(st);
     return SMLA_OK;
 }

@@ -286,6 +286,7 @@ namespace {
 template <class C, bool FP8, int ABL, bool FAST>
 __global__ void __launch_bounds__(C::kThreads, 1) attn_sm90n_kernel(const __grid_constant__ Args a)
 {
+    pdl_wait();  // before any global access: the stream's previous kernel is complete (common.cuh)
     extern __shared__ uint8_t smem_raw[];
     const Cta<C> c(a, smem_raw);
 
@@ -323,7 +324,8 @@ int launch_variant(const Args &a, int64_t grid, cudaStream_t s, int dev, smla_st
                                                  cudaFuncAttributeMaxDynamicSharedMemorySize, Smem<C>::bytes));
         configured.mark(dev);
     }
-    attn_sm90n_kernel<C, FP8, ABL, FAST><<<static_cast<unsigned>(grid), C::kThreads, Smem<C>::bytes, s>>>(a);
+    smla_launch(attn_sm90n_kernel<C, FP8, ABL, FAST>, dim3(static_cast<unsigned>(grid)), dim3(C::kThreads), Smem<C>::bytes,
+                s, 1, a);
     SMLA_CUDA_LAUNCH_CHECK(st);
     return SMLA_OK;
 }

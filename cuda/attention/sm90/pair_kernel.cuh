@@ -638,6 +638,7 @@ namespace {
 template <int ABL, bool FAST>
 __global__ void __launch_bounds__(kThreads, 1) attn_sm90p_kernel(const __grid_constant__ Args a)
 {
+    pdl_wait();  // before any global access: the stream's previous kernel is complete (common.cuh)
     extern __shared__ uint8_t smem_raw[];
     Cta c(a, smem_raw, grid_pos(a));
 
@@ -687,7 +688,7 @@ int launch_variant(const Args &a, int64_t grid, cudaStream_t s, int dev, smla_st
                                                  cudaFuncAttributeMaxDynamicSharedMemorySize, Smem::bytes));
         configured.mark(dev);
     }
-    attn_sm90p_kernel<ABL, FAST><<<static_cast<unsigned>(grid), kThreads, Smem::bytes, s>>>(a);
+    smla_launch(attn_sm90p_kernel<ABL, FAST>, dim3(static_cast<unsigned>(grid)), dim3(kThreads), Smem::bytes, s, 1, a);
     SMLA_CUDA_LAUNCH_CHECK(st);
     return SMLA_OK;
 }
