@@ -101,6 +101,180 @@ def test_allocation_uses_the_callers_framework():
         smla.sparse_mla_decode(q, cache, idx, softmax_scale="0.1", kv_cache_dtype="bf16")
 
 
+def _small_cases(rng):
+    """NumPy arguments of one small call of each op that writes outputs, without the outputs."""
+    nb, bs = 4, 16
+    cache = np.zeros(smla.kv_cache_shape(nb, bs, "fp8_ds_mla"), np.uint8)
+    kv = rng.standard_normal((nb * bs, 576)).astype(BF16)
+    smla.pack_kv(kv[:, :512], kv[:, 512:], cache, np.arange(nb * bs, dtype=np.int32), kv_cache_dtype="fp8_ds_mla")
+    q = rng.standard_normal((2, 1, 4, 576)).astype(BF16)
+    return dict(
+        sparse_mla_decode=dict(q=q, kv_cache=cache, indices=rng.integers(-1, nb * bs, (2, 1, 8)).astype(np.int32),
+                               softmax_scale=0.1, kv_cache_dtype="fp8_ds_mla", precision="high"),
+        sparse_mla_prefill=dict(q=q[:, 0], kv=kv, indices=rng.integers(-1, nb * bs, (2, 8)).astype(np.int32),
+                                softmax_scale=0.1, precision="high"),
+        convert_topk_indices=dict(req_id=np.array([0, 1, 0], np.int32),
+                                  block_table=np.arange(8, dtype=np.int32).reshape(2, 4),
+                                  topk_indices=rng.integers(-1, 64, (3, 20)).astype(np.int32), block_size=16),
+        merge_attn_states=dict(out_a=rng.standard_normal((3, 4, 8)).astype(np.float16),
+                               lse_a=rng.standard_normal((3, 4)).astype(np.float32),
+                               out_b=rng.standard_normal((3, 4, 8)).astype(np.float16),
+                               lse_b=rng.standard_normal((3, 4)).astype(np.float32)),
+        unpack_kv=dict(kv_cache=cache, slots=np.array([3, -1, 70, 5], np.int32), kv_cache_dtype="fp8_ds_mla"))
+
+
+# the outputs of each op (the raw binding's keyword names) and what the extension makes of them
+_MADE = dict(sparse_mla_decode=dict(out=((2, 1, 4, 512), BF16), lse=((2, 1, 4), np.float32)),
+             sparse_mla_prefill=dict(out=((2, 4, 512), BF16), lse=((2, 4), np.float32),
+                                     max_logits=((2, 4), np.float32)),
+             convert_topk_indices=dict(out=((3, 20), np.int32), valid_counts=((3,), np.int32)),
+             merge_attn_states=dict(out=((3, 4, 8), np.float16), out_lse=((3, 4), np.float32)),
+             unpack_kv=dict(out=((4, 576), BF16)))
+
+
+@pytest.mark.parametrize("op", sorted(_MADE))
+def test_outputs_made_by_the_extension(op):
+    """An output passed as _C.ALLOCATE is made by the binding (NumPy here: PyArray_SimpleNew), has the
+    op's shape and dtype, and holds what the op writes into outputs the caller gives."""
+    from smla import _C
+
+    args = _small_cases(np.random.default_rng(7))[op]
+    fn = getattr(_C, op)
+    made = fn(**args, **{k: _C.ALLOCATE for k in _MADE[op]})
+    assert isinstance(made, tuple) and len(made) == len(_MADE[op])
+    given = {k: np.full(shape, 99, dt) for k, (shape, dt) in _MADE[op].items()}
+    back = fn(**args, **given)
+    for (name, (shape, dt)), m, g, b in zip(_MADE[op].items(), made, given.values(), back):
+        assert b is g, name  # the caller's array is returned as it is
+        assert isinstance(m, np.ndarray) and m.shape == shape and m.dtype == np.dtype(dt), name
+        assert m.flags.c_contiguous
+        np.testing.assert_array_equal(m.view(np.uint8), g.view(np.uint8), err_msg=name)
+    # the public function returns the same as the raw binding
+    pub = {"sparse_mla_decode": lambda: smla.sparse_mla_decode(args["q"], args["kv_cache"], args["indices"],
+                                                              softmax_scale=0.1, kv_cache_dtype="fp8"),
+           "sparse_mla_prefill": lambda: smla.sparse_mla_prefill(args["q"], args["kv"], args["indices"],
+                                                                softmax_scale=0.1),
+           "convert_topk_indices": lambda: smla.convert_topk_indices(
+               args["req_id"], args["block_table"], args["topk_indices"], block_size=16, return_valid_counts=True),
+           "merge_attn_states": lambda: smla.merge_attn_states(args["out_a"], args["lse_a"], args["out_b"],
+                                                              args["lse_b"]),
+           "unpack_kv": lambda: (smla.unpack_kv(args["kv_cache"], args["slots"], kv_cache_dtype="fp8_ds_mla"),)}[op]()
+    for p, g in zip(pub, given.values()):
+        np.testing.assert_array_equal(p.view(np.uint8), g.view(np.uint8))
+
+
+def test_allocate_token_rules():
+    """ALLOCATE is an output's value only; a framework without an allocator is told to pass the output,
+    and the public functions then allocate it themselves with that framework."""
+    from smla import _C
+
+    args = _small_cases(np.random.default_rng(8))["convert_topk_indices"]
+    assert _C.can_allocate(args["req_id"]) and not _C.can_allocate(Plain(args["req_id"]))
+    assert not _C.can_allocate([1, 2]) and not _C.can_allocate(None)
+    bad = dict(args, topk_indices=_C.ALLOCATE)
+    with pytest.raises(TypeError, match="^topk_indices: expected a NumPy array or an object with __dlpack__, got object$"):
+        _C.convert_topk_indices(**bad, out=_C.ALLOCATE)
+    plain = {k: Plain(v) if isinstance(v, np.ndarray) else v for k, v in args.items()}
+    with pytest.raises(TypeError, match="^out: smla cannot allocate it for a Plain array .*: pass it$"):
+        _C.convert_topk_indices(**plain, out=_C.ALLOCATE)
+    out, cnt = smla.convert_topk_indices(plain["req_id"], plain["block_table"], plain["topk_indices"], block_size=16,
+                                         return_valid_counts=True)
+    want, want_cnt = smla.convert_topk_indices(args["req_id"], args["block_table"], args["topk_indices"],
+                                               block_size=16, return_valid_counts=True)
+    assert isinstance(out, np.ndarray) and np.array_equal(out, want) and np.array_equal(cnt, want_cnt)
+    # an output that is left out (None) stays absent: no counts are made
+    assert _C.convert_topk_indices(**args, out=_C.ALLOCATE)[1] is None
+    # a shape error names the input before anything is allocated
+    with pytest.raises(ValueError, match="^q: expected 4 dimensions, got 3$"):
+        d = _small_cases(np.random.default_rng(9))["sparse_mla_decode"]
+        _C.sparse_mla_decode(**dict(d, q=d["q"][0]), out=_C.ALLOCATE, lse=_C.ALLOCATE)
+
+
+@pytest.mark.cuda
+def test_cuda_outputs_made_through_the_exchange_api():
+    """torch CUDA arrays: the binding makes the outputs (and the split decode's workspace) with torch's
+    allocator, on the arrays' device; the results equal those written into given outputs."""
+    torch = pytest.importorskip("torch")
+    if not smla.cuda_available() or not torch.cuda.is_available():
+        pytest.skip("no CUDA")
+    from smla import _C
+
+    if not hasattr(torch.Tensor, "__dlpack_c_exchange_api__"):
+        pytest.skip("this torch has no DLPack exchange API")
+    assert _C.can_allocate(torch.zeros(1, device="cuda"))
+    rng = np.random.default_rng(10)
+    nb, bs = 64, 64
+    cache = np.zeros(smla.kv_cache_shape(nb, bs, "fp8_ds_mla"), np.uint8)
+    kv = (rng.standard_normal((nb * bs, 576)) * 2).astype(BF16)
+    smla.pack_kv(kv[:, :512], kv[:, 512:], cache, np.arange(nb * bs, dtype=np.int32), kv_cache_dtype="fp8_ds_mla")
+    q = rng.standard_normal((2, 1, 128, 576)).astype(BF16)
+    idx = rng.integers(-1, nb * bs, (2, 1, 2048)).astype(np.int32)
+
+    def dev(a):
+        t = torch.from_numpy(a.view(np.int16) if a.dtype == np.dtype(BF16) else a).cuda()
+        return t.view(torch.bfloat16) if a.dtype == np.dtype(BF16) else t
+
+    tq, tcache, tidx = dev(q), dev(cache), dev(idx)
+    out, lse = smla.sparse_mla_decode(tq, tcache, tidx, softmax_scale=0.04, kv_cache_dtype="fp8_ds_mla")
+    assert out.is_cuda and out.dtype == torch.bfloat16 and tuple(out.shape) == (2, 1, 128, 512) and out.is_contiguous()
+    assert lse.is_cuda and lse.dtype == torch.float32 and tuple(lse.shape) == (2, 1, 128)
+    ws = smla.sparse_mla_decode_workspace_size(2, 1, 128, 2048, "fp8_ds_mla")
+    assert ws > 0  # b = 2 splits the top-k: the binding made a workspace too
+    g_out, g_lse = torch.empty_like(out), torch.empty_like(lse)
+    smla.sparse_mla_decode(tq, tcache, tidx, softmax_scale=0.04, kv_cache_dtype="fp8_ds_mla", out=g_out, lse=g_lse,
+                           workspace=torch.empty(ws, dtype=torch.uint8, device="cuda"))
+    assert torch.equal(out.view(torch.int16), g_out.view(torch.int16)) and torch.equal(lse, g_lse)
+    pq, pidx = tq[:, 0].contiguous(), tidx[:, 0, :64].contiguous()
+    po, pl, pm = smla.sparse_mla_prefill(pq, dev(kv), pidx, softmax_scale=0.04)
+    assert po.is_cuda and tuple(po.shape) == (2, 128, 512) and pm.dtype == torch.float32
+    req, bt = dev(np.array([0, 1], np.int32)), dev(np.arange(2 * nb, dtype=np.int32).reshape(2, nb) % nb)
+    tok = dev(rng.integers(-1, nb * bs, (2, 300)).astype(np.int32))
+    c_out, c_cnt = smla.convert_topk_indices(req, bt, tok, block_size=bs, return_valid_counts=True)
+    d_out, d_cnt = smla.filter_convert_dcp_indices(req, bt, tok, block_size=bs, dcp_size=2, dcp_rank=1)
+    want = smla.convert_topk_indices(req.cpu().numpy(), bt.cpu().numpy(), tok.cpu().numpy(), block_size=bs,
+                                     return_valid_counts=True)
+    assert c_out.is_cuda and np.array_equal(c_out.cpu().numpy(), want[0]) and np.array_equal(c_cnt.cpu().numpy(), want[1])
+    assert d_out.is_cuda and d_cnt.dtype == torch.int32 and tuple(d_cnt.shape) == (2,)
+    oa, ob = dev(rng.standard_normal((3, 4, 8)).astype(np.float32)), dev(rng.standard_normal((3, 4, 8)).astype(np.float32))
+    la, lb = dev(rng.standard_normal((3, 4)).astype(np.float32)), dev(rng.standard_normal((3, 4)).astype(np.float32))
+    mo, ml = smla.merge_attn_states(oa, la, ob, lb)
+    wo, wl = smla.merge_attn_states(*(x.cpu().numpy() for x in (oa, la, ob, lb)))
+    assert mo.is_cuda and np.array_equal(mo.cpu().numpy(), wo) and np.array_equal(ml.cpu().numpy(), wl)
+    u = smla.unpack_kv(tcache, dev(np.array([3, -1, 70], np.int32)), kv_cache_dtype="fp8_ds_mla")
+    assert u.is_cuda and tuple(u.shape) == (3, 576) and u.dtype == torch.bfloat16
+
+
+@pytest.mark.cuda
+def test_cuda_cupy_outputs_made_by_the_python_layer():
+    """CuPy publishes no exchange-API allocator: the Python layer makes the outputs with CuPy (bf16 as
+    ml_dtypes' bfloat16 where CuPy takes it, else raw uint16 bits), on the arrays' device."""
+    cp = pytest.importorskip("cupy")
+    if not smla.cuda_available():
+        pytest.skip("no CUDA")
+    from smla import _C
+
+    args = _small_cases(np.random.default_rng(11))
+    d = args["sparse_mla_decode"]
+    dq = cp.asarray(d["q"].view(np.uint16))
+    assert not _C.can_allocate(dq)
+    want_out, want_lse = smla.sparse_mla_decode(d["q"], d["kv_cache"], d["indices"], softmax_scale=0.1,
+                                                kv_cache_dtype="fp8")
+    for _ in range(2):  # the second call takes the bf16 dtype found by the first
+        out, lse = smla.sparse_mla_decode(dq, cp.asarray(d["kv_cache"]), cp.asarray(d["indices"]), softmax_scale=0.1,
+                                          kv_cache_dtype="fp8")
+        assert isinstance(out, cp.ndarray) and out.shape == (2, 1, 4, 512) and out.dtype.itemsize == 2
+        assert out.device.id == dq.device.id
+        np.testing.assert_array_equal(cp.asnumpy(out).view(np.uint16), want_out.view(np.uint16))
+        np.testing.assert_array_equal(cp.asnumpy(lse), want_lse)
+    c = args["convert_topk_indices"]
+    out, cnt = smla.convert_topk_indices(*(cp.asarray(c[k]) for k in ("req_id", "block_table", "topk_indices")),
+                                         block_size=16, return_valid_counts=True)
+    want = smla.convert_topk_indices(c["req_id"], c["block_table"], c["topk_indices"], block_size=16,
+                                     return_valid_counts=True)
+    assert isinstance(out, cp.ndarray) and np.array_equal(cp.asnumpy(out), want[0])
+    assert np.array_equal(cp.asnumpy(cnt), want[1])
+
+
 # ---------------------------------------------------------------------------------------------
 # CUDA: every op waits for inputs written on the caller's non-default stream
 # ---------------------------------------------------------------------------------------------

@@ -1,4 +1,5 @@
 /* Array acquisition (NumPy C API and DLPack capsules) and argument validation for the bindings. */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -314,6 +315,7 @@ static smla_arr *acquire(smla_args *A, PyObject *obj, const char *name, int opti
         A->device = a->device;
         A->device_id = a->device_id;
         A->first = name;
+        A->first_obj = obj;
     } else if (A->device != a->device || A->device_id != a->device_id) {
         PyErr_Format(PyExc_ValueError, "%s: expected an array on %s:%d like %s, got one on %s:%d", name,
                      A->device == SMLA_DEV_CUDA ? "cuda" : "cpu", A->device_id, A->first,
@@ -325,6 +327,11 @@ static smla_arr *acquire(smla_args *A, PyObject *obj, const char *name, int opti
 
 smla_arr *smla_args_get(smla_args *A, PyObject *obj, const char *name, int optional, int output)
 {
+    if (output && obj == A->state->allocate) {  /* made later by the op, once it knows the shape */
+        smla_arr *a = acquire(A, Py_None, name, 1);
+        if (a) a->output = a->pending = 1;
+        return a;
+    }
     smla_arr *a = acquire(A, obj, name, optional);
     if (a) a->output = output;
     return a;
@@ -344,6 +351,7 @@ void smla_args_release(smla_args *A)
     for (int i = 0; i < A->n; i++) {
         smla_arr *a = &A->arrs[i];
         Py_CLEAR(a->array);
+        Py_CLEAR(a->made);
         if (a->managed) {
             if (a->versioned) {
                 smla_dl_managed_v *m = a->managed;
@@ -362,6 +370,148 @@ void smla_args_release(smla_args *A)
 #else
     PyErr_Restore(exc_type, exc_value, exc_tb);
 #endif
+}
+
+/* ---- outputs made by the op (smla._C.ALLOCATE) ---- */
+
+static int numpy_typenum(smla_state *S, int dtype)
+{
+    switch (dtype) {
+    case SMLA_DT_BF16: return S->bf16_typenum;
+    case SMLA_DT_F16: return NPY_FLOAT16;
+    case SMLA_DT_F32: return NPY_FLOAT32;
+    case SMLA_DT_I32: return NPY_INT32;
+    case SMLA_DT_U8: return NPY_UINT8;
+    default: return -1;
+    }
+}
+
+static smla_dl_dtype dl_dtype_of(int dtype)
+{
+    smla_dl_dtype t = {0, 0, 1};
+    switch (dtype) {
+    case SMLA_DT_BF16: t.code = SMLA_DL_BFLOAT; t.bits = 16; break;
+    case SMLA_DT_F16: t.code = SMLA_DL_FLOAT; t.bits = 16; break;
+    case SMLA_DT_F32: t.code = SMLA_DL_FLOAT; t.bits = 32; break;
+    case SMLA_DT_I32: t.code = SMLA_DL_INT; t.bits = 32; break;
+    case SMLA_DT_U8: t.code = SMLA_DL_UINT; t.bits = 8; break;
+    default: t.lanes = 0; break;
+    }
+    return t;
+}
+
+typedef int (*smla_dl_alloc_fn)(smla_dl_tensor *prototype, smla_dl_managed_v **out, void *error_ctx,
+                                void (*set_error)(void *error_ctx, const char *kind, const char *message));
+typedef int (*smla_dl_to_py_fn)(smla_dl_managed_v *tensor, void **py_obj_out);
+
+/* The allocator's error report, kept for the exception raised after it returns. */
+typedef struct {
+    char kind[64], message[256];
+} alloc_error;
+
+static void record_alloc_error(void *ctx, const char *kind, const char *message)
+{
+    alloc_error *e = ctx;
+    snprintf(e->kind, sizeof e->kind, "%s", kind ? kind : "Error");
+    snprintf(e->message, sizeof e->message, "%s", message ? message : "");
+}
+
+int smla_can_allocate(smla_state *S, PyObject *obj)
+{
+    if (PyArray_Check(obj)) return 1;
+    PyObject *cap;
+    const smla_dl_exchange_api *api = exchange_api(S, obj, &cap);
+    const int ok = api && api->managed_tensor_allocator && api->managed_tensor_to_py_object_no_sync;
+    Py_XDECREF(cap);
+    return ok;
+}
+
+/* A new array of the framework of `like` (see smla_args_alloc), or NULL with an exception. */
+static PyObject *make_like(smla_args *A, PyObject *like, const char *name, int ndim, const int64_t *shape, int dtype)
+{
+    smla_state *S = A->state;
+    if (PyArray_Check(like)) {
+        npy_intp dims[SMLA_MAX_NDIM];
+        for (int i = 0; i < ndim; i++) dims[i] = (npy_intp)shape[i];
+        const int typenum = numpy_typenum(S, dtype);
+        if (typenum < 0) {
+            PyErr_Format(PyExc_TypeError, "%s: NumPy has no %s type here (install ml_dtypes)", name,
+                         smla_dtype_name(dtype));
+            return NULL;
+        }
+        return PyArray_SimpleNew(ndim, dims, typenum);
+    }
+    PyObject *cap;
+    const smla_dl_exchange_api *api = exchange_api(S, like, &cap);
+    if (!api || !api->managed_tensor_allocator || !api->managed_tensor_to_py_object_no_sync) {
+        Py_XDECREF(cap);
+        PyErr_Format(PyExc_TypeError, "%s: smla cannot allocate it for a %.100s array (its type has no DLPack "
+                     "exchange API allocator): pass it", name, Py_TYPE(like)->tp_name);
+        return NULL;
+    }
+    int64_t shp[SMLA_MAX_NDIM];
+    for (int i = 0; i < ndim; i++) shp[i] = shape[i];
+    smla_dl_tensor proto;
+    memset(&proto, 0, sizeof proto);
+    proto.device.device_type = A->device == SMLA_DEV_CUDA ? SMLA_DL_CUDA : SMLA_DL_CPU;
+    proto.device.device_id = A->device_id;
+    proto.ndim = ndim;
+    proto.dtype = dl_dtype_of(dtype);
+    proto.shape = shp;
+    alloc_error err = {"", ""};
+    smla_dl_managed_v *m = NULL;
+    void *obj = NULL;
+    int rc = ((smla_dl_alloc_fn)api->managed_tensor_allocator)(&proto, &m, &err, record_alloc_error);
+    if (rc == 0 && m) {
+        rc = ((smla_dl_to_py_fn)api->managed_tensor_to_py_object_no_sync)(m, &obj);
+        if (rc != 0 && !obj && m->deleter) m->deleter(m);  /* not taken over */
+    }
+    Py_DECREF(cap);
+    if (rc != 0 || !obj) {
+        if (!PyErr_Occurred())
+            PyErr_Format(strstr(err.kind, "Memory") ? PyExc_MemoryError : PyExc_RuntimeError,
+                         "%s: %.100s could not allocate it (%s%s%s)", name, Py_TYPE(like)->tp_name,
+                         err.kind[0] ? err.kind : "no error reported", err.message[0] ? ": " : "", err.message);
+        Py_XDECREF((PyObject *)obj);
+        return NULL;
+    }
+    return obj;
+}
+
+int smla_args_alloc(smla_args *A, smla_arr *a, int ndim, const int64_t *shape, int dtype)
+{
+    if (!a->pending) return 0;
+    PyObject *like = A->alloc_like ? A->alloc_like : A->first_obj;
+    if (!like) {
+        PyErr_Format(PyExc_TypeError, "%s: no array argument to allocate it like", a->name);
+        return -1;
+    }
+    PyObject *obj = make_like(A, like, a->name, ndim, shape, dtype);
+    if (!obj) return -1;
+    /* acquire it in a's slot, as if the caller had passed it */
+    const int n = A->n;
+    A->n = (int)(a - A->arrs);
+    smla_arr *b = acquire(A, obj, a->name, 0);
+    A->n = n;
+    if (!b) {
+        Py_DECREF(obj);
+        return -1;
+    }
+    b->output = 1;
+    b->made = obj;
+    return 0;
+}
+
+PyObject *smla_args_result(int n, smla_arr *const *outs, PyObject *const *given)
+{
+    PyObject *t = PyTuple_New(n);
+    if (!t) return NULL;
+    for (int i = 0; i < n; i++) {
+        PyObject *o = outs[i]->made ? outs[i]->made : given[i];
+        Py_INCREF(o);
+        PyTuple_SET_ITEM(t, i, o);
+    }
+    return t;
 }
 
 int smla_check_dtype(const smla_arr *a, int n_allowed, const int *allowed)

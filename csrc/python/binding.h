@@ -32,6 +32,7 @@ typedef struct {
     PyObject *str_dlpack, *str_dlpack_device; /* "__dlpack__", "__dlpack_device__" */
     PyObject *kw_stream_version, *kw_stream;   /* ("stream", "max_version"), ("stream",) */
     PyObject *max_version;                     /* (1, 3) */
+    PyObject *allocate;   /* smla._C.ALLOCATE: an output argument the op allocates (smla_args_alloc) */
 } smla_state;
 
 /* stream value meaning "the current stream of the framework that owns the first CUDA array" */
@@ -51,6 +52,8 @@ typedef struct {
     int64_t strides[SMLA_MAX_NDIM]; /* in elements */
     int readonly;
     int output;            /* acquired with smla_args_get_out*: written by the op (smla_check_outputs) */
+    int pending;           /* an output given as smla._C.ALLOCATE, not allocated yet (present == 0) */
+    PyObject *made;        /* the array smla_args_alloc made for it (owned), or NULL */
     /* ownership: a NumPy array reference, or a consumed DLPack managed tensor */
     PyObject *array;
     void *managed;
@@ -65,6 +68,8 @@ typedef struct {
     int device;          /* device of the first present array, 0 until known */
     int device_id;
     const char *first;   /* name of the array that fixed the device */
+    PyObject *first_obj; /* that array (borrowed: the caller holds it for the call) */
+    PyObject *alloc_like; /* the array outputs are made like (smla_args_alloc): first_obj unless the op sets it */
     smla_run run;        /* the environment switches of this call (csrc/python/settings.c) */
     int n;
     smla_arr arrs[SMLA_MAX_ARGS];
@@ -88,6 +93,19 @@ static inline smla_arr *smla_args_out(smla_args *A, const smla_kwarg *v)
 {
     return smla_args_get(A, v->obj, v->name, v->kind == SMLA_KW_OBJ_OPT, 1);
 }
+/* Allocate the output a when the caller passed smla._C.ALLOCATE for it (else nothing): shape[ndim] of
+ * dtype, C-contiguous, by the framework of the call's first array on its device (NumPy: PyArray_Empty;
+ * others: the allocator of their DLPack exchange API, on the framework's current stream), then acquired
+ * as if the caller had passed it. 0, or -1 with TypeError (a framework that cannot allocate: pass the
+ * output) or the allocator's error (MemoryError / RuntimeError) naming the argument. */
+int smla_args_alloc(smla_args *A, smla_arr *a, int ndim, const int64_t *shape, int dtype);
+/* Whether smla_args_alloc can allocate like obj (a NumPy array, or a type whose exchange API has an
+ * allocator); smla._C.can_allocate. */
+int smla_can_allocate(smla_state *S, PyObject *obj);
+/* The op's result: a tuple of its outputs, each the array smla_args_alloc made, else the caller's object
+ * (None for an absent optional one). NULL with an exception on failure. */
+PyObject *smla_args_result(int n, smla_arr *const *outs, PyObject *const *given);
+
 /* Release every array (DLPack deleters run here); keeps a pending exception intact. */
 void smla_args_release(smla_args *A);
 

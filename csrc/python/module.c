@@ -58,12 +58,20 @@ static PyObject *build_info(PyObject *module, PyObject *unused)
     );
 }
 
+static PyObject *can_allocate(PyObject *module, PyObject *obj)
+{
+    return PyBool_FromLong(smla_can_allocate(smla_get_state(module), obj));
+}
+
 /* Every op takes keyword arguments only (kwargs.h; src/smla/_C.pyi lists them). */
 #define SMLA_METHOD(name) {#name, (PyCFunction)(void (*)(void))smla_op_##name, METH_FASTCALL | METH_KEYWORDS, NULL},
 static PyMethodDef methods[] = {
     SMLA_OPS(SMLA_METHOD)
     {"cuda_device_count", cuda_device_count, METH_NOARGS, "Number of usable CUDA devices (0 without a driver)."},
     {"build_info", build_info, METH_NOARGS, "How this extension was built."},
+    {"can_allocate", can_allocate, METH_O,
+     "Whether an op can allocate its outputs (passed as ALLOCATE) like this array: NumPy, or a type whose "
+     "DLPack exchange API has an allocator."},
     {NULL, NULL, 0, NULL},
 };
 
@@ -102,6 +110,10 @@ static int module_exec(PyObject *m)
         !(S->kw_stream_version = Py_BuildValue("(ss)", "stream", "max_version")) ||
         !(S->kw_stream = Py_BuildValue("(s)", "stream")) || !(S->max_version = Py_BuildValue("(ii)", 1, 3)))
         return -1;
+    /* an output argument the op allocates itself, with the framework of its first array */
+    if (!(S->allocate = PyObject_CallNoArgs((PyObject *)&PyBaseObject_Type)) ||
+        PyModule_AddObjectRef(m, "ALLOCATE", S->allocate) < 0)
+        return -1;
     /* the limits and sizes the Python layer uses, from their one definition (core/smla.h) */
     if (PyModule_AddIntConstant(m, "MAX_HEADS", SMLA_MAX_HEADS) < 0 ||
         PyModule_AddIntConstant(m, "MAX_TOPK", SMLA_MAX_TOPK) < 0 ||
@@ -131,6 +143,7 @@ static int module_traverse(PyObject *m, visitproc visit, void *arg)
     Py_VISIT(S->cuda_error);
     Py_VISIT(S->api_type);
     Py_VISIT(S->api_capsule);
+    Py_VISIT(S->allocate);
     return 0;
 }
 
@@ -141,6 +154,7 @@ static int module_clear(PyObject *m)
     S->api = NULL;
     Py_CLEAR(S->api_type);
     Py_CLEAR(S->api_capsule);
+    Py_CLEAR(S->allocate);
     for (int i = 0; i < SMLA_N_COUNT; i++) Py_CLEAR(S->names[i]);
     Py_CLEAR(S->str_dlpack);
     Py_CLEAR(S->str_dlpack_device);

@@ -219,16 +219,26 @@ def _empty_torch(ref, shape, dtype):
     return ref.new_empty(shape, dtype=dt)  # ref's device; no autograd history to keep
 
 
+_CUPY_BF16 = []  # the dtype CuPy makes bf16 outputs with, found once: ml_dtypes' bfloat16 or raw uint16 bits
+
+
 def _empty_cupy(ref, shape, dtype):
     import cupy
 
-    with cupy.cuda.Device(device(ref)[1]):
-        if dtype == "bfloat16":
+    dt = _NUMPY_DTYPES[dtype]
+    if dtype == "bfloat16":
+        if not _CUPY_BF16:  # a CuPy without bf16 raises here: once, not per call
             try:
-                return cupy.empty(shape, dtype=_NUMPY_DTYPES[dtype])
+                cupy.empty((0,), dtype=dt)
+                _CUPY_BF16.append(dt)
             except (TypeError, ValueError):
-                return cupy.empty(shape, dtype=cupy.uint16)  # raw bf16 bits, accepted by every op
-        return cupy.empty(shape, dtype=_NUMPY_DTYPES[dtype])
+                _CUPY_BF16.append(np.dtype(np.uint16))  # raw bf16 bits, accepted by every op
+        dt = _CUPY_BF16[0]
+    dev = ref.device.id
+    if dev == cupy.cuda.runtime.getDevice():  # the usual case: no device switch
+        return cupy.empty(shape, dtype=dt)
+    with cupy.cuda.Device(dev):
+        return cupy.empty(shape, dtype=dt)
 
 
 def _empty_other(ref, shape, dtype):
@@ -238,6 +248,21 @@ def _empty_other(ref, shape, dtype):
         f"cannot allocate an output for a {type(ref).__module__}.{type(ref).__name__} array on CUDA: "
         "pass out= (and lse=, etc.) explicitly"
     )
+
+
+def _c_allocates(x, name):
+    from . import _C
+
+    return bool(_C.can_allocate(x))
+
+
+_C_ALLOCATES = _PerType(_c_allocates)
+
+
+def c_allocates(x, name="array"):
+    """Whether the extension can allocate outputs like x itself (outputs passed as _C.ALLOCATE): NumPy
+    arrays, and types whose DLPack exchange API has an allocator (torch). One dict lookup per call."""
+    return _C_ALLOCATES.get(x, name)
 
 
 _ALLOCATORS = _PerType(lambda x, name: {"numpy": _empty_numpy, "torch": _empty_torch, "cupy": _empty_cupy,

@@ -1,7 +1,8 @@
 """Public ops (docs/design.md section 4): check here only what Python must read itself (an argument's
-type before its .shape, the scalars), allocate missing outputs with the caller's framework, pick the
-launch stream, and call the C extension by keyword (src/smla/_C.pyi), which validates every array and
-the rules of each op. Every error names the argument. The limits and sizes come from the extension
+type before its .shape, the scalars), have missing outputs allocated with the caller's framework (by the
+extension itself, passed as _C.ALLOCATE, for NumPy and for frameworks whose DLPack exchange API has an
+allocator; here otherwise), pick the launch stream, and call the C extension by keyword (src/smla/_C.pyi),
+which validates every array and the rules of each op and returns the op's outputs. Every error names the argument. The limits and sizes come from the extension
 (_C.MAX_HEADS, _C.D_QK, ...), which defines them once (csrc/core/smla.h)."""
 from __future__ import annotations
 
@@ -11,13 +12,14 @@ from typing import Any, Literal, overload
 import numpy as np
 
 from . import _C
-from ._arrays import Array, check_array, device, empty, is_cuda, launch_stream
+from ._arrays import Array, c_allocates, check_array, device, empty, is_cuda, launch_stream
 
 __all__ = ["CACHE_DTYPE_ALIASES", "canonical_cache_dtype", "convert_topk_indices", "filter_convert_dcp_indices",
            "gather_upconvert", "kv_cache_shape", "merge_attn_states", "pack_kv", "sparse_mla_decode",
            "sparse_mla_decode_workspace_size", "sparse_mla_prefill", "unpack_kv"]
 
 _ENTRY = {"bf16": _C.D_QK, "fp8_ds_mla": _C.FP8_ENTRY_BYTES}
+_ALLOC = _C.ALLOCATE  # an output argument the extension allocates (c_allocates)
 # vLLM's names for the two layouts. The package's one alias table: metadata.py and layer.py use
 # canonical_cache_dtype, and the extension is only ever given the canonical names.
 CACHE_DTYPE_ALIASES = {"bfloat16": "bf16", "auto": "bf16", "fp8": "fp8_ds_mla", "fp8_e4m3": "fp8_ds_mla"}
@@ -132,9 +134,9 @@ def unpack_kv(kv_cache: Array, slots: Array, *, kv_cache_dtype: str, out: Array 
     cdt = canonical_cache_dtype(kv_cache_dtype)
     s = launch_stream(kv_cache, stream, "kv_cache")
     if out is None:
-        out = empty(kv_cache, (_shape(slots, "slots", 1)[0], _C.D_QK), "bfloat16")
-    _C.unpack_kv(kv_cache=kv_cache, slots=slots, out=out, kv_cache_dtype=cdt, stream=s)
-    return out
+        out = _ALLOC if c_allocates(kv_cache, "kv_cache") else empty(kv_cache, (_shape(slots, "slots", 1)[0], _C.D_QK),
+                                                                     "bfloat16")
+    return _C.unpack_kv(kv_cache=kv_cache, slots=slots, out=out, kv_cache_dtype=cdt, stream=s)[0]
 
 
 def gather_upconvert(kv_cache: Array, workspace: Array, block_table: Array, seq_lens: Array,
@@ -180,15 +182,26 @@ def convert_topk_indices(req_id, block_table, topk_indices, *, block_size, num_b
     if return_valid_counts is not True and return_valid_counts is not False:
         return_valid_counts = _bool(return_valid_counts, "return_valid_counts")
     s = launch_stream(topk_indices, stream, "topk_indices")
+    if out is None or (return_valid_counts and valid_counts is None):
+        out, valid_counts = _index_outputs(topk_indices, out, valid_counts if not return_valid_counts else
+                                           (_ALLOC if valid_counts is None else valid_counts))
+    out, valid_counts = _C.convert_topk_indices(
+        req_id=req_id, block_table=block_table, topk_indices=topk_indices, block_size=bs, num_blocks=num_blocks,
+        prefill_request_ids=prefill_request_ids, prefill_workspace_starts=prefill_workspace_starts, out=out,
+        valid_counts=valid_counts, stream=s)
+    return (out, valid_counts) if return_valid_counts else out
+
+
+def _index_outputs(topk_indices, out, valid_counts):
+    """out (None: wanted) and valid_counts (_ALLOC: wanted) of the index conversions: left to the extension
+    where it can allocate like topk_indices, else made here with its framework."""
+    if c_allocates(topk_indices, "topk_indices"):
+        return (_ALLOC if out is None else out), valid_counts
     if out is None:
         out = empty(topk_indices, _shape(topk_indices, "topk_indices", 2), "int32")
-    if return_valid_counts and valid_counts is None:
+    if valid_counts is _ALLOC:
         valid_counts = empty(topk_indices, (_shape(topk_indices, "topk_indices", 2)[0],), "int32")
-    _C.convert_topk_indices(req_id=req_id, block_table=block_table, topk_indices=topk_indices, block_size=bs,
-                            num_blocks=num_blocks, prefill_request_ids=prefill_request_ids,
-                            prefill_workspace_starts=prefill_workspace_starts, out=out, valid_counts=valid_counts,
-                            stream=s)
-    return (out, valid_counts) if return_valid_counts else out
+    return out, valid_counts
 
 
 def filter_convert_dcp_indices(req_id: Array, block_table: Array, topk_indices: Array, *, block_size: int,
@@ -208,16 +221,13 @@ def filter_convert_dcp_indices(req_id: Array, block_table: Array, topk_indices: 
     il = _int(interleave, "interleave", 1, _I32_MAX)
     compact = _bool(compact, "compact")
     s = launch_stream(topk_indices, stream, "topk_indices")
-    if out is None:
-        out = empty(topk_indices, _shape(topk_indices, "topk_indices", 2), "int32")
-    if valid_counts is None:
-        valid_counts = empty(topk_indices, (_shape(topk_indices, "topk_indices", 2)[0],), "int32")
-    _C.filter_convert_dcp_indices(req_id=req_id, block_table=block_table, topk_indices=topk_indices, block_size=bs,
+    if out is None or valid_counts is None:
+        out, valid_counts = _index_outputs(topk_indices, out, _ALLOC if valid_counts is None else valid_counts)
+    return _C.filter_convert_dcp_indices(req_id=req_id, block_table=block_table, topk_indices=topk_indices, block_size=bs,
                                   num_blocks=num_blocks, prefill_request_ids=prefill_request_ids,
                                   prefill_workspace_starts=prefill_workspace_starts, out=out,
                                   valid_counts=valid_counts, stream=s, dcp_size=size, dcp_rank=rank, interleave=il,
                                   compact=compact)
-    return out, valid_counts
 
 
 def merge_attn_states(out_a: Array, lse_a: Array, out_b: Array, lse_b: Array, *, out: Array | None = None,
@@ -226,6 +236,9 @@ def merge_attn_states(out_a: Array, lse_a: Array, out_b: Array, lse_b: Array, *,
     Returns (out, lse); out has the inputs' dtype. out may be out_a or out_b itself, and out_lse lse_a
     or lse_b (in place); any other overlap between the arrays raises."""
     s = launch_stream(out_a, stream, "out_a")
+    if (out is None or out_lse is None) and c_allocates(out_a, "out_a"):
+        out = _ALLOC if out is None else out
+        out_lse = _ALLOC if out_lse is None else out_lse
     if out is None:
         dt = _dtype_name(out_a, "out_a")
         if dt not in ("bfloat16", "float16", "float32"):
@@ -233,8 +246,8 @@ def merge_attn_states(out_a: Array, lse_a: Array, out_b: Array, lse_b: Array, *,
         out = empty(out_a, _shape(out_a, "out_a", 3), dt)
     if out_lse is None:
         out_lse = empty(out_a, _shape(lse_a, "lse_a", 2), "float32")
-    _C.merge_attn_states(out_a=out_a, lse_a=lse_a, out_b=out_b, lse_b=lse_b, out=out, out_lse=out_lse, stream=s)
-    return out, out_lse
+    return _C.merge_attn_states(out_a=out_a, lse_a=lse_a, out_b=out_b, lse_b=lse_b, out=out, out_lse=out_lse,
+                                stream=s)
 
 
 def sparse_mla_decode_workspace_size(b: int, s_q: int, h: int, topk: int, kv_cache_dtype: str = "fp8_ds_mla", *,
@@ -275,13 +288,18 @@ def sparse_mla_decode(q: Array | tuple[Array, Array], kv_cache: Array, indices: 
     if isinstance(q, (tuple, list)):
         q, q_pe = _q_pair(q)
     s = launch_stream(q, stream, "q")
-    if out is None or lse is None or (workspace is None and is_cuda(q, "q")):
-        out, lse, workspace = _decode_outputs(q, indices, cdt, out, lse, workspace)
+    if out is None or lse is None or workspace is None:
+        if c_allocates(q, "q"):  # the extension sizes and makes them (the workspace only on CUDA, when split)
+            out = _ALLOC if out is None else out
+            lse = _ALLOC if lse is None else lse
+            workspace = _ALLOC if workspace is None else workspace
+        elif out is None or lse is None or is_cuda(q, "q"):
+            out, lse, workspace = _decode_outputs(q, indices, cdt, out, lse, workspace)
     # softmax_scale and the arrays are checked by the extension, each message naming its argument
-    _C.sparse_mla_decode(q=q, kv_cache=kv_cache, indices=indices, topk_length=topk_length, attn_sink=attn_sink,
-                         out=out, lse=lse, workspace=workspace, softmax_scale=softmax_scale, kv_cache_dtype=cdt,
-                         precision=precision, stream=s, q_pe=q_pe)  # in the binding's order: fastest lookup
-    return out, lse
+    return _C.sparse_mla_decode(q=q, kv_cache=kv_cache, indices=indices, topk_length=topk_length,
+                                attn_sink=attn_sink, out=out, lse=lse, workspace=workspace,
+                                softmax_scale=softmax_scale, kv_cache_dtype=cdt, precision=precision, stream=s,
+                                q_pe=q_pe)  # in the binding's order: fastest lookup
 
 
 def _decode_outputs(q, indices, cdt, out, lse, workspace):
@@ -314,6 +332,10 @@ def sparse_mla_prefill(q: Array | tuple[Array, Array], kv: Array, indices: Array
     if isinstance(q, (tuple, list)):
         q, q_pe = _q_pair(q)
     s = launch_stream(q, stream, "q")
+    if (out is None or lse is None or max_logits is None) and c_allocates(q, "q"):
+        out = _ALLOC if out is None else out
+        lse = _ALLOC if lse is None else lse
+        max_logits = _ALLOC if max_logits is None else max_logits
     if out is None or lse is None or max_logits is None:
         s_q, h, _ = _shape(q, "q", 3, "[s_q, h, 576]")
         if out is None:
@@ -322,7 +344,6 @@ def sparse_mla_prefill(q: Array | tuple[Array, Array], kv: Array, indices: Array
             lse = empty(q, (s_q, h), "float32")
         if max_logits is None:
             max_logits = empty(q, (s_q, h), "float32")
-    _C.sparse_mla_prefill(q=q, kv=kv, indices=indices, topk_length=topk_length, attn_sink=attn_sink, out=out, lse=lse,
-                          max_logits=max_logits, softmax_scale=softmax_scale, precision=precision, stream=s,
-                          q_pe=q_pe)
-    return out, lse, max_logits
+    return _C.sparse_mla_prefill(q=q, kv=kv, indices=indices, topk_length=topk_length, attn_sink=attn_sink, out=out,
+                                 lse=lse, max_logits=max_logits, softmax_scale=softmax_scale, precision=precision,
+                                 stream=s, q_pe=q_pe)

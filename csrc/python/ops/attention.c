@@ -15,7 +15,7 @@ static int check_out(const smla_arr *a, const smla_arr *q, int nd, int dtype, in
     return smla_check_writable(a); /* lse / max_logits: any strides (FlashMLA's lse is [b, h, s_q]) */
 }
 
-int smla_attn_check(const smla_attn_arrays *x, int batch_dims)
+int smla_attn_check(smla_args *A, const smla_attn_arrays *x, int batch_dims)
 {
     static const int bf16[] = {SMLA_DT_BF16, SMLA_DT_U16};
     static const int f32[] = {SMLA_DT_F32};
@@ -43,6 +43,13 @@ int smla_attn_check(const smla_attn_arrays *x, int batch_dims)
     }
     if (x->attn_sink->present && (smla_check_dtype(x->attn_sink, 1, f32) || smla_check_ndim(x->attn_sink, 1) ||
                                   smla_check_same_dim(x->attn_sink, 0, q, hd)))
+        return -1;
+    int64_t shape[SMLA_MAX_NDIM]; /* out [batch dims of q, h, 512]; lse and max_logits without the 512 */
+    for (int i = 0; i <= hd; i++) shape[i] = q->shape[i];
+    shape[hd + 1] = SMLA_D_V;
+    if (smla_args_alloc(A, x->out, batch_dims + 2, shape, SMLA_DT_BF16) ||
+        smla_args_alloc(A, x->lse, batch_dims + 1, shape, SMLA_DT_F32) ||
+        smla_args_alloc(A, x->max_logits, batch_dims + 1, shape, SMLA_DT_F32))
         return -1;
     if (check_out(x->out, q, batch_dims + 2, SMLA_DT_BF16, SMLA_D_V, "d_v") ||
         check_out(x->lse, q, batch_dims + 1, SMLA_DT_F32, 0, NULL))

@@ -14,8 +14,9 @@ typedef struct {
 } smla_attn_arrays;
 
 /* Checks the dtypes, shapes (batch_dims = 2 for decode, 1 for prefill), contiguity and writability of
- * every array (the limits on h and topk, and alignment, are core/checks.c's). */
-int smla_attn_check(const smla_attn_arrays *x, int batch_dims);
+ * every array (the limits on h and topk, and alignment, are core/checks.c's); out, lse and max_logits given
+ * as smla._C.ALLOCATE are made once q is checked (smla_args_alloc). */
+int smla_attn_check(smla_args *A, const smla_attn_arrays *x, int batch_dims);
 void smla_attn_unsqueeze(smla_arr *a);
 /* Parses precision ("high" / "fast"), checks softmax_scale (core/checks.h: before it becomes a float) and
  * copies pointers, strides, sizes (arrays in the batched layout), the stream and the settings of the

@@ -53,8 +53,9 @@ static int parse_num_blocks(PyObject *o, int64_t *num_blocks)
     return 0;
 }
 
-/* Acquires and checks the arrays of both ops and fills p; 0, or -1 with an exception set. */
-static int parse_common(smla_args *A, smla_convert_indices_params *p, const smla_kwarg *v)
+/* Acquires and checks the arrays of both ops (out and valid_counts, made when given as ALLOCATE, are left
+ * in outs[2]) and fills p; 0, or -1 with an exception set. */
+static int parse_common(smla_args *A, smla_convert_indices_params *p, const smla_kwarg *v, smla_arr **outs)
 {
     smla_arr *req = smla_args_in(A, &v[REQ_ID]);
     smla_arr *bt = req ? smla_args_in(A, &v[BLOCK_TABLE]) : NULL;
@@ -64,6 +65,8 @@ static int parse_common(smla_args *A, smla_convert_indices_params *p, const smla
     smla_arr *out = pstarts ? smla_args_out(A, &v[OUT]) : NULL;
     smla_arr *counts = out ? smla_args_out(A, &v[VALID_COUNTS]) : NULL;
     if (!counts) return -1;
+    outs[0] = out;
+    outs[1] = counts;
     if (smla_check_int_index(req) || smla_check_ndim(req, 1) || smla_check_contiguous(req)) return -1;
     if (smla_check_int_index(bt) || smla_check_ndim(bt, 2) || smla_check_last_contiguous(bt)) return -1;
     if (smla_check_int_index(idx) || smla_check_ndim(idx, 2) || smla_check_last_contiguous(idx)) return -1;
@@ -78,6 +81,10 @@ static int parse_common(smla_args *A, smla_convert_indices_params *p, const smla
         (smla_check_int_index(pids) || smla_check_ndim(pids, 1) || smla_check_same_dim(pids, 0, idx, 0) ||
          smla_check_contiguous(pids) || smla_check_int_index(pstarts) || smla_check_ndim(pstarts, 1) ||
          smla_check_contiguous(pstarts)))
+        return -1;
+    const int64_t shape[2] = {idx->shape[0], idx->shape[1]}; /* out like topk_indices, counts per row */
+    A->alloc_like = v[TOPK_INDICES].obj;  /* the Python layer's reference array for these outputs */
+    if (smla_args_alloc(A, out, 2, shape, SMLA_DT_I32) || smla_args_alloc(A, counts, 1, shape, SMLA_DT_I32))
         return -1;
     if (smla_check_int_index(out) || smla_check_ndim(out, 2) || smla_check_same_dim(out, 0, idx, 0) ||
         smla_check_same_dim(out, 1, idx, 1) || smla_check_last_contiguous(out) || smla_check_writable(out))
@@ -120,7 +127,8 @@ static PyObject *convert(PyObject *module, const smla_kw_fn *spec, int dcp, PyOb
     if (smla_args_init(&A, module, v[STREAM].stream) < 0) return NULL;
     smla_convert_indices_params p;
     memset(&p, 0, sizeof p);
-    if (parse_common(&A, &p, v)) goto fail;
+    smla_arr *outs[2];
+    if (parse_common(&A, &p, v, outs)) goto fail;
     if (dcp) {
         p.dcp_size = (int)v[DCP_SIZE].i;
         p.dcp_rank = (int)v[DCP_RANK].i;
@@ -131,8 +139,10 @@ static PyObject *convert(PyObject *module, const smla_kw_fn *spec, int dcp, PyOb
         goto fail;
     }
     if (p.num_tokens > 0 && SMLA_LAUNCH(&A, convert_topk_indices, &p) < 0) goto fail;
+    PyObject *const given[] = {v[OUT].obj, v[VALID_COUNTS].obj};
+    PyObject *r = smla_args_result(2, outs, given);
     smla_args_release(&A);
-    Py_RETURN_NONE;
+    return r;
 fail:
     smla_args_release(&A);
     return NULL;

@@ -33,6 +33,8 @@ PyObject *smla_op_merge_attn_states(PyObject *module, PyObject *const *args, Py_
     smla_arr *lse = out ? smla_args_out(&A, &v[OUT_LSE]) : NULL;
     if (!lse) goto fail;
     if (smla_check_dtype(oa, 3, out_types) || smla_check_ndim(oa, 3) || smla_check_last_contiguous(oa)) goto fail;
+    if (smla_args_alloc(&A, out, 3, oa->shape, oa->dtype) || smla_args_alloc(&A, lse, 2, oa->shape, SMLA_DT_F32))
+        goto fail;
     smla_arr *outs[] = {ob, out};
     for (int i = 0; i < 2; i++) {
         smla_arr *o = outs[i];
@@ -85,8 +87,11 @@ PyObject *smla_op_merge_attn_states(PyObject *module, PyObject *const *args, Py_
     p.run = A.run;
     if (SMLA_CHECK(&A, merge_attn_states, &p) < 0) goto fail;
     if (p.n > 0 && p.h > 0 && SMLA_LAUNCH(&A, merge_attn_states, &p) < 0) goto fail;
+    smla_arr *const made[] = {out, lse};
+    PyObject *const given[] = {v[OUT].obj, v[OUT_LSE].obj};
+    PyObject *r = smla_args_result(2, made, given);
     smla_args_release(&A);
-    Py_RETURN_NONE;
+    return r;
 fail:
     smla_args_release(&A);
     return NULL;

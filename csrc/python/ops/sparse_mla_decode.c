@@ -42,10 +42,19 @@ PyObject *smla_op_sparse_mla_decode(PyObject *module, PyObject *const *args, Py_
         !(ws = smla_args_out(&A, &v[WORKSPACE])))
         goto fail;
     int cdt = smla_parse_cache_dtype(v[KV_CACHE_DTYPE].s);
-    if (cdt < 0 || smla_get_cache(cache, cdt, &p.kv) || smla_attn_check(&x, 2)) goto fail;
+    if (cdt < 0 || smla_get_cache(cache, cdt, &p.kv) || smla_attn_check(&A, &x, 2)) goto fail;
     if (ws->present && (smla_check_contiguous(ws) || smla_check_writable(ws))) goto fail;
     if (smla_check_outputs(&A, NULL, 0) || smla_attn_fill(&A, &p, &x, v[SOFTMAX_SCALE].f, v[PRECISION].s))
         goto fail;
+#ifdef SMLA_WITH_CUDA
+    if (ws->pending && A.device == SMLA_DEV_CUDA && p.b > 0 && p.s_q > 0) {  /* the launcher's split plan */
+        int prev = -1;
+        if (smla_device_enter(&A, &prev) < 0) goto fail;
+        const int64_t n = smla_cuda_sparse_mla_decode_workspace_size(p.b, p.s_q, p.h, p.topk, cdt, A.run.attn_kernel);
+        smla_device_exit(&A, prev);
+        if (n > 0 && smla_args_alloc(&A, ws, 1, &n, SMLA_DT_U8)) goto fail;
+    }
+#endif
     if (ws->present) {
         p.workspace = ws->data;
         p.workspace_bytes = ws->itemsize;
@@ -53,8 +62,11 @@ PyObject *smla_op_sparse_mla_decode(PyObject *module, PyObject *const *args, Py_
     }
     if (SMLA_CHECK(&A, sparse_mla_decode, &p) < 0) goto fail;
     if (p.b > 0 && p.s_q > 0 && SMLA_LAUNCH(&A, sparse_mla_decode, &p) < 0) goto fail;
+    smla_arr *const outs[] = {x.out, x.lse};
+    PyObject *const given[] = {v[OUT].obj, v[LSE].obj};
+    PyObject *r = smla_args_result(2, outs, given);
     smla_args_release(&A);
-    Py_RETURN_NONE;
+    return r;
 fail:
     smla_args_release(&A);
     return NULL;

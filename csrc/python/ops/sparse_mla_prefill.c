@@ -47,7 +47,7 @@ PyObject *smla_op_sparse_mla_prefill(PyObject *module, PyObject *const *args, Py
     }
     if (smla_check_ndim(kv, 2) || smla_check_dim(kv, 1, SMLA_D_QK, "d_qk") || smla_check_last_contiguous(kv))
         goto fail;
-    if (smla_attn_check(&x, 1) || smla_check_outputs(&A, NULL, 0)) goto fail;
+    if (smla_attn_check(&A, &x, 1) || smla_check_outputs(&A, NULL, 0)) goto fail;
     smla_arr *all[] = {x.q, x.q_pe, x.indices, x.topk_length, x.out, x.lse, x.max_logits};
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) smla_attn_unsqueeze(all[i]);
     if (smla_attn_fill(&A, &p, &x, v[SOFTMAX_SCALE].f, v[PRECISION].s)) goto fail;
@@ -60,8 +60,11 @@ PyObject *smla_op_sparse_mla_prefill(PyObject *module, PyObject *const *args, Py
     p.kv.block_stride = p.kv.entry_stride * kv->shape[0];
     if (SMLA_CHECK(&A, sparse_mla_prefill, &p) < 0) goto fail;
     if (p.s_q > 0 && SMLA_LAUNCH(&A, sparse_mla_prefill, &p) < 0) goto fail;
+    smla_arr *const outs[] = {x.out, x.lse, x.max_logits};
+    PyObject *const given[] = {v[OUT].obj, v[LSE].obj, v[MAX_LOGITS].obj};
+    PyObject *r = smla_args_result(3, outs, given);
     smla_args_release(&A);
-    Py_RETURN_NONE;
+    return r;
 fail:
     smla_args_release(&A);
     return NULL;

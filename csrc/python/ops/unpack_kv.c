@@ -29,6 +29,8 @@ PyObject *smla_op_unpack_kv(PyObject *module, PyObject *const *args, Py_ssize_t 
     int cdt = smla_parse_cache_dtype(v[KV_CACHE_DTYPE].s);
     if (cdt < 0 || smla_get_cache(cache, cdt, &p.cache)) goto fail;
     if (smla_check_int_index_64(slots) || smla_check_ndim(slots, 1) || smla_check_contiguous(slots)) goto fail;
+    const int64_t shape[2] = {slots->shape[0], SMLA_D_QK};
+    if (smla_args_alloc(&A, out, 2, shape, SMLA_DT_BF16)) goto fail;
     if (smla_check_dtype(out, 2, bf16) || smla_check_ndim(out, 2) || smla_check_same_dim(out, 0, slots, 0) ||
         smla_check_dim(out, 1, SMLA_D_QK, "d_qk") || smla_check_last_contiguous(out) || smla_check_writable(out))
         goto fail;
@@ -42,8 +44,9 @@ PyObject *smla_op_unpack_kv(PyObject *module, PyObject *const *args, Py_ssize_t 
     p.run = A.run;
     if (SMLA_CHECK(&A, unpack_kv, &p) < 0) goto fail;
     if (p.n > 0 && SMLA_LAUNCH(&A, unpack_kv, &p) < 0) goto fail;
+    PyObject *r = smla_args_result(1, &out, &v[OUT].obj);
     smla_args_release(&A);
-    Py_RETURN_NONE;
+    return r;
 fail:
     smla_args_release(&A);
     return NULL;
