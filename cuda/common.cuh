@@ -51,6 +51,18 @@ __device__ __forceinline__ void pdl_wait()
 #endif
 }
 
+// Per-device "done once" flags (a kernel's shared-memory attribute set, a device's properties read);
+// a device past kMaxDevices is never marked, so its work is redone on every call.
+constexpr int kMaxDevices = 64;
+struct OncePerDevice {
+    bool done[kMaxDevices];
+    bool needed(int dev) const { return dev < 0 || dev >= kMaxDevices || !done[dev]; }
+    void mark(int dev)
+    {
+        if (dev >= 0 && dev < kMaxDevices) done[dev] = true;
+    }
+};
+
 // Whether the current device takes the PDL attribute (compute capability >= 9.0); one cudaGetDevice per
 // call, the attribute read once per device (runtime.cu).
 bool smla_pdl_supported();

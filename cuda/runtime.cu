@@ -40,23 +40,24 @@ extern "C" const char *smla_cuda_runtime_version(void)
 }
 
 // common.cuh's smla_pdl_supported: compute capability >= 9.0 of the current device, read once per device
-// (a race between threads only repeats the read). A device past the table, or a failed query: no PDL.
+// (a race between threads only repeats the read). A failed query: no PDL.
 bool smla_pdl_supported()
 {
-    constexpr int kDevices = 64;
-    static signed char known[kDevices];  // 0 unknown, 1 no, 2 yes
-    int dev = -1;
-    if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= kDevices) {
+    static bool pdl[kMaxDevices];
+    static OncePerDevice have;
+    int dev = -1, major = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess) {
         cudaGetLastError();
         return false;
     }
-    if (!known[dev]) {
-        int major = 0;
-        if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess) {
-            cudaGetLastError();
-            return false;
-        }
-        known[dev] = major >= 9 ? 2 : 1;
+    if (!have.needed(dev)) return pdl[dev];
+    if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess) {
+        cudaGetLastError();
+        return false;
     }
-    return known[dev] == 2;
+    if (dev >= 0 && dev < kMaxDevices) {
+        pdl[dev] = major >= 9;
+        have.mark(dev);
+    }
+    return major >= 9;
 }

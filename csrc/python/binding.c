@@ -416,14 +416,23 @@ static void record_alloc_error(void *ctx, const char *kind, const char *message)
     snprintf(e->message, sizeof e->message, "%s", message ? message : "");
 }
 
+/* The exchange API of obj's type when it can make arrays (an allocator and the conversion to a Python
+ * object), else NULL; *cap as for exchange_api (NULL when the result is NULL). */
+static const smla_dl_exchange_api *allocator_api(smla_state *S, PyObject *obj, PyObject **cap)
+{
+    const smla_dl_exchange_api *api = exchange_api(S, obj, cap);
+    if (api && api->managed_tensor_allocator && api->managed_tensor_to_py_object_no_sync) return api;
+    Py_CLEAR(*cap);
+    return NULL;
+}
+
 int smla_can_allocate(smla_state *S, PyObject *obj)
 {
     if (PyArray_Check(obj)) return 1;
     PyObject *cap;
-    const smla_dl_exchange_api *api = exchange_api(S, obj, &cap);
-    const int ok = api && api->managed_tensor_allocator && api->managed_tensor_to_py_object_no_sync;
+    const smla_dl_exchange_api *api = allocator_api(S, obj, &cap);
     Py_XDECREF(cap);
-    return ok;
+    return api != NULL;
 }
 
 /* A new array of the framework of `like` (see smla_args_alloc), or NULL with an exception. */
@@ -442,9 +451,8 @@ static PyObject *make_like(smla_args *A, PyObject *like, const char *name, int n
         return PyArray_SimpleNew(ndim, dims, typenum);
     }
     PyObject *cap;
-    const smla_dl_exchange_api *api = exchange_api(S, like, &cap);
-    if (!api || !api->managed_tensor_allocator || !api->managed_tensor_to_py_object_no_sync) {
-        Py_XDECREF(cap);
+    const smla_dl_exchange_api *api = allocator_api(S, like, &cap);
+    if (!api) {
         PyErr_Format(PyExc_TypeError, "%s: smla cannot allocate it for a %.100s array (its type has no DLPack "
                      "exchange API allocator): pass it", name, Py_TYPE(like)->tp_name);
         return NULL;

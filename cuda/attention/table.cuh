@@ -51,16 +51,4 @@ extern const KernelList kSm90pBf16Kernels;  // sm90/pair_bf16.cu
 // of the main kernel where the device has PDL (smla_launch); `op` names the call in errors.
 int launch_combine(const Args &a, cudaStream_t stream, const char *op, smla_status *st);
 
-// Per-device "done once" flags (a kernel's shared-memory attribute set, a device's properties read);
-// a device past kMaxDevices is never marked, so its work is redone on every call.
-constexpr int kMaxDevices = 64;
-struct OncePerDevice {
-    bool done[kMaxDevices];
-    bool needed(int dev) const { return dev < 0 || dev >= kMaxDevices || !done[dev]; }
-    void mark(int dev)
-    {
-        if (dev >= 0 && dev < kMaxDevices) done[dev] = true;
-    }
-};
-
 }  // namespace attn

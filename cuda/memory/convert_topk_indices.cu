@@ -43,10 +43,6 @@ constexpr int kMaxWarps = kMaxThreads / kWarp;
 #endif
 constexpr int kMinBlocks = SMLA_CONVERT_MIN_BLOCKS;
 
-// The kinds of call, fixed at compile time so that each kernel's entry loop carries no test of them: DCP
-// or not (DCP argument of smla_convert_locate_as: 0 none, 1 any interleave and world size, 2 both powers
-// of two), compacted or not, power-of-two block size or not.
-
 // Sum of the first `upto` warp totals and of all of them (warp_sums: kMaxWarps ints, two 16-byte reads).
 __device__ __forceinline__ void warp_prefix(const int *warp_sums, int upto, int nwarps, int *before, int *total)
 {
@@ -90,6 +86,9 @@ __device__ __forceinline__ int pack_chunk(const int32_t (&v)[kPerThread], int cn
     return total;
 }
 
+// The call's cases are fixed at compile time, so that the entry loop carries no test of them: VEC 16-byte
+// aligned rows, DCP the DCP argument of smla_convert_locate_as (0 none, 1 any interleave and world size,
+// 2 both powers of two), COMPACT valid entries moved to the front, POW2 a power-of-two block size.
 template <bool VEC, int DCP, bool COMPACT, bool POW2>
 __global__ void __launch_bounds__(kMaxThreads, kMinBlocks) convert_kernel(smla_convert_indices_params p, smla_convert_consts kc)
 {

@@ -2,8 +2,9 @@
 type before its .shape, the scalars), have missing outputs allocated with the caller's framework (by the
 extension itself, passed as _C.ALLOCATE, for NumPy and for frameworks whose DLPack exchange API has an
 allocator; here otherwise), pick the launch stream, and call the C extension by keyword (src/smla/_C.pyi),
-which validates every array and the rules of each op and returns the op's outputs. Every error names the argument. The limits and sizes come from the extension
-(_C.MAX_HEADS, _C.D_QK, ...), which defines them once (csrc/core/smla.h)."""
+which validates every array and the rules of each op and returns the op's outputs. Every error names the
+argument. The limits and sizes come from the extension (_C.MAX_HEADS, _C.D_QK, ...), which defines them
+once (csrc/core/smla.h)."""
 from __future__ import annotations
 
 import operator
