@@ -1,4 +1,4 @@
-"""First check of a kernel family on the GPU, before the full suite: a few prefill and bf16 decode cases
+"""First check of a kernel family on the GPU, before the full suite: a few prefill, bf16 and fp8 decode cases
 against the float64 oracle in a child process with a time limit, so that a hang or a fault is
 reported as such and the calling script can stop early.
 
@@ -15,6 +15,8 @@ CASES = [  # (kind, h, s_q, s_kv or topk, topk, tl_mode)
     ("prefill", 64, 7, 4096, 2048, "zero"), ("prefill", 100, 9, 700, 320, "rand"),
     ("prefill", 16, 11, 8192, 2048, "none"), ("prefill", 64, 3, 64, 64, "none"),
     ("decode", 64, 2, 0, 300, "rand"), ("decode", 128, 1, 0, 2048, "none"),
+    ("decode8", 16, 1, 0, 2048, "none"), ("decode8", 3, 2, 0, 300, "rand"), ("decode8", 32, 1, 0, 2112, "zero"),
+    ("decode8", 20, 3, 0, 64, "rand"),
 ]
 
 CHILD = r'''
@@ -34,7 +36,8 @@ for kind, h, s_q, n, topk, tl in CASES:
                 torch.cuda.synchronize()
                 T.check_prefill(out, lse, ml, out_ref, lse_ref, ml_ref, name=name, precision=prec, out_abs=out_abs)
             else:
-                c = T.decode_case("bf16", 3, s_q, h, topk, 64, seed=8, tl_mode=tl, sink_mode="mixed", strided_q=True)
+                cd = "bf16" if kind == "decode" else "fp8_ds_mla"
+                c = T.decode_case(cd, 3, s_q, h, topk, 64, seed=8, tl_mode=tl, sink_mode="mixed", strided_q=True)
                 out_ref, lse_ref, out_abs = T.decode_oracle(c, return_abs=True)
                 out, lse = T.run_decode(c, precision=prec)
                 torch.cuda.synchronize()

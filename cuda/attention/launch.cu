@@ -65,13 +65,13 @@ int get_props(DevProps *d, int *dev_out, smla_status *st)
 }
 
 // The kernel family a call asks for (smla_run.attn_kernel, from SMLA_ATTN_KERNEL).
-enum Request { kAuto = 0, kPortable = 1, kSm90 = 2, kSm90n = 3, kSm90p = 4 };
+enum Request { kAuto = 0, kPortable = 1, kSm90 = 2, kSm90n = 3, kSm90p = 4, kSm90r = 5 };
 
 // Every kernel in this binary; the sm90 ones only when setup.py compiled them.
 const KernelList *const kLists[] = {
     &kSm80Bf16Kernels, &kSm80Fp8Kernels,
 #if SMLA_HAVE_SM90
-    &kSm90Bf16Kernels, &kSm90Fp8Kernels, &kSm90nBf16Kernels, &kSm90nFp8Kernels, &kSm90pBf16Kernels,
+    &kSm90Bf16Kernels, &kSm90Fp8Kernels, &kSm90nBf16Kernels, &kSm90nFp8Kernels, &kSm90pBf16Kernels, &kSm90rFp8Kernels,
 #endif
 };
 
@@ -125,7 +125,11 @@ bool choose(int64_t h, bool fp8, int request, const DevProps &d, Choice *out, in
 #if SMLA_HAVE_SM90
     if (request != kPortable && d.cc == 90) {
         const KernelEntry *k = nullptr;
-        if (request != kSm90 && request != kSm90p)
+        if (request == kAuto || request == kSm90r)
+            for_each_kernel(Family::sm90r, fp8, [&](const KernelEntry &e) {
+                if (e.ht >= h && e.smem <= d.smem_optin && (!k || e.ht < k->ht)) k = &e;
+            });
+        if (!k && request != kSm90 && request != kSm90p)
             for_each_kernel(Family::sm90n, fp8, [&](const KernelEntry &e) {
                 if (e.ht >= h && e.smem <= d.smem_optin && (!k || e.ht < k->ht)) k = &e;
             });
@@ -133,7 +137,7 @@ bool choose(int64_t h, bool fp8, int request, const DevProps &d, Choice *out, in
             for_each_kernel(Family::sm90p, fp8, [&](const KernelEntry &e) {
                 if (!k && e.smem <= d.smem_optin) k = &e;
             });
-        if (!k && (h > 32 || request == kSm90 || request == kSm90n || request == kSm90p))
+        if (!k && (h > 32 || request != kAuto))
             for_each_kernel(Family::sm90, fp8, [&](const KernelEntry &e) {
                 if (!k && e.smem <= d.smem_optin) k = &e;
             });

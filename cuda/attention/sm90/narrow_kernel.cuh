@@ -32,6 +32,7 @@
 #include "attention/epilogue.cuh"
 #include "attention/table.cuh"
 #include "attention/sm90/narrow_plan.cuh"
+#include "attention/sm90/narrow_softmax.cuh"
 #include "attention/sm90/producer.cuh"
 #include "attention/sm90/variants.cuh"
 
@@ -49,38 +50,29 @@ __device__ __forceinline__ void load_q(const Args &a, const Cta<C> &c)
     named_sync(kBarQ, 128);
 }
 
-// The consumer warpgroup. Thread (warp w, lane = 4 g + t4) holds, of every [64 x NH] accumulator, rows
-// 16 w + g and + 8 (tokens of S^T; dims of an O^T m-tile) and columns 8 jn + 2 t4 + e (heads), element
-// 4 jn + 2 hf + e for row + 8 hf. Its heads: hl = 2 jn + e -> head 8 jn + 2 t4 + e.
+// Whether the narrow consumer stacks P_hi^T and P_lo^T ("high" at NH = 16: P_hi^T and P_lo^T, rows 16..
+// of the P region, as one 32-row B operand, so each m64n32k16 reads its V^T block from shared memory
+// once; O_hi^T and O_lo^T are added in the epilogue), and so its O^T m-tile width.
 template <class C, int ABL, bool FAST>
-struct Consumer {
-    static constexpr int NH = C::NH, NJ = C::NJ, NS = C::NS, NL = 2 * C::NJ;
-    static constexpr bool kNoS = (ABL & 2) != 0, kNoPV = (ABL & 4) != 0, kNoLo = FAST || (ABL & 16) != 0;
-    // "high" with NH = 16: P_hi^T and P_lo^T (rows 16.. of the P region) as one 32-row B operand, so each
-    // m64n32k16 reads its V^T block from shared memory once; O_hi^T and O_lo^T are added in the epilogue
-    static constexpr bool kStack = !kNoLo && NH == 16 && SMLA_NARROW_STACK_P != 0;
-    static constexpr int NO = kStack ? 2 * NS : NS;  // accumulator floats of an O^T m-tile
+struct ConsumerKind {
+    static constexpr bool kNoLo = FAST || (ABL & 16) != 0;
+    static constexpr bool kStack = !kNoLo && C::NH == 16 && SMLA_NARROW_STACK_P != 0;
+    static constexpr int NO = kStack ? C::NH : C::NH / 2;
+};
+
+// The consumer warpgroup: the per-head softmax state and its rules (sm90/narrow_softmax.cuh), the two
+// MMAs over the K buffers and the epilogue.
+template <class C, int ABL, bool FAST>
+struct Consumer : HeadSoftmax<C::NH, ConsumerKind<C, ABL, FAST>::kNoLo, ConsumerKind<C, ABL, FAST>::NO> {
+    using Base = HeadSoftmax<C::NH, ConsumerKind<C, ABL, FAST>::kNoLo, ConsumerKind<C, ABL, FAST>::NO>;
+    using Base::o, Base::m_r, Base::l_r, Base::w, Base::g, Base::t4, Base::head;
+    static constexpr int NH = C::NH, NJ = C::NJ, NS = C::NS, NL = 2 * C::NJ, NO = Base::NO;
+    static constexpr bool kNoS = (ABL & 2) != 0, kNoPV = (ABL & 4) != 0;
+    static constexpr bool kNoLo = ConsumerKind<C, ABL, FAST>::kNoLo, kStack = ConsumerKind<C, ABL, FAST>::kStack;
 
     const Args &a;
-    const int w, g, t4;
-    float o[8][NO];     // O^T m-tile mt: dims 64 mt .. (kStack: columns 16.. hold O_lo^T)
-    float m_r[NL];      // running maxima (log2 domain), the same in every thread holding the head
-    double l_r[NL];     // this thread's share of the row sums
 
-    __device__ __forceinline__ Consumer(const Args &a_, const Cta<C> &c)
-        : a(a_), w(c.tid >> 5), g(c.lane >> 2), t4(c.lane & 3)
-    {
-#pragma unroll
-        for (int mt = 0; mt < 8; ++mt)
-#pragma unroll
-            for (int i = 0; i < NO; ++i) o[mt][i] = 0.f;
-#pragma unroll
-        for (int hl = 0; hl < NL; ++hl) {
-            m_r[hl] = -INFINITY;
-            l_r[hl] = 0.0;
-        }
-    }
-    __device__ __forceinline__ int head(int hl) const { return 8 * (hl >> 1) + 2 * t4 + (hl & 1); }
+    __device__ __forceinline__ Consumer(const Args &a_, const Cta<C> &c) : Base(c.tid), a(a_) {}
 
     // S^T of K buffer kb: k-step kk reads K columns 16 kk.. (A) and Q columns 16 kk.. (B); chains of 12
     // k-steps into t0, t1, t2, summed (t0 + t1) + t2 as the wide kernel does.
@@ -109,95 +101,6 @@ struct Consumer {
 #pragma unroll
             for (int i = 0; i < NS; ++i) s[i] = (t0[i] + t1[i]) + t2[i];
         }
-    }
-
-    // Mask and scale this thread's scores of buffer b, saturate overflow where it matters (attention/
-    // softmax.cuh), and each head's maximum over the tile's 64 tokens (all 128 threads agree on it).
-    __device__ __forceinline__ void tile_max(const Cta<C> &c, int it, int b, float (&s)[NS], float (&mx)[NL]) const
-    {
-        const int tok = 16 * w + g;
-        const bool ok0 = c.sValid[b * kBN + tok] != 0, ok1 = c.sValid[b * kBN + tok + 8] != 0;
-#pragma unroll
-        for (int hl = 0; hl < NL; ++hl) {
-            const int i0 = 4 * (hl >> 1) + (hl & 1), i1 = i0 + 2;
-            s[i0] = ok0 ? s[i0] * a.scale_log2 : -INFINITY;
-            s[i1] = ok1 ? s[i1] * a.scale_log2 : -INFINITY;
-            mx[hl] = fmaxf(s[i0], s[i1]);
-            if (sat_needed(mx[hl], m_r[hl])) {
-                if (ok0) s[i0] = sat_score(s[i0]);
-                if (ok1) s[i1] = sat_score(s[i1]);
-                mx[hl] = fmaxf(s[i0], s[i1]);
-            }
-#pragma unroll
-            for (int x = 4; x < 32; x <<= 1) mx[hl] = fmaxf(mx[hl], __shfl_xor_sync(0xffffffffu, mx[hl], x));
-        }
-        float *red = c.sRed + (it & 1) * 4 * NH;  // the other parity is still being read by slower warps
-        if (g == 0) {
-#pragma unroll
-            for (int hl = 0; hl < NL; ++hl) red[w * NH + head(hl)] = mx[hl];
-        }
-        named_sync(kBarRed, 128);
-#pragma unroll
-        for (int hl = 0; hl < NL; ++hl) {
-            const int hd = head(hl);
-            mx[hl] = fmaxf(fmaxf(red[hd], red[NH + hd]), fmaxf(red[2 * NH + hd], red[3 * NH + hd]));
-        }
-    }
-
-    // New maxima, alpha, P = 2^(S - m) into P^T (bf16; high: P_hi and P_lo), row sums; O^T rescaled.
-    __device__ __forceinline__ void softmax(const Cta<C> &c, const float (&s)[NS], const float (&mx)[NL])
-    {
-        float base_[NL], alpha[NL];
-#pragma unroll
-        for (int hl = 0; hl < NL; ++hl) {
-            const float mn = fmaxf(m_r[hl], mx[hl]);
-            base_[hl] = mn == -INFINITY ? 0.f : mn;
-            alpha[hl] = ex2(m_r[hl] - base_[hl]);
-            m_r[hl] = mn;
-        }
-        const int tok = 16 * w + g;
-#pragma unroll
-        for (int hl = 0; hl < NL; ++hl) {
-            const int i0 = 4 * (hl >> 1) + (hl & 1), i1 = i0 + 2;
-            const float p0 = ex2(s[i0] - base_[hl]), p1 = ex2(s[i1] - base_[hl]);
-            l_r[hl] = l_r[hl] * static_cast<double>(alpha[hl]) + static_cast<double>(p0 + p1);
-            // P^T[head][tok], K-major with the 128-byte swizzle: tokens tok and tok + 8 are chunks
-            // tok >> 3 and + 1 of the head's 128-byte row
-            const int hd = head(hl);
-            const uint32_t row = c.sP + hd * 128 + (tok & 7) * 2;
-            const uint32_t a0 = row + ((((tok >> 3)) ^ (hd & 7)) << 4), a1 = row + ((((tok >> 3) + 1) ^ (hd & 7)) << 4);
-            if constexpr (kNoLo) {
-                const uint32_t hi = pack_bf16x2(p0, p1);
-                st_shared_u16(a0, static_cast<uint16_t>(hi));
-                st_shared_u16(a1, static_cast<uint16_t>(hi >> 16));
-            } else {
-                uint32_t hi, lo;
-                split_bf16x2(p0, p1, hi, lo);
-                st_shared_u16(a0, static_cast<uint16_t>(hi));
-                st_shared_u16(a1, static_cast<uint16_t>(hi >> 16));
-                st_shared_u16(a0 + C::kPBytes, static_cast<uint16_t>(lo));
-                st_shared_u16(a1 + C::kPBytes, static_cast<uint16_t>(lo >> 16));
-            }
-        }
-        bool moved = false;
-#pragma unroll
-        for (int hl = 0; hl < NL; ++hl) moved |= alpha[hl] != 1.f;
-        if (__any_sync(0xffffffffu, moved)) {
-#pragma unroll
-            for (int mt = 0; mt < 8; ++mt)
-#pragma unroll
-                for (int hl = 0; hl < NL; ++hl) {
-                    const int i0 = 4 * (hl >> 1) + (hl & 1);
-                    o[mt][i0] *= alpha[hl];
-                    o[mt][i0 + 2] *= alpha[hl];
-                    if constexpr (kStack) {
-                        o[mt][i0 + NS] *= alpha[hl];
-                        o[mt][i0 + NS + 2] *= alpha[hl];
-                    }
-                }
-        }
-        fence_async_smem();
-        named_sync(kBarP, 128);  // all of P^T written (and visible to wgmma)
     }
 
     // O^T += V^T P^T over the 4 k-steps of buffer kb: m-tile mt is column block mt of the tile read
@@ -234,8 +137,11 @@ struct Consumer {
             float s[NS], mx[NL];
             mbar_wait(c.bar_full + 8 * b, (it >> 1) & 1);
             scores(c, kb, s);
-            tile_max(c, it, b, s, mx);
-            softmax(c, s, mx);
+            const int tok = 16 * w + g;
+            const bool ok0 = c.sValid[b * kBN + tok] != 0, ok1 = c.sValid[b * kBN + tok + 8] != 0;
+            // the red parity of this tile: the other one is still being read by slower warps
+            Base::tile_max(s, mx, ok0, ok1, a.scale_log2, c.sRed + (it & 1) * 4 * NH, kBarRed);
+            Base::softmax(s, mx, c.sP, kBarP);
             pv(c, kb);
             mbar_arrive(c.bar_empty + 8 * b);
         }
@@ -245,11 +151,7 @@ struct Consumer {
     // writes heads w, w + 4, ... (lane: columns 64 (lane >> 2) + 2 (lane & 3) + 8 i).
     __device__ __forceinline__ void epilogue(const Cta<C> &c)
     {
-#pragma unroll
-        for (int hl = 0; hl < NL; ++hl) {
-#pragma unroll
-            for (int x = 4; x < 32; x <<= 1) l_r[hl] += __shfl_xor_sync(0xffffffffu, l_r[hl], x);
-        }
+        Base::warp_sums();
         named_sync(kBarE, 128);  // every warp's last wgmma is done with the K buffers the output goes to
         if (g == 0) {
 #pragma unroll

@@ -266,7 +266,42 @@ __device__ __forceinline__ void wgmma_ss(float (&d)[16], uint64_t da, uint64_t d
                  : SMLA_F8(0), SMLA_F8(8)
                  : "l"(da), "l"(db), "r"(accumulate), "n"(TA));
 }
+// The register kernel's products (sm90/reg_kernel.cuh): D[64 x N] (+)= A[64 x 16] B[16 x N], N = 16 or 32,
+// A from registers (wgmma_n256_rs's fragment), B K-major in smem.
+__device__ __forceinline__ void wgmma_rs(float (&d)[8], const uint32_t (&a)[4], uint64_t db, int accumulate)
+{
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %13, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n16k16.f32.bf16.bf16 "
+                 "{%0, %1, %2, %3, %4, %5, %6, %7}, {%8, %9, %10, %11}, %12, p, 1, 1, 0;\n}\n"
+                 : SMLA_F8(0)
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(accumulate));
+}
+__device__ __forceinline__ void wgmma_rs(float (&d)[16], const uint32_t (&a)[4], uint64_t db, int accumulate)
+{
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %21, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 "
+                 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, {%16, %17, %18, %19}, %20, "
+                 "p, 1, 1, 0;\n}\n"
+                 : SMLA_F8(0), SMLA_F8(8)
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(accumulate));
+}
 #undef SMLA_F8
+
+// Waits until at most N wgmma groups of this warpgroup are pending.
+template <int N>
+__device__ __forceinline__ void wg_wait()
+{
+    asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+}
+
+// bytes (a multiple of 16) from global src to shared dst (both 16-byte aligned) by the bulk-copy engine;
+// completes that many bytes of transaction count on the mbarrier bar (the caller expected them).
+__device__ __forceinline__ void bulk_copy_g2s(uint32_t dst, const void *src, uint32_t bytes, uint32_t bar)
+{
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(dst),
+                 "l"(src), "r"(bytes), "r"(bar)
+                 : "memory");
+}
 
 __device__ __forceinline__ void st_shared_u16(uint32_t addr, uint16_t v)
 {

@@ -1,0 +1,150 @@
+// The per-head online softmax of the Hopper kernels with tokens on the MMA's M dimension: the narrow
+// kernel (sm90/narrow_kernel.cuh) and the register kernel (sm90/reg_kernel.cuh). One consumer
+// warpgroup's state: its thread's share of O^T [512 dims x NH heads] (8 m-tiles), each head's running
+// maximum and this thread's share of its row sum; per K tile, the heads' maxima over the tile's 64
+// tokens (the column of S^T spread over the warpgroup's four warps, so through shared memory) and P^T
+// stored as bf16 for the P V MMA's B operand.
+//
+// Thread (warp w, lane = 4 g + t4) holds, of every [64 x NH] accumulator, rows 16 w + g and + 8 (tokens
+// of S^T; dims of an O^T m-tile, in the kernel's own order) and columns 8 jn + 2 t4 + e (heads), element
+// 4 jn + 2 hf + e for row + 8 hf. Its heads: hl = 2 jn + e -> head 8 jn + 2 t4 + e.
+#pragma once
+
+#include "attention/softmax.cuh"
+#include "attention/sm90/ptx.cuh"
+
+namespace attn {
+namespace sm90 {
+
+// NH heads (16 or 32); NO_LO: P goes to the MMA as bf16 only ("fast"), else as P_hi and P_lo (rows
+// NH.. of the P region, kPBytes on); NO: accumulator floats per O^T m-tile, NH / 2, or NH when the
+// caller stacks P_hi^T and P_lo^T into one n = 2 NH MMA (the second half holds O_lo^T).
+template <int NH_, bool NO_LO, int NO_>
+struct HeadSoftmax {
+    static constexpr int NH = NH_, NS = NH / 2, NL = NH / 4, NO = NO_;
+    static constexpr int kPBytes = NH * 128;  // one P^T tile: NH rows of 64 bf16
+    static_assert(NO == NS || NO == 2 * NS, "an O^T m-tile holds NH / 2 floats, or twice that stacked");
+
+    const int w, g, t4;
+    float o[8][NO];  // O^T m-tile mt
+    float m_r[NL];   // running maxima (log2 domain), the same in every thread holding the head
+    double l_r[NL];  // this thread's share of the row sums
+
+    __device__ __forceinline__ HeadSoftmax(int tid) : w((tid >> 5) & 3), g((tid & 31) >> 2), t4(tid & 3)
+    {
+#pragma unroll
+        for (int mt = 0; mt < 8; ++mt)
+#pragma unroll
+            for (int i = 0; i < NO; ++i) o[mt][i] = 0.f;
+#pragma unroll
+        for (int hl = 0; hl < NL; ++hl) {
+            m_r[hl] = -INFINITY;
+            l_r[hl] = 0.0;
+        }
+    }
+    __device__ __forceinline__ int head(int hl) const { return 8 * (hl >> 1) + 2 * t4 + (hl & 1); }
+
+    // Mask (ok0 / ok1: this thread's tokens 16 w + g and + 8 are valid) and scale (log2 domain) this
+    // thread's scores, saturate overflow where it matters (attention/softmax.cuh), and each head's
+    // maximum over the tile's 64 tokens, which all 128 threads then agree on. red: [4][NH] floats of this
+    // tile's parity (the other parity may still be read by slower warps); bar: a 128-thread barrier.
+    __device__ __forceinline__ void tile_max(float (&s)[NS], float (&mx)[NL], bool ok0, bool ok1, float scale_log2,
+                                             float *red, int bar) const
+    {
+#pragma unroll
+        for (int hl = 0; hl < NL; ++hl) {
+            const int i0 = 4 * (hl >> 1) + (hl & 1), i1 = i0 + 2;
+            s[i0] = ok0 ? s[i0] * scale_log2 : -INFINITY;
+            s[i1] = ok1 ? s[i1] * scale_log2 : -INFINITY;
+            mx[hl] = fmaxf(s[i0], s[i1]);
+            if (sat_needed(mx[hl], m_r[hl])) {
+                if (ok0) s[i0] = sat_score(s[i0]);
+                if (ok1) s[i1] = sat_score(s[i1]);
+                mx[hl] = fmaxf(s[i0], s[i1]);
+            }
+#pragma unroll
+            for (int x = 4; x < 32; x <<= 1) mx[hl] = fmaxf(mx[hl], __shfl_xor_sync(0xffffffffu, mx[hl], x));
+        }
+        if (g == 0) {
+#pragma unroll
+            for (int hl = 0; hl < NL; ++hl) red[w * NH + head(hl)] = mx[hl];
+        }
+        named_sync(bar, 128);
+#pragma unroll
+        for (int hl = 0; hl < NL; ++hl) {
+            const int hd = head(hl);
+            mx[hl] = fmaxf(fmaxf(red[hd], red[NH + hd]), fmaxf(red[2 * NH + hd], red[3 * NH + hd]));
+        }
+    }
+
+    // New maxima, alpha, P = 2^(S - m) into P^T at sP (bf16, K-major, 128-byte swizzle; high: P_hi, and
+    // P_lo kPBytes on), row sums; O^T rescaled by alpha. bar: a 128-thread barrier after which P^T is
+    // written and visible to wgmma.
+    __device__ __forceinline__ void softmax(const float (&s)[NS], const float (&mx)[NL], uint32_t sP, int bar)
+    {
+        float base_[NL], alpha[NL];
+#pragma unroll
+        for (int hl = 0; hl < NL; ++hl) {
+            const float mn = fmaxf(m_r[hl], mx[hl]);
+            base_[hl] = mn == -INFINITY ? 0.f : mn;
+            alpha[hl] = ex2(m_r[hl] - base_[hl]);
+            m_r[hl] = mn;
+        }
+        const int tok = 16 * w + g;
+#pragma unroll
+        for (int hl = 0; hl < NL; ++hl) {
+            const int i0 = 4 * (hl >> 1) + (hl & 1), i1 = i0 + 2;
+            const float p0 = ex2(s[i0] - base_[hl]), p1 = ex2(s[i1] - base_[hl]);
+            l_r[hl] = l_r[hl] * static_cast<double>(alpha[hl]) + static_cast<double>(p0 + p1);
+            // P^T[head][tok], K-major with the 128-byte swizzle: tokens tok and tok + 8 are chunks
+            // tok >> 3 and + 1 of the head's 128-byte row
+            const int hd = head(hl);
+            const uint32_t row = sP + hd * 128 + (tok & 7) * 2;
+            const uint32_t a0 = row + ((((tok >> 3)) ^ (hd & 7)) << 4), a1 = row + ((((tok >> 3) + 1) ^ (hd & 7)) << 4);
+            if constexpr (NO_LO) {
+                const uint32_t hi = pack_bf16x2(p0, p1);
+                st_shared_u16(a0, static_cast<uint16_t>(hi));
+                st_shared_u16(a1, static_cast<uint16_t>(hi >> 16));
+            } else {
+                uint32_t hi, lo;
+                split_bf16x2(p0, p1, hi, lo);
+                st_shared_u16(a0, static_cast<uint16_t>(hi));
+                st_shared_u16(a1, static_cast<uint16_t>(hi >> 16));
+                st_shared_u16(a0 + kPBytes, static_cast<uint16_t>(lo));
+                st_shared_u16(a1 + kPBytes, static_cast<uint16_t>(lo >> 16));
+            }
+        }
+        bool moved = false;
+#pragma unroll
+        for (int hl = 0; hl < NL; ++hl) moved |= alpha[hl] != 1.f;
+        if (__any_sync(0xffffffffu, moved)) {
+#pragma unroll
+            for (int mt = 0; mt < 8; ++mt)
+#pragma unroll
+                for (int hl = 0; hl < NL; ++hl) {
+                    const int i0 = 4 * (hl >> 1) + (hl & 1);
+                    o[mt][i0] *= alpha[hl];
+                    o[mt][i0 + 2] *= alpha[hl];
+                    if constexpr (NO == 2 * NS) {
+                        o[mt][i0 + NS] *= alpha[hl];
+                        o[mt][i0 + NS + 2] *= alpha[hl];
+                    }
+                }
+        }
+        fence_async_smem();
+        named_sync(bar, 128);  // all of P^T written (and visible to wgmma)
+    }
+
+    // The row sums of this thread's heads over the warp (each then holds the warp's share).
+    __device__ __forceinline__ void warp_sums()
+    {
+#pragma unroll
+        for (int hl = 0; hl < NL; ++hl) {
+#pragma unroll
+            for (int x = 4; x < 32; x <<= 1) l_r[hl] += __shfl_xor_sync(0xffffffffu, l_r[hl], x);
+        }
+    }
+};
+
+}  // namespace sm90
+}  // namespace attn
