@@ -122,6 +122,20 @@ __device__ __forceinline__ uint32_t dequant_e4m3x2(uint32_t two, float s)
     return pack_bf16x2(__fmul_rn(f.x, s), __fmul_rn(f.y, s));
 }
 
+// 4 e4m3 values (one word, low byte first) times s -> 4 bf16: lo (bytes 0, 1) and hi (bytes 2, 3), the same
+// rule as dequant_e4m3x2; the conversion reads the word's upper half in place (no shift).
+__device__ __forceinline__ void dequant_e4m3x4(uint32_t four, float s, uint32_t &lo, uint32_t &hi)
+{
+    uint32_t h0, h1;
+    asm("{\n.reg .b16 l, h;\nmov.b32 {l, h}, %2;\ncvt.rn.f16x2.e4m3x2 %0, l;\ncvt.rn.f16x2.e4m3x2 %1, h;\n}\n"
+        : "=r"(h0), "=r"(h1)
+        : "r"(four));
+    const float2 f0 = __half22float2(*reinterpret_cast<const __half2 *>(&h0));
+    const float2 f1 = __half22float2(*reinterpret_cast<const __half2 *>(&h1));
+    lo = pack_bf16x2(__fmul_rn(f0.x, s), __fmul_rn(f0.y, s));
+    hi = pack_bf16x2(__fmul_rn(f1.x, s), __fmul_rn(f1.y, s));
+}
+
 // 8 e4m3 values (two words, low byte first) times s -> 8 bf16.
 __device__ __forceinline__ uint4 dequant8(uint2 e, float s)
 {

@@ -25,12 +25,13 @@
 // CTA = one query row x all heads (NH = 16 or 32, rows past h zero) x one top-k split, 256 threads: two
 // consumer warpgroups on alternate K tiles (warpgroup wg takes the slice's tiles wg, wg + 2, ..), each
 // with its own online softmax (sm90/narrow_softmax.cuh), two raw tile buffers and its own mbarriers; the
-// epilogue merges the two states. A warpgroup's warps 0 and 1 (64 lanes, one token row each) fill its
-// buffers: each lane of a valid row expects 656 bytes on the buffer's mbarrier and starts a bulk copy
-// of the row; invalid rows arrive without bytes. The buffer's valid-token mask goes into smem beside
-// it. A buffer is refilled (tile jl + 2) as soon as the warpgroup has read tile jl's last V bytes into
-// registers (kBarFree: warps 2, 3 arrive, warps 0, 1 wait and copy); the index of that row was loaded
-// a tile earlier.
+// epilogue merges the two states. Lanes 0..15 of each of a warpgroup's warps (64 lanes, one token row
+// each) fill its buffers: each lane of a valid row expects 656 bytes on the buffer's mbarrier and starts
+// a bulk copy of the row (the compiler issues a warp's copies one lane at a time: they take uniform
+// operands); invalid rows arrive without bytes. The buffer's valid-token mask goes into smem beside it.
+// A buffer is refilled (tile jl + 2) once the warpgroup has read tile jl's last V bytes into registers
+// and issued its last MMAs (kBarFree), so the copies overlap those MMAs; the index of each row was
+// loaded a tile earlier.
 // Per K tile and warpgroup:
 //   wait    : the buffer's mbarrier (its 64 arrivals and the copied bytes);
 //   scores  : 9 chunks of 4 k-steps: two 16-byte loads a thread (its two tokens), dequantised into the A
@@ -58,7 +59,7 @@ constexpr int kRawTile = kBN * kEntry;  // 41,984 B
 constexpr int kWgs = 2;                 // consumer warpgroups, on alternate K tiles
 constexpr int kBufs = 2 * kWgs;         // two raw tiles per warpgroup
 constexpr int kThreads = 128 * kWgs;
-constexpr int kRowsPerIssuer = 64;      // the lanes of warps 0 and 1 of a warpgroup: one token row each
+constexpr int kIssueLanes = 16;         // lanes 0..15 of each warp of a warpgroup copy one token row each
 static_assert(kEntry % 16 == 0 && kRawTile % 1024 == 0, "bulk copies of whole 16-byte rows, aligned tiles");
 // Named barriers (0 is __syncthreads): per warpgroup wg, + wg.
 constexpr int kBarRed = 1, kBarP = 3, kBarFree = 5, kBarE = 7;
@@ -77,7 +78,7 @@ struct Cfg {
 //   raw   : kBufs raw K tiles [64 tokens x 656 B] (warpgroup wg: buffers 2 wg, 2 wg + 1);
 //   p     : per warpgroup P^T [NH x 64] bf16, K-major, swizzled: P_hi, then P_lo;
 //   bar   : mbarriers full[kBufs] (64 arrivals and the copied bytes);
-//   valid : uint32 [kBufs][2], the valid tokens of each raw tile;
+//   valid : uint16 [kBufs][4], the valid tokens of each raw tile (read as one 64-bit mask);
 //   red   : float [kWgs][2][4][NH], each warp's per-head tile maxima (parity of the tile);
 //   lsum  : double [kWgs][4][NH], each warp's row sums; m: float [kWgs][NH], the row maxima (epilogue).
 // The epilogue stages warpgroup wg's O as float [NH][kOStride] over its own two raw tiles.
@@ -87,7 +88,7 @@ struct Smem {
     static constexpr Region raw = region_after(q, kBufs * kRawTile);
     static constexpr Region p = region_after(raw, kWgs * 2 * C::kPBytes);
     static constexpr Region bar = region_after(p, kBufs * 8);
-    static constexpr Region valid = region_after(bar, kBufs * 2 * 4);
+    static constexpr Region valid = region_after(bar, kBufs * 4 * 2);
     static constexpr Region red = region_after(valid, kWgs * 2 * 4 * C::NH * 4);
     static constexpr Region lsum = region_after(red, kWgs * 4 * C::NH * 8);
     static constexpr Region m = region_after(lsum, kWgs * C::NH * 4);
@@ -102,19 +103,20 @@ struct Smem {
 template <class C>
 struct Cta : CtaCommon {
     using S = Smem<C>;
-    uint32_t *sMask;
+    uint16_t *sMask;
     float *sRed, *sM;
     double *sLsum;
 
     __device__ __forceinline__ Cta(const Args &a, uint8_t *smem_raw)
         : CtaCommon(a, smem_raw, grid_pos(a), S::q.off, S::raw.off, S::bar.off, S::valid.off)
     {
-        sMask = reinterpret_cast<uint32_t *>(smem + S::valid.off);
+        sMask = reinterpret_cast<uint16_t *>(smem + S::valid.off);
         sRed = reinterpret_cast<float *>(smem + S::red.off);
         sLsum = reinterpret_cast<double *>(smem + S::lsum.off);
         sM = reinterpret_cast<float *>(smem + S::m.off);
     }
     __device__ __forceinline__ uint32_t raw(int b) const { return sK + b * kRawTile; }
+    __device__ __forceinline__ uint64_t valid_mask(int b) const { return *reinterpret_cast<const uint64_t *>(sMask + 4 * b); }
     __device__ __forceinline__ uint32_t full(int b) const { return bar_full + 8 * b; }
     __device__ __forceinline__ float *staged(int wg) const
     {
@@ -128,17 +130,24 @@ struct Cta : CtaCommon {
 template <class C>
 __device__ __forceinline__ void load_q(const Args &a, const Cta<C> &c)
 {
-    constexpr int kPairs = kDqk / 2;  // 288 per head
-    for (int t = c.tid; t < C::NH * kPairs; t += kThreads) {
-        const int n = t / kPairs, pp = t - n * kPairs;
+    constexpr int kPairs = kDqk / 2;                     // 288 per head
+    constexpr int kPer = C::NH * kPairs / kThreads;      // pairs per thread: all loads go out before any store
+    static_assert(C::NH * kPairs % kThreads == 0, "whole pairs per thread");
+    uint32_t v[kPer];
+#pragma unroll
+    for (int u = 0; u < kPer; ++u) {
+        const int t = c.tid + u * kThreads, n = t / kPairs, pp = t - n * kPairs;
         const int j = pp >> 3, k = 2 * (pp & 7);  // k-step j, fragment column k (even)
         const int q4 = (k & 7) >> 1, hi = k >> 3;
         const int d = j < 32 ? 128 * q4 + ((((j >> 2) + 2 * q4) & 7) << 4) + 4 * (j & 3) + 2 * hi
                              : kDv + 16 * q4 + 4 * (j - 32) + 2 * hi;
-        uint32_t v = 0;
-        if (n < c.h) v = *reinterpret_cast<const uint32_t *>(smla_q_at(&a.p, c.bi, c.si, n, d));
-        const int kg = 16 * j + k;
-        st_shared_u32(c.sQ + (kg >> 6) * C::kQBlk + n * 128 + ((((kg & 63) >> 3) ^ (n & 7)) << 4) + (kg & 7) * 2, v);
+        v[u] = n < c.h ? __ldg(reinterpret_cast<const uint32_t *>(smla_q_at(&a.p, c.bi, c.si, n, d))) : 0u;
+    }
+#pragma unroll
+    for (int u = 0; u < kPer; ++u) {
+        const int t = c.tid + u * kThreads, n = t / kPairs, pp = t - n * kPairs;
+        const int kg = 16 * (pp >> 3) + 2 * (pp & 7);
+        st_shared_u32(c.sQ + (kg >> 6) * C::kQBlk + n * 128 + ((((kg & 63) >> 3) ^ (n & 7)) << 4) + (kg & 7) * 2, v[u]);
     }
     fence_async_smem();
     __syncthreads();
@@ -161,38 +170,39 @@ struct Consumer : HeadSoftmax<C::NH, FAST, C::NH / 2> {
     const Args &a;
     const Cta<C> &c;
     const KvSource kv;
-    const int wg, tw;  // this warpgroup (its tiles wg, wg + 2, ..), the thread's place in it
+    const int wg;      // this warpgroup: its tiles wg, wg + 2, ..
     const int n;       // K tiles of this warpgroup
     const uint32_t sP;
-    int idx_nx;        // tw < 64: the index of row tw of the next refill's tile
+    int idx_nx;        // lanes < 16: the index of row 16 w + lane of the next refill's tile
 
     __device__ __forceinline__ Consumer(const Args &a_, const Cta<C> &c_)
-        : Base(c_.tid), a(a_), c(c_), kv(a_), wg(c_.tid >> 7), tw(c_.tid & 127), n((c_.nt + 1 - (c_.tid >> 7)) >> 1),
+        : Base(c_.tid), a(a_), c(c_), kv(a_), wg(c_.tid >> 7), n((c_.nt + 1 - (c_.tid >> 7)) >> 1),
           sP(c_.base + Smem<C>::p.off + (c_.tid >> 7) * 2 * C::kPBytes), idx_nx(-1)
     {
     }
 
     __device__ __forceinline__ int buf(int jl) const { return 2 * wg + (jl & 1); }
 
-    // Row tw's index of this warpgroup's tile jl (-1 past the slice or past L). Lanes tw < 64.
+    // The index of row 16 w + lane of this warpgroup's tile jl (lanes < 16; -1 past the slice or L).
     __device__ __forceinline__ int fetch(int jl) const
     {
-        if (jl >= n) return -1;
-        const int pos = (c.j0 + 2 * jl + wg) * kBN + tw;
+        if (jl >= n || c.lane >= kIssueLanes) return -1;
+        const int pos = (c.j0 + 2 * jl + wg) * kBN + kIssueLanes * w + c.lane;
         return pos < c.L ? __ldg(c.idx_row + pos) : -1;
     }
 
-    // Tile jl's row tw into its buffer (warps 0 and 1 of the warpgroup, whole warps): the valid mask
-    // first (lane 0's arrival releases it), then a bulk copy or an arrival without bytes.
+    // Tile jl's rows into its buffer (whole warps; lanes < 16 one row each): the warp's 16 bits of the
+    // valid mask first (lane 0's arrival releases them), then a bulk copy or an arrival without bytes.
     __device__ __forceinline__ void issue(int jl, int idx) const
     {
-        const int b = buf(jl);
-        const bool ok = kv.valid(idx);
+        const int b = buf(jl), row = kIssueLanes * w + c.lane;
+        const bool ok = kv.valid(idx);  // lanes >= 16: idx -1
         const uint32_t m = __ballot_sync(0xffffffffu, ok);
-        if (c.lane == 0) c.sMask[2 * b + (tw >> 5)] = m;
+        if (c.lane == 0) c.sMask[4 * b + w] = static_cast<uint16_t>(m);
+        if (c.lane >= kIssueLanes) return;
         if (ok) {
             mbar_arrive_expect_tx(c.full(b), kEntry);
-            bulk_copy_g2s(c.raw(b) + tw * kEntry, kv.row(idx, true), kEntry, c.full(b));
+            bulk_copy_g2s(c.raw(b) + row * kEntry, kv.row(idx, true), kEntry, c.full(b));
         } else {
             mbar_arrive(c.full(b));
         }
@@ -201,7 +211,6 @@ struct Consumer : HeadSoftmax<C::NH, FAST, C::NH / 2> {
     // The first two tiles, and the index of the third.
     __device__ __forceinline__ void start()
     {
-        if (tw >= kRowsPerIssuer) return;
         const int i0 = fetch(0), i1 = fetch(1);
         if (n > 0) issue(0, i0);
         if (n > 1) issue(1, i1);
@@ -236,11 +245,8 @@ struct Consumer : HeadSoftmax<C::NH, FAST, C::NH / 2> {
 #pragma unroll
             for (int m = 0; m < 4; ++m) {
                 if (i < 8) {
-                    const uint32_t x = word(x0, m), y = word(y0, m);
-                    f[m][0] = dequant_e4m3x2(x, sc0);
-                    f[m][1] = dequant_e4m3x2(y, sc1);
-                    f[m][2] = dequant_e4m3x2(x >> 16, sc0);
-                    f[m][3] = dequant_e4m3x2(y >> 16, sc1);
+                    dequant_e4m3x4(word(x0, m), sc0, f[m][0], f[m][2]);
+                    dequant_e4m3x4(word(y0, m), sc1, f[m][1], f[m][3]);
                 } else {  // bf16 RoPE dims 4 m .. 4 m + 3 of the thread's 16: words 2 m, 2 m + 1
                     const uint4 &xs = m < 2 ? x0 : x1, &ys = m < 2 ? y0 : y1;
                     f[m][0] = word(xs, 2 * (m & 1));
@@ -310,16 +316,19 @@ struct Consumer : HeadSoftmax<C::NH, FAST, C::NH / 2> {
         // m-tile mt: dims 2 mt (row g) and 2 mt + 1 (row g + 8) of the piece, tokens (e = 0, 1) and (2, 3)
         auto convert = [&](VFrag &f) {
 #pragma unroll
-            for (int mt = 0; mt < 8; ++mt) {
-                const int sh = 16 * (mt & 1);
-                const uint32_t x = dequant_e4m3x2(word(v[0], mt >> 1) >> sh, sc[0]);
-                const uint32_t y = dequant_e4m3x2(word(v[1], mt >> 1) >> sh, sc[1]);
-                const uint32_t z = dequant_e4m3x2(word(v[2], mt >> 1) >> sh, sc[2]);
-                const uint32_t u = dequant_e4m3x2(word(v[3], mt >> 1) >> sh, sc[3]);
-                f[mt][0] = __byte_perm(x, y, 0x5410);
-                f[mt][1] = __byte_perm(x, y, 0x7632);
-                f[mt][2] = __byte_perm(z, u, 0x5410);
-                f[mt][3] = __byte_perm(z, u, 0x7632);
+            for (int wi = 0; wi < 4; ++wi) {  // word wi: m-tiles 2 wi (its low half) and 2 wi + 1
+                uint32_t x[2], y[2], z[2], u[2];
+                dequant_e4m3x4(word(v[0], wi), sc[0], x[0], x[1]);
+                dequant_e4m3x4(word(v[1], wi), sc[1], y[0], y[1]);
+                dequant_e4m3x4(word(v[2], wi), sc[2], z[0], z[1]);
+                dequant_e4m3x4(word(v[3], wi), sc[3], u[0], u[1]);
+#pragma unroll
+                for (int e = 0; e < 2; ++e) {
+                    f[2 * wi + e][0] = __byte_perm(x[e], y[e], 0x5410);
+                    f[2 * wi + e][1] = __byte_perm(x[e], y[e], 0x7632);
+                    f[2 * wi + e][2] = __byte_perm(z[e], u[e], 0x5410);
+                    f[2 * wi + e][3] = __byte_perm(z[e], u[e], 0x7632);
+                }
             }
         };
         load(0);
@@ -340,7 +349,8 @@ struct Consumer : HeadSoftmax<C::NH, FAST, C::NH / 2> {
 #pragma unroll
                 for (int mt = 0; mt < 8; ++mt) fence_regs(fv[(kk + 1) & 1][mt]);
                 convert(fv[(kk + 1) & 1]);
-                if (kk == 2) refill(jl);
+            } else {
+                refill(jl);  // its last bytes are in registers; the copies overlap the last MMAs
             }
         }
         wg_wait0();
@@ -352,13 +362,9 @@ struct Consumer : HeadSoftmax<C::NH, FAST, C::NH / 2> {
         }
     }
 
-    // Every warp of the warpgroup has read tile jl's buffer: warps 0 and 1 copy tile jl + 2 into it.
+    // Once every warp of the warpgroup has read tile jl's buffer, tile jl + 2 is copied into it.
     __device__ __forceinline__ void refill(int jl)
     {
-        if (tw >= kRowsPerIssuer) {
-            named_arrive(kBarFree + wg, 128);
-            return;
-        }
         named_sync(kBarFree + wg, 128);
         if (jl + 2 < n) issue(jl + 2, idx_nx);
         idx_nx = fetch(jl + 3);
@@ -371,7 +377,7 @@ struct Consumer : HeadSoftmax<C::NH, FAST, C::NH / 2> {
             const int b = buf(jl);
             const uint32_t r = c.raw(b);
             mbar_wait(c.full(b), (jl >> 1) & 1);
-            const uint64_t vm = c.sMask[2 * b] | (static_cast<uint64_t>(c.sMask[2 * b + 1]) << 32);
+            const uint64_t vm = c.valid_mask(b);
             float s[NS], mx[NL];
             scores(r, s);
             const int tok = 16 * w + g;
@@ -447,7 +453,7 @@ __global__ void __launch_bounds__(kThreads, 1) attn_sm90r_kernel(const __grid_co
     pdl_launch_dependents();  // the combine (split mode) may be scheduled; it waits for this grid
     if (c.tid == 0) {
 #pragma unroll
-        for (int b = 0; b < kBufs; ++b) mbar_init(c.full(b), kRowsPerIssuer);
+        for (int b = 0; b < kBufs; ++b) mbar_init(c.full(b), 4 * kIssueLanes);
         fence_mbarrier_init();
     }
     __syncthreads();
