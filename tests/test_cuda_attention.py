@@ -808,12 +808,17 @@ def test_decode_large_values(h, s_q, b, cd, precision):
 
 
 @pytest.mark.parametrize("precision", ref.PRECISIONS)
-@pytest.mark.parametrize("h", [16, 32, 64, 128])
-def test_decode_fp8_odd_scales_and_nan(h, precision):
+@pytest.mark.parametrize("h,family", [(16, "auto"), (32, "auto"), (64, "auto"), (128, "auto"), (16, "sm90r"),
+                                      (3, "sm90r"), (32, "sm90r")])
+def test_decode_fp8_odd_scales_and_nan(h, family, precision, monkeypatch):
     """fp8 rows that are read, with scales the "pow2" writer makes and ones it does not: not a power of
     two, 2^-125 and 2^-124, 2^7 and 2^8 (over bytes small enough that the values stay ~10), and NaN bytes
     (0x7f, 0xff): against the float64 oracle, NaN where it has NaN (also through the split combine, where
-    a split that read the NaN may be the row's only non-empty one)."""
+    a split that read the NaN may be the row's only non-empty one). Also on the register kernel (sm90r),
+    which dequantises in the consumers."""
+    if family != "auto" and not _is_hopper():
+        pytest.skip("the sm90 kernel families need a compute capability 9.0 GPU")
+    monkeypatch.setenv("SMLA_ATTN_KERNEL", family)
     c = decode_case("fp8_ds_mla", 37, 1, h, 2048, 64, seed=1700 + h, tl_mode="none", sink_mode="none",
                     all_invalid_frac=0.0)
     flat = c["kv_cache"].view(-1, ref.FP8_ENTRY)
@@ -870,7 +875,7 @@ def _small_head_decode_grid():
 
 
 @pytest.mark.parametrize("precision", ref.PRECISIONS)
-@pytest.mark.parametrize("family", ["auto", "portable"])
+@pytest.mark.parametrize("family", ["auto", "portable", "sm90r"])
 @pytest.mark.parametrize("cd,h,s_q,topk,bs,b,tl_mode,sink_mode,seed", _small_head_decode_grid())
 def test_small_heads_decode(cd, h, s_q, topk, bs, b, tl_mode, sink_mode, seed, family, precision, monkeypatch):
     monkeypatch.setenv("SMLA_ATTN_KERNEL", family)

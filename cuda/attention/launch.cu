@@ -9,12 +9,15 @@
 //   rows, and neighbouring tokens, whose top-k sets overlap, run at the same time, so K rows are
 //   loaded with an L2 evict_last hint.
 // - On sm_90: h > 32 the warp-specialised wgmma kernel (sm90/kernel.cuh), h <= 32 the narrow wgmma
-//   kernel with tokens on M (sm90/narrow_kernel.cuh); the pair kernel (sm90/pair_kernel.cuh) on request.
+//   kernel with tokens on M (sm90/narrow_kernel.cuh); on request the pair kernel (sm90/pair_kernel.cuh)
+//   and, for fp8 caches at h <= 32, the register kernel (sm90/reg_kernel.cuh; slower than the narrow
+//   one so far: benchmarks/README.md).
 //   Elsewhere the portable mma.sync kernel (sm80/).
 //   All give the exact bf16 values of the CPU path (bf16_rne(float(e4m3) * scale)).
-//   SMLA_ATTN_KERNEL=auto|portable|sm90|sm90n|sm90p (run.attn_kernel) picks the family at run time
-//   (tests, A/B): sm90 the wide kernel for any h, sm90n the narrow one where h <= 32 (the wide one
-//   above), sm90p the pair kernel over a bf16 K source for any h (the wide one for fp8).
+//   SMLA_ATTN_KERNEL=auto|portable|sm90|sm90n|sm90p|sm90r (run.attn_kernel) picks the family at run
+//   time (tests, A/B): sm90 the wide kernel for any h, sm90n the narrow one where h <= 32 (the wide one
+//   above), sm90p the pair kernel over a bf16 K source for any h (the wide one for fp8), sm90r the
+//   register kernel over an fp8 cache where h <= 32 (else as sm90n).
 // - When b * s_q * head_tiles CTAs cannot fill the GPU, decode splits the top-k list across CTAs:
 //   each writes fp32 partial O and a log2 lse into the caller's workspace and the combine kernel
 //   (combine.cu) merges them. A missing or smaller workspace means fewer splits.
@@ -111,11 +114,12 @@ const KernelEntry *largest_fitting_tile(int ht, bool fp8, const DevProps &d)
 
 // The kernel for h heads over a cache of format fp8 on device d, by these rules:
 // 1. On a compute capability 9.0 device (sm_90a code runs nowhere else) of a binary that has the sm90
-//    kernels (SMLA_HAVE_SM90), unless the call asked for portable: for h <= 32 the narrow kernel
-//    (sm90n, the smallest head tile that holds h) unless the call asked for sm90 or sm90p; the pair
+//    kernels (SMLA_HAVE_SM90), unless the call asked for portable: for h <= 32 the register kernel
+//    (sm90r, fp8 only) when the call asked for it, else the narrow kernel (sm90n; each the smallest
+//    head tile that holds h) unless the call asked for sm90 or sm90p; the pair
 //    kernel (sm90p, bf16 K only) when the call asked for it (it is slower than the wide one so far:
 //    benchmarks/README.md); the wide kernel for h > 32, when the call asked for sm90, or for sm90n /
-//    sm90p where that kernel does not apply. Only kernels whose shared memory fits (else the rules below).
+//    sm90p / sm90r where that kernel does not apply. Only kernels whose shared memory fits (else the rules below).
 // 2. sm80: the head tile is the smallest one that holds h (the largest one for more heads than
 //    that), with the largest K tile that fits the device's shared memory; when none does, the
 //    smallest head tile's largest fitting K tile (the fallback, ~100 KB, fits every sm_80+ GPU).
@@ -125,7 +129,7 @@ bool choose(int64_t h, bool fp8, int request, const DevProps &d, Choice *out, in
 #if SMLA_HAVE_SM90
     if (request != kPortable && d.cc == 90) {
         const KernelEntry *k = nullptr;
-        if (request == kAuto || request == kSm90r)
+        if (request == kSm90r)
             for_each_kernel(Family::sm90r, fp8, [&](const KernelEntry &e) {
                 if (e.ht >= h && e.smem <= d.smem_optin && (!k || e.ht < k->ht)) k = &e;
             });

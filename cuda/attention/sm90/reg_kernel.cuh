@@ -41,6 +41,8 @@
 //   pv      : per k-step four 16-byte loads (tokens 2 t4 + {0, 1, 8, 9}), zeroed for invalid tokens,
 //             dequantised and paired, then 8 MMAs (high: 16, P_hi and P_lo into the same accumulator).
 // FAST: precision="fast" (P rounded to bf16, one P V MMA per k-step and m-tile).
+// ABL != 0 only in profiling builds (sm90/kernel.cuh's bits): 1 no K copies (the tiles keep stale bytes),
+// 2 no S wgmma, 4 no P V wgmma, 8 no dequant (the raw words are the fragments).
 #pragma once
 
 #include "attention/epilogue.cuh"
@@ -160,8 +162,10 @@ __device__ __forceinline__ uint32_t word(const uint4 &v, int i)
 }
 
 // One consumer warpgroup.
-template <class C, bool FAST>
+template <class C, int ABL, bool FAST>
 struct Consumer : HeadSoftmax<C::NH, FAST, C::NH / 2> {
+    static constexpr bool kNoLoad = (ABL & 1) != 0, kNoS = (ABL & 2) != 0, kNoPV = (ABL & 4) != 0;
+    static constexpr bool kNoDq = (ABL & 8) != 0;
     using Base = HeadSoftmax<C::NH, FAST, C::NH / 2>;
     using Base::o, Base::m_r, Base::l_r, Base::w, Base::g, Base::t4, Base::head;
     static constexpr int NH = C::NH, NS = C::NS, NL = NH / 4;
@@ -207,7 +211,7 @@ struct Consumer : HeadSoftmax<C::NH, FAST, C::NH / 2> {
         for (int r = 0; r < kIssueLanes; ++r) {
             const uint32_t lo = __shfl_sync(0xffffffffu, static_cast<uint32_t>(p), r);
             const uint32_t hi = __shfl_sync(0xffffffffu, static_cast<uint32_t>(p >> 32), r);
-            if ((m >> r) & 1u) {
+            if (!kNoLoad && ((m >> r) & 1u)) {
                 const uint8_t *src = reinterpret_cast<const uint8_t *>((static_cast<uint64_t>(hi) << 32) | lo) + 16 * c.lane;
                 cp_async16(dst + r * kEntry, src, 16);
                 if (c.lane < kEntry / 16 - 32) cp_async16(dst + r * kEntry + 512, src + 512, 16);
@@ -256,7 +260,10 @@ struct Consumer : HeadSoftmax<C::NH, FAST, C::NH / 2> {
         auto convert = [&](int i, Frag &f) {
 #pragma unroll
             for (int m = 0; m < 4; ++m) {
-                if (i < 8) {
+                if (i < 8 && kNoDq) {
+                    f[m][0] = f[m][2] = word(x0, m);
+                    f[m][1] = f[m][3] = word(y0, m);
+                } else if (i < 8) {
                     dequant_e4m3x4(word(x0, m), sc0, f[m][0], f[m][2]);
                     dequant_e4m3x4(word(y0, m), sc1, f[m][1], f[m][3]);
                 } else {  // bf16 RoPE dims 4 m .. 4 m + 3 of the thread's 16: words 2 m, 2 m + 1
@@ -277,6 +284,7 @@ struct Consumer : HeadSoftmax<C::NH, FAST, C::NH / 2> {
             for (int m = 0; m < 4; ++m) {
                 const int kk = 4 * i + m;
                 const uint64_t db = desc_at(qd, i * C::kQBlk + m * 32);
+                if (kNoS) continue;
                 if (kk < 12) wgmma_rs(t0, fa[i & 1][m], db, kk > 0);
                 else if (kk < 24) wgmma_rs(t1, fa[i & 1][m], db, kk > 12);
                 else wgmma_rs(t2, fa[i & 1][m], db, kk > 24);
@@ -330,10 +338,15 @@ struct Consumer : HeadSoftmax<C::NH, FAST, C::NH / 2> {
 #pragma unroll
             for (int wi = 0; wi < 4; ++wi) {  // word wi: m-tiles 2 wi (its low half) and 2 wi + 1
                 uint32_t x[2], y[2], z[2], u[2];
-                dequant_e4m3x4(word(v[0], wi), sc[0], x[0], x[1]);
-                dequant_e4m3x4(word(v[1], wi), sc[1], y[0], y[1]);
-                dequant_e4m3x4(word(v[2], wi), sc[2], z[0], z[1]);
-                dequant_e4m3x4(word(v[3], wi), sc[3], u[0], u[1]);
+                if constexpr (kNoDq) {
+                    x[0] = x[1] = word(v[0], wi), y[0] = y[1] = word(v[1], wi);
+                    z[0] = z[1] = word(v[2], wi), u[0] = u[1] = word(v[3], wi);
+                } else {
+                    dequant_e4m3x4(word(v[0], wi), sc[0], x[0], x[1]);
+                    dequant_e4m3x4(word(v[1], wi), sc[1], y[0], y[1]);
+                    dequant_e4m3x4(word(v[2], wi), sc[2], z[0], z[1]);
+                    dequant_e4m3x4(word(v[3], wi), sc[3], u[0], u[1]);
+                }
 #pragma unroll
                 for (int e = 0; e < 2; ++e) {
                     f[2 * wi + e][0] = __byte_perm(x[e], y[e], 0x5410);
@@ -350,7 +363,7 @@ struct Consumer : HeadSoftmax<C::NH, FAST, C::NH / 2> {
             wg_fence();
             const uint64_t dh = desc_at(pd, kk * 32), dl = desc_at(pd, C::kPBytes + kk * 32);
 #pragma unroll
-            for (int mt = 0; mt < 8; ++mt) {
+            for (int mt = 0; mt < 8 && !kNoPV; ++mt) {
                 wgmma_rs(o[mt], fv[kk & 1][mt], dh, 1);
                 if constexpr (!FAST) wgmma_rs(o[mt], fv[kk & 1][mt], dl, 1);
             }
@@ -455,7 +468,7 @@ struct Consumer : HeadSoftmax<C::NH, FAST, C::NH / 2> {
 // Internal linkage: each instantiation file owns its kernels.
 namespace {
 
-template <class C, bool FAST>
+template <class C, int ABL, bool FAST>
 __global__ void __launch_bounds__(kThreads, 1) attn_sm90r_kernel(const __grid_constant__ Args a)
 {
     pdl_wait();  // before any global access: the stream's previous kernel is complete (common.cuh)
@@ -469,7 +482,7 @@ __global__ void __launch_bounds__(kThreads, 1) attn_sm90r_kernel(const __grid_co
         fence_mbarrier_init();
     }
     __syncthreads();
-    Consumer<C, FAST> wg(a, c);
+    Consumer<C, ABL, FAST> wg(a, c);
     wg.start();
     if (c.nt > 0) {
         load_q(a, c);
@@ -478,26 +491,27 @@ __global__ void __launch_bounds__(kThreads, 1) attn_sm90r_kernel(const __grid_co
     wg.epilogue();
 }
 
-template <class C, bool FAST>
+template <class C, int ABL, bool FAST>
 int launch_variant(const Args &a, int64_t grid, cudaStream_t s, int dev, smla_status *st)
 {
     static OncePerDevice configured;
     if (configured.needed(dev)) {
-        SMLA_CUDA_CHECK(st, cudaFuncSetAttribute(attn_sm90r_kernel<C, FAST>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                                 Smem<C>::bytes));
+        SMLA_CUDA_CHECK(st, cudaFuncSetAttribute(attn_sm90r_kernel<C, ABL, FAST>,
+                                                 cudaFuncAttributeMaxDynamicSharedMemorySize, Smem<C>::bytes));
         configured.mark(dev);
     }
-    smla_launch(attn_sm90r_kernel<C, FAST>, dim3(static_cast<unsigned>(grid)), dim3(kThreads), Smem<C>::bytes, s, 1, a);
+    smla_launch(attn_sm90r_kernel<C, ABL, FAST>, dim3(static_cast<unsigned>(grid)), dim3(kThreads), Smem<C>::bytes, s, 1,
+                a);
     SMLA_CUDA_LAUNCH_CHECK(st);
     return SMLA_OK;
 }
 
-// The call's precision (this kernel has no ablation variants).
+// The variant the call asks for (sm90/variants.cuh).
 template <class C>
 int launch(const Args &a, int64_t grid, cudaStream_t s, int dev, smla_status *st)
 {
-    return with_precision<0>(a, [&](auto, auto fast) {
-        return launch_variant<C, decltype(fast)::value>(a, grid, s, dev, st);
+    return with_variant(a, [&](auto abl, auto fast) {
+        return launch_variant<C, decltype(abl)::value, decltype(fast)::value>(a, grid, s, dev, st);
     });
 }
 
