@@ -25,10 +25,11 @@
 // CTA = one query row x all heads (NH = 16 or 32, rows past h zero) x one top-k split, 256 threads: two
 // consumer warpgroups on alternate K tiles (warpgroup wg takes the slice's tiles wg, wg + 2, ..), each
 // with its own online softmax (sm90/narrow_softmax.cuh), two raw tile buffers and its own mbarriers; the
-// epilogue merges the two states. Each warp of a warpgroup copies 16 token rows of its tiles with
-// 16-byte cp.async (the bulk-copy engine, one 656-byte copy per row, was measured slower: the copies
-// queued at issue and landed late; benchmarks/README.md), and its threads arrive on the buffer's
-// mbarrier as their copies land. The buffer's valid-token mask goes into smem beside it. A buffer is
+// epilogue merges the two states. Lanes 0..15 of each of a warpgroup's warps (64 lanes, one token row
+// each) fill its buffers: each lane of a valid row expects 656 bytes on the buffer's mbarrier and starts
+// a bulk copy of the row (the compiler issues a warp's copies one lane at a time: they take uniform
+// operands); invalid rows arrive without bytes. The buffer's valid-token mask goes into smem beside it.
+// (16-byte cp.async by every thread instead was measured slower: benchmarks/README.md.) A buffer is
 // refilled (tile jl + 2) once the warpgroup has read tile jl's last V bytes into registers and issued
 // its last MMAs (kBarFree), so the copies overlap those MMAs; the index of each row was loaded a tile
 // earlier.
@@ -41,7 +42,8 @@
 //   pv      : per k-step four 16-byte loads (tokens 2 t4 + {0, 1, 8, 9}), zeroed for invalid tokens,
 //             dequantised and paired, then 8 MMAs (high: 16, P_hi and P_lo into the same accumulator).
 // FAST: precision="fast" (P rounded to bf16, one P V MMA per k-step and m-tile).
-// ABL != 0 only in profiling builds (sm90/kernel.cuh's bits): 1 no K copies (the tiles keep stale bytes),
+// ABL != 0 only in profiling builds (sm90/kernel.cuh's bits): 1 no K copies (the tiles keep stale bytes;
+// the rows still arrive),
 // 2 no S wgmma, 4 no P V wgmma, 8 no dequant (the raw words are the fragments).
 #pragma once
 
@@ -61,9 +63,8 @@ constexpr int kRawTile = kBN * kEntry;  // 41,984 B
 constexpr int kWgs = 2;                 // consumer warpgroups, on alternate K tiles
 constexpr int kBufs = 2 * kWgs;         // two raw tiles per warpgroup
 constexpr int kThreads = 128 * kWgs;
-constexpr int kIssueLanes = 16;         // rows a warp copies into a raw tile (its lanes < 16 hold their indices)
-constexpr int kFullArrivals = 128 + 4;  // a raw tile's mbarrier: each thread's copies, each warp's mask
-static_assert(kEntry % 16 == 0 && kRawTile % 1024 == 0, "bulk copies of whole 16-byte rows, aligned tiles");
+constexpr int kIssueLanes = 16;         // lanes 0..15 of each warp of a warpgroup copy one token row each
+static_assert(kEntry % 16 == 0 && kRawTile % 1024 == 0, "bulk copies of 16-byte multiples, aligned tiles");
 // Named barriers (0 is __syncthreads): per warpgroup wg, + wg.
 constexpr int kBarRed = 1, kBarP = 3, kBarFree = 5, kBarE = 7;
 
@@ -80,7 +81,7 @@ struct Cfg {
 //   q     : Q [NH x 576] in the S^T dimension order, 9 column blocks of [NH rows x 128 B], swizzled;
 //   raw   : kBufs raw K tiles [64 tokens x 656 B] (warpgroup wg: buffers 2 wg, 2 wg + 1);
 //   p     : per warpgroup P^T [NH x 64] bf16, K-major, swizzled: P_hi, then P_lo;
-//   bar   : mbarriers full[kBufs] (kFullArrivals: the warpgroup's copies landed, its masks written);
+//   bar   : mbarriers full[kBufs] (64 arrivals, one per token row, and the copied bytes);
 //   valid : uint16 [kBufs][4], the valid tokens of each raw tile (read as one 64-bit mask);
 //   red   : float [kWgs][2][4][NH], each warp's per-head tile maxima (parity of the tile);
 //   lsum  : double [kWgs][4][NH], each warp's row sums; m: float [kWgs][NH], the row maxima (epilogue).
@@ -196,32 +197,21 @@ struct Consumer : HeadSoftmax<C::NH, FAST, C::NH / 2> {
         return pos < c.L ? __ldg(c.idx_row + pos) : -1;
     }
 
-    // Tile jl's rows 16 w .. 16 w + 15 into its buffer (whole warps; lane r < 16 holds row 16 w + r's
-    // index): each valid row as 41 16-byte cp.async, lane l taking chunks l and 32 + l (l < 9), so a
-    // warp reads 512 contiguous bytes at a time; every thread's arrival on the buffer's mbarrier comes
-    // when its copies have landed, lane 0's also releases the warp's 16 bits of the valid mask.
+    // Tile jl's rows into its buffer (whole warps; lanes < 16 one row each): the warp's 16 bits of the
+    // valid mask first (lane 0's arrival releases them), then a bulk copy or an arrival without bytes.
     __device__ __forceinline__ void issue(int jl, int idx) const
     {
-        const int b = buf(jl);
+        const int b = buf(jl), row = kIssueLanes * w + c.lane;
         const bool ok = kv.valid(idx);  // lanes >= 16: idx -1
         const uint32_t m = __ballot_sync(0xffffffffu, ok);
-        const uint64_t p = reinterpret_cast<uint64_t>(kv.row(idx, ok));
-        const uint32_t dst = c.raw(b) + kIssueLanes * w * kEntry + 16 * c.lane;
-#pragma unroll 4
-        for (int r = 0; r < kIssueLanes; ++r) {
-            const uint32_t lo = __shfl_sync(0xffffffffu, static_cast<uint32_t>(p), r);
-            const uint32_t hi = __shfl_sync(0xffffffffu, static_cast<uint32_t>(p >> 32), r);
-            if (!kNoLoad && ((m >> r) & 1u)) {
-                const uint8_t *src = reinterpret_cast<const uint8_t *>((static_cast<uint64_t>(hi) << 32) | lo) + 16 * c.lane;
-                cp_async16(dst + r * kEntry, src, 16);
-                if (c.lane < kEntry / 16 - 32) cp_async16(dst + r * kEntry + 512, src + 512, 16);
-            }
-        }
-        if (c.lane == 0) {
-            c.sMask[4 * b + w] = static_cast<uint16_t>(m);
+        if (c.lane == 0) c.sMask[4 * b + w] = static_cast<uint16_t>(m);
+        if (c.lane >= kIssueLanes) return;
+        if (ok && !kNoLoad) {
+            mbar_arrive_expect_tx(c.full(b), kEntry);
+            bulk_copy_g2s(c.raw(b) + row * kEntry, kv.row(idx, true), kEntry, c.full(b));
+        } else {
             mbar_arrive(c.full(b));
         }
-        cp_async_mbar_arrive_noinc(c.full(b));
     }
 
     // The first two tiles, and the index of the third.
@@ -478,7 +468,7 @@ __global__ void __launch_bounds__(kThreads, 1) attn_sm90r_kernel(const __grid_co
     pdl_launch_dependents();  // the combine (split mode) may be scheduled; it waits for this grid
     if (c.tid == 0) {
 #pragma unroll
-        for (int b = 0; b < kBufs; ++b) mbar_init(c.full(b), kFullArrivals);
+        for (int b = 0; b < kBufs; ++b) mbar_init(c.full(b), 4 * kIssueLanes);
         fence_mbarrier_init();
     }
     __syncthreads();
