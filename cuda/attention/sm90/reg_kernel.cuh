@@ -65,8 +65,8 @@ constexpr int kBufs = 2 * kWgs;         // two raw tiles per warpgroup
 constexpr int kThreads = 128 * kWgs;
 constexpr int kIssueLanes = 16;         // lanes 0..15 of each warp of a warpgroup copy one token row each
 static_assert(kEntry % 16 == 0 && kRawTile % 1024 == 0, "bulk copies of 16-byte multiples, aligned tiles");
-// Named barriers (0 is __syncthreads): per warpgroup wg, + wg.
-constexpr int kBarRed = 1, kBarP = 3, kBarFree = 5, kBarE = 7;
+// Named barriers of one warpgroup wg (+ wg; 0 is __syncthreads, for the whole CTA).
+constexpr int kBarRed = 1, kBarP = 3, kBarFree = 5;
 
 template <int NH_>
 struct Cfg {
@@ -426,7 +426,7 @@ struct Consumer : HeadSoftmax<C::NH, FAST, C::NH / 2> {
                 const int dim = 16 * (8 * w + g) + 2 * mt + ((i >> 1) & 1);
                 so[hd * C::kOStride + dim] = o[mt][i];
             }
-        named_sync(kBarE, kThreads);
+        __syncthreads();  // both warpgroups' states staged (every thread of the CTA gets here)
         const int lane = c.lane, wc = c.tid >> 5;
         const bool split = a.n_splits > 1;
         const int col0 = 64 * (lane >> 2) + 2 * (lane & 3);
