@@ -112,7 +112,7 @@ __device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi)
 }
 
 // The fp8_ds_mla read rule on the GPU (docs/design.md section 3; core/fp8_ds_mla.h's smla_fp8_dequant on
-// two values), the one form every kernel uses: two e4m3 bytes (low byte first) times the tile scale -> two
+// two values), the form every kernel but the register kernel uses: two e4m3 bytes (low byte first) times the tile scale -> two
 // bf16 (low first), bf16_rne(float(e4m3) * s).
 // e4m3 -> f16 -> f32 is exact, the product is one fp32 rounding, the bf16 conversion one RNE.
 __device__ __forceinline__ uint32_t dequant_e4m3x2(uint32_t two, float s)
@@ -123,7 +123,9 @@ __device__ __forceinline__ uint32_t dequant_e4m3x2(uint32_t two, float s)
 }
 
 // 4 e4m3 values (one word, low byte first) times s -> 4 bf16: lo (bytes 0, 1) and hi (bytes 2, 3), the same
-// rule as dequant_e4m3x2; the conversion reads the word's upper half in place (no shift).
+// rule as dequant_e4m3x2; the conversion reads the word's upper half in place (no shift). Used by the
+// register kernel (sm90/reg_kernel.cuh). Written out rather than as two dequant_e4m3x2 on a shared f16
+// helper: that form reorders the register kernel's schedule (cuobjdump) away from the one measured.
 __device__ __forceinline__ void dequant_e4m3x4(uint32_t four, float s, uint32_t &lo, uint32_t &hi)
 {
     uint32_t h0, h1;

@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # Issue 17 in one device call: build, a first check of the fp8 small-head family (FAMILY, default sm90r:
-# a hang stops the call), the small-head decode tests under "auto", the kernel-family, odd-scale and
+# a hang stops the call), the small-head decode tests under "auto" and sm90r, the kernel-family, odd-scale and
 # |V| ~ 10 tests, the decode grid's h <= 32 points, then the small-head decode benchmark for each of
 # KERNELS (default "sm90r sm90n": the register kernel and the narrow one) in turn, two rounds. Logs under $OUT.
 # Env: TL (tests' time limit, s), SHAPES (benchmark --shape list), MORE_TESTS=1 (the portable kernel's
-# and the prefill small-head tests too), PREFILL=1 (the small-head prefill benchmark); PROFILE=1: instead, a profiling build, tools/ablate.py --small at both
-# precisions and Nsight Compute on one h = 16 decode call. (compute-sanitizer on the small-head tests:
+# and the prefill small-head tests too), PREFILL=1 (the small-head prefill benchmark); PROFILE=1:
+# instead, a profiling build, tools/ablate.py --small at both precisions and Nsight Compute on one
+# h = 16 decode call of the narrow kernel. (compute-sanitizer on the small-head tests:
 # SANITIZE=1 bash tools/gpu_validate.sh.)
 set -u
 cd "$(dirname "$0")/.."
@@ -28,7 +29,7 @@ fi
 python3 setup.py build_ext --inplace -j "$(nproc)" > "$OUT/build.log" 2>&1 || { tail -40 "$OUT/build.log"; exit 1; }
 grep -iE "warning|spill" "$OUT/build.log" | grep -v "0 bytes spill" | head -5
 el build done
-# a first check of the family "auto" gives fp8 small heads (a hang or fault stops the call here)
+# a first check of FAMILY on fp8 small heads among its cases (a hang or fault stops the call here)
 timeout 150 python3 tools/gpu_first_check.py --family "${FAMILY:-sm90r}" --timeout 120 > "$OUT/first.log" 2>&1
 rc=$?; echo "== first check ${FAMILY:-sm90r} (rc $rc)"; grep -E "FAIL|HANG|CRASH" -A3 "$OUT/first.log" | head -20
 [ $rc = 2 ] && { tail -n 20 "$OUT/first.log"; exit 1; }
@@ -36,7 +37,8 @@ el first check done
 P="timeout ${TL:-240} python3 -m pytest -q -rf --tb=short -p no:cacheprovider -m cuda"
 A=tests/test_cuda_attention.py
 # two processes at most beside each other (more time out or run out of memory on one GPU)
-$P $A -k "small_heads_decode and auto or kernel_families or odd_scales or large_values" > "$OUT/t_small_dec.log" 2>&1 &
+$P $A -k "small_heads_decode and (auto or sm90r) or kernel_families or odd_scales or large_values" \
+  > "$OUT/t_small_dec.log" 2>&1 &
 $P $A -k "decode_grid and (h1- or h3- or h8- or h16- or h20- or h32-) or vs_cpu or all_invalid or split or graph or q_pair" \
   > "$OUT/t_grids_small.log" 2>&1 &
 wait

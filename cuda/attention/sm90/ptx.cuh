@@ -287,13 +287,6 @@ __device__ __forceinline__ void wgmma_rs(float (&d)[16], const uint32_t (&a)[4],
 }
 #undef SMLA_F8
 
-// Waits until at most N wgmma groups of this warpgroup are pending.
-template <int N>
-__device__ __forceinline__ void wg_wait()
-{
-    asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
-}
-
 // bytes (a multiple of 16) from global src to shared dst (both 16-byte aligned) by the bulk-copy engine;
 // completes that many bytes of transaction count on the mbarrier bar (the caller expected them).
 __device__ __forceinline__ void bulk_copy_g2s(uint32_t dst, const void *src, uint32_t bytes, uint32_t bar)

@@ -7,8 +7,10 @@
 // Each consumer thread dequantises its own A fragments straight from the cache bytes, which the bulk
 // copy engine puts into shared memory as they are (656 B a token). Why: the narrow kernel's time went
 // to shared-memory traffic (benchmarks/README.md, issue 17, tenth session: ~5000 wavefronts per 64-token
-// tile, of which the bf16 tile's stores and the MMAs' A reads at N = 16 are ~4/5); here a tile costs its
-// copy (328 wavefronts), the K reads (328), the V reads (256) and the small B operands.
+// tile, of which the bf16 tile's stores and the MMAs' A reads at N = 16 are ~4/5); here, by the byte
+// count (an estimate, not measured), a tile costs its copy (328 wavefronts), the K reads (328), the V
+// reads (256) and the small B operands. Measured slower than the narrow kernel all the same
+// (benchmarks/README.md, issue 17, twelfth session): so `auto` does not pick it.
 //
 // Dimension orders. Both products contract over a dimension whose order is free, and O^T's rows are
 // put back in order by the epilogue, so each thread's fragments are whole 16-byte pieces of a row:
@@ -36,15 +38,14 @@
 // Per K tile and warpgroup:
 //   wait    : the buffer's mbarrier (its 64 arrivals and the copied bytes);
 //   scores  : 9 chunks of 4 k-steps: two 16-byte loads a thread (its two tokens), dequantised into the A
-//             fragments (dequant_e4m3x2: bf16_rne(float(e4m3) * scale), the rule of every kernel), with
+//             fragments (dequant_e4m3x4: bf16_rne(float(e4m3) * scale), the rule of every kernel), with
 //             chunk i + 1 converted while chunk i's MMAs run; 3 accumulator chains of 12 k-steps;
 //   softmax : HeadSoftmax (mask, scale, maxima across the 4 warps, P^T in smem, O^T rescale);
 //   pv      : per k-step four 16-byte loads (tokens 2 t4 + {0, 1, 8, 9}), zeroed for invalid tokens,
 //             dequantised and paired, then 8 MMAs (high: 16, P_hi and P_lo into the same accumulator).
 // FAST: precision="fast" (P rounded to bf16, one P V MMA per k-step and m-tile).
 // ABL != 0 only in profiling builds (sm90/kernel.cuh's bits): 1 no K copies (the tiles keep stale bytes;
-// the rows still arrive),
-// 2 no S wgmma, 4 no P V wgmma, 8 no dequant (the raw words are the fragments).
+// the rows still arrive), 2 no S wgmma, 4 no P V wgmma, 8 no dequant (the raw words are the fragments).
 #pragma once
 
 #include "attention/epilogue.cuh"
@@ -99,7 +100,8 @@ struct Smem {
     static constexpr int used = m.end();
     static constexpr int bytes = used + 1024;  // slack to align the base to 1024 B
     static_assert(q.off % 1024 == 0 && raw.off % 1024 == 0 && p.off % 1024 == 0, "swizzled tiles, copy targets");
-    static_assert(bar.off % 8 == 0 && lsum.off % 8 == 0, "mbarriers and row sums are 8-byte");
+    static_assert(bar.off % 8 == 0 && valid.off % 8 == 0 && lsum.off % 8 == 0,
+                  "mbarriers, the 64-bit valid masks and row sums are 8-byte");
     static_assert(C::NH * C::kOStride * 4 <= 2 * kRawTile, "a warpgroup's staged output fits in its raw tiles");
     static_assert(bytes <= 227 * 1024, "sm_90 opt-in shared memory per block");
 };
@@ -182,8 +184,8 @@ struct Consumer : HeadSoftmax<C::NH, FAST, C::NH / 2> {
     int idx_nx;        // lanes < 16: the index of row 16 w + lane of the next refill's tile
 
     __device__ __forceinline__ Consumer(const Args &a_, const Cta<C> &c_)
-        : Base(c_.tid), a(a_), c(c_), kv(a_), wg(c_.tid >> 7), n((c_.nt + 1 - (c_.tid >> 7)) >> 1),
-          sP(c_.base + Smem<C>::p.off + (c_.tid >> 7) * 2 * C::kPBytes), idx_nx(-1)
+        : Base(c_.tid), a(a_), c(c_), kv(a_), wg(c_.tid >> 7), n((c_.nt + 1 - wg) >> 1),
+          sP(c_.base + Smem<C>::p.off + wg * 2 * C::kPBytes), idx_nx(-1)
     {
     }
 
@@ -282,7 +284,7 @@ struct Consumer : HeadSoftmax<C::NH, FAST, C::NH / 2> {
             wg_commit();
             if (i < 8) {
                 load(i + 1);
-                wg_wait<1>();  // chunk i - 1's MMAs are done with fa[(i + 1) & 1]
+                wg_wait1();  // chunk i - 1's MMAs are done with fa[(i + 1) & 1]
 #pragma unroll
                 for (int m = 0; m < 4; ++m) fence_regs(fa[(i + 1) & 1][m]);
                 convert(i + 1, fa[(i + 1) & 1]);
@@ -360,7 +362,7 @@ struct Consumer : HeadSoftmax<C::NH, FAST, C::NH / 2> {
             wg_commit();
             if (kk < 3) {
                 load(kk + 1);
-                wg_wait<1>();  // k-step kk - 1's MMAs are done with fv[(kk + 1) & 1]
+                wg_wait1();  // k-step kk - 1's MMAs are done with fv[(kk + 1) & 1]
 #pragma unroll
                 for (int mt = 0; mt < 8; ++mt) fence_regs(fv[(kk + 1) & 1][mt]);
                 convert(fv[(kk + 1) & 1]);
