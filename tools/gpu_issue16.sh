@@ -6,6 +6,8 @@
 #     tools/gpu_variants.sh: built side by side, a first check of each copy, the attention tests of each
 #     tree, then the prefill benchmark alternating (h=128 32K full + causal, "fast"; ARGS overrides).
 #     SUITE=1 first runs this tree's whole CUDA suite (tools/gpu_validate.sh). About 5-6 minutes.
+#   PHASE=ncu: Nsight Compute on one h=128 32K "fast" prefill launch of the wide kernel of this tree and of each
+#     VARIANTS copy, and of this tree's pair kernel: shared-memory bank traffic, tensor pipe, L2 (below).
 #   PHASE=trace: a profiling build of this tree and tools/trace_attn.py on the wide and the pair kernel
 #     (when each warpgroup passes each point of its schedule); in a copy made by tools/variant_tree.sh
 #     (which carries this script) it traces that copy.
@@ -20,6 +22,40 @@ if [ "${PHASE:-ab}" = trace ]; then
   for k in sm90 sm90p; do
     timeout 60 python3 tools/trace_attn.py --kernel $k --precision fast > "$OUT/trace_$k.txt" 2>&1
     echo "== trace $k (rc $?)"; cat "$OUT/trace_$k.txt"
+  done
+  exit 0
+fi
+if [ "${PHASE:-ab}" = ncu ]; then
+  # Nsight Compute on one h=128 s_kv=32K "fast" prefill launch of this tree's wide kernel, its pair kernel and
+  # each VARIANTS copy's wide kernel: the speed-of-light, memory and compute sections (shared-memory
+  # bank reads / writes, tensor pipe, L2), then the same launch with the shared-memory and gmma metrics
+  # asked for by name (a second run: a metric this ncu lacks fails only that one).
+  export PYTHONPATH=$PWD/src
+  trees=("main:$PWD")
+  for v in ${VARIANTS:-}; do
+    t=${v%%:*} sw=${v#*:}
+    bash tools/variant_tree.sh "/tmp/i16/$t.tar.gz" ${sw//,/ } > /dev/null
+    rm -rf "/tmp/v_$t"; mkdir -p "/tmp/v_$t" && tar xzf "/tmp/i16/$t.tar.gz" -C "/tmp/v_$t" && trees+=("$t:/tmp/v_$t")
+  done
+  for tr in "${trees[@]}"; do
+    (cd "${tr#*:}" && python3 setup.py build_ext --inplace -j $(( $(nproc) / ${#trees[@]} )) > "$OUT/build_${tr%%:*}.log" 2>&1 \
+      || echo "BUILD FAIL ${tr%%:*}") &
+  done
+  wait
+  M=l1tex__data_bank_reads.avg.pct_of_peak_sustained_elapsed,l1tex__data_bank_writes.avg.pct_of_peak_sustained_elapsed,sm__pipe_tensor_op_gmma_cycles_active.avg.pct_of_peak_sustained_elapsed,lts__t_sectors_srcunit_tex_op_read.sum,l1tex__data_pipe_lsu_wavefronts_mem_shared.sum,sm__cycles_elapsed.avg
+  runs=()
+  for tr in "${trees[@]}"; do runs+=("${tr%%:*}:${tr#*:}:sm90"); done
+  runs+=("main-pair:$PWD:sm90p")
+  for r in "${runs[@]}"; do
+    IFS=: read -r name dir kern <<< "$r"
+    B="python3 benchmarks/bench_sparse_mla_prefill.py --shape 128,32768 --kernel $kern --precision fast --no-baseline --iters 1"
+    (cd "$dir" && PYTHONPATH=$dir/src timeout 200 ncu --clock-control none -k regex:attn_sm90 --launch-skip 2 --launch-count 1 \
+       --section SpeedOfLight --section MemoryWorkloadAnalysis --section MemoryWorkloadAnalysis_Tables --section ComputeWorkloadAnalysis \
+       $B > "$OUT/ncu_$name.txt" 2>&1)
+    echo "== $name ($kern)"; grep -E "Duration|Throughput|Shared|Pipe|Bank|Elapsed Cycles|Hit Rate" "$OUT/ncu_$name.txt" | head -30
+    (cd "$dir" && PYTHONPATH=$dir/src timeout 200 ncu --clock-control none -k regex:attn_sm90 --launch-skip 2 --launch-count 1 \
+       --metrics "$M" $B > "$OUT/ncum_$name.txt" 2>&1)
+    grep -E "l1tex__|sm__|lts__|ERROR" "$OUT/ncum_$name.txt" | head -10
   done
   exit 0
 fi
