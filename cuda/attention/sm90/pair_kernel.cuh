@@ -260,7 +260,9 @@ struct PairProducer {
 
 // SMLA_SM90P_SHARED_PRODUCER: the 128 producer threads fill every region together, per pair in the order
 // the consumers free them: buffer 0 early (WG0's local product), buffer 1 early (WG1's), buffer 0 late
-// (WG1's remote product), buffer 1 late (WG0's). Lanes 8s..8s+7 of warp w copy rows 16 i + 4 w + s
+// (WG1's remote product), buffer 1 late (WG0's). In "high" buffer 0's early region also carries WG0's
+// P_lo, which WG1 frees only after it issued its next S chain 0 (on buffer 1's early region), so buffer
+// 1's early region goes first there (the other order deadlocks). Lanes 8s..8s+7 of warp w copy rows 16 i + 4 w + s
 // (i = 0..3), 16-byte chunk cl of each column block: so every region's copies go out through all four
 // warps. full(b, early) counts the 128 threads' cp.async arrivals and the 16 row-flag writers' plain ones.
 template <int ABL, bool FAST>
@@ -331,8 +333,13 @@ struct SharedPairProducer {
             t1 = c.next_tile(t0 + 1);
             fetch(t0, n0);
             fetch(t1, n1);
-            region<kEarly>(0, c0, k);
-            region<kEarly>(1, c1, k);
+            if constexpr (FAST) {  // WG0 frees buffer 0's early region after its local product
+                region<kEarly>(0, c0, k);
+                region<kEarly>(1, c1, k);
+            } else {  // WG1 frees it (WG0's P_lo) after its next S chain 0, which reads buffer 1's
+                region<kEarly>(1, c1, k);
+                region<kEarly>(0, c0, k);
+            }
             region<kLate>(0, c0, k);
             region<kLate>(1, c1, k);
 #pragma unroll
