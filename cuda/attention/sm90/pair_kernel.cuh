@@ -65,14 +65,6 @@ namespace attn {
 namespace sm90 {
 namespace pair {
 
-// Who fills the K buffers: 0, two warps per buffer (PairProducer); 1, all four warps fill every region
-// in turn, in the order the consumers free them (SharedPairProducer: FlashMLA's order). Off by default
-// until measured.
-#ifndef SMLA_SM90P_SHARED_PRODUCER
-#define SMLA_SM90P_SHARED_PRODUCER 0
-#endif
-constexpr bool kSharedProducer = SMLA_SM90P_SHARED_PRODUCER != 0;
-
 // setmaxnreg: the three warpgroups share the launch allocation, 3 x 168 (plan.cuh).
 constexpr int kConsumerRegs = 224, kProducerRegs = 56;
 static_assert(2 * kConsumerRegs + kProducerRegs <= 3 * 168, "the launch allocation: 64K / 384 -> 168");
@@ -138,27 +130,6 @@ struct Cta : CtaCommon {
 // warps 2, 3 buffer 1 (the second), each buffer's region by region in the order its owners free them
 // (early, late). One buffer's loads never wait for the other buffer's frees.
 // ------------------------------------------------------------------------------------------------
-// The column blocks [c0, c1) of region R of buffer b: buffer 0: early = blocks 0..3, late = 4..8; buffer
-// 1: early = 4..8 ("fast") or 4..7, late = 0..3 (and 8: "high"). F(c0, c1) is called once or twice.
-template <bool FAST, int R, class F>
-__device__ __forceinline__ void region_blocks(int b, F &&f)
-{
-    if (b == 0) {
-        if constexpr (R == kEarly) f(0, 4);
-        else f(4, 9);
-    } else if constexpr (FAST) {
-        if constexpr (R == kEarly) f(4, 9);
-        else f(0, 4);
-    } else {
-        if constexpr (R == kEarly) {
-            f(4, 8);
-        } else {
-            f(0, 4);
-            f(8, 9);
-        }
-    }
-}
-
 template <int ABL, bool FAST>
 struct PairProducer {
     static constexpr bool kNoLoad = (ABL & 1) != 0;
@@ -231,7 +202,22 @@ struct PairProducer {
                 mbar_arrive(c.full(buf, R));
             }
         }
-        region_blocks<FAST, R>(buf, [&](int c0, int c1) { copy(rows, c0, c1); });
+        // buffer 0: early = blocks 0..3, late = 4..8; buffer 1: early = 4..8 ("fast") or 4..7, late = 0..3
+        // (and 8: "high")
+        if (buf == 0) {
+            if constexpr (R == kEarly) copy(rows, 0, 4);
+            else copy(rows, 4, 9);
+        } else if constexpr (FAST) {
+            if constexpr (R == kEarly) copy(rows, 4, 9);
+            else copy(rows, 0, 4);
+        } else {
+            if constexpr (R == kEarly) {
+                copy(rows, 4, 8);
+            } else {
+                copy(rows, 0, 4);
+                copy(rows, 8, 9);
+            }
+        }
         cp_async_mbar_arrive_noinc(c.full(buf, R));
         trace(a, use, R == kEarly ? 2 : 4);
     }
@@ -253,97 +239,6 @@ struct PairProducer {
             region<kLate>(rows, k);
 #pragma unroll
             for (int i = 0; i < kRows; ++i) cur[i] = nxt[i];
-        }
-        cp_async_wait_all();
-    }
-};
-
-// SMLA_SM90P_SHARED_PRODUCER: the 128 producer threads fill every region together, per pair in the order
-// the consumers free them: buffer 0 early (WG0's local product), buffer 1 early (WG1's), buffer 0 late
-// (WG1's remote product), buffer 1 late (WG0's). In "high" buffer 0's early region also carries WG0's
-// P_lo, which WG1 frees only after it issued its next S chain 0 (on buffer 1's early region), so buffer
-// 1's early region goes first there (the other order deadlocks). Lanes 8s..8s+7 of warp w copy rows 16 i + 4 w + s
-// (i = 0..3), 16-byte chunk cl of each column block: so every region's copies go out through all four
-// warps. full(b, early) counts the 128 threads' cp.async arrivals and the 16 row-flag writers' plain ones.
-template <int ABL, bool FAST>
-struct SharedPairProducer {
-    static constexpr bool kNoLoad = (ABL & 1) != 0;
-    static constexpr int kRows = 4;
-    const Args &a;
-    const Cta &c;
-    const KvSource kv;
-    const int rg, cl;  // rows 16 i + rg, chunk cl
-    const bool hint;
-    const uint64_t pol;
-
-    __device__ __forceinline__ SharedPairProducer(const Args &a_, const Cta &cta)
-        : a(a_), c(cta), kv(a_), rg(((cta.tid - 256) >> 3) & 15), cl(cta.lane & 7), hint(a_.evict_last != 0),
-          pol(a_.evict_last ? policy_evict_last() : 0)
-    {
-    }
-
-    __device__ __forceinline__ void fetch(int t, int (&idx)[kRows]) const
-    {
-#pragma unroll
-        for (int i = 0; i < kRows; ++i) {
-            const int pos = (c.j0 + t) * kBN + 16 * i + rg;
-            idx[i] = (t < c.nt_all && pos < c.L) ? __ldg(c.idx_row + pos) : -1;
-        }
-    }
-
-    template <int R>
-    __device__ __forceinline__ void region(int b, const int (&idx)[kRows], int use) const
-    {
-        if (use > 0) mbar_wait(c.empty(b, R), (use - 1) & 1);
-        if constexpr (R == kEarly) {
-            if (cl == 0) {
-#pragma unroll
-                for (int i = 0; i < kRows; ++i) c.sValid[b * kBN + 16 * i + rg] = kv.valid(idx[i]) ? 1 : 0;
-                mbar_arrive(c.full(b, R));
-            }
-        }
-        const uint32_t kb = c.kbuf(b) + rg * 128 + ((cl ^ (rg & 7)) << 4);  // (16 i + rg) & 7 = rg & 7
-#pragma unroll
-        for (int i = 0; i < kRows; ++i) {
-            const bool ok = kv.valid(idx[i]);
-            const uint8_t *src = kv.row(idx[i], ok) + cl * 16;
-            const int nb = (ok && !kNoLoad) ? 16 : 0;
-            const uint32_t dst = kb + 16 * i * 128;
-            region_blocks<FAST, R>(b, [&](int c0, int c1) {
-#pragma unroll
-                for (int c8 = c0; c8 < c1; ++c8) {
-                    if (hint) cp_async16_hint(dst + c8 * kBlk, src + c8 * 128, nb, pol);
-                    else cp_async16(dst + c8 * kBlk, src + c8 * 128, nb);
-                }
-            });
-        }
-        cp_async_mbar_arrive_noinc(c.full(b, R));
-    }
-
-    __device__ __forceinline__ void run() const
-    {
-        const int np = (c.nt + 1) / 2;
-        int c0[kRows], c1[kRows], n0[kRows], n1[kRows];  // this pair's and the next pair's indices per buffer
-        int t0 = c.next_tile(0);
-        int t1 = c.next_tile(t0 + 1);  // nt_all (an odd count's last pair): a tile of zeros
-        fetch(t0, c0);
-        fetch(t1, c1);
-        for (int k = 0; k < np; ++k) {
-            t0 = c.next_tile(t1 + 1);
-            t1 = c.next_tile(t0 + 1);
-            fetch(t0, n0);
-            fetch(t1, n1);
-            if constexpr (FAST) {  // WG0 frees buffer 0's early region after its local product
-                region<kEarly>(0, c0, k);
-                region<kEarly>(1, c1, k);
-            } else {  // WG1 frees it (WG0's P_lo) after its next S chain 0, which reads buffer 1's
-                region<kEarly>(1, c1, k);
-                region<kEarly>(0, c0, k);
-            }
-            region<kLate>(0, c0, k);
-            region<kLate>(1, c1, k);
-#pragma unroll
-            for (int i = 0; i < kRows; ++i) c0[i] = n0[i], c1[i] = n1[i];
         }
         cp_async_wait_all();
     }
@@ -751,9 +646,8 @@ __global__ void __launch_bounds__(kThreads, 1) attn_sm90p_kernel(const __grid_co
     pdl_launch_dependents();  // the combine (split mode) may be scheduled; it waits for this grid
     if (c.tid == 0) {
 #pragma unroll
-        for (int i = 0; i < 4; ++i)  // full[b][r]: one buffer's 64 producer threads (+ 8 flag writers: early);
-                                     // kSharedProducer: all 128 (+ 16)
-            mbar_init(c.bar_full + 8 * i, kSharedProducer ? ((i & 1) == kEarly ? 144 : 128) : ((i & 1) == kEarly ? 72 : 64));
+        for (int i = 0; i < 4; ++i)  // full[b][r]: one buffer's 64 producer threads (+ 8 flag writers: early)
+            mbar_init(c.bar_full + 8 * i, (i & 1) == kEarly ? 72 : 64);
         for (int i = 4; i < 8; ++i) mbar_init(c.bar_full + 8 * i, 128);  // empty: one consumer warpgroup
         fence_mbarrier_init();
     }
@@ -764,8 +658,7 @@ __global__ void __launch_bounds__(kThreads, 1) attn_sm90p_kernel(const __grid_co
     trace(a, kTraceEdge, kTrScanned);
     if (c.tid >= 256) {
         setmaxnreg_dec<kProducerRegs>();
-        if constexpr (kSharedProducer) SharedPairProducer<ABL, FAST>(a, c).run();
-        else PairProducer<ABL, FAST>(a, c).run();
+        PairProducer<ABL, FAST>(a, c).run();
         return;
     }
     setmaxnreg_inc<kConsumerRegs>();
