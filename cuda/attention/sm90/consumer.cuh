@@ -333,9 +333,6 @@ struct ScoreWarpgroup : ConsumerBase<ABL, XO, FAST, SPLIT, 0, SPLIT == 0> {
             trace(a, it, 1);
             issue_s0(c, kb, s);
             s_phase(c, kb, s);
-            if constexpr (kPvAfterS && SPLIT == 128) {
-                if (it > 0) named_arrive(kBarS, B::kConsumers);  // WG1 may multiply tile it - 1
-            }
             trace(a, it, 2);
             if (q_empty && it == c.nt - 1) mbar_arrive(q_empty);  // Q may be reloaded
             softmax_publish(c, it, b, kb, s, hi, lo);
@@ -442,9 +439,6 @@ struct ValueWarpgroup : ConsumerBase<ABL, XO, FAST, SPLIT == 0 ? 256 : 512 - SPL
         named_sync(kBarP + b, B::kConsumers);
         trace(B::a, it, 1);
         B::acquire(c, b, use);
-        if constexpr (kPvAfterS && SPLIT == 128) {
-            if (it + 1 < nt) named_sync(kBarS, B::kConsumers);  // WG0's S of tile it + 1 is done
-        }
         const float alpha[2] = {c.sAlpha[b * kHT + r0], c.sAlpha[b * kHT + r0 + 8]};
         B::rescale(alpha);
         pv_phase(c, kb);

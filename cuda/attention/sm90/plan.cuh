@@ -108,14 +108,6 @@ __device__ __forceinline__ void setmaxnreg_to()
 // bf16: the producers' tile scan done (all threads); each warpgroup's staged output written
 // (kBarOut + warpgroup, 128 threads); the persistent kernel's producer warpgroup (128).
 constexpr int kBarP = 1, kBarFree = 3, kBarL = 4, kBarQ = 5, kBarStart = 6, kBarOut = 7, kBarProd = 10;
-// SMLA_SM90_PV_AFTER_S (bf16, split 128; default 0): WG1 issues tile it's P V only once WG0's S of tile
-// it + 1 is done (kBarS: WG0 arrives, WG1 waits), so that the tensor cores run it during WG0's softmax
-// instead of beside its S; the buffer of tile it comes back that much later.
-#ifndef SMLA_SM90_PV_AFTER_S
-#define SMLA_SM90_PV_AFTER_S 0
-#endif
-constexpr bool kPvAfterS = SMLA_SM90_PV_AFTER_S != 0;
-constexpr int kBarS = 11;
 
 struct Smem {
     static constexpr Region q = first_region(kTileBytes);
