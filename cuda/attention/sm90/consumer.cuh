@@ -401,8 +401,7 @@ struct ValueWarpgroup : ConsumerBase<ABL, XO, FAST, SPLIT == 0 ? 256 : 512 - SPL
                         wgmma_n128_tb(oa, desc_at(ld, kk * 32), da);
                         wgmma_n128_tb(ob, desc_at(ld, kk * 32), db);
                     }
-                } else if constexpr (kProducerWarps == 4) {  // columns 128..383 (blocks 2..5) into o[0..127],
-                                                             // 384..511 (blocks 6, 7) into o[128..191]
+                } else {  // columns 128..383 (blocks 2..5) into o[0..127], 384..511 (blocks 6, 7) into o[128..191]
                     auto &oa = reinterpret_cast<float(&)[128]>(o[0]);
                     auto &ob = reinterpret_cast<float(&)[64]>(o[128]);
                     const uint64_t da = B::v_desc_at(vd, kk, 2), db = B::v_desc_at(vd, kk, 6);
@@ -411,14 +410,6 @@ struct ValueWarpgroup : ConsumerBase<ABL, XO, FAST, SPLIT == 0 ? 256 : 512 - SPL
                     if constexpr (!B::kNoLo) {
                         wgmma_n256_tb(oa, desc_at(ld, kk * 32), da);
                         wgmma_n128_tb(ob, desc_at(ld, kk * 32), db);
-                    }
-                } else {  // 512 threads (8 producer warps): three m64n128, blocks 2, 4, 6 into o[0, 64, 128 ..]
-#pragma unroll
-                    for (int j = 0; j < 3; ++j) {
-                        auto &oj = reinterpret_cast<float(&)[64]>(o[64 * j]);
-                        const uint64_t dj = B::v_desc_at(vd, kk, 2 + 2 * j);
-                        wgmma_n128_tb(oj, desc_at(pd, kk * 32), dj);
-                        if constexpr (!B::kNoLo) wgmma_n128_tb(oj, desc_at(ld, kk * 32), dj);
                     }
                 }
             }

@@ -26,14 +26,14 @@
 namespace attn {
 namespace sm90 {
 
-// The mbarriers (thread 0): full[b] counts the PRODUCERS producer threads, empty[b] the CONSUMERS consumer
+// The mbarriers (thread 0): full[b] counts the 128 producer threads, empty[b] the CONSUMERS consumer
 // threads (XO: one arrival per consumer warp of both CTAs), rr[b] (XO) the peer's bytes.
-template <bool XO, int CONSUMERS = 256, int PRODUCERS = 128>
+template <bool XO, int CONSUMERS = 256>
 __device__ __forceinline__ void init_barriers(const Cta<XO> &c)
 {
     if (c.tid == 0) {
-        mbar_init(c.bar_full, PRODUCERS);
-        mbar_init(c.bar_full + 8, PRODUCERS);
+        mbar_init(c.bar_full, 128);
+        mbar_init(c.bar_full + 8, 128);
         mbar_init(c.bar_empty, XO ? 16 : CONSUMERS);
         mbar_init(c.bar_empty + 8, XO ? 16 : CONSUMERS);
         if constexpr (XO) {
@@ -56,9 +56,7 @@ __device__ __forceinline__ void load_q(const Args &a, const Cta<XO> &c)
 template <bool FP8>
 constexpr int kWideSplit = FP8 ? 256 : kSplit;
 template <bool FP8>
-constexpr int kWidePW = FP8 ? 4 : kProducerWarps;
-template <bool FP8>
-constexpr int kWideThreads = WgRegs<kWideSplit<FP8>, kWidePW<FP8>>::threads;
+constexpr int kWideThreads = WgRegs<kWideSplit<FP8>>::threads;
 
 // Internal linkage: each instantiation file owns its kernels (no two files register one kernel).
 namespace {
@@ -74,12 +72,11 @@ __global__ void __launch_bounds__(kWideThreads<FP8>, 1) attn_sm90_kernel(const _
     uint32_t *const mask = reinterpret_cast<uint32_t *>(c.smem + Smem::mask.off);
 
     constexpr int SPLIT = kWideSplit<FP8>;  // WG0's O columns (plan.cuh)
-    constexpr int PW = kWidePW<FP8>;
-    using Regs = WgRegs<SPLIT, PW>;
+    using Regs = WgRegs<SPLIT>;
     constexpr int P0 = Regs::consumers;  // the producer warpgroup's first thread
     trace(a, kTraceEdge, kTrStart);
     pdl_launch_dependents();  // the combine (split mode) may be scheduled; it waits for this grid
-    init_barriers<XO, P0, 32 * PW>(c);
+    init_barriers<XO, P0>(c);
     if (c.nt > 0 && c.tid < 256) load_q(a, c);
     if (!FP8 && c.tid < kMaskWords) mask[c.tid] = 0u;
     if constexpr (XO) cluster_sync();  // both CTAs' barriers initialised
@@ -90,8 +87,8 @@ __global__ void __launch_bounds__(kWideThreads<FP8>, 1) attn_sm90_kernel(const _
     // bf16: the tiles without a valid index are neither loaded nor multiplied (producer.cuh, scan_tiles)
     // (the producers issue the slice's tile 0 first: the scan's round trip overlaps its copies)
     if constexpr (!FP8) {
-        skip_empty_tiles<P0, PW, Regs::threads>(a, c, mask, kBarStart, [&] {
-            if (kSpeculate && c.nt_all > 0) Bf16Producer<ABL, P0, PW>(a, c).speculate();
+        skip_empty_tiles<P0, 4, Regs::threads>(a, c, mask, kBarStart, [&] {
+            if (kSpeculate && c.nt_all > 0) Bf16Producer<ABL, P0>(a, c).speculate();
         });
         trace(a, kTraceEdge, kTrScanned);
     }
@@ -99,7 +96,7 @@ __global__ void __launch_bounds__(kWideThreads<FP8>, 1) attn_sm90_kernel(const _
     if (c.tid >= P0) {
         setmaxnreg_to<Regs::producer, Regs::launch>();
         if constexpr (FP8) Fp8Producer<ABL, XO, 256, 4, /*SPREAD=*/!XO>(a, c, peer, peer_base).run();
-        else Bf16Producer<ABL, P0, PW>(a, c).run(kSpeculate && c.nt_all > 0);
+        else Bf16Producer<ABL, P0>(a, c).run(kSpeculate && c.nt_all > 0);
         return;
     }
 

@@ -68,27 +68,18 @@ constexpr int kSplit = SMLA_SM90_SPLIT;
 static_assert(kSplit == 256 || kSplit == 128 || kSplit == 0,
               "SMLA_SM90_SPLIT: WG0 takes 256, 128 or (three consumer warpgroups) 0 of O's 512 columns");
 static_assert(!kPersistent || kSplit != 0, "the persistent kernel is written for two consumer warpgroups");
-// The bf16 wide kernel's producer warps: 4 (one warpgroup) or 8 (two, 512 threads; with the default
-// split only: WG1's 384 columns are then three m64n128 products, as ptxas holds each instruction to the
-// launch allocation of 128 registers).
-#ifndef SMLA_SM90_PRODUCER_WARPS
-#define SMLA_SM90_PRODUCER_WARPS 4
-#endif
-constexpr int kProducerWarps = SMLA_SM90_PRODUCER_WARPS;
-static_assert(kProducerWarps == 4 || (kProducerWarps == 8 && kSplit == 128),
-              "SMLA_SM90_PRODUCER_WARPS: 4, or 8 with SMLA_SM90_SPLIT 128");
 // The warpgroups of a split and their setmaxnreg budgets: consumers (WG0 .. ; the producer warpgroup's
 // first thread), threads, the launch allocation (64K / threads, a multiple of 8) and the budgets, which
 // sum to the launch allocation of all warpgroups, as above.
-template <int SPLIT, int PW = 4>
+template <int SPLIT>
 struct WgRegs {
     static constexpr int consumers = SPLIT == 0 ? 384 : 256;
-    static constexpr int threads = consumers + 32 * PW;
+    static constexpr int threads = consumers + 128;
     static constexpr int launch = (65536 / threads) & ~7;
     static constexpr int score = SPLIT == 256 ? kScoreRegs : (SPLIT == 128 ? 176 : 120);
     static constexpr int value = SPLIT == 256 ? kValueRegs : (SPLIT == 128 ? 224 : 168);
-    static constexpr int producer = SPLIT == 256 ? kProducerRegs : (SPLIT == 128 && PW == 4 ? 104 : 56);
-    static_assert(score + (consumers / 128 - 1) * value + (PW / 4) * producer <= (threads / 128) * launch &&
+    static constexpr int producer = SPLIT == 256 ? kProducerRegs : (SPLIT == 128 ? 104 : 56);
+    static_assert(score + (consumers / 128 - 1) * value + producer <= (threads / 128) * launch &&
                       score % 8 == 0 && value % 8 == 0 && producer % 8 == 0,
                   "setmaxnreg: multiples of 8 within the launch allocation");
 };
