@@ -43,14 +43,12 @@ __device__ __forceinline__ void wait_q()
     named_sync(kBarQ, 256);  // all of Q landed (and visible to wgmma)
 }
 
-// What the consumer warpgroups share: the thread's place (rows r0, r0 + 8 of the 64 heads, column
+// What both consumer warpgroups share: the thread's place (rows r0, r0 + 8 of the 64 heads, column
 // pairs 2 t4 + 8 jn of its warpgroup's accumulator), the buffer hand-off and its share of O: NC columns
-// from C0 (256 each with SMLA_SM90_SPLIT = 256; 128, the bf16 default: WG0 128, WG1 384; TRI, split 0:
-// WG0 none, WG1 and WG2 256 each; plan.cuh).
-template <int ABL, bool XO, bool FAST, int NC = 256, int C0 = 0, bool TRI = false>
+// from C0 (256 each by default; SMLA_SM90_SPLIT = 128, bf16 only: WG0 128, WG1 384, plan.cuh).
+template <int ABL, bool XO, bool FAST, int NC = 256, int C0 = 0>
 struct ConsumerBase {
     static constexpr bool kNoS = (ABL & 2) != 0, kNoPV = (ABL & 4) != 0, kNoLo = FAST || (ABL & 16) != 0;
-    static constexpr int kConsumers = WgRegs<TRI ? 0 : 256>::consumers;  // kBarP, kBarFree, kBarL, empty[b]
 
     const Args &a;
     const uint32_t peer_base;  // XO: the peer's address of our smem base
@@ -58,8 +56,7 @@ struct ConsumerBase {
     const int wg;              // 0: scores + output columns 0..SPLIT-1; 1: output columns SPLIT..511
     const int g, t4;
     const int r0;              // this thread's rows r0, r0 + 8
-    float o[NC > 0 ? NC / 2 : 1];  // O[r0 / r0 + 8][col0 + 8 jn + 2 t4 + {0, 1}] at o[4 jn + {0, 1} / {2, 3}]
-                                   // (NC 0, split 0's WG0: none; the one entry is never used)
+    float o[NC / 2];           // O[r0 / r0 + 8][col0 + 8 jn + 2 t4 + {0, 1}] at o[4 jn + {0, 1} / {2, 3}]
 
     __device__ __forceinline__ ConsumerBase(const Args &a_, const Cta<XO> &cta, uint32_t peer_base_)
         : a(a_), peer_base(peer_base_), lane(cta.lane), wg(cta.tid >> 7), g(cta.lane >> 2), t4(cta.lane & 3),
@@ -70,7 +67,7 @@ struct ConsumerBase {
     }
 
     // The first of this warpgroup's O columns (the even split from wg at run time: its measured code).
-    __device__ __forceinline__ int col0() const { return NC == 256 && !TRI ? 256 * wg : C0; }
+    __device__ __forceinline__ int col0() const { return NC == 256 ? 256 * wg : C0; }
 
     __device__ __forceinline__ void acquire(const Cta<XO> &c, int b, int use) const
     {
@@ -122,19 +119,16 @@ struct ConsumerBase {
     // the rows' true maxima (max_logits, which only WG0, half 0, writes).
     __device__ __forceinline__ void finish(const Cta<XO> &c, const float (&mt)[2])
     {
-        named_sync(kBarL, kConsumers);  // also: every S is done, so Q's region may hold the staged output
-        const auto stat = [&](int hf, int rl) {
-            return RowStat{c.sM[rl], c.sL[rl], TRI && C0 == 0 ? c.sMt[rl] : mt[hf]};  // TRI: WG0 published them
-        };
+        named_sync(kBarL, 256);  // also: every S is done, so Q's region may hold the staged output
+        const auto stat = [&](int hf, int rl) { return RowStat{c.sM[rl], c.sL[rl], mt[hf]}; };
         finish_o_cols(a, c, c.h0, r0, col0(), t4, o, stat, c.sQ, kBarOut + wg);
     }
 };
 
-// WG0: S, softmax, P for the value warpgroups, and P V for output columns 0 .. SPLIT - 1 (256, 128 or,
-// with three consumer warpgroups, none).
+// WG0: S, softmax, P for both warpgroups, and P V for output columns 0 .. SPLIT - 1 (256 or 128).
 template <int ABL, bool XO, bool FAST, int SPLIT = 256>
-struct ScoreWarpgroup : ConsumerBase<ABL, XO, FAST, SPLIT, 0, SPLIT == 0> {
-    using B = ConsumerBase<ABL, XO, FAST, SPLIT, 0, SPLIT == 0>;
+struct ScoreWarpgroup : ConsumerBase<ABL, XO, FAST, SPLIT, 0> {
+    using B = ConsumerBase<ABL, XO, FAST, SPLIT, 0>;
     using B::a, B::g, B::t4, B::r0, B::o;
     float m_r[2] = {-INFINITY, -INFINITY};  // the reference max of P = 2^(S - m_r) (see softmax)
     float m_t[2] = {-INFINITY, -INFINITY};  // the true row max (max_logits)
@@ -249,7 +243,7 @@ struct ScoreWarpgroup : ConsumerBase<ABL, XO, FAST, SPLIT, 0, SPLIT == 0> {
     {
         store_p(kb + 8 * kBlk, hi);
         if constexpr (!FAST) {
-            if (it > 0) named_sync(kBarFree, B::kConsumers);
+            if (it > 0) named_sync(kBarFree, 256);
             store_p(c.sPlo, lo);
         }
         if (t4 == 0) {
@@ -257,7 +251,7 @@ struct ScoreWarpgroup : ConsumerBase<ABL, XO, FAST, SPLIT, 0, SPLIT == 0> {
             c.sAlpha[b * kHT + r0 + 8] = alpha[1];
         }
         fence_async_smem();
-        named_arrive(kBarP + b, B::kConsumers);
+        named_arrive(kBarP + b, 256);
     }
 
     // O[:, 0:SPLIT] += P V with P from registers, one commit group (pv_issue); pv_phase returns once it
@@ -296,7 +290,7 @@ struct ScoreWarpgroup : ConsumerBase<ABL, XO, FAST, SPLIT, 0, SPLIT == 0> {
     }
     __device__ __forceinline__ void pv_phase(uint32_t kb, uint32_t (&hi)[16], uint32_t (&lo)[16])
     {
-        if constexpr (!B::kNoPV && SPLIT > 0) {
+        if constexpr (!B::kNoPV) {
             pv_issue(kb, hi, lo);
             wg_wait0();
             pv_fence(hi, lo);
@@ -314,7 +308,7 @@ struct ScoreWarpgroup : ConsumerBase<ABL, XO, FAST, SPLIT, 0, SPLIT == 0> {
         trace(a, it, 3);
         publish(c, it, b, kb, alpha, hi, lo);
         trace(a, it, 4);
-        if constexpr (SPLIT > 0) B::rescale(alpha);
+        B::rescale(alpha);
     }
 
     // All K tiles; WG1's P V of tile it overlaps this warpgroup's S of tile it + 1. g0: the buffers' uses
@@ -355,21 +349,15 @@ struct ScoreWarpgroup : ConsumerBase<ABL, XO, FAST, SPLIT, 0, SPLIT == 0> {
             c.sL[r0 + 8] = l_r[1];
             c.sM[r0] = m_r[0];
             c.sM[r0 + 8] = m_r[1];
-            if constexpr (SPLIT == 0) {
-                c.sMt[r0] = m_t[0];
-                c.sMt[r0 + 8] = m_t[1];
-            }
         }
-        if constexpr (SPLIT == 0) named_arrive(kBarL, B::kConsumers);  // no columns of its own
-        else B::finish(c, m_t);
+        B::finish(c, m_t);
     }
 };
 
-// WG1: P V for output columns SPLIT..511 (256 or 384 of them) with P from smem; with SPLIT 0, WG1 and WG2
-// take the 256 columns from C0T (0 or 256).
-template <int ABL, bool XO, bool FAST, int SPLIT = 256, int C0T = 0>
-struct ValueWarpgroup : ConsumerBase<ABL, XO, FAST, SPLIT == 0 ? 256 : 512 - SPLIT, SPLIT == 0 ? C0T : SPLIT, SPLIT == 0> {
-    using B = ConsumerBase<ABL, XO, FAST, SPLIT == 0 ? 256 : 512 - SPLIT, SPLIT == 0 ? C0T : SPLIT, SPLIT == 0>;
+// WG1: P V for output columns SPLIT..511 (256 or 384 of them) with P from smem.
+template <int ABL, bool XO, bool FAST, int SPLIT = 256>
+struct ValueWarpgroup : ConsumerBase<ABL, XO, FAST, 512 - SPLIT, SPLIT> {
+    using B = ConsumerBase<ABL, XO, FAST, 512 - SPLIT, SPLIT>;
     using B::r0, B::o;
 
     __device__ __forceinline__ ValueWarpgroup(const Args &a_, const Cta<XO> &cta, uint32_t peer_base_)
@@ -389,18 +377,6 @@ struct ValueWarpgroup : ConsumerBase<ABL, XO, FAST, SPLIT == 0 ? 256 : 512 - SPL
                     const uint64_t dv = B::v_desc(vd, kk);
                     wgmma_n256_tb(o, desc_at(pd, kk * 32), dv);
                     if constexpr (!B::kNoLo) wgmma_n256_tb(o, desc_at(ld, kk * 32), dv);
-                } else if constexpr (SPLIT == 0) {
-                    // two m64n128k16: with 512 threads ptxas holds every instruction to the launch
-                    // allocation (128 registers), which an m64n256's 128 accumulators exceed (C7602)
-                    auto &oa = reinterpret_cast<float(&)[64]>(o[0]);
-                    auto &ob = reinterpret_cast<float(&)[64]>(o[64]);
-                    const uint64_t da = B::v_desc_at(vd, kk, C0T / 64), db = B::v_desc_at(vd, kk, C0T / 64 + 2);
-                    wgmma_n128_tb(oa, desc_at(pd, kk * 32), da);
-                    wgmma_n128_tb(ob, desc_at(pd, kk * 32), db);
-                    if constexpr (!B::kNoLo) {
-                        wgmma_n128_tb(oa, desc_at(ld, kk * 32), da);
-                        wgmma_n128_tb(ob, desc_at(ld, kk * 32), db);
-                    }
                 } else {  // columns 128..383 (blocks 2..5) into o[0..127], 384..511 (blocks 6, 7) into o[128..191]
                     auto &oa = reinterpret_cast<float(&)[128]>(o[0]);
                     auto &ob = reinterpret_cast<float(&)[64]>(o[128]);
@@ -427,7 +403,7 @@ struct ValueWarpgroup : ConsumerBase<ABL, XO, FAST, SPLIT == 0 ? 256 : 512 - SPL
         const int b = (g0 + it) & 1, use = (g0 + it) >> 1;
         const uint32_t kb = c.sK + b * kTileBytes;
         trace(B::a, it, 0);
-        named_sync(kBarP + b, B::kConsumers);
+        named_sync(kBarP + b, 256);
         trace(B::a, it, 1);
         B::acquire(c, b, use);
         const float alpha[2] = {c.sAlpha[b * kHT + r0], c.sAlpha[b * kHT + r0 + 8]};
@@ -435,14 +411,14 @@ struct ValueWarpgroup : ConsumerBase<ABL, XO, FAST, SPLIT == 0 ? 256 : 512 - SPL
         pv_phase(c, kb);
         trace(B::a, it, 2);
         if constexpr (!FAST) {
-            if (it + 1 < nt) named_arrive(kBarFree, B::kConsumers);  // P_lo may be rewritten
+            if (it + 1 < nt) named_arrive(kBarFree, 256);  // P_lo may be rewritten
         }
         B::release(c, b);
     }
 
     __device__ __forceinline__ void epilogue(const Cta<XO> &c)
     {
-        const float unused[2] = {-INFINITY, -INFINITY};  // no column 0 (or, SPLIT 0, from smem): no max_logits
+        const float unused[2] = {-INFINITY, -INFINITY};  // half 1 writes no max_logits
         B::finish(c, unused);
     }
 };

@@ -26,16 +26,16 @@
 namespace attn {
 namespace sm90 {
 
-// The mbarriers (thread 0): full[b] counts the 128 producer threads, empty[b] the CONSUMERS consumer
+// The mbarriers (thread 0): full[b] counts the 128 producer threads, empty[b] the 256 consumer
 // threads (XO: one arrival per consumer warp of both CTAs), rr[b] (XO) the peer's bytes.
-template <bool XO, int CONSUMERS = 256>
+template <bool XO>
 __device__ __forceinline__ void init_barriers(const Cta<XO> &c)
 {
     if (c.tid == 0) {
         mbar_init(c.bar_full, 128);
         mbar_init(c.bar_full + 8, 128);
-        mbar_init(c.bar_empty, XO ? 16 : CONSUMERS);
-        mbar_init(c.bar_empty + 8, XO ? 16 : CONSUMERS);
+        mbar_init(c.bar_empty, XO ? 16 : 256);
+        mbar_init(c.bar_empty + 8, XO ? 16 : 256);
         if constexpr (XO) {
             mbar_init(c.bar_rr, 1);
             mbar_init(c.bar_rr + 8, 1);
@@ -52,18 +52,12 @@ __device__ __forceinline__ void load_q(const Args &a, const Cta<XO> &c)
     issue_q<kHT, 256>(a, c, c.h0);
 }
 
-// The wide kernel's split of O (plan.cuh: fp8 always the even one) and its thread count.
-template <bool FP8>
-constexpr int kWideSplit = FP8 ? 256 : kSplit;
-template <bool FP8>
-constexpr int kWideThreads = WgRegs<kWideSplit<FP8>>::threads;
-
 // Internal linkage: each instantiation file owns its kernels (no two files register one kernel).
 namespace {
 
 // XO: launched in clusters of 2, the two head tiles of one query row (grid x even).
 template <bool FP8, int ABL, bool XO, bool FAST>
-__global__ void __launch_bounds__(kWideThreads<FP8>, 1) attn_sm90_kernel(const __grid_constant__ Args a)
+__global__ void __launch_bounds__(kThreads, 1) attn_sm90_kernel(const __grid_constant__ Args a)
 {
     pdl_wait();  // before any global access: the stream's previous kernel is complete (common.cuh)
     static_assert(FP8 || !XO, "the crossover is written for the fp8 producer");
@@ -71,12 +65,9 @@ __global__ void __launch_bounds__(kWideThreads<FP8>, 1) attn_sm90_kernel(const _
     Cta<XO> c(a, smem_raw);
     uint32_t *const mask = reinterpret_cast<uint32_t *>(c.smem + Smem::mask.off);
 
-    constexpr int SPLIT = kWideSplit<FP8>;  // WG0's O columns (plan.cuh)
-    using Regs = WgRegs<SPLIT>;
-    constexpr int P0 = Regs::consumers;  // the producer warpgroup's first thread
     trace(a, kTraceEdge, kTrStart);
     pdl_launch_dependents();  // the combine (split mode) may be scheduled; it waits for this grid
-    init_barriers<XO, P0>(c);
+    init_barriers(c);
     if (c.nt > 0 && c.tid < 256) load_q(a, c);
     if (!FP8 && c.tid < kMaskWords) mask[c.tid] = 0u;
     if constexpr (XO) cluster_sync();  // both CTAs' barriers initialised
@@ -87,16 +78,18 @@ __global__ void __launch_bounds__(kWideThreads<FP8>, 1) attn_sm90_kernel(const _
     // bf16: the tiles without a valid index are neither loaded nor multiplied (producer.cuh, scan_tiles)
     // (the producers issue the slice's tile 0 first: the scan's round trip overlaps its copies)
     if constexpr (!FP8) {
-        skip_empty_tiles<P0, 4, Regs::threads>(a, c, mask, kBarStart, [&] {
-            if (kSpeculate && c.nt_all > 0) Bf16Producer<ABL, P0>(a, c).speculate();
+        skip_empty_tiles<256, 4, kThreads>(a, c, mask, kBarStart, [&] {
+            if (kSpeculate && c.nt_all > 0) Bf16Producer<ABL>(a, c).speculate();
         });
         trace(a, kTraceEdge, kTrScanned);
     }
 
-    if (c.tid >= P0) {
-        setmaxnreg_to<Regs::producer, Regs::launch>();
+    constexpr int SPLIT = FP8 ? 256 : kSplit;  // WG0's O columns (plan.cuh)
+    using Regs = WgRegs<SPLIT>;
+    if (c.tid >= 256) {
+        setmaxnreg_to<Regs::producer>();
         if constexpr (FP8) Fp8Producer<ABL, XO, 256, 4, /*SPREAD=*/!XO>(a, c, peer, peer_base).run();
-        else Bf16Producer<ABL, P0>(a, c).run(kSpeculate && c.nt_all > 0);
+        else Bf16Producer<ABL>(a, c).run(kSpeculate && c.nt_all > 0);
         return;
     }
 
@@ -104,7 +97,7 @@ __global__ void __launch_bounds__(kWideThreads<FP8>, 1) attn_sm90_kernel(const _
     // are in flight, nor we while its are (the producers, which have left, are not waited for: their
     // stores completed before the consumers' last rr wait)
     if (c.tid < 128) {
-        setmaxnreg_to<Regs::score, Regs::launch>();
+        setmaxnreg_to<Regs::score>();
         wait_q();
         ScoreWarpgroup<ABL, XO, FAST, SPLIT> wg0(a, c, peer_base);
         wg0.run(c);
@@ -112,8 +105,8 @@ __global__ void __launch_bounds__(kWideThreads<FP8>, 1) attn_sm90_kernel(const _
         trace(a, kTraceEdge, kTrEpilogue);
         wg0.epilogue(c);
         trace(a, kTraceEdge, kTrEnd);
-    } else if constexpr (SPLIT > 0) {
-        setmaxnreg_to<Regs::value, Regs::launch>();
+    } else {
+        setmaxnreg_to<Regs::value>();
         wait_q();
         ValueWarpgroup<ABL, XO, FAST, SPLIT> wg1(a, c, peer_base);
         for (int it = 0; it < c.nt; ++it) wg1.tile(c, it, c.nt);
@@ -121,18 +114,6 @@ __global__ void __launch_bounds__(kWideThreads<FP8>, 1) attn_sm90_kernel(const _
         trace(a, kTraceEdge, kTrEpilogue);
         wg1.epilogue(c);
         trace(a, kTraceEdge, kTrEnd);
-    } else {  // SPLIT 0: WG1 takes columns 0..255, WG2 256..511 (WG2 neither loads nor reads Q)
-        const auto value = [&](auto c0) {
-            setmaxnreg_to<Regs::value, Regs::launch>();
-            if (c.tid < 256) wait_q();
-            ValueWarpgroup<ABL, XO, FAST, SPLIT, decltype(c0)::value> wg(a, c, peer_base);
-            for (int it = 0; it < c.nt; ++it) wg.tile(c, it, c.nt);
-            trace(a, kTraceEdge, kTrEpilogue);
-            wg.epilogue(c);
-            trace(a, kTraceEdge, kTrEnd);
-        };
-        if (c.tid < 256) value(std::integral_constant<int, 0>{});
-        else value(std::integral_constant<int, 256>{});
     }
 }
 
@@ -271,7 +252,7 @@ int launch_variant(const Args &a, int64_t grid, cudaStream_t s, int dev, smla_st
                                                      cudaFuncAttributeMaxDynamicSharedMemorySize, Smem::bytes));
         configured.mark(dev);
     }
-    smla_launch(kern, dim3(static_cast<unsigned>(grid)), dim3(kWideThreads<FP8>), Smem::bytes, s, xo ? 2 : 1, a);
+    smla_launch(kern, dim3(static_cast<unsigned>(grid)), dim3(kThreads), Smem::bytes, s, xo ? 2 : 1, a);
     SMLA_CUDA_LAUNCH_CHECK(st);
     return SMLA_OK;
 }
@@ -291,7 +272,7 @@ int launch(const Args &a, int64_t grid, cudaStream_t s, int dev, smla_status *st
 template <bool FP8>
 constexpr KernelEntry entry()
 {
-    return KernelEntry{Family::sm90, FP8, kHT, kBN, Smem::bytes, 1, kWideThreads<FP8>, &launch<FP8>};
+    return KernelEntry{Family::sm90, FP8, kHT, kBN, Smem::bytes, 1, kThreads, &launch<FP8>};
 }
 
 }  // namespace sm90

@@ -58,47 +58,35 @@ static_assert(kScoreRegs + kValueRegs + kProducerRegs <= 3 * kLaunchRegs, "the l
 // critical path of every tile, is half as long; WG1, idle half of its time with 256, takes the other 384.
 // Measured on the H200 (benchmarks/README.md, "Issue 16, eighth session"): h=128 32K "fast" 4369-4530
 // against 4710-4764 us, the whole CUDA suite passing.
-// 0 (bf16 only): three consumer warpgroups ("tri", 512 threads): WG0 computes S and the softmax and holds
-// no O, so nothing but S, softmax and the hand-off of P is on its path; WG1 and WG2 take columns 0..255 and
-// 256..511 with P from smem. The producer is WG3.
 #ifndef SMLA_SM90_SPLIT
 #define SMLA_SM90_SPLIT 128
 #endif
 constexpr int kSplit = SMLA_SM90_SPLIT;
-static_assert(kSplit == 256 || kSplit == 128 || kSplit == 0,
-              "SMLA_SM90_SPLIT: WG0 takes 256, 128 or (three consumer warpgroups) 0 of O's 512 columns");
-static_assert(!kPersistent || kSplit != 0, "the persistent kernel is written for two consumer warpgroups");
-// The warpgroups of a split and their setmaxnreg budgets: consumers (WG0 .. ; the producer warpgroup's
-// first thread), threads, the launch allocation (64K / threads, a multiple of 8) and the budgets, which
-// sum to the launch allocation of all warpgroups, as above.
+static_assert(kSplit == 256 || kSplit == 128, "SMLA_SM90_SPLIT: WG0 takes 256 or 128 of O's 512 columns");
+// setmaxnreg budgets of the three warpgroups for a split (their sum is the launch allocation, as above).
 template <int SPLIT>
 struct WgRegs {
-    static constexpr int consumers = SPLIT == 0 ? 384 : 256;
-    static constexpr int threads = consumers + 128;
-    static constexpr int launch = (65536 / threads) & ~7;
-    static constexpr int score = SPLIT == 256 ? kScoreRegs : (SPLIT == 128 ? 176 : 120);
-    static constexpr int value = SPLIT == 256 ? kValueRegs : (SPLIT == 128 ? 224 : 168);
-    static constexpr int producer = SPLIT == 256 ? kProducerRegs : (SPLIT == 128 ? 104 : 56);
-    static_assert(score + (consumers / 128 - 1) * value + producer <= (threads / 128) * launch &&
-                      score % 8 == 0 && value % 8 == 0 && producer % 8 == 0,
+    static constexpr int score = SPLIT == 256 ? kScoreRegs : 176;
+    static constexpr int value = SPLIT == 256 ? kValueRegs : 224;
+    static constexpr int producer = SPLIT == 256 ? kProducerRegs : 104;
+    static_assert(score + value + producer <= 3 * kLaunchRegs && score % 8 == 0 && value % 8 == 0 &&
+                      producer % 8 == 0,
                   "setmaxnreg: multiples of 8 within the launch allocation");
 };
-static_assert(WgRegs<256>::launch == kLaunchRegs && WgRegs<256>::threads == kThreads, "the 384-thread kernels");
-// setmaxnreg to N registers from the launch allocation LAUNCH: .inc above it, .dec below (ptxas rejects
-// a .dec that would raise the count).
-template <int N, int LAUNCH = kLaunchRegs>
+// setmaxnreg to N registers from the launch allocation: .inc above it, .dec below (ptxas rejects a .dec
+// that would raise the count).
+template <int N>
 __device__ __forceinline__ void setmaxnreg_to()
 {
-    if constexpr (N > LAUNCH) setmaxnreg_inc<N>();
+    if constexpr (N > kLaunchRegs) setmaxnreg_inc<N>();
     else setmaxnreg_dec<N>();
 }
-// Named barriers of the consumer threads (256; 384 with SPLIT 0): P of K buffer b ready (kBarP + b: WG0
-// arrives, the value warpgroups wait; one per buffer, so WG0 can never arrive twice on one before they
-// waited: its next arrival there needs the buffer back), P_lo free (the value warpgroups arrive, WG0
-// waits; high precision only), the epilogue's row statistics; Q landed (WG0 and WG1, which load it);
-// bf16: the producers' tile scan done (all threads); each warpgroup's staged output written
-// (kBarOut + warpgroup, 128 threads); the persistent kernel's producer warpgroup (128).
-constexpr int kBarP = 1, kBarFree = 3, kBarL = 4, kBarQ = 5, kBarStart = 6, kBarOut = 7, kBarProd = 10;
+// Named barriers of the 256 consumer threads: P of K buffer b ready (kBarP + b: WG0 arrives, WG1 waits;
+// one per buffer, so WG0 can never arrive twice on one before WG1 waited: its next arrival there needs
+// the buffer back), P_lo free (WG1 arrives, WG0 waits; high precision only), the epilogue's row
+// statistics, Q landed; bf16: the producers' tile scan done (all 384 threads); each warpgroup's staged
+// output written (kBarOut + warpgroup, 128 threads); the persistent kernel's producer warpgroup (128).
+constexpr int kBarP = 1, kBarFree = 3, kBarL = 4, kBarQ = 5, kBarStart = 6, kBarOut = 7, kBarProd = 9;
 
 struct Smem {
     static constexpr Region q = first_region(kTileBytes);
@@ -211,10 +199,6 @@ struct Cta : CtaCommon {
     uint32_t sPlo;
     float *sAlpha, *sM;
     double *sL;
-    // SPLIT 0's epilogue: the rows' true maxima (max_logits), which WG0 holds and WG1 writes. They go
-    // where the row-valid flags were (dead by then: WG0 masked its last tile, the producer wrote its
-    // last flags before that tile's full arrival, and no value warpgroup reads them).
-    float *sMt;
 
     __device__ __forceinline__ Cta(const Args &a, uint8_t *smem_raw) : Cta(a, smem_raw, place(a)) {}
     // The CTA's share for work item gp (a persistent CTA takes several, sm90/kernel.cuh).
@@ -227,7 +211,6 @@ struct Cta : CtaCommon {
         sAlpha = reinterpret_cast<float *>(smem + Smem::alpha.off);
         sL = reinterpret_cast<double *>(smem + Smem::row_l.off);
         sM = reinterpret_cast<float *>(smem + Smem::row_m.off);
-        sMt = reinterpret_cast<float *>(smem + Smem::valid.off);
     }
 
   private:
