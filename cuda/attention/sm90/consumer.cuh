@@ -327,9 +327,6 @@ struct ScoreWarpgroup : ConsumerBase<ABL, XO, FAST, SPLIT, 0> {
             trace(a, it, 1);
             issue_s0(c, kb, s);
             s_phase(c, kb, s);
-            if constexpr (kPvAfterS && SPLIT == 128) {
-                if (it > 0) named_arrive(kBarS, 256);  // WG1 may multiply tile it - 1
-            }
             trace(a, it, 2);
             if (q_empty && it == c.nt - 1) mbar_arrive(q_empty);  // Q may be reloaded
             softmax_publish(c, it, b, kb, s, hi, lo);
@@ -409,9 +406,6 @@ struct ValueWarpgroup : ConsumerBase<ABL, XO, FAST, 512 - SPLIT, SPLIT> {
         named_sync(kBarP + b, 256);
         trace(B::a, it, 1);
         B::acquire(c, b, use);
-        if constexpr (kPvAfterS && SPLIT == 128) {
-            if (it + 1 < nt) named_sync(kBarS, 256);  // WG0's S of tile it + 1 is done
-        }
         const float alpha[2] = {c.sAlpha[b * kHT + r0], c.sAlpha[b * kHT + r0 + 8]};
         B::rescale(alpha);
         pv_phase(c, kb);

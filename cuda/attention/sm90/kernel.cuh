@@ -60,7 +60,7 @@ template <bool FP8, int ABL, bool XO, bool FAST>
 __global__ void __launch_bounds__(kThreads, 1) attn_sm90_kernel(const __grid_constant__ Args a)
 {
     pdl_wait();  // before any global access: the stream's previous kernel is complete (common.cuh)
-    static_assert(FP8 || !XO || kBf16Xo, "the bf16 crossover is SMLA_SM90_BF16_XO");
+    static_assert(FP8 || !XO, "the crossover is written for the fp8 producer");
     extern __shared__ uint8_t smem_raw[];
     Cta<XO> c(a, smem_raw);
     uint32_t *const mask = reinterpret_cast<uint32_t *>(c.smem + Smem::mask.off);
@@ -79,7 +79,7 @@ __global__ void __launch_bounds__(kThreads, 1) attn_sm90_kernel(const __grid_con
     // (the producers issue the slice's tile 0 first: the scan's round trip overlaps its copies)
     if constexpr (!FP8) {
         skip_empty_tiles<256, 4, kThreads>(a, c, mask, kBarStart, [&] {
-            if (kSpeculate && !XO && c.nt_all > 0) Bf16Producer<ABL>(a, c).speculate();
+            if (kSpeculate && c.nt_all > 0) Bf16Producer<ABL>(a, c).speculate();
         });
         trace(a, kTraceEdge, kTrScanned);
     }
@@ -89,7 +89,7 @@ __global__ void __launch_bounds__(kThreads, 1) attn_sm90_kernel(const __grid_con
     if (c.tid >= 256) {
         setmaxnreg_to<Regs::producer>();
         if constexpr (FP8) Fp8Producer<ABL, XO, 256, 4, /*SPREAD=*/!XO>(a, c, peer, peer_base).run();
-        else Bf16Producer<ABL, 256, 4, XO>(a, c, peer, peer_base).run(kSpeculate && !XO && c.nt_all > 0);
+        else Bf16Producer<ABL>(a, c).run(kSpeculate && c.nt_all > 0);
         return;
     }
 
@@ -237,18 +237,17 @@ int launch_variant(const Args &a, int64_t grid, cudaStream_t s, int dev, smla_st
         SMLA_CUDA_LAUNCH_CHECK(st);
         return SMLA_OK;
     }
-    // fp8 (bf16: kBf16Xo) with two head tiles: clusters of the two (the crossover; sm90/producer.cuh)
-    constexpr bool kXo = FP8 || kBf16Xo;
-    const bool xo = kXo && a.n_ht == 2;
+    // fp8 with two head tiles: clusters of the two (the crossover; sm90/producer.cuh)
+    const bool xo = FP8 && a.n_ht == 2;
     static_assert(SMLA_MAX_HEADS <= 2 * kHT, "more than two head tiles would need another producer split");
     void (*kern)(Args) = attn_sm90_kernel<FP8, ABL, false, FAST>;
-    if constexpr (kXo) {
+    if constexpr (FP8) {
         if (xo) kern = attn_sm90_kernel<FP8, ABL, true, FAST>;
     }
     if (configured.needed(dev)) {
         SMLA_CUDA_CHECK(st, cudaFuncSetAttribute(attn_sm90_kernel<FP8, ABL, false, FAST>,
                                                  cudaFuncAttributeMaxDynamicSharedMemorySize, Smem::bytes));
-        if constexpr (kXo)
+        if constexpr (FP8)
             SMLA_CUDA_CHECK(st, cudaFuncSetAttribute(attn_sm90_kernel<FP8, ABL, true, FAST>,
                                                      cudaFuncAttributeMaxDynamicSharedMemorySize, Smem::bytes));
         configured.mark(dev);

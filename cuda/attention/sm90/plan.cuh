@@ -62,13 +62,6 @@ static_assert(kScoreRegs + kValueRegs + kProducerRegs <= 3 * kLaunchRegs, "the l
 #define SMLA_SM90_SPLIT 128
 #endif
 constexpr int kSplit = SMLA_SM90_SPLIT;
-// SMLA_SM90_BF16_XO (default 0): the bf16 wide kernel with two head tiles (h > 64) as clusters of the two,
-// each CTA gathering half of every tile's rows into both CTAs' buffers (the fp8 crossover's producer with
-// bf16 rows, sm90/producer.cuh), so that a row's K is read from L2 once, not twice.
-#ifndef SMLA_SM90_BF16_XO
-#define SMLA_SM90_BF16_XO 0
-#endif
-constexpr bool kBf16Xo = SMLA_SM90_BF16_XO != 0;
 static_assert(kSplit == 256 || kSplit == 128, "SMLA_SM90_SPLIT: WG0 takes 256 or 128 of O's 512 columns");
 // setmaxnreg budgets of the three warpgroups for a split (their sum is the launch allocation, as above).
 template <int SPLIT>
@@ -94,15 +87,6 @@ __device__ __forceinline__ void setmaxnreg_to()
 // statistics, Q landed; bf16: the producers' tile scan done (all 384 threads); each warpgroup's staged
 // output written (kBarOut + warpgroup, 128 threads); the persistent kernel's producer warpgroup (128).
 constexpr int kBarP = 1, kBarFree = 3, kBarL = 4, kBarQ = 5, kBarStart = 6, kBarOut = 7, kBarProd = 9;
-// SMLA_SM90_PV_AFTER_S (bf16, split 128; default 0): WG1 issues tile it's P V only once WG0's S of tile
-// it + 1 is done (kBarS: WG0 arrives, WG1 waits), so that the tensor cores run it during WG0's softmax
-// instead of beside its S; the buffer of tile it comes back that much later (27% slower with the
-// one-CTA gather, benchmarks/README.md, issue 16, thirteenth session).
-#ifndef SMLA_SM90_PV_AFTER_S
-#define SMLA_SM90_PV_AFTER_S 0
-#endif
-constexpr bool kPvAfterS = SMLA_SM90_PV_AFTER_S != 0;
-constexpr int kBarS = 11;
 
 struct Smem {
     static constexpr Region q = first_region(kTileBytes);

@@ -112,27 +112,19 @@ __device__ __forceinline__ void skip_empty_tiles(const Args &a, CtaCommon &c, ui
 // speculate(): the wide kernel issues the slice's tile 0 into buffer 0 before its tile scan (a causal
 // row's tile 0 always runs, and almost every row's does), so the scan's round trip overlaps the first
 // copies; run(true) then keeps them when the scan marked tile 0, else lets them land and reloads.
-// XO (SMLA_SM90_BF16_XO, plan.cuh; clusters of the two head tiles of a row): each CTA copies only its
-// half of every tile, rows 32 rank .., and once they landed forwards them, and their row flags, into
-// the peer's buffer by st.async (completing on the peer's rr[b]); so each row is read from L2 once.
-template <int ABL, int P0 = 256, int PW = 4, bool XO = false>
+template <int ABL, int P0 = 256, int PW = 4>
 struct Bf16Producer {
     static constexpr bool kNoLoad = (ABL & 1) != 0;
-    static constexpr int kRows = kBN / PW / (XO ? 2 : 1), kNi = kRows / 4;  // rows per warp, 4-row steps
-    static constexpr uint32_t kRemoteBytes = (kBN / 2) * (kRowBytes + 4);   // XO: the peer's rows + flags
+    static constexpr int kRows = kBN / PW, kNi = kRows / 4;  // rows per warp, 4-row steps
     static_assert(kRows % 4 == 0, "4 rows per warp step");
     const Args &a;
     const CtaCommon &c;
     const KvSource kv;
     const int pw, sub, cl;
-    const int r0;               // XO: this CTA's first row of a tile, 32 rank (else 0)
-    const uint32_t peer_base;   // XO: the peer's address of our smem base
     const uint64_t pol;
 
-    __device__ __forceinline__ Bf16Producer(const Args &a_, const CtaCommon &cta, uint32_t peer = 0u,
-                                            uint32_t peer_base_ = 0u)
+    __device__ __forceinline__ Bf16Producer(const Args &a_, const CtaCommon &cta)
         : a(a_), c(cta), kv(a_), pw((cta.tid - P0) >> 5), sub(cta.lane >> 3), cl(cta.lane & 7),
-          r0(XO ? 32 * static_cast<int>(peer ^ 1u) : 0), peer_base(peer_base_),
           pol(a_.evict_last ? policy_evict_last() : 0)
     {
     }
@@ -142,7 +134,7 @@ struct Bf16Producer {
     {
 #pragma unroll
         for (int i = 0; i < kNi; ++i) {
-            const int pos = (c.j0 + t) * kBN + r0 + kRows * pw + 4 * i + sub;
+            const int pos = (c.j0 + t) * kBN + kRows * pw + 4 * i + sub;
             v[i] = (t < c.nt_all && pos < c.L) ? __ldg(c.idx_row + pos) : -1;
         }
     }
@@ -153,7 +145,7 @@ struct Bf16Producer {
         const uint32_t kb = c.sK + b * kTileBytes;
 #pragma unroll
         for (int i = 0; i < kNi; ++i) {
-            const int r = r0 + kRows * pw + 4 * i + sub;
+            const int r = kRows * pw + 4 * i + sub;
             const bool ok = kv.valid(idx[i]);  // -1 past L
             const uint8_t *src = kv.row(idx[i], ok) + cl * 16;
             const int nb = (ok && !kNoLoad) ? 16 : 0;
@@ -166,26 +158,6 @@ struct Bf16Producer {
             if (cl == 0) c.sValid[b * kBN + r] = ok ? 1 : 0;
         }
         cp_async_commit();
-    }
-
-    // XO: this thread's landed chunks of buffer b (and the row flags its lane wrote) into the peer's.
-    __device__ __forceinline__ void forward(int b) const
-    {
-        const uint32_t kb = c.sK + b * kTileBytes;
-        const uint32_t rbar = peer_base + (c.bar_rr + 8 * b - c.base);  // the peer's rr[b]
-#pragma unroll
-        for (int i = 0; i < kNi; ++i) {
-            const int r = r0 + kRows * pw + 4 * i + sub;
-            const uint32_t dst = kb + r * 128 + ((cl ^ (r & 7)) << 4);
-#pragma unroll
-            for (int c8 = 0; c8 < 9; ++c8) {
-                const uint32_t at = dst + c8 * kBlk;
-                st_async_v4(peer_base + (at - c.base), ld_shared_v4(at), rbar);
-            }
-            if (cl == 0)
-                st_async_u32(peer_base + static_cast<uint32_t>(Smem::valid.off + 4 * (b * kBN + r)),
-                             static_cast<uint32_t>(c.sValid[b * kBN + r]), rbar);
-        }
     }
 
     // Slice tile 0 into buffer 0, before the scan (the slice has a tile).
@@ -219,9 +191,6 @@ struct Bf16Producer {
             t_nxt = c.next_tile(t_nxt + 1);
             fetch_idx(t_nxt, idx_nxt);
             if (use > 0) mbar_wait(c.bar_empty + 8 * b, (use - 1) & 1);
-            // XO: our rr[b] expects the peer's half of this tile (its phase for tile it - 2 is over: our
-            // consumers waited for it before releasing buffer b; as Fp8Producer::stage)
-            if (XO && c.tid == P0) mbar_arrive_expect_tx(c.bar_rr + 8 * b, kRemoteBytes);
             trace(a, it, 1);
             if (it > 0 || !have0) issue(b, idx_cur);
             trace(a, it, 2);
@@ -229,7 +198,6 @@ struct Bf16Producer {
             for (int i = 0; i < kNi; ++i) idx_cur[i] = idx_nxt[i];
             cp_async_wait_all();
             trace(a, it, 3);
-            if constexpr (XO) forward(b);
             fence_async_smem();
             mbar_arrive(c.bar_full + 8 * b);
         }
