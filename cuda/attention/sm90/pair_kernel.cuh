@@ -91,6 +91,17 @@ struct Smem {
 
 constexpr int kEarly = 0, kLate = 1;
 
+// SMLA_SM90P_RELEASE_FIRST (default 0, not yet measured): each warpgroup waits for its remote product and
+// frees the regions it read before it acquires the next pair's early region (else it queues the next S
+// chain 0 behind the remote product first). Why: the stage trace (benchmarks/README.md, issue 16,
+// thirteenth session) shows each warpgroup's free of the peer buffer's late region waiting behind its own
+// next early region's reload (WG1: 2,408 cycles), and the peer then waiting for that late region (WG0:
+// 2,228), a chain of two reloads per pair.
+#ifndef SMLA_SM90P_RELEASE_FIRST
+#define SMLA_SM90P_RELEASE_FIRST 0
+#endif
+constexpr bool kReleaseFirst = SMLA_SM90P_RELEASE_FIRST != 0;
+
 // Trace events per pair (profiling builds, sm90/trace.cuh). WG0: 0 start, 1 its max published, 2 its
 // local P V issued, 3 WG1's max received, 4 local P V done, 5 P0 published, 6 P1 received, 7 the next
 // pair's first S chain issued (its early region landed), 8 remote P V done, 9 the next late region
@@ -530,10 +541,11 @@ struct PairConsumer {
         if constexpr (!kNoLo) fence_regs(lo);
     }
     // Queues the next pair's first S chain behind the remote product (NEXT), then waits for the latter.
+    // kReleaseFirst: only waits (the caller frees its regions, then calls next_first).
     template <bool NEXT>
     __device__ __forceinline__ void after_remote(float (&s)[32], int k)
     {
-        if constexpr (NEXT) {
+        if constexpr (NEXT && !kReleaseFirst) {
             s_first(s, k + 1);
             trace(a, k, PairEv<W>::kFirst);
             wg_wait1();
@@ -542,6 +554,15 @@ struct PairConsumer {
         }
         trace(a, k, PairEv<W>::kRemoteDone);
         fence_regs(o);
+    }
+    // kReleaseFirst: the next pair's first S chain, once this pair's regions are freed.
+    template <bool NEXT>
+    __device__ __forceinline__ void next_first(float (&s)[32], int k)
+    {
+        if constexpr (NEXT && kReleaseFirst) {
+            s_first(s, k + 1);
+            trace(a, k, PairEv<W>::kFirst);
+        }
     }
 
     // WG0's pair k: its tile's softmax and local product, the exchange, WG1's P.
@@ -579,6 +600,7 @@ struct PairConsumer {
         pv_remote();
         after_remote<NEXT>(s, k);
         release(1, kLate);
+        next_first<NEXT>(s, k);
         if constexpr (NEXT) s_rest(s, k + 1);
     }
 
@@ -610,6 +632,7 @@ struct PairConsumer {
         after_remote<NEXT>(s, k);
         if constexpr (!kNoLo) release(0, kEarly);  // WG0's P_lo was in it (lo_block)
         release(0, kLate);
+        next_first<NEXT>(s, k);
         if constexpr (NEXT) s_rest(s, k + 1);
     }
 
