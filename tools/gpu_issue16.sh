@@ -65,6 +65,10 @@ for v in ${VARIANTS:-"even:SMLA_SM90_SPLIT=256 forward:SMLA_REVERSE_ROWS=0"}; do
   t=${v%%:*} sw=${v#*:}
   bash tools/variant_tree.sh "/tmp/i16/$t.tar.gz" ${sw//,/ } > /dev/null && tars+=("/tmp/i16/$t.tar.gz")
 done
-FIRST=sm90 TESTS=tests/test_cuda_attention.py TESTS_K="prefill or causal or empty_tiles or decode_grid and bf16 or split" \
+# KERNEL=sm90p: the pair kernel's variants (its first check, its tests with SMLA_ATTN_KERNEL set; ARGS then
+# need --kernel sm90p); e.g. KERNEL=sm90p VARIANTS="rf:SMLA_SM90P_RELEASE_FIRST=1" ARGS="--shape 128,32768
+# --kernel sm90p --precision both --no-baseline --iters 10" bash tools/gpu_issue16.sh
+if [ -n "${KERNEL:-}" ]; then export SMLA_ATTN_KERNEL=$KERNEL; fi
+FIRST=${KERNEL:-sm90} TESTS=tests/test_cuda_attention.py TESTS_K="prefill or causal or empty_tiles or decode_grid and bf16 or split" \
   BENCH=bench_sparse_mla_prefill.py LINES=12 \
   ARGS=${ARGS:-"--shape 128,32768 --causal --precision fast --no-baseline --iters 10"} bash tools/gpu_variants.sh "${tars[@]}"
