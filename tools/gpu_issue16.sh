@@ -25,16 +25,24 @@ if [ "${PHASE:-ab}" = trace ]; then
   done
   exit 0
 fi
+# The VARIANTS copies of this tree (tools/variant_tree.sh) as /tmp/i16/<name>.tar.gz, their names in `vnames`.
+make_variants() {
+  vnames=()
+  for v in "$@"; do
+    t=${v%%:*} sw=${v#*:}
+    bash tools/variant_tree.sh "/tmp/i16/$t.tar.gz" ${sw//,/ } > /dev/null && vnames+=("$t")
+  done
+}
 if [ "${PHASE:-ab}" = ncu ]; then
   # Nsight Compute on one h=128 s_kv=32K "fast" prefill launch of this tree's wide kernel, its pair kernel and
   # each VARIANTS copy's wide kernel: the speed-of-light, memory and compute sections (shared-memory
-  # bank reads / writes, tensor pipe, L2), then the same launch with the shared-memory and gmma metrics
-  # asked for by name (a second run: a metric this ncu lacks fails only that one).
+  # bank reads / writes, tensor pipe, L2), then the same launch with the shared-memory and L2 metrics
+  # asked for by name (a second run: a metric this ncu lacks fails only that one; the gmma pipe's own
+  # metric, sm__pipe_tensor_op_gmma_cycles_active, is n/a on the H200's ncu).
   export PYTHONPATH=$PWD/src
   trees=("main:$PWD")
-  for v in ${VARIANTS:-}; do
-    t=${v%%:*} sw=${v#*:}
-    bash tools/variant_tree.sh "/tmp/i16/$t.tar.gz" ${sw//,/ } > /dev/null
+  make_variants ${VARIANTS:-}
+  for t in "${vnames[@]}"; do
     rm -rf "/tmp/v_$t"; mkdir -p "/tmp/v_$t" && tar xzf "/tmp/i16/$t.tar.gz" -C "/tmp/v_$t" && trees+=("$t:/tmp/v_$t")
   done
   for tr in "${trees[@]}"; do
@@ -42,7 +50,7 @@ if [ "${PHASE:-ab}" = ncu ]; then
       || echo "BUILD FAIL ${tr%%:*}") &
   done
   wait
-  M=l1tex__data_bank_reads.avg.pct_of_peak_sustained_elapsed,l1tex__data_bank_writes.avg.pct_of_peak_sustained_elapsed,sm__pipe_tensor_op_gmma_cycles_active.avg.pct_of_peak_sustained_elapsed,lts__t_sectors_srcunit_tex_op_read.sum,l1tex__data_pipe_lsu_wavefronts_mem_shared.sum,sm__cycles_elapsed.avg
+  M=l1tex__data_bank_reads.avg.pct_of_peak_sustained_elapsed,l1tex__data_bank_writes.avg.pct_of_peak_sustained_elapsed,lts__t_sectors_srcunit_tex_op_read.sum,l1tex__data_pipe_lsu_wavefronts_mem_shared.sum,sm__cycles_elapsed.avg
   runs=()
   for tr in "${trees[@]}"; do runs+=("${tr%%:*}:${tr#*:}:sm90"); done
   runs+=("main-pair:$PWD:sm90p")
@@ -60,15 +68,15 @@ if [ "${PHASE:-ab}" = ncu ]; then
   exit 0
 fi
 if [ -n "${SUITE:-}" ]; then OUT=$OUT/validate BENCHES=none bash tools/gpu_validate.sh; fi
+make_variants ${VARIANTS:-"even:SMLA_SM90_SPLIT=256 forward:SMLA_REVERSE_ROWS=0"}
 tars=()
-for v in ${VARIANTS:-"even:SMLA_SM90_SPLIT=256 forward:SMLA_REVERSE_ROWS=0"}; do
-  t=${v%%:*} sw=${v#*:}
-  bash tools/variant_tree.sh "/tmp/i16/$t.tar.gz" ${sw//,/ } > /dev/null && tars+=("/tmp/i16/$t.tar.gz")
-done
-# KERNEL=sm90p: the pair kernel's variants (its first check, its tests with SMLA_ATTN_KERNEL set; ARGS then
-# need --kernel sm90p); e.g. KERNEL=sm90p VARIANTS="rf:SMLA_SM90P_RELEASE_FIRST=1" ARGS="--shape 128,32768
-# --kernel sm90p --precision both --no-baseline --iters 10" bash tools/gpu_issue16.sh
-if [ -n "${KERNEL:-}" ]; then export SMLA_ATTN_KERNEL=$KERNEL; fi
-FIRST=${KERNEL:-sm90} TESTS=tests/test_cuda_attention.py TESTS_K="prefill or causal or empty_tiles or decode_grid and bf16 or split" \
+for t in "${vnames[@]}"; do tars+=("/tmp/i16/$t.tar.gz"); done
+# KERNEL=sm90p: the pair kernel's variants (its first check, its prefill tests with SMLA_ATTN_KERNEL set, the
+# selection the thirteenth session ran on it; ARGS then need --kernel sm90p); e.g. KERNEL=sm90p
+# VARIANTS="rf:SMLA_SM90P_RELEASE_FIRST=1" ARGS="--shape 128,32768 --kernel sm90p --precision both
+# --no-baseline --iters 10" bash tools/gpu_issue16.sh
+TK="prefill or causal or empty_tiles or decode_grid and bf16 or split"
+if [ -n "${KERNEL:-}" ]; then export SMLA_ATTN_KERNEL=$KERNEL; TK="prefill or causal or empty_tiles or split"; fi
+FIRST=${KERNEL:-sm90} TESTS=tests/test_cuda_attention.py TESTS_K="$TK" \
   BENCH=bench_sparse_mla_prefill.py LINES=12 \
   ARGS=${ARGS:-"--shape 128,32768 --causal --precision fast --no-baseline --iters 10"} bash tools/gpu_variants.sh "${tars[@]}"

@@ -6,8 +6,9 @@
 // tiles through two buffers, two tiles in flight. Ways:
 //   cpasync PW warps: the kernels' producer (Bf16Producer): lanes 8s..8s+7 copy a row, one 16-byte
 //     cp.async.cg per lane and column block (also: with the L2 evict_last hint; src-size 0 = zero fill).
-//   tma PW warps: one thread a warp issues cp.async.bulk.tensor.2d boxes of {64 values, 1 row} (one 128-byte
-//     chunk) with the 128-byte swizzle into the same layout, completing on the buffer's mbarrier.
+//   tma PW warps: lanes 0 .. 64 / PW - 1 of each warp issue their row's nine cp.async.bulk.tensor.2d boxes of
+//     {64 values, 1 row} (one 128-byte chunk each) with the 128-byte swizzle into the same layout,
+//     completing on the buffer's mbarrier (one expect_tx arrival a warp).
 // Prints us, GB/s and SM cycles per tile (mean over CTAs), and checks each way's first tile against the
 // cp.async one byte for byte.
 //   nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a -o /tmp/load_rate tools/load_rate.cu && /tmp/load_rate
@@ -16,9 +17,7 @@
 
 #include <cstdint>
 #include <cstdio>
-#include <cstring>
 #include <random>
-#include <type_traits>
 #include <vector>
 
 constexpr int kRows = 32768, kD = 576, kRowBytes = kD * 2, kBN = 64, kTiles = 64;
