@@ -96,6 +96,7 @@ class SparseMLAAttention:
     def _setup(self, config, softmax_scale):
         self.config = config
         self.softmax_scale = _real(softmax_scale, "softmax_scale")
+        self._cache_tail = kv_cache_shape(0, config.block_size, config.kv_cache_dtype)[1:]  # (block_size, entry)
 
     @property
     def mode(self) -> str:
@@ -120,10 +121,18 @@ class SparseMLAAttention:
 
     def _check_rows(self, n, what, arrays):
         """Each (name, x, tail) with x [>= n, *tail] (only the first n rows are read or written);
-        out / lse None are skipped (outputs to allocate). `what` says where n comes from, for messages."""
+        out / lse None are skipped (outputs to allocate). `what` says where n comes from, for messages.
+        The usual case costs one shape comparison per array (torch.Size compares equal to a tuple);
+        anything else takes the checked path, which names the argument."""
         for name, x, tail in arrays:
             if x is None and name in ("out", "lse"):
                 continue
+            try:
+                s = x.shape
+                if s[1:] == tail and s[0] >= n:
+                    continue
+            except (AttributeError, TypeError, IndexError):
+                pass
             shape = _shape(x, name)
             if shape[1:] != tail or shape[0] < n:
                 raise ValueError(f"{name}: expected [{n}, {', '.join(map(str, tail))}] (at least {what}), "
@@ -139,6 +148,12 @@ class SparseMLAAttention:
 
     def _check_cache(self, kv_cache):
         # the converted indices are slots of this block size, checked against its block count
+        try:
+            s = kv_cache.shape
+            if s[1:] == self._cache_tail and s[0] >= 1:  # so 3 dims
+                return
+        except (AttributeError, TypeError, IndexError):
+            pass
         cfg = self.config
         shape = _shape(kv_cache, "kv_cache")
         want = kv_cache_shape(shape[0] if shape else 0, cfg.block_size, cfg.kv_cache_dtype)
@@ -268,22 +283,26 @@ class SparseMLAAttention:
 
     def _attend(self, q, kv_cache, topk_indices, md, start, end, o, l):
         """Attention of the step's tokens [start, end) (checked): q, topk_indices, o, l hold exactly
-        those n = end - start rows; md's per-token arrays are indexed by step token."""
+        those n = end - start rows; md's per-token arrays are indexed by step token. A view costs ~1-2 us
+        of host time per array with torch, so the whole step (forward's case) and a range that is all
+        decodes take md's arrays and the caller's as they are."""
         cfg = self.config
         n = end - start
+        whole = start == 0 and end == md.num_padded_tokens  # md's per-token arrays are [T, ...] views
         tok = slice(start, end)
         # prefill_request_ids / prefill_workspace_starts: None unless build() planned a split prefill
         ids = md.prefill_request_ids
         idx = convert_topk_indices(
-            md.req_id_per_token[tok], md.block_table, topk_indices, block_size=cfg.block_size,
-            num_blocks=int(kv_cache.shape[0]), prefill_request_ids=None if ids is None else ids[tok],
-            prefill_workspace_starts=md.prefill_workspace_starts, out=md.indices[tok])
-
+            md.req_id_per_token if whole else md.req_id_per_token[tok], md.block_table, topk_indices,
+            block_size=cfg.block_size, num_blocks=int(kv_cache.shape[0]),
+            prefill_request_ids=None if ids is None else (ids if whole else ids[tok]),
+            prefill_workspace_starts=md.prefill_workspace_starts, out=md.indices if whole else md.indices[tok])
         if cfg.mode == "bf16":
             kv = _flat_rows(kv_cache)
             if kv is not None:
                 sparse_mla_prefill(q, kv, idx, softmax_scale=self.softmax_scale, out=o, lse=l,
-                                   max_logits=md.max_logits_scratch[tok], precision=cfg.precision)
+                                   max_logits=md.max_logits_scratch if whole else md.max_logits_scratch[tok],
+                                   precision=cfg.precision)
             else:
                 self._decode(q, kv_cache, idx, o, l, md, n, 1)
             return
@@ -295,11 +314,16 @@ class SparseMLAAttention:
         b, s = md.decode_shape
         d = min(end, b * s) - start
         if d > 0:
-            whole = start % s == 0 and d % s == 0
-            self._decode(_q_map(q, lambda x: x[:d]), kv_cache, idx[:d], o[:d], l[:d], md, d // s if whole else d,
-                         s if whole else 1)
+            whole_reqs = start % s == 0 and d % s == 0
+            if d < n:
+                q_d, idx_d, o_d, l_d = _q_map(q, lambda x: x[:d]), idx[:d], o[:d], l[:d]
+            else:
+                q_d, idx_d, o_d, l_d = q, idx, o, l
+            self._decode(q_d, kv_cache, idx_d, o_d, l_d, md, d // s if whole_reqs else d, s if whole_reqs else 1)
+        if not md.chunks:
+            return
         ws = md.prefill_workspace
-        max_logits = md.max_logits_scratch[tok] if md.chunks else None
+        max_logits = md.max_logits_scratch[tok]
         for c in md.chunks:
             lo, hi = max(c.token_start, start), min(c.token_end, end)
             if lo >= hi:
@@ -316,7 +340,13 @@ class SparseMLAAttention:
     def _decode(self, q, kv_cache, idx, o, l, md, b, s):
         cfg = self.config
         h = cfg.num_heads
-        sparse_mla_decode(_q_map(q, lambda x: x.reshape(b, s, h, x.shape[-1])), kv_cache, idx.reshape(b, s, cfg.topk),
+        # md's own indices and lse scratch come viewed as [b, s, ...] by build() for the step's decode shape
+        dv = md.decode_views
+        if dv is not None and dv[0] == b and dv[1] == s:
+            idx = dv[2] if idx is md.indices else idx.reshape(b, s, cfg.topk)
+            l = dv[3] if l is md.lse_scratch else l.reshape(b, s, h)
+        else:
+            idx, l = idx.reshape(b, s, cfg.topk), l.reshape(b, s, h)
+        sparse_mla_decode(_q_map(q, lambda x: x.reshape(b, s, h, x.shape[-1])), kv_cache, idx,
                           softmax_scale=self.softmax_scale, kv_cache_dtype=cfg.kv_cache_dtype,
-                          out=o.reshape(b, s, h, D_V), lse=l.reshape(b, s, h),
-                          workspace=md.decode_workspace, precision=cfg.precision)
+                          out=o.reshape(b, s, h, D_V), lse=l, workspace=md.decode_workspace, precision=cfg.precision)

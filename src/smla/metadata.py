@@ -194,6 +194,9 @@ class SparseMLAMetadata:
     max_logits_scratch: object = None        # [T, h] f32
     decode_workspace: object = None          # uint8 [>= decode_workspace_bytes] or None
     decode_workspace_bytes: int = 0          # what this step's decode call needs (the config's mode)
+    # (b, s_q, indices [b, s_q, topk], lse_scratch [b, s_q, h]) when the step's decode call covers all T
+    # tokens (the layer's views for it, made once per step instead of once per layer); else None
+    decode_views: Optional[tuple] = None
     workspace_specs: Optional[dict] = None   # the builder's workspace_specs (with_workspaces checks by them)
     per_call: frozenset = frozenset()        # scratch the caller hands to each attend (None fields here)
     step: int = 0                            # the builder's build count
@@ -232,8 +235,19 @@ class SparseMLAMetadata:
         new = copy.copy(self)  # a field-for-field copy (dataclasses.replace re-runs __init__: ~4x the time)
         for name, x in ws.items():  # per-token scratch viewed to the step's T rows, as build() does
             setattr(new, self._WORKSPACE_FIELDS[name], x[:self.num_padded_tokens] if name in _PER_TOKEN else x)
+        if self.decode_views is not None and ("indices" in ws or "lse" in ws):
+            new.decode_views = _decode_views(new, *self.decode_views[:2])
         new.per_call = self.per_call - ws.keys()
         return new
+
+
+def _decode_views(md, b, s):
+    """md.decode_views for a decode call [b, s] over all of md's T tokens (None without such a call)."""
+    if b * s != md.num_padded_tokens or b * s == 0 or md.indices is None:
+        return None
+    h = md.config.num_heads
+    return (b, s, md.indices.reshape(b, s, md.config.topk), None if md.lse_scratch is None else
+            md.lse_scratch.reshape(b, s, h))
 
 
 def _rows(buf, n):
@@ -651,6 +665,7 @@ class SparseMLAMetadataBuilder:
             decode_workspace_bytes=self.decode_workspace_size(b, s),
             workspace_specs=self._specs, per_call=self._per_call,
             step=self._step, _token=self._token)
+        md.decode_views = _decode_views(md, b, s)
         if split_prefills:
             self._plan_prefill(md)
         return md
