@@ -38,6 +38,7 @@ from .ops import (_int, _real, convert_topk_indices, gather_upconvert, kv_cache_
 __all__ = ["SparseMLAAttention", "SparseMLAConfig"]
 
 Array = Any  # a NumPy, torch or CuPy array (smla accepts any DLPack producer)
+_NOPE_TAIL, _ROPE_TAIL = (D_NOPE,), (D_ROPE,)
 
 
 def _shape(x, name):
@@ -96,7 +97,12 @@ class SparseMLAAttention:
     def _setup(self, config, softmax_scale):
         self.config = config
         self.softmax_scale = _real(softmax_scale, "softmax_scale")
+        # the trailing dims each array must have (the checks of every call compare shapes with these)
+        h = config.num_heads
         self._cache_tail = kv_cache_shape(0, config.block_size, config.kv_cache_dtype)[1:]  # (block_size, entry)
+        self._q_tail, self._out_tail, self._lse_tail = (h, D_QK), (h, D_V), (h,)
+        self._topk_tail = (config.topk,)
+        self._rows_want = (-1, {})  # _check_rows' full shapes for the last row count
 
     @property
     def mode(self) -> str:
@@ -121,21 +127,29 @@ class SparseMLAAttention:
 
     def _check_rows(self, n, what, arrays):
         """Each (name, x, tail) with x [>= n, *tail] (only the first n rows are read or written);
-        out / lse None are skipped (outputs to allocate). `what` says where n comes from, for messages.
-        The usual case costs one shape comparison per array (torch.Size compares equal to a tuple);
-        anything else takes the checked path, which names the argument."""
+        out / lse None are skipped (outputs to allocate). what() says where n comes from, for messages.
+        The usual case, x of exactly [n, *tail], is one shape comparison (torch.Size compares equal to
+        a tuple) with the full shapes of this n kept from the last call (a step's layers share n); any
+        other shape takes the general rule, and a bad one the checked path, which names the argument."""
+        rows_n, want = self._rows_want  # one attribute: the dict always belongs to its n
+        if rows_n != n:
+            want = {}
+            self._rows_want = (n, want)
         for name, x, tail in arrays:
             if x is None and name in ("out", "lse"):
                 continue
+            w = want.get(tail)
+            if w is None:
+                w = want[tail] = (n,) + tail
             try:
                 s = x.shape
-                if s[1:] == tail and s[0] >= n:
+                if s == w or (s[1:] == tail and s[0] >= n):
                     continue
             except (AttributeError, TypeError, IndexError):
                 pass
             shape = _shape(x, name)
             if shape[1:] != tail or shape[0] < n:
-                raise ValueError(f"{name}: expected [{n}, {', '.join(map(str, tail))}] (at least {what}), "
+                raise ValueError(f"{name}: expected [{n}, {', '.join(map(str, tail))}] (at least {what()}), "
                                  f"got {list(shape)}")
 
     @staticmethod
@@ -187,8 +201,8 @@ class SparseMLAAttention:
         skipped). Returns kv_cache. On the CPU, slots past the cache raise ValueError before
         anything is written; the GPU skips them."""
         T = self._check_md(md)
-        self._check_rows(T, f"T = len(md.slot_mapping) = {T} rows",
-                         (("kv_c", kv_c, (D_NOPE,)), ("k_pe", k_pe, (D_ROPE,))))
+        self._check_rows(T, lambda: f"T = len(md.slot_mapping) = {T} rows",
+                         (("kv_c", kv_c, _NOPE_TAIL), ("k_pe", k_pe, _ROPE_TAIL)))
         self._check_cache(kv_cache)
         self._write(kv_c, k_pe, kv_cache, md, T)
         return kv_cache
@@ -226,7 +240,7 @@ class SparseMLAAttention:
         self._check_scratch(md, "attend")
         start, end = self._token_range(tokens, T)
         n, h, topk = end - start, self.config.num_heads, self.config.topk
-        what = f"n = {n} rows: tokens [{start}, {end}) of the step"
+        what = lambda: f"n = {n} rows: tokens [{start}, {end}) of the step"  # noqa: E731 (only for messages)
         pair = isinstance(q, (tuple, list))
         if pair and len(q) != 2:
             raise ValueError(f"q: expected one array or a (q_nope, q_pe) pair, got a {type(q).__name__} "
@@ -265,16 +279,15 @@ class SparseMLAAttention:
         past the cache)."""
         T = self._check_md(md)
         self._check_scratch(md, "forward")
-        h = self.config.num_heads
-        self._check_rows(T, f"T = len(md.slot_mapping) = {T} rows", (
-            ("q", q, (h, D_QK)), ("kv_c", kv_c, (D_NOPE,)), ("k_pe", k_pe, (D_ROPE,)),
-            ("topk_indices", topk_indices, (self.config.topk,)), ("out", out, (h, D_V)),
-            ("lse", lse if return_lse else None, (h,))))
+        self._check_rows(T, lambda: f"T = len(md.slot_mapping) = {T} rows", (
+            ("q", q, self._q_tail), ("kv_c", kv_c, _NOPE_TAIL), ("k_pe", k_pe, _ROPE_TAIL),
+            ("topk_indices", topk_indices, self._topk_tail), ("out", out, self._out_tail),
+            ("lse", lse if return_lse else None, self._lse_tail)))
         self._check_cache(kv_cache)
         if out is None:
-            out = _arrays.empty(q, (T, h, D_V), "bfloat16")
+            out = _arrays.empty(q, (T,) + self._out_tail, "bfloat16")
         if return_lse and lse is None:
-            lse = _arrays.empty(q, (T, h), "float32")
+            lse = _arrays.empty(q, (T,) + self._lse_tail, "float32")
         if T:
             self._write(kv_c, k_pe, kv_cache, md, T)
             self._attend(_first(q, T), kv_cache, _first(topk_indices, T), md, 0, T, _first(out, T),
@@ -347,6 +360,8 @@ class SparseMLAAttention:
             l = dv[3] if l is md.lse_scratch else l.reshape(b, s, h)
         else:
             idx, l = idx.reshape(b, s, cfg.topk), l.reshape(b, s, h)
-        sparse_mla_decode(_q_map(q, lambda x: x.reshape(b, s, h, x.shape[-1])), kv_cache, idx,
+        q = (q[0].reshape(b, s, h, D_NOPE), q[1].reshape(b, s, h, D_ROPE)) if isinstance(q, tuple) else \
+            q.reshape(b, s, h, D_QK)
+        sparse_mla_decode(q, kv_cache, idx,
                           softmax_scale=self.softmax_scale, kv_cache_dtype=cfg.kv_cache_dtype,
                           out=o.reshape(b, s, h, D_V), lse=l, workspace=md.decode_workspace, precision=cfg.precision)
