@@ -6,11 +6,11 @@
  * cuda/memory (the same ops).
  *
  * The CPU's AVX2 convert path (csrc/cpu/convert_topk_indices.c) is the vector twin of smla_convert_index
- * (DCP included); its scalar path calls the function here, the GPU its two stages (smla_convert_locate,
- * smla_convert_slot) with the block-table reads of a thread's entries issued together. The one difference
- * between the backends is kept out of the rule: a block id >= num_blocks makes smla_convert_slot return
- * -1 and report the column, which the CPU turns into an error and the GPU ignores (reporting it would
- * need a sync). */
+ * (DCP included); its scalar path calls the function here, the GPU its two stages (smla_convert_locate
+ * in its forms _paged and _as, smla_convert_slot_as) with the block-table reads of a thread's entries
+ * issued together. The one difference between the backends is kept out of the rule: a block id >=
+ * num_blocks makes smla_convert_slot return -1 and report the column, which the CPU turns into an error
+ * and the GPU ignores (reporting it would need a sync). */
 #ifndef SMLA_CORE_INDEX_RULES_H
 #define SMLA_CORE_INDEX_RULES_H
 
@@ -103,7 +103,9 @@ typedef struct {
     int bs_shift;          /* log2(block_size) when it is a power of two <= 2^31, else -1 */
     smla_udiv bs, dcp_i, dcp_d;
     int dcp_pow2;          /* DCP with a power-of-two interleave and world size: shifts and masks */
-    uint32_t dcp_li, dcp_ld; /* then log2 of each */
+    uint32_t dcp_li, dcp_ld; /* then log2 of each, and: tok >= 0 is this rank's iff */
+    uint32_t dcp_own_mask, dcp_own_val; /* (tok & dcp_own_mask) == dcp_own_val (bit 31 in the mask: tok < 0
+                                         * never matches) */
     uint32_t col_end;      /* min(max_blocks, 2^31): columns b < col_end exist */
     uint32_t blk_max;      /* the largest block id read as a slot: min(num_blocks - 1 when num_blocks > 0,
                             * INT32_MAX / block_size), so blk * block_size + off < 2^32 never wraps */
@@ -124,11 +126,18 @@ SMLA_HD smla_convert_consts smla_convert_consts_of(const smla_convert_indices_pa
     k.dcp_d = smla_udiv_of(p->dcp_size >= 1 ? (uint64_t)p->dcp_size : 1u);
     k.dcp_pow2 = 0;
     k.dcp_li = k.dcp_ld = 0;
+    k.dcp_own_mask = k.dcp_own_val = 0;
     if (p->dcp_size >= 1 && (p->dcp_size & (p->dcp_size - 1)) == 0 && p->dcp_interleave >= 1 &&
         (p->dcp_interleave & (p->dcp_interleave - 1)) == 0) {
         k.dcp_pow2 = 1;
         while (((int64_t)1 << k.dcp_li) < p->dcp_interleave) k.dcp_li++;
         while (((int64_t)1 << k.dcp_ld) < p->dcp_size) k.dcp_ld++;
+        /* owner (t >> li) & (D - 1) == rank, for t in [0, 2^31): the owner bits of t in place. Mask bits
+         * past 32 are no tok's (dropped); a rank << li >= 2^31 owns no such t: ~mask (nonzero: li >= 1
+         * there, so bit 0 is outside the mask), a value the masked tok never has. */
+        const uint64_t own = (uint64_t)p->dcp_rank << k.dcp_li;
+        k.dcp_own_mask = 0x80000000u | (uint32_t)(((uint64_t)p->dcp_size - 1u) << k.dcp_li);
+        k.dcp_own_val = own < ((uint64_t)1 << 31) ? (uint32_t)own : ~k.dcp_own_mask;
     }
     k.col_end = p->max_blocks > ((int64_t)1 << 31) ? (uint32_t)1 << 31 : (uint32_t)(p->max_blocks < 0 ? 0 : p->max_blocks);
     int64_t bm = bs > 0 ? INT32_MAX / bs : 0;
@@ -176,11 +185,41 @@ SMLA_HD smla_index_row smla_index_row_of(const smla_convert_indices_params *p, i
  * In two stages, so that a kernel can issue the block-table reads of many entries at once:
  * smla_convert_locate gives the block-table column b to read (>= 0) and the offset in the block, or -1
  * with the entry's final value in *off; smla_convert_slot turns the block id read there into the slot.
+ * (smla_convert_locate_paged is its paged part without the -1 selects, and smla_convert_slot_as takes
+ * the power-of-two block size as an argument, for a kernel's own loop.)
  * A valid tok is in [0, 2^31), so the divisions are 32-bit ones by smla_udiv.
  * smla_convert_locate_as takes the call's cases as arguments, dcp = 0 without DCP, 1 with it, 2 with it
  * and a power-of-two interleave and world size (k->dcp_pow2: the divisions are shifts), and pow2 =
  * (k->bs_shift >= 0), so that a kernel can pass them as compile-time constants and compile each case's
  * entry loop without the tests; smla_convert_locate reads them from p and k. */
+/* The paged part of smla_convert_locate_as (rc a paged row): whether the entry has a block-table column,
+ * and the column b (*col) and the offset in the block (*off), meaningful only when it has one. A kernel
+ * that reads the column under that flag (block id -1 otherwise) needs no -1 selects here: block id -1
+ * makes smla_convert_slot_as -1 whatever the offset. */
+SMLA_HD int smla_convert_locate_paged(const smla_convert_indices_params *p, const smla_convert_consts *k,
+                                      const smla_index_row *rc, int32_t tok, uint32_t *col, uint32_t *off, int dcp,
+                                      int pow2)
+{
+    int ok = tok >= 0 && rc->live;
+    uint32_t t = (uint32_t)tok & 0x7fffffffu;
+    if (dcp == 2) { /* the same with masks: the owner bits compared in place (k->dcp_own_*), and the local
+                     * position (h << li) | t % I is t's low li bits kept, the bits above them shifted
+                     * down by ld (t = tok where ok) */
+        const uint32_t u = (uint32_t)tok, lo = (uint32_t)p->dcp_interleave - 1u, s = u >> k->dcp_ld;
+        ok = rc->live && (u & k->dcp_own_mask) == k->dcp_own_val;
+        t = s ^ ((s ^ u) & lo);
+    } else if (dcp) { /* g = t / I, h = g / D: owner g - h * D, local h * I + t % I */
+        const uint32_t g = smla_udiv_q(k->dcp_i, t), h = smla_udiv_q(k->dcp_d, g);
+        ok = ok && g - h * (uint32_t)p->dcp_size == (uint32_t)p->dcp_rank;
+        t = h * (uint32_t)p->dcp_interleave + (t - g * (uint32_t)p->dcp_interleave);
+    }
+    /* a block size >= 2^31 gives b = 0 (smla_udiv), whatever its low 32 bits */
+    const uint32_t b = pow2 ? t >> k->bs_shift : smla_udiv_q(k->bs, t);
+    *col = b;
+    *off = pow2 ? t & (k->bs32 - 1u) : t - b * k->bs32;
+    return ok && b < k->col_end;
+}
+
 SMLA_HD int32_t smla_convert_locate_as(const smla_convert_indices_params *p, const smla_convert_consts *k,
                                        const smla_index_row *rc, int32_t tok, int32_t *off, int dcp, int pow2)
 {
@@ -191,21 +230,9 @@ SMLA_HD int32_t smla_convert_locate_as(const smla_convert_indices_params *p, con
         *off = tok < 0 || v > INT32_MAX ? -1 : (int32_t)v;
         return -1;
     }
-    int ok = tok >= 0 && rc->live;
-    uint32_t t = (uint32_t)tok & 0x7fffffffu;
-    if (dcp == 2) { /* the same with shifts and masks */
-        const uint32_t g = t >> k->dcp_li, h = g >> k->dcp_ld;
-        ok = ok && (g & ((uint32_t)p->dcp_size - 1u)) == (uint32_t)p->dcp_rank;
-        t = (h << k->dcp_li) | (t & ((uint32_t)p->dcp_interleave - 1u));
-    } else if (dcp) { /* g = t / I, h = g / D: owner g - h * D, local h * I + t % I */
-        const uint32_t g = smla_udiv_q(k->dcp_i, t), h = smla_udiv_q(k->dcp_d, g);
-        ok = ok && g - h * (uint32_t)p->dcp_size == (uint32_t)p->dcp_rank;
-        t = h * (uint32_t)p->dcp_interleave + (t - g * (uint32_t)p->dcp_interleave);
-    }
-    /* a block size >= 2^31 gives b = 0 (smla_udiv), whatever its low 32 bits */
-    const uint32_t b = pow2 ? t >> k->bs_shift : smla_udiv_q(k->bs, t);
-    ok = ok && b < k->col_end;
-    *off = ok ? (int32_t)(t - b * k->bs32) : -1;
+    uint32_t b, o;
+    const int ok = smla_convert_locate_paged(p, k, rc, tok, &b, &o, dcp, pow2);
+    *off = ok ? (int32_t)o : -1;
     return ok ? (int32_t)b : -1;
 }
 
@@ -218,14 +245,21 @@ SMLA_HD int32_t smla_convert_locate(const smla_convert_indices_params *p, const 
 /* Stage 2: the block id read from column col -> the slot, or -1 (see smla_convert_locate). A block id in
  * [0, blk_max] gives blk * block_size + off < 2^31 + block_size <= 2^32: the slot in 32 unsigned bits,
  * checked against INT32_MAX; any other id is -1 (blk_max is below num_blocks, when given, and the
- * largest id whose slots can fit int32). */
+ * largest id whose slots can fit int32). With pow2 (a power-of-two block size 2^s, off < 2^s) that check
+ * is left out: blk <= blk_max <= 2^(31 - s) - 1 already keeps the slot <= 2^31 - 1. */
+SMLA_HD int32_t smla_convert_slot_as(const smla_convert_indices_params *p, const smla_convert_consts *k,
+                                     int32_t blk, int32_t off, int32_t col, int64_t *past_col, int pow2)
+{
+    const uint32_t slot = (uint32_t)blk * k->bs32 + (uint32_t)off;
+    if ((uint32_t)blk <= k->blk_max && (pow2 || slot <= (uint32_t)INT32_MAX)) return (int32_t)slot;
+    if (p->num_blocks > 0 && blk >= p->num_blocks) *past_col = col;
+    return -1;
+}
+
 SMLA_HD int32_t smla_convert_slot(const smla_convert_indices_params *p, const smla_convert_consts *k, int32_t blk,
                                   int32_t off, int32_t col, int64_t *past_col)
 {
-    const uint32_t slot = (uint32_t)blk * k->bs32 + (uint32_t)off;
-    if ((uint32_t)blk <= k->blk_max && slot <= (uint32_t)INT32_MAX) return (int32_t)slot;
-    if (p->num_blocks > 0 && blk >= p->num_blocks) *past_col = col;
-    return -1;
+    return smla_convert_slot_as(p, k, blk, off, col, past_col, 0);
 }
 
 /* The two stages for one entry (the CPU's scalar path). */
