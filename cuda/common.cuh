@@ -68,18 +68,19 @@ struct OncePerDevice {
 bool smla_pdl_supported();
 
 // kern<<<grid, block, smem, s>>>(args...) through cudaLaunchKernelEx, with the PDL attribute where the
-// device supports it and a cluster of `cluster` CTAs along x when > 1. Returns the launch's error, which is
-// also the runtime's last error (SMLA_CUDA_LAUNCH_CHECK after it reports it).
+// device supports it, a cluster of `cluster` CTAs along x when > 1, and as a cooperative launch (every CTA
+// resident at once, so the kernel may use a grid-wide barrier) when `cooperative`. Returns the launch's
+// error, which is also the runtime's last error (SMLA_CUDA_LAUNCH_CHECK after it reports it).
 template <typename... KArgs, typename... Args>
-cudaError_t smla_launch(void (*kern)(KArgs...), dim3 grid, dim3 block, size_t smem, cudaStream_t s, int cluster,
-                        Args &&...args)
+cudaError_t smla_launch_ex(void (*kern)(KArgs...), dim3 grid, dim3 block, size_t smem, cudaStream_t s, int cluster,
+                           bool cooperative, Args &&...args)
 {
     cudaLaunchConfig_t cfg = {};
     cfg.gridDim = grid;
     cfg.blockDim = block;
     cfg.dynamicSmemBytes = smem;
     cfg.stream = s;
-    cudaLaunchAttribute attr[2];
+    cudaLaunchAttribute attr[3];
     int n = 0;
     if (smla_pdl_supported()) {
         attr[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
@@ -93,9 +94,53 @@ cudaError_t smla_launch(void (*kern)(KArgs...), dim3 grid, dim3 block, size_t sm
         attr[n].val.clusterDim.z = 1;
         ++n;
     }
+    if (cooperative) {
+        attr[n].id = cudaLaunchAttributeCooperative;
+        attr[n].val.cooperative = 1;
+        ++n;
+    }
     cfg.attrs = attr;
     cfg.numAttrs = static_cast<unsigned>(n);
     return cudaLaunchKernelEx(&cfg, kern, static_cast<Args &&>(args)...);
+}
+
+template <typename... KArgs, typename... Args>
+cudaError_t smla_launch(void (*kern)(KArgs...), dim3 grid, dim3 block, size_t smem, cudaStream_t s, int cluster,
+                        Args &&...args)
+{
+    return smla_launch_ex(kern, grid, block, smem, s, cluster, false, static_cast<Args &&>(args)...);
+}
+
+// How many CTAs of kern (`threads` per CTA, `smem` dynamic bytes, clusters of `cluster`) the current device
+// holds at once: the largest grid a cooperative launch may have (0 when the query fails). Call it after the
+// kernel's shared-memory attribute is set; it costs a driver query, so callers keep the result per device.
+template <typename... KArgs>
+int64_t smla_resident_ctas(void (*kern)(KArgs...), int threads, size_t smem, int cluster, int sms)
+{
+    int n = 0;
+    if (cluster > 1) {
+        cudaLaunchConfig_t cfg = {};
+        cfg.gridDim = dim3(static_cast<unsigned>(cluster));
+        cfg.blockDim = dim3(static_cast<unsigned>(threads));
+        cfg.dynamicSmemBytes = smem;
+        cudaLaunchAttribute at;
+        at.id = cudaLaunchAttributeClusterDimension;
+        at.val.clusterDim.x = static_cast<unsigned>(cluster);
+        at.val.clusterDim.y = 1;
+        at.val.clusterDim.z = 1;
+        cfg.attrs = &at;
+        cfg.numAttrs = 1;
+        if (cudaOccupancyMaxActiveClusters(&n, kern, &cfg) != cudaSuccess) {
+            cudaGetLastError();
+            return 0;
+        }
+        return static_cast<int64_t>(n) * cluster;
+    }
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kern, threads, smem) != cudaSuccess) {
+        cudaGetLastError();
+        return 0;
+    }
+    return static_cast<int64_t>(n) * sms;
 }
 
 static inline int64_t smla_ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }

@@ -541,6 +541,54 @@ def test_decode_split_paths_agree(cd, precision):
         assert torch.equal(again.view(torch.int16), out_v.view(torch.int16)) and torch.equal(lse2, lse_v)
 
 
+def _kernels_launched(fn):
+    """Names of the CUDA kernels fn() launches (torch's profiler)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    return [e.name for e in prof.events() if e.device_type.name == "CUDA"]
+
+
+@pytest.mark.parametrize("precision", ref.PRECISIONS)
+@pytest.mark.parametrize("cd", CACHE_DTYPES)
+@pytest.mark.parametrize("h", [3, 16, 64, 128])
+def test_decode_fused_combine_matches_the_combine_kernel(monkeypatch, cd, h, precision):
+    """A split decode of few rows merges its partials in its own kernel (a cooperative launch,
+    SMLA_ATTN_COMBINE=auto: no combine kernel is launched) or, with SMLA_ATTN_COMBINE=kernel, in the combine
+    kernel: the same merge, so the same bits, and the oracle's results; repeated calls agree. On a 132-SM GPU
+    (the H200) two query rows of 128 heads fuse (128 CTAs: 8 or more splits, at most 2 (row, head) pairs a CTA,
+    at least 7/8 of the SMs; launch.cu); two rows of 64 heads or fewer (64 CTAs) and three rows of 128 heads
+    (more pairs than that) take the combine kernel either way."""
+    sms = torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
+    for b, s_q in ((2, 1), (1, 2), (3, 1)):
+        c = decode_case(cd, b, s_q, h, 2048, 64, seed=100 + b * 10 + s_q + h, tl_mode="rand", sink_mode="mixed")
+        ws_bytes = smla.sparse_mla_decode_workspace_size(b, s_q, h, 2048, cd)
+        assert ws_bytes > 0, "this shape splits the top-k"
+        ws = torch.empty(ws_bytes, dtype=torch.uint8, device=DEV)
+        res = {}
+        for mode in ("kernel", "auto"):
+            monkeypatch.setenv("SMLA_ATTN_COMBINE", mode)
+            names = _kernels_launched(lambda: res.__setitem__(mode, run_decode(c, workspace=ws, precision=precision)))
+            if names:  # (no CUDA events at all: no profiler here, e.g. under compute-sanitizer)
+                combines = len([n for n in names if "attn_combine_kernel" in n])
+                if mode == "kernel":
+                    assert combines == 1, (mode, names)
+                elif sms == 132:
+                    assert combines == (0 if b * s_q == 2 and h == 128 else 1), (mode, names)
+        (o1, l1), (o2, l2) = res["kernel"], res["auto"]
+        name = f"b={b} s_q={s_q} h={h}"
+        assert torch.equal(o1.view(torch.int16), o2.view(torch.int16)), name
+        assert torch.equal(l1.view(torch.int32), l2.view(torch.int32)), name
+        out_ref, lse_ref, out_abs = decode_oracle(c, return_abs=True)
+        check_decode(o2, l2, out_ref, lse_ref, name=name, precision=precision, out_abs=out_abs)
+        o3, l3 = run_decode(c, workspace=ws, precision=precision)
+        assert torch.equal(o3.view(torch.int16), o2.view(torch.int16)) and torch.equal(l3.view(torch.int32),
+                                                                                     l2.view(torch.int32)), name
+
+
 @pytest.mark.parametrize("precision", ref.PRECISIONS)
 @pytest.mark.parametrize("cd", CACHE_DTYPES)
 @pytest.mark.parametrize("b", [2, 64])

@@ -14,13 +14,15 @@ extern "C" {
 #endif
 
 /* Run-time settings of one call: the binding reads the environment switches (SMLA_NUM_THREADS,
- * SMLA_CPU_ISA, SMLA_ATTN_KERNEL, SMLA_ATTN_ABLATE, SMLA_ATTN_TRACE) under the GIL, parses them strictly and passes them
+ * SMLA_CPU_ISA, SMLA_ATTN_KERNEL, SMLA_ATTN_COMBINE, SMLA_ATTN_ABLATE, SMLA_ATTN_TRACE) under the GIL, parses them strictly and passes them
  * in every params struct; kernels never read the environment (another thread may be writing it). */
 typedef struct {
     int num_threads;   /* CPU threads for this call, >= 1; 0 = OpenMP's default */
     int cpu_isa;       /* SMLA_ISA_* level to run (csrc/cpu/cpu_features.h), within what the CPU has */
     int emulated_bf16; /* test hook SMLA_CPU_ISA=avx2-emulated-bf16 (cpu_isa is then AVX2 or lower) */
     int attn_kernel;   /* CUDA attention family: 0 auto, 1 portable (mma.sync), 2 sm90 (wgmma), 3 sm90n (narrow wgmma), 4 sm90p (pair wgmma, bf16 K), 5 sm90r (register wgmma, fp8, h <= 32) */
+    int fused_combine; /* split decode: 1 (SMLA_ATTN_COMBINE=auto, default) the main kernel merges its own
+                          partials where it can (cuda/attention/combine.cuh), 0 (=kernel) the combine kernel */
     int attn_ablate;   /* profiling builds: ablation variant bits; 0 = the full kernel */
     uint64_t attn_trace; /* profiling builds: device address of the sm90 kernels' stage-timestamp buffer
                             (SMLA_ATTN_TRACE, cuda/attention/sm90/trace.cuh, tools/trace_attn.py); 0 = none */

@@ -78,16 +78,19 @@ int smla_read_settings(smla_run *r)
     static const char *const isa_names[] = {"default", "portable", "avx2", "avx512", "avx512bf16",
                                             "avx2-emulated-bf16"};
     static const char *const kernel_names[] = {"auto", "portable", "sm90", "sm90n", "sm90p", "sm90r"};
+    static const char *const combine_names[] = {"auto", "kernel"};
     memset(r, 0, sizeof *r);
-    int isa;
+    int isa, combine;
     if (env_int("SMLA_NUM_THREADS", 1, SMLA_MAX_THREADS, 0, &r->num_threads) < 0 ||
         env_choice("SMLA_CPU_ISA", isa_names, 6, &isa) < 0 ||
         env_choice("SMLA_ATTN_KERNEL", kernel_names, 6, &r->attn_kernel) < 0 ||
+        env_choice("SMLA_ATTN_COMBINE", combine_names, 2, &combine) < 0 ||
         env_int("SMLA_ATTN_ABLATE", 0, 1 << 20, 0, &r->attn_ablate) < 0)
         return -1;
 #if defined(SMLA_ATTN_ABLATION)
     if (env_u64("SMLA_ATTN_TRACE", &r->attn_trace) < 0) return -1;  /* profiling builds only */
 #endif
+    r->fused_combine = combine == 0;
     const int sup = smla_cpu_isa_supported();
     if (isa == 0) {
         r->cpu_isa = smla_cpu_isa_default();

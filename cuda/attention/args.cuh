@@ -36,6 +36,9 @@ struct Args {
     float *lse_part;   // [n_splits, rows, h] fp32, log2 domain (split mode)
     int evict_last;    // L2 evict_last hint on K rows (prefill: neighbouring rows share K)
     int n_sms;         // the device's SMs (a persistent kernel's grid, sm90/kernel.cuh)
+    int fused;         // n_splits > 1 and the kernel merges the partials itself after a grid-wide barrier
+                       // (a cooperative launch; attention/combine.cuh), else the combine kernel does (last: the
+                       // other kernels' code does not depend on it)
 };
 
 // What one CTA of query row (bi, si) and top-k split sp reads: the row's indices, its top-k length L

@@ -1,137 +1,19 @@
-// Split-top-k combine: when decode has too few query rows to fill the GPU, the launcher splits each
-// row's top-k list across CTAs (launch.cu, plan_splits); each split writes its fp32 partial O and
-// log2-domain lse into the caller's workspace (finish_row, attention/epilogue.cuh) and this kernel
-// merges them: out = sum_s w_s o_s / sum_s w_s, w_s = 2^(lse_s - M). When a split saturated
-// (part_lse's boxes), the splits saturated at +FLT_MAX (else, when no split has an ordinary lse, those
-// at -FLT_MAX) count instead, w_s = their token counts. Empty splits are (0, -inf) and their O is
-// never read.
-//
-// A group of G threads per (row, head) (G = 128: one CTA, thread t owning columns 4 t .. 4 t + 3; G =
-// 32: one warp, lane l owning the float4s at columns 4 l + 128 i). Each warp finds its pair's weights
-// itself (lane l: splits l, l + 32, ...; no shared memory, no block barrier), then every thread sums
-// its columns over the splits in order, with 8 float4 loads in flight. Many splits (few rows: b = 2 has
-// 32) take G = 128, so that the partials (64 KB per (row, head) at 32 splits) stream from L2 with many
-// loads per thread (one warp per pair and one dependent load per split took 35 us at b = 2, h = 128);
-// few splits take G = 32, where a CTA per pair would be mostly prologue (launch_combine picks).
-#include "attention/epilogue.cuh"
-#include "attention/ptx.cuh"
+// The split-top-k combine kernel (the merge rule and its thread layout: attention/combine.cuh): launched
+// after the main kernel of a split decode that does not merge its own partials (launch.cu: the fused
+// decode does, where its kernel and grid allow), one group of G threads per (row, head).
+#include "attention/combine.cuh"
 #include "attention/table.cuh"
 
 namespace attn {
 namespace {
 
-constexpr int kCombineThreads = 128;
-constexpr int kInFlight = 8;  // float4 loads per thread issued together
-
-// The weights of the splits of one (row, head), as each warp of its CTA sees them.
-struct SplitWeights {
-    int mode;   // the splits that count: 1 saturated at +FLT_MAX, 0 ordinary, -1 saturated at -FLT_MAX, 2 none
-    float M;    // the largest ordinary lse (fmaxf: a NaN lse is not one)
-
-    __device__ __forceinline__ SplitWeights(const float *lp, int ns, int64_t sstride, int lane)
-    {
-        M = -INFINITY;
-        bool pos = false, neg = false, nan = false;
-        for (int s = lane; s < ns; s += 32) {
-            const float ls = lp[s * sstride];
-            const int sb = box_sign(ls);
-            if (sb == 0) M = fmaxf(M, ls);
-            pos = pos || sb > 0;
-            neg = neg || sb < 0;
-            nan = nan || (sb == 0 && ls != ls);
-        }
-#pragma unroll
-        for (int o = 16; o > 0; o >>= 1) M = fmaxf(M, __shfl_xor_sync(0xffffffffu, M, o));
-        pos = __any_sync(0xffffffffu, pos);
-        neg = __any_sync(0xffffffffu, neg);
-        nan = __any_sync(0xffffffffu, nan);
-        // a split that read a NaN makes the row NaN, as the unsplit softmax would: with no ordinary split
-        // besides it, mode 0 (M = -inf) still gives it the weight ex2(NaN) (it was "none", zeros, before)
-        mode = pos ? 1 : (M != -INFINITY || nan ? 0 : (neg ? -1 : 2));
-    }
-
-    // w_s of a split with lse ls (not -inf, an empty split, which is skipped).
-    __device__ __forceinline__ float weight(float ls) const
-    {
-        const int sb = box_sign(ls);
-        if (sb != 0) return sb == mode ? box_count(ls) : 0.f;
-        if (mode == 0) return ex2(ls - M);
-        return ls != ls ? ls : 0.f;  // outweighed by saturated splits; a NaN still poisons
-    }
-};
-
-// G threads per (row, head): each owns NV = 128 / G float4s of the row, at columns 4 g + 128 i.
 template <int G>
 __global__ void __launch_bounds__(kCombineThreads) attn_combine_kernel(const __grid_constant__ Args a)
 {
-    constexpr int NV = kDv / 4 / G;
-    constexpr int kBatch = kInFlight / NV;  // splits whose loads are issued together
     pdl_wait();  // launched as a programmatic dependent of the main kernel: its partials are complete
-    const smla_attn_params &p = a.p;
-    const int gt = threadIdx.x % G, lane = threadIdx.x & 31;
     const int64_t w = static_cast<int64_t>(blockIdx.x) * (kCombineThreads / G) + threadIdx.x / G;  // (row, head)
-    if (w >= a.rows * p.h) return;
-    const int64_t row = w / p.h;
-    const int hr = static_cast<int>(w - row * p.h);
-    const int64_t bi = row / p.s_q, si = row % p.s_q;
-    const int ns = a.n_splits;
-    const int64_t sstride = a.rows * p.h;  // between splits, in (row, head) units
-    const float *lp = a.lse_part + w;
-    const float4 *op = reinterpret_cast<const float4 *>(a.o_part + w * kDv) + gt;
-    const int64_t ostride = sstride * (kDv / 4);  // between splits, in float4
-
-    const SplitWeights sw(lp, ns, sstride, lane);
-    const bool none = sw.mode == 2;
-    double W = 0.0;  // this lane's share of sum_s w_s (lane l: splits l, l + 32, ...)
-    float4 acc[NV];
-#pragma unroll
-    for (int i = 0; i < NV; ++i) acc[i] = make_float4(0.f, 0.f, 0.f, 0.f);
-    if (!none) {
-        for (int s0 = 0; s0 < ns; s0 += 32) {
-            // lane l holds split s0 + l's weight (0 where empty or past ns) and whether to read it
-            const int sl = s0 + lane;
-            const float ls = sl < ns ? lp[sl * sstride] : -INFINITY;
-            const bool use = ls != -INFINITY;  // empty split: (0, -inf), its O was not written
-            const float wl = use ? sw.weight(ls) : 0.f;
-            W += wl;
-            const uint32_t used = __ballot_sync(0xffffffffu, use);
-            const int n = min(32, ns - s0);
-            for (int j0 = 0; j0 < n; j0 += kBatch) {
-                float4 v[kBatch][NV];
-#pragma unroll
-                for (int k = 0; k < kBatch; ++k) {
-                    const int j = j0 + k;
-                    const bool rd = j < n && ((used >> j) & 1u);
-#pragma unroll
-                    for (int i = 0; i < NV; ++i)
-                        v[k][i] = rd ? op[(s0 + j) * ostride + 32 * i] : make_float4(0.f, 0.f, 0.f, 0.f);
-                }
-#pragma unroll
-                for (int k = 0; k < kBatch; ++k) {
-                    const int j = j0 + k;
-                    const float ws = __shfl_sync(0xffffffffu, wl, j & 31);
-                    if (j < n && ((used >> j) & 1u)) {
-#pragma unroll
-                        for (int i = 0; i < NV; ++i) {
-                            acc[i].x += ws * v[k][i].x;
-                            acc[i].y += ws * v[k][i].y;
-                            acc[i].z += ws * v[k][i].z;
-                            acc[i].w += ws * v[k][i].w;
-                        }
-                    }
-                }
-            }
-        }
-    }
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) W += __shfl_xor_sync(0xffffffffu, W, o);
-    const int mode = sw.mode;
-    const double lse_d =
-        mode == 0 ? (static_cast<double>(sw.M) + log2(W)) * SMLA_LN2 : (mode == 1 ? INFINITY : -INFINITY);
-    const float f = none ? 0.f : static_cast<float>(1.0 / W);
-    store_out_row<4, NV, 128>(
-        p, bi, si, hr, f, none, lse_d, [&] { return 4 * gt; }, [&] { return gt == 0; },
-        [&](int i) { return acc[i]; }, [] {});
+    if (w >= a.rows * a.p.h) return;
+    combine_pair<G>(a, w, static_cast<int>(threadIdx.x % G), static_cast<int>(threadIdx.x & 31));
 }
 
 }  // namespace
@@ -139,7 +21,7 @@ __global__ void __launch_bounds__(kCombineThreads) attn_combine_kernel(const __g
 int launch_combine(const Args &a, cudaStream_t s, const char *op, smla_status *st)
 {
     // many splits (few rows): a CTA per (row, head); else a warp per (row, head)
-    const int g = a.n_splits >= 8 ? kCombineThreads : 32;
+    const int g = a.n_splits >= kCombineGroupSplits ? kCombineThreads : 32;
     const int64_t pairs = a.rows * a.p.h, per_cta = kCombineThreads / g;
     const int64_t grid = (pairs + per_cta - 1) / per_cta;
     if (grid > INT32_MAX)

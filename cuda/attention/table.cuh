@@ -11,8 +11,10 @@
 
 namespace attn {
 
-// Launches one kernel over `grid` CTAs for a call whose Args are filled (device `dev`, current).
-using LaunchFn = int (*)(const Args &a, int64_t grid, cudaStream_t stream, int dev, smla_status *st);
+// Launches one kernel over `grid` CTAs for a call whose Args are filled (device `dev`, current). A kernel
+// that fuses the split combine clears a.fused when the grid is larger than the device holds at once (then
+// the caller launches the combine kernel); every other launch leaves a untouched.
+using LaunchFn = int (*)(Args &a, int64_t grid, cudaStream_t stream, int dev, smla_status *st);
 
 enum class Family {
     sm80,  // portable: mma.sync, any head tile, sm_80 and later (sm80/)
@@ -31,6 +33,7 @@ struct KernelEntry {
     int min_blocks;  // CTAs per SM its register budget allows (caps the occupancy the split plan assumes)
     int threads;     // per CTA
     LaunchFn launch;
+    bool fuses = false;  // can merge its own split partials (Args::fused; a cooperative launch of one wave)
 };
 
 struct KernelList {

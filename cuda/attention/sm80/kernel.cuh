@@ -135,7 +135,7 @@ __global__ void __launch_bounds__(C::NT, C::MINB) attn_sm80_kernel(const __grid_
 }
 
 template <class C>
-int launch(const Args &a, int64_t grid, cudaStream_t s, int dev, smla_status *st)
+int launch(Args &a, int64_t grid, cudaStream_t s, int dev, smla_status *st)
 {
     static OncePerDevice configured;
     constexpr int smem = Smem<C>::bytes;

@@ -9,6 +9,10 @@
 //   WG0, WG1, the consumers (sm90/consumer.cuh): WG0 computes S = Q K^T and the softmax of each whole
 //     tile and O += P V for output columns 0..255 with P in registers; WG1 does O += P V for columns
 //     256..511 with P from smem, overlapping WG0's next S. Then the epilogue.
+//   FUSED (a fused split decode, a cooperative launch; its own instantiation, so that the others carry none
+//     of its code): every thread then meets at a grid-wide barrier (the producers too, instead of
+//     leaving), and WG0 and WG1 each merge their share of the (row, head) pairs from all CTAs' partials
+//     (attention/combine.cuh); no combine kernel follows.
 // FAST: precision="fast" (P rounded to bf16, one P V MMA); otherwise P = P_hi + P_lo (two).
 // Row sums are kept in double and lse / max_logits are formed in double (see sm80/tile.cuh);
 // overflowed scores saturate as there (sat_needed / sat_score, attention/softmax.cuh).
@@ -18,6 +22,7 @@
 // wgmma, 4 no P V wgmma, 8 no fp8 dequant (raw bytes stored), 16 no P_lo V wgmma (bf16 P only).
 // Results are wrong then. run.attn_ablate (SMLA_ATTN_ABLATE) picks the variant at launch.
 #pragma once
+#include "attention/combine.cuh"
 #include "attention/table.cuh"
 #include "attention/sm90/consumer.cuh"
 #include "attention/sm90/producer.cuh"
@@ -56,7 +61,7 @@ __device__ __forceinline__ void load_q(const Args &a, const Cta<XO> &c)
 namespace {
 
 // XO: launched in clusters of 2, the two head tiles of one query row (grid x even).
-template <bool FP8, int ABL, bool XO, bool FAST>
+template <bool FP8, int ABL, bool XO, bool FAST, bool FUSED>
 __global__ void __launch_bounds__(kThreads, 1) attn_sm90_kernel(const __grid_constant__ Args a)
 {
     pdl_wait();  // before any global access: the stream's previous kernel is complete (common.cuh)
@@ -90,6 +95,10 @@ __global__ void __launch_bounds__(kThreads, 1) attn_sm90_kernel(const __grid_con
         setmaxnreg_to<Regs::producer>();
         if constexpr (FP8) Fp8Producer<ABL, XO, 256, 4, /*SPREAD=*/!XO>(a, c, peer, peer_base).run();
         else Bf16Producer<ABL>(a, c).run(kSpeculate && c.nt_all > 0);
+        if constexpr (FUSED) {  // every thread takes part in the consumers' cluster barrier and the grid's
+            if constexpr (XO) cluster_sync();
+            combine_grid_sync();
+        }
         return;
     }
 
@@ -105,6 +114,10 @@ __global__ void __launch_bounds__(kThreads, 1) attn_sm90_kernel(const __grid_con
         trace(a, kTraceEdge, kTrEpilogue);
         wg0.epilogue(c);
         trace(a, kTraceEdge, kTrEnd);
+        if constexpr (FUSED) {
+            combine_grid_sync();
+            combine_share(a, 2 * static_cast<int64_t>(blockIdx.x), 2 * static_cast<int64_t>(gridDim.x), c.tid);
+        }
     } else {
         setmaxnreg_to<Regs::value>();
         wait_q();
@@ -114,6 +127,10 @@ __global__ void __launch_bounds__(kThreads, 1) attn_sm90_kernel(const __grid_con
         trace(a, kTraceEdge, kTrEpilogue);
         wg1.epilogue(c);
         trace(a, kTraceEdge, kTrEnd);
+        if constexpr (FUSED) {
+            combine_grid_sync();
+            combine_share(a, 2 * static_cast<int64_t>(blockIdx.x) + 1, 2 * static_cast<int64_t>(gridDim.x), c.tid - 128);
+        }
     }
 }
 
@@ -222,7 +239,7 @@ __global__ void __launch_bounds__(kThreads, 1) attn_sm90_persistent_kernel(const
 // tiles the crossover kernel in clusters of 2, else the plain one. The shared-memory attribute of
 // each is set once per device.
 template <bool FP8, int ABL, bool FAST>
-int launch_variant(const Args &a, int64_t grid, cudaStream_t s, int dev, smla_status *st)
+int launch_variant(Args &a, int64_t grid, cudaStream_t s, int dev, smla_status *st)
 {
     static OncePerDevice configured;
     if constexpr (!FP8 && kPersistent) {  // at most one CTA per SM, each taking items in turn
@@ -240,26 +257,37 @@ int launch_variant(const Args &a, int64_t grid, cudaStream_t s, int dev, smla_st
     // fp8 with two head tiles: clusters of the two (the crossover; sm90/producer.cuh)
     const bool xo = FP8 && a.n_ht == 2;
     static_assert(SMLA_MAX_HEADS <= 2 * kHT, "more than two head tiles would need another producer split");
-    void (*kern)(Args) = attn_sm90_kernel<FP8, ABL, false, FAST>;
-    if constexpr (FP8) {
-        if (xo) kern = attn_sm90_kernel<FP8, ABL, true, FAST>;
-    }
+    // the fused split decode: the full kernel only (the profiling variants keep the combine kernel)
+    constexpr bool kFuses = ABL == 0;
+    using Kern = void (*)(Args);
+    constexpr Kern plain[2] = {attn_sm90_kernel<FP8, ABL, false, FAST, false>,
+                               attn_sm90_kernel<FP8, ABL, FP8, FAST, false>};
+    constexpr Kern fused[2] = {attn_sm90_kernel<FP8, ABL, false, FAST, kFuses>,
+                               attn_sm90_kernel<FP8, ABL, FP8, FAST, kFuses>};
+    static int64_t resident[kMaxDevices][2];  // fused CTAs the device holds at once: plain, clusters of 2
     if (configured.needed(dev)) {
-        SMLA_CUDA_CHECK(st, cudaFuncSetAttribute(attn_sm90_kernel<FP8, ABL, false, FAST>,
-                                                 cudaFuncAttributeMaxDynamicSharedMemorySize, Smem::bytes));
-        if constexpr (FP8)
-            SMLA_CUDA_CHECK(st, cudaFuncSetAttribute(attn_sm90_kernel<FP8, ABL, true, FAST>,
-                                                     cudaFuncAttributeMaxDynamicSharedMemorySize, Smem::bytes));
+        for (int x = 0; x < (FP8 ? 2 : 1); ++x) {
+            SMLA_CUDA_CHECK(st, cudaFuncSetAttribute(plain[x], cudaFuncAttributeMaxDynamicSharedMemorySize, Smem::bytes));
+            if (kFuses) {
+                SMLA_CUDA_CHECK(st, cudaFuncSetAttribute(fused[x], cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                         Smem::bytes));
+                if (dev >= 0 && dev < kMaxDevices)
+                    resident[dev][x] = smla_resident_ctas(fused[x], kThreads, Smem::bytes, x ? 2 : 1, a.n_sms);
+            }
+        }
         configured.mark(dev);
     }
-    smla_launch(kern, dim3(static_cast<unsigned>(grid)), dim3(kThreads), Smem::bytes, s, xo ? 2 : 1, a);
+    // a fused split decode needs its whole grid resident (a cooperative launch), else the combine kernel merges
+    if (a.fused && !(kFuses && dev >= 0 && dev < kMaxDevices && grid <= resident[dev][xo ? 1 : 0])) a.fused = 0;
+    smla_launch_ex((a.fused ? fused : plain)[xo ? 1 : 0], dim3(static_cast<unsigned>(grid)), dim3(kThreads), Smem::bytes,
+                   s, xo ? 2 : 1, a.fused != 0, a);
     SMLA_CUDA_LAUNCH_CHECK(st);
     return SMLA_OK;
 }
 
 // The variant the call asks for (sm90/variants.cuh).
 template <bool FP8>
-int launch(const Args &a, int64_t grid, cudaStream_t s, int dev, smla_status *st)
+int launch(Args &a, int64_t grid, cudaStream_t s, int dev, smla_status *st)
 {
     return with_variant(a, [&](auto abl, auto fast) {
         return launch_variant<FP8, decltype(abl)::value, decltype(fast)::value>(a, grid, s, dev, st);
@@ -272,7 +300,7 @@ int launch(const Args &a, int64_t grid, cudaStream_t s, int dev, smla_status *st
 template <bool FP8>
 constexpr KernelEntry entry()
 {
-    return KernelEntry{Family::sm90, FP8, kHT, kBN, Smem::bytes, 1, kThreads, &launch<FP8>};
+    return KernelEntry{Family::sm90, FP8, kHT, kBN, Smem::bytes, 1, kThreads, &launch<FP8>, /*fuses=*/FP8 || !kPersistent};
 }
 
 }  // namespace sm90

@@ -25,10 +25,14 @@
 //     release : hand the buffer back.
 //   Then the epilogue: row sums across the warps (kBarE), O^T staged transposed in smem, and each warp
 //   writes whole head rows (finish_row, attention/epilogue.cuh).
+//   FUSED (a fused split decode, a cooperative launch; its own instantiation): then every thread meets at a
+//   grid-wide barrier (the producers too, instead of leaving), and WG0 merges its share of the (row, head)
+//   pairs from all CTAs' partials (attention/combine.cuh); no combine kernel follows.
 // FAST: precision="fast" (P rounded to bf16, one P V MMA per k-step).
 // ABL != 0 only in profiling builds (sm90/kernel.cuh's bits): 1 no K loads, 2 no S wgmma, 4 no P V
 // wgmma, 8 no dequant, 16 no P_lo V wgmma.
 #pragma once
+#include "attention/combine.cuh"
 #include "attention/epilogue.cuh"
 #include "attention/table.cuh"
 #include "attention/sm90/narrow_plan.cuh"
@@ -185,7 +189,7 @@ struct Consumer : HeadSoftmax<C::NH, ConsumerKind<C, ABL, FAST>::kNoLo, Consumer
 // Internal linkage: each instantiation file owns its kernels.
 namespace {
 
-template <class C, bool FP8, int ABL, bool FAST>
+template <class C, bool FP8, int ABL, bool FAST, bool FUSED>
 __global__ void __launch_bounds__(C::kThreads, 1) attn_sm90n_kernel(const __grid_constant__ Args a)
 {
     pdl_wait();  // before any global access: the stream's previous kernel is complete (common.cuh)
@@ -206,6 +210,7 @@ __global__ void __launch_bounds__(C::kThreads, 1) attn_sm90n_kernel(const __grid
         setmaxnreg_dec<kProducerRegs>();
         if constexpr (FP8) Fp8Producer<ABL, false, C::kP0, C::kPW>(a, c, 0u, 0u).run();
         else Bf16Producer<ABL, C::kP0, C::kPW>(a, c).run(false);
+        if constexpr (FUSED) combine_grid_sync();  // every thread takes part in the grid's barrier
         return;
     }
     setmaxnreg_inc<kConsumerRegs>();
@@ -215,26 +220,40 @@ __global__ void __launch_bounds__(C::kThreads, 1) attn_sm90n_kernel(const __grid
         wg.run(c);
     }
     wg.epilogue(c);
+    if constexpr (FUSED) {  // fused split decode: WG0 merges its share of the pairs (attention/combine.cuh)
+        combine_grid_sync();
+        combine_share(a, blockIdx.x, gridDim.x, c.tid);
+    }
 }
 
 template <class C, bool FP8, int ABL, bool FAST>
-int launch_variant(const Args &a, int64_t grid, cudaStream_t s, int dev, smla_status *st)
+int launch_variant(Args &a, int64_t grid, cudaStream_t s, int dev, smla_status *st)
 {
     static OncePerDevice configured;
+    // the fused split decode: the full kernel only (the profiling variants keep the combine kernel)
+    constexpr bool kFuses = ABL == 0;
+    constexpr auto plain = attn_sm90n_kernel<C, FP8, ABL, FAST, false>, fused = attn_sm90n_kernel<C, FP8, ABL, FAST, kFuses>;
+    static int64_t resident[kMaxDevices];  // fused CTAs the device holds at once
     if (configured.needed(dev)) {
-        SMLA_CUDA_CHECK(st, cudaFuncSetAttribute(attn_sm90n_kernel<C, FP8, ABL, FAST>,
-                                                 cudaFuncAttributeMaxDynamicSharedMemorySize, Smem<C>::bytes));
+        SMLA_CUDA_CHECK(st, cudaFuncSetAttribute(plain, cudaFuncAttributeMaxDynamicSharedMemorySize, Smem<C>::bytes));
+        if (kFuses) {
+            SMLA_CUDA_CHECK(st, cudaFuncSetAttribute(fused, cudaFuncAttributeMaxDynamicSharedMemorySize, Smem<C>::bytes));
+            if (dev >= 0 && dev < kMaxDevices)
+                resident[dev] = smla_resident_ctas(fused, C::kThreads, Smem<C>::bytes, 1, a.n_sms);
+        }
         configured.mark(dev);
     }
-    smla_launch(attn_sm90n_kernel<C, FP8, ABL, FAST>, dim3(static_cast<unsigned>(grid)), dim3(C::kThreads), Smem<C>::bytes,
-                s, 1, a);
+    // a fused split decode needs its whole grid resident (a cooperative launch), else the combine kernel merges
+    if (a.fused && !(kFuses && dev >= 0 && dev < kMaxDevices && grid <= resident[dev])) a.fused = 0;
+    smla_launch_ex(a.fused ? fused : plain, dim3(static_cast<unsigned>(grid)), dim3(C::kThreads), Smem<C>::bytes, s, 1,
+                   a.fused != 0, a);
     SMLA_CUDA_LAUNCH_CHECK(st);
     return SMLA_OK;
 }
 
 // The variant the call asks for (sm90/variants.cuh).
 template <class C, bool FP8>
-int launch(const Args &a, int64_t grid, cudaStream_t s, int dev, smla_status *st)
+int launch(Args &a, int64_t grid, cudaStream_t s, int dev, smla_status *st)
 {
     return with_variant(a, [&](auto abl, auto fast) {
         return launch_variant<C, FP8, decltype(abl)::value, decltype(fast)::value>(a, grid, s, dev, st);
@@ -248,7 +267,7 @@ template <int NH, bool FP8>
 constexpr KernelEntry entry()
 {
     using C = Cfg<NH>;
-    return KernelEntry{Family::sm90n, FP8, NH, kBN, Smem<C>::bytes, 1, C::kThreads, &launch<C, FP8>};
+    return KernelEntry{Family::sm90n, FP8, NH, kBN, Smem<C>::bytes, 1, C::kThreads, &launch<C, FP8>, /*fuses=*/true};
 }
 
 }  // namespace narrow

@@ -703,7 +703,7 @@ __global__ void __launch_bounds__(kThreads, 1) attn_sm90p_kernel(const __grid_co
 }
 
 template <int ABL, bool FAST>
-int launch_variant(const Args &a, int64_t grid, cudaStream_t s, int dev, smla_status *st)
+int launch_variant(Args &a, int64_t grid, cudaStream_t s, int dev, smla_status *st)
 {
     static OncePerDevice configured;
     if (configured.needed(dev)) {
@@ -716,7 +716,7 @@ int launch_variant(const Args &a, int64_t grid, cudaStream_t s, int dev, smla_st
     return SMLA_OK;
 }
 
-int launch(const Args &a, int64_t grid, cudaStream_t s, int dev, smla_status *st)
+int launch(Args &a, int64_t grid, cudaStream_t s, int dev, smla_status *st)
 {
     return with_variant(a, [&](auto abl, auto fast) {
         return launch_variant<decltype(abl)::value, decltype(fast)::value>(a, grid, s, dev, st);

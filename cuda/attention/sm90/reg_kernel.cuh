@@ -484,7 +484,7 @@ __global__ void __launch_bounds__(kThreads, 1) attn_sm90r_kernel(const __grid_co
 }
 
 template <class C, int ABL, bool FAST>
-int launch_variant(const Args &a, int64_t grid, cudaStream_t s, int dev, smla_status *st)
+int launch_variant(Args &a, int64_t grid, cudaStream_t s, int dev, smla_status *st)
 {
     static OncePerDevice configured;
     if (configured.needed(dev)) {
@@ -500,7 +500,7 @@ int launch_variant(const Args &a, int64_t grid, cudaStream_t s, int dev, smla_st
 
 // The variant the call asks for (sm90/variants.cuh).
 template <class C>
-int launch(const Args &a, int64_t grid, cudaStream_t s, int dev, smla_status *st)
+int launch(Args &a, int64_t grid, cudaStream_t s, int dev, smla_status *st)
 {
     return with_variant(a, [&](auto abl, auto fast) {
         return launch_variant<C, decltype(abl)::value, decltype(fast)::value>(a, grid, s, dev, st);
