@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Issue 18 in one device call: build this tree and a base tree side by side, run the CUDA tests of the
 # host path and the memory ops on this tree, then measure both trees in the same call (host time per op,
-# memory-op bandwidth, the pack_kv scatter diagnosis, the layer decode step). Logs under $OUT.
-#   [FULL=1] [QUICK_TESTS=1] [EXTRA='dir ...'] [SCATTER=' '] [LAYER=0] bash tools/gpu_issue18.sh BASE_DIR [tests|bench|all]
+# memory-op bandwidth, the pack_kv scatter diagnosis, the layer decode step and, with DECODE=1, the few-row
+# decodes whose split merge may be fused: base, this tree with SMLA_ATTN_COMBINE=kernel, this tree). Logs under $OUT.
+#   [FULL=1] [QUICK_TESTS=1] [EXTRA='dir ...'] [SCATTER=' '] [LAYER=0] [DECODE=1] bash tools/gpu_issue18.sh BASE_DIR [tests|bench|all]
 set -u
 cd "$(dirname "$0")/.."
 NEW=$PWD; BASE=$(cd "${1:?usage: tools/gpu_issue18.sh BASE_DIR [tests|bench|all]}" && pwd); WHAT=${2:-all}
@@ -64,6 +65,15 @@ for t in ${SCATTER:-new}; do
   echo "== pack_kv_scatter $t"; run $t python3 "$NEW/tools/pack_kv_scatter.py" 2>&1 | tee "$OUT/scatter_$t.log"
 done
 el scatter done
+if [ -n "${DECODE:-}" ]; then
+  D="python3 benchmarks/bench_sparse_mla_decode.py --no-baseline --precision both --iters 30 --shape 128,1,2 --shape 64,1,2 --shape 16,1,2 --shape 128,1,16"
+  for i in 1 2; do
+    echo "== decode base ($i)"; run base $D 2>&1 | grep -v "^#"
+    echo "== decode new, SMLA_ATTN_COMBINE=kernel ($i)"; run new env SMLA_ATTN_COMBINE=kernel $D 2>&1 | grep -v "^#"
+    echo "== decode new ($i)"; run new $D 2>&1 | grep -v "^#"
+  done
+  el decode done
+fi
 [ "${LAYER:-1}" = 0 ] && exit 0
 for t in new base; do
   echo "== bench_layer $t"
