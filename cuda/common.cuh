@@ -143,6 +143,17 @@ int64_t smla_resident_ctas(void (*kern)(KArgs...), int threads, size_t smem, int
     return static_cast<int64_t>(n) * sms;
 }
 
+// smla_resident_ctas of one kernel per device, found once by its launcher: fits(dev, grid) says whether a
+// cooperative launch of `grid` CTAs can run (false past kMaxDevices or before set).
+struct ResidentCtas {
+    int64_t n[kMaxDevices] = {};
+    void set(int dev, int64_t v)
+    {
+        if (dev >= 0 && dev < kMaxDevices) n[dev] = v;
+    }
+    bool fits(int dev, int64_t grid) const { return dev >= 0 && dev < kMaxDevices && grid <= n[dev]; }
+};
+
 static inline int64_t smla_ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 // ---- number formats on the device: the scalar conversions and the fp8_ds_mla rules are csrc/core's

@@ -12,8 +12,9 @@
 // over the splits in order, with 8 float4 loads in flight. Many splits (few rows: b = 2 has 32) take
 // G = 128, so that the partials (64 KB per (row, head) at 32 splits) stream from L2 with many loads per
 // thread (one warp per pair and one dependent load per split took 35 us at b = 2, h = 128); few splits
-// take G = 32 (kCombineGroupSplits). The partials are read through L2 (ld.global.cg): in the fused decode
-// other CTAs of the same grid wrote them.
+// take G = 32 (kCombineGroupSplits). Plain loads also in the fused decode, where other CTAs of the same
+// grid wrote the partials: the grid-wide barrier's gpu-scope fences order those writes before the reads
+// (ld.global.cg instead made the combine kernel 3.5 us slower at b = 2: benchmarks/README.md, issue 18).
 #pragma once
 
 #include <cooperative_groups.h>

@@ -264,15 +264,14 @@ int run_attention(const smla_attn_params *p, bool is_decode, smla_status *st)
     }
     // A kernel that can merges its own partials (one launch, no combine kernel) where the grid spreads the
     // merges over most of the GPU, as the combine kernel does (at least 7/8 of the SMs; fewer CTAs took
-    // longer to merge: h = 64, b = 2, 64 CTAs), with at most kFusedPairsPerCta (row, head) pairs a CTA and
+    // longer to merge: h = 64, b = 2, 64 CTAs; benchmarks/README.md, issue 18), with at most kFusedPairsPerCta (row, head) pairs a CTA and
     // kCombineGroupSplits splits or more (combine.cuh); its launch clears a.fused where the device cannot
     // hold the grid at once.
-    const int64_t ctas = L.rows * L.n_ht * ns;
+    const int64_t grid = L.rows * L.n_ht * ns;
     a.fused = ns >= kCombineGroupSplits && L.choice.k->fuses && p->run.fused_combine &&
-                      L.rows * p->h <= kFusedPairsPerCta * ctas && 8 * ctas >= 7 * static_cast<int64_t>(L.props.sms)
+                      L.rows * p->h <= kFusedPairsPerCta * grid && 8 * grid >= 7 * static_cast<int64_t>(L.props.sms)
                   ? 1
                   : 0;
-    const int64_t grid = L.rows * L.n_ht * ns;
     if (grid > INT32_MAX)
         return smla_fail(st, SMLA_ERR_VALUE, "%s: too many query rows (%lld)", op, (long long)L.rows);
     cudaStream_t s = smla_stream(p->stream);

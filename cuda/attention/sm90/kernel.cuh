@@ -264,21 +264,20 @@ int launch_variant(Args &a, int64_t grid, cudaStream_t s, int dev, smla_status *
                                attn_sm90_kernel<FP8, ABL, FP8, FAST, false>};
     constexpr Kern fused[2] = {attn_sm90_kernel<FP8, ABL, false, FAST, kFuses>,
                                attn_sm90_kernel<FP8, ABL, FP8, FAST, kFuses>};
-    static int64_t resident[kMaxDevices][2];  // fused CTAs the device holds at once: plain, clusters of 2
+    static ResidentCtas resident[2];  // of the fused kernels: plain, clusters of 2
     if (configured.needed(dev)) {
         for (int x = 0; x < (FP8 ? 2 : 1); ++x) {
             SMLA_CUDA_CHECK(st, cudaFuncSetAttribute(plain[x], cudaFuncAttributeMaxDynamicSharedMemorySize, Smem::bytes));
             if (kFuses) {
                 SMLA_CUDA_CHECK(st, cudaFuncSetAttribute(fused[x], cudaFuncAttributeMaxDynamicSharedMemorySize,
                                                          Smem::bytes));
-                if (dev >= 0 && dev < kMaxDevices)
-                    resident[dev][x] = smla_resident_ctas(fused[x], kThreads, Smem::bytes, x ? 2 : 1, a.n_sms);
+                resident[x].set(dev, smla_resident_ctas(fused[x], kThreads, Smem::bytes, x ? 2 : 1, a.n_sms));
             }
         }
         configured.mark(dev);
     }
     // a fused split decode needs its whole grid resident (a cooperative launch), else the combine kernel merges
-    if (a.fused && !(kFuses && dev >= 0 && dev < kMaxDevices && grid <= resident[dev][xo ? 1 : 0])) a.fused = 0;
+    if (a.fused && !(kFuses && resident[xo ? 1 : 0].fits(dev, grid))) a.fused = 0;
     smla_launch_ex((a.fused ? fused : plain)[xo ? 1 : 0], dim3(static_cast<unsigned>(grid)), dim3(kThreads), Smem::bytes,
                    s, xo ? 2 : 1, a.fused != 0, a);
     SMLA_CUDA_LAUNCH_CHECK(st);

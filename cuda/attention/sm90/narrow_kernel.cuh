@@ -233,18 +233,17 @@ int launch_variant(Args &a, int64_t grid, cudaStream_t s, int dev, smla_status *
     // the fused split decode: the full kernel only (the profiling variants keep the combine kernel)
     constexpr bool kFuses = ABL == 0;
     constexpr auto plain = attn_sm90n_kernel<C, FP8, ABL, FAST, false>, fused = attn_sm90n_kernel<C, FP8, ABL, FAST, kFuses>;
-    static int64_t resident[kMaxDevices];  // fused CTAs the device holds at once
+    static ResidentCtas resident;  // of the fused kernel
     if (configured.needed(dev)) {
         SMLA_CUDA_CHECK(st, cudaFuncSetAttribute(plain, cudaFuncAttributeMaxDynamicSharedMemorySize, Smem<C>::bytes));
         if (kFuses) {
             SMLA_CUDA_CHECK(st, cudaFuncSetAttribute(fused, cudaFuncAttributeMaxDynamicSharedMemorySize, Smem<C>::bytes));
-            if (dev >= 0 && dev < kMaxDevices)
-                resident[dev] = smla_resident_ctas(fused, C::kThreads, Smem<C>::bytes, 1, a.n_sms);
+            resident.set(dev, smla_resident_ctas(fused, C::kThreads, Smem<C>::bytes, 1, a.n_sms));
         }
         configured.mark(dev);
     }
     // a fused split decode needs its whole grid resident (a cooperative launch), else the combine kernel merges
-    if (a.fused && !(kFuses && dev >= 0 && dev < kMaxDevices && grid <= resident[dev])) a.fused = 0;
+    if (a.fused && !(kFuses && resident.fits(dev, grid))) a.fused = 0;
     smla_launch_ex(a.fused ? fused : plain, dim3(static_cast<unsigned>(grid)), dim3(C::kThreads), Smem<C>::bytes, s, 1,
                    a.fused != 0, a);
     SMLA_CUDA_LAUNCH_CHECK(st);
