@@ -750,7 +750,7 @@ FAMILY_PREFILL = [(128, 213, 1840, 256), (64, 62, 32, 2048), (16, 300, 8192, 204
 
 # the SMLA_ATTN_KERNEL values that force a family (csrc/python/settings.c; "auto" is launch.cu's rule):
 # tests that cover every family take them from here, so that a family added there is added here once
-KERNEL_FAMILIES = ["portable", "sm90", "sm90n", "sm90p", "sm90r"]
+KERNEL_FAMILIES = ["portable", "sm90", "sm90n", "sm90p", "sm90r", "sm90d"]
 
 
 @pytest.mark.parametrize("precision", ref.PRECISIONS)
@@ -857,13 +857,13 @@ def test_decode_large_values(h, s_q, b, cd, precision):
 
 @pytest.mark.parametrize("precision", ref.PRECISIONS)
 @pytest.mark.parametrize("h,family", [(16, "auto"), (32, "auto"), (64, "auto"), (128, "auto"), (16, "sm90r"),
-                                      (3, "sm90r"), (32, "sm90r")])
+                                      (3, "sm90r"), (32, "sm90r"), (16, "sm90d"), (3, "sm90d")])
 def test_decode_fp8_odd_scales_and_nan(h, family, precision, monkeypatch):
     """fp8 rows that are read, with scales the "pow2" writer makes and ones it does not: not a power of
     two, 2^-125 and 2^-124, 2^7 and 2^8 (over bytes small enough that the values stay ~10), and NaN bytes
     (0x7f, 0xff): against the float64 oracle, NaN where it has NaN (also through the split combine, where
-    a split that read the NaN may be the row's only non-empty one). Also on the register kernel (sm90r),
-    which dequantises in the consumers."""
+    a split that read the NaN may be the row's only non-empty one). Also on the register kernel (sm90r)
+    and the dims kernel (sm90d), which dequantise in the consumers."""
     if family != "auto" and not _is_hopper():
         pytest.skip("the sm90 kernel families need a compute capability 9.0 GPU")
     monkeypatch.setenv("SMLA_ATTN_KERNEL", family)
@@ -923,7 +923,7 @@ def _small_head_decode_grid():
 
 
 @pytest.mark.parametrize("precision", ref.PRECISIONS)
-@pytest.mark.parametrize("family", ["auto", "portable", "sm90r"])
+@pytest.mark.parametrize("family", ["auto", "portable", "sm90r", "sm90d"])
 @pytest.mark.parametrize("cd,h,s_q,topk,bs,b,tl_mode,sink_mode,seed", _small_head_decode_grid())
 def test_small_heads_decode(cd, h, s_q, topk, bs, b, tl_mode, sink_mode, seed, family, precision, monkeypatch):
     monkeypatch.setenv("SMLA_ATTN_KERNEL", family)

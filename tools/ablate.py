@@ -6,7 +6,7 @@ Their results are wrong by design; only the times mean anything. --precision is 
 (default fast, the recipe compared with FlashMLA; docs/design.md section 4).
 
     SMLA_PROFILE_BUILD=1 python setup.py build_ext --inplace && python tools/ablate.py [--precision high|fast]
-        [--small | --register | --pair]
+        [--small | --register | --dims | --pair]
 """
 import argparse
 import os
@@ -28,18 +28,23 @@ def main():
                     help="the small-head shapes (h 16 / 32) on the narrow kernel (sm90n) instead of h 64 / 128 on sm90")
     ap.add_argument("--register", action="store_true",
                     help="the small-head decode shapes on the register kernel (sm90r, fp8 only: no prefill shapes)")
+    ap.add_argument("--dims", action="store_true",
+                    help="the small-head decode shapes on the dims kernel (sm90d, fp8, h <= 16: no prefill shapes)")
     ap.add_argument("--pair", action="store_true",
                     help="the pair kernel (sm90p, bf16 K only: the prefill shapes) instead of the wide one")
     args = ap.parse_args()
     prec = args.precision
-    family = "sm90r" if args.register else ("sm90n" if args.small else ("sm90p" if args.pair else "sm90"))
+    family = ("sm90d" if args.dims else "sm90r" if args.register else "sm90n" if args.small else
+              "sm90p" if args.pair else "sm90")
     gpu = open_gpu("ablate", family)
     if gpu is None:
         return 0
     torch, smla = gpu
     print(f"{'case':<26} " + " ".join(f"{'abl' + str(v):>8}" for v in VARIANTS) + f"   (us per call, {prec})")
-    small = args.small or args.register
+    small = args.small or args.register or args.dims
     dec = [(16, 1, 128), (32, 1, 128), (16, 2, 128)] if small else [(128, 2, 128), (64, 2, 128), (128, 1, 2)]
+    if args.dims:
+        dec = [(16, 1, 128), (8, 1, 128), (16, 2, 128)]
     if args.pair:
         dec = []  # the decode cases read an fp8 cache: the wide kernel's
     cache, bt = bd.build_cache(torch, smla, max(b for _, _, b in dec), "fp8_ds_mla") if dec else (None, None)
@@ -59,7 +64,7 @@ def main():
         print(f"{f'decode h{h} s_q{s_q} b{b}':<26} " + " ".join(f"{t:>8.1f}" for t in row), flush=True)
     cache = None  # free it before the prefill cases
     torch.cuda.empty_cache()
-    for h, s_kv in [] if args.register else ([(16, 32768), (32, 32768)] if small else [(128, 32768), (64, 32768)]):
+    for h, s_kv in [] if args.register or args.dims else ([(16, 32768), (32, 32768)] if small else [(128, 32768), (64, 32768)]):
         kv = torch.randn((s_kv, 576), device="cuda").to(torch.bfloat16)
         idx = bp.make_indices(torch, s_kv, seed=2)
         q = torch.randn((bp.S_Q, h, 576), device="cuda").to(torch.bfloat16)

@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # Issue 17 in one device call: build, a first check of the fp8 small-head family (FAMILY, default sm90r:
-# a hang stops the call), the small-head decode tests under "auto" and sm90r, the kernel-family, odd-scale and
+# a hang stops the call), the small-head decode tests under "auto" and FAMILY, the kernel-family, odd-scale and
 # |V| ~ 10 tests, the decode grid's h <= 32 points, then the small-head decode benchmark for each of
 # KERNELS (default "sm90r sm90n": the register kernel and the narrow one) in turn, two rounds. Logs under $OUT.
 # Env: TL (tests' time limit, s), SHAPES (benchmark --shape list), MORE_TESTS=1 (the portable kernel's
 # and the prefill small-head tests too), PREFILL=1 (the small-head prefill benchmark); PROFILE=1:
-# instead, a profiling build, tools/ablate.py --small at both precisions and Nsight Compute on one
-# h = 16 decode call of the narrow kernel. (compute-sanitizer on the small-head tests:
+# instead, a profiling build, tools/ablate.py ${ABLATE:---small} at both precisions and Nsight Compute on one
+# h = 16 decode call of the NCU_FAMILY kernel (default sm90n, the narrow one). (compute-sanitizer on the small-head tests:
 # SANITIZE=1 bash tools/gpu_validate.sh.)
 set -u
 cd "$(dirname "$0")/.."
@@ -16,10 +16,10 @@ T0=$(date +%s); el() { echo "[$(( $(date +%s) - T0 )) s] $*"; }
 if [ -n "${PROFILE:-}" ]; then  # where the narrow kernel's time goes: ablation (both precisions), then ncu
   SMLA_PROFILE_BUILD=1 python3 setup.py build_ext --inplace -j "$(nproc)" > "$OUT/build.log" 2>&1 || { tail -30 "$OUT/build.log"; exit 1; }
   el profiling build done
-  for p in fast high; do timeout 150 python3 tools/ablate.py --small --precision $p 2>&1 | tee "$OUT/ablate_$p.txt"; done
-  N="ncu --clock-control none -k regex:attn_sm90n --launch-skip 2 --launch-count 1 --set full --import-source no"
-  SMLA_ATTN_KERNEL=sm90n timeout 150 $N -f -o /tmp/dec python3 benchmarks/bench_sparse_mla_decode.py --shape 16,1,128 \
-    --no-graph --precision fast --no-baseline --iters 1 --quick > "$OUT/ncu_dec.log" 2>&1
+  for p in fast high; do timeout 150 python3 tools/ablate.py ${ABLATE:---small} --precision $p 2>&1 | tee "$OUT/ablate_$p.txt"; done
+  N="ncu --clock-control none -k regex:attn_${NCU_FAMILY:-sm90n} --launch-skip 2 --launch-count 1 --set full --import-source no"
+  SMLA_ATTN_KERNEL=${NCU_FAMILY:-sm90n} timeout 150 $N -f -o /tmp/dec python3 benchmarks/bench_sparse_mla_decode.py --shape 16,1,128 \
+    --kernel ${NCU_FAMILY:-sm90n} --no-graph --precision fast --no-baseline --iters 1 --quick > "$OUT/ncu_dec.log" 2>&1
   ncu -i /tmp/dec.ncu-rep --page details > "$OUT/dec_details.txt" 2>&1
   ncu -i /tmp/dec.ncu-rep --page source --csv --print-source sass > "$OUT/dec_sass.csv" 2>&1
   grep -E "Duration|Throughput|Pipe|Warp Cycles|Issued Warp|L2 Hit|No Eligible|Registers" "$OUT/dec_details.txt" | head -24
@@ -37,7 +37,7 @@ el first check done
 P="timeout ${TL:-240} python3 -m pytest -q -rf --tb=short -p no:cacheprovider -m cuda"
 A=tests/test_cuda_attention.py
 # two processes at most beside each other (more time out or run out of memory on one GPU)
-$P $A -k "small_heads_decode and (auto or sm90r) or kernel_families or odd_scales or large_values" \
+$P $A -k "small_heads_decode and (auto or ${FAMILY:-sm90r}) or kernel_families or odd_scales or large_values" \
   > "$OUT/t_small_dec.log" 2>&1 &
 $P $A -k "decode_grid and (h1- or h3- or h8- or h16- or h20- or h32-) or vs_cpu or all_invalid or split or graph or q_pair" \
   > "$OUT/t_grids_small.log" 2>&1 &

@@ -9,6 +9,7 @@
 // also undoes the fp32 rounding of the log2-domain scale).
 #pragma once
 
+#include "attention/ptx.cuh"
 #include "attention/softmax.cuh"
 #include "core/attention_math.h"
 
@@ -139,6 +140,29 @@ __device__ __forceinline__ void finish_row(const Args &a, int64_t row, int64_t b
                     row_max_logit(m, a.ml_factor);
         });
     }
+}
+
+// A row whose online softmax ran as two states (two groups of warps on alternate K tiles: the register
+// kernel, sm90/reg_kernel.cuh, and the dims kernel, sm90/dims_kernel.cuh), each with its maximum m_i, row
+// sum l_i and unnormalised fp32 O row r_i (512 floats, staged in smem): merged with m = max(m0, m1) and
+// weights 2^(m_i - m), and finished by one warp (lane: columns 64 (lane >> 2) + 2 (lane & 3) + 8 i).
+__device__ __forceinline__ void finish_merged_row(const Args &a, int64_t row, int64_t bi, int64_t si, int sp, int h,
+                                                  int hd, int lane, float m0, float m1, double l0, double l1,
+                                                  const float *r0, const float *r1)
+{
+    const float m = fmaxf(m0, m1);
+    const bool none = m == -INFINITY;
+    const float w0 = none ? 0.f : ex2(m0 - m), w1 = none ? 0.f : ex2(m1 - m);
+    const double l = static_cast<double>(w0) * l0 + static_cast<double>(w1) * l1;
+    const int col0 = 64 * (lane >> 2) + 2 * (lane & 3);
+    r0 += col0, r1 += col0;
+    finish_row<8>(
+        a, row, bi, si, sp, h, hd, a.n_splits > 1, m, l, [&] { return col0; }, [&] { return lane == 0; },
+        [&](int i) {
+            const float2 u = *reinterpret_cast<const float2 *>(r0 + 8 * i);
+            const float2 z = *reinterpret_cast<const float2 *>(r1 + 8 * i);
+            return make_float2(w0 * u.x + w1 * z.x, w0 * u.y + w1 * z.y);
+        });
 }
 
 }  // namespace attn

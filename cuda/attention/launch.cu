@@ -69,13 +69,14 @@ int get_props(DevProps *d, int *dev_out, smla_status *st)
 }
 
 // The kernel family a call asks for (smla_run.attn_kernel, from SMLA_ATTN_KERNEL).
-enum Request { kAuto = 0, kPortable = 1, kSm90 = 2, kSm90n = 3, kSm90p = 4, kSm90r = 5 };
+enum Request { kAuto = 0, kPortable = 1, kSm90 = 2, kSm90n = 3, kSm90p = 4, kSm90r = 5, kSm90d = 6 };
 
 // Every kernel in this binary; the sm90 ones only when setup.py compiled them.
 const KernelList *const kLists[] = {
     &kSm80Bf16Kernels, &kSm80Fp8Kernels,
 #if SMLA_HAVE_SM90
     &kSm90Bf16Kernels, &kSm90Fp8Kernels, &kSm90nBf16Kernels, &kSm90nFp8Kernels, &kSm90pBf16Kernels, &kSm90rFp8Kernels,
+    &kSm90dFp8Kernels,
 #endif
 };
 
@@ -130,8 +131,8 @@ bool choose(int64_t h, bool fp8, int request, const DevProps &d, Choice *out, in
 #if SMLA_HAVE_SM90
     if (request != kPortable && d.cc == 90) {
         const KernelEntry *k = nullptr;
-        if (request == kSm90r)
-            for_each_kernel(Family::sm90r, fp8, [&](const KernelEntry &e) {
+        if (request == kSm90r || request == kSm90d)
+            for_each_kernel(request == kSm90r ? Family::sm90r : Family::sm90d, fp8, [&](const KernelEntry &e) {
                 if (e.ht >= h && e.smem <= d.smem_optin && (!k || e.ht < k->ht)) k = &e;
             });
         if (!k && request != kSm90 && request != kSm90p)

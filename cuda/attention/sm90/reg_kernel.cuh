@@ -406,8 +406,7 @@ struct Consumer : HeadSoftmax<C::NH, FAST, C::NH / 2> {
     }
 
     // Each warpgroup's row sums and maxima into smem and its O^T, back in dim order, over its raw tiles;
-    // then warp W of the CTA writes heads W, W + 8, .. with the two states merged: m = max(m0, m1),
-    // weights 2^(m_i - m), l and O the weighted sums (lane: columns 64 (lane >> 2) + 2 (lane & 3) + 8 i).
+    // then warp W of the CTA writes heads W, W + 8, .. with the two states merged (finish_merged_row).
     __device__ __forceinline__ void epilogue()
     {
         Base::warp_sums();
@@ -429,30 +428,17 @@ struct Consumer : HeadSoftmax<C::NH, FAST, C::NH / 2> {
                 so[hd * C::kOStride + dim] = o[mt][i];
             }
         __syncthreads();  // both warpgroups' states staged (every thread of the CTA gets here)
-        const int lane = c.lane, wc = c.tid >> 5;
-        const bool split = a.n_splits > 1;
-        const int col0 = 64 * (lane >> 2) + 2 * (lane & 3);
+        const int wc = c.tid >> 5;
         const float *o0 = c.staged(0), *o1 = c.staged(1);
         for (int hd = wc; hd < NH && hd < c.h; hd += kThreads / 32) {
-            const float m0 = c.sM[hd], m1 = c.sM[NH + hd];
-            const float m = fmaxf(m0, m1);
-            const bool none = m == -INFINITY;
-            const float w0 = none ? 0.f : ex2(m0 - m), w1 = none ? 0.f : ex2(m1 - m);
             double l0 = 0.0, l1 = 0.0;
 #pragma unroll
             for (int k = 0; k < 4; ++k) {
                 l0 += c.sLsum[k * NH + hd];
                 l1 += c.sLsum[(4 + k) * NH + hd];
             }
-            const double l = static_cast<double>(w0) * l0 + static_cast<double>(w1) * l1;
-            const float *r0 = o0 + hd * C::kOStride + col0, *r1 = o1 + hd * C::kOStride + col0;
-            finish_row<8>(
-                a, c.row, c.bi, c.si, c.sp, c.h, hd, split, m, l, [&] { return col0; }, [&] { return lane == 0; },
-                [&](int i) {
-                    const float2 u = *reinterpret_cast<const float2 *>(r0 + 8 * i);
-                    const float2 z = *reinterpret_cast<const float2 *>(r1 + 8 * i);
-                    return make_float2(w0 * u.x + w1 * z.x, w0 * u.y + w1 * z.y);
-                });
+            finish_merged_row(a, c.row, c.bi, c.si, c.sp, c.h, hd, c.lane, c.sM[hd], c.sM[NH + hd], l0, l1,
+                              o0 + hd * C::kOStride, o1 + hd * C::kOStride);
         }
     }
 };

@@ -1,0 +1,472 @@
+// Hopper (sm_90a) sparse MLA decode kernel for h <= 16 over the fp8_ds_mla cache: the "dims kernel"
+// (family sm90d). Heads on the MMA's M side with mma.sync (m16n8k16: M = 16 heads, so no padding at h =
+// 16), and the 576 dims cut across warps instead of the tokens, so that every cache value is dequantised
+// once, in registers, and feeds both products:
+//   S  [16 heads x 8 tokens]  += Q [16 x 16 dims] K^T [16 dims x 8 tokens]   (B = K^T: a thread's pair of
+//                                                                             dims of one token)
+//   O  [16 heads x 8 dims]    += P [16 x 16 tokens] V [16 tokens x 8 dims]    (B = V: a pair of tokens of
+//                                                                             one dim: the same values,
+//                                                                             transposed by movmatrix)
+// Why: the narrow wgmma kernel (sm90/narrow_kernel.cuh) writes every tile to shared memory as bf16 and
+// reads it back twice as 16-head MMAs' A operand, and its tile time went to that shared-memory traffic;
+// the register kernel (sm90/reg_kernel.cuh) removed the traffic but dequantised every value twice and
+// lost it to instruction issue (benchmarks/README.md, issue 17). Here the cache rows land in shared
+// memory as they are (bulk copies, 656 B a token), each value is read once by one thread and
+// dequantised once, and the only other shared-memory traffic is the exchange of S's partial sums.
+//
+// CTA = one query row x all heads (h <= 16; rows past h are zero) x one top-k split, 256 threads: two
+// groups of four warps on alternate tiles of 32 tokens (group G: tiles G, G + 2, ..), each with its
+// own online softmax; the epilogue merges the two states. Warp w of a group owns latent dims [128 w,
+// 128 w + 128) (exactly scale tile w) and RoPE dims 512 + [16 w, 16 w + 16):
+//   acquire : wait for the tile's stage (an mbarrier: the group's four warps' arrivals and the copied
+//             bytes) and its valid-token mask;
+//   scores  : per 8-token block: a thread's token 8 j + g, two 16-byte loads of its latent bytes, its
+//             scale and 8 bytes of RoPE, dequantised (dequant_e4m3x4, bf16_rne(float(e4m3) * scale),
+//             the rule of every kernel; an invalid token's bytes and scale read as 0) into the B
+//             fragments of 9 k-steps, 9 MMAs into the block's partial S, and the 16 latent fragments
+//             transposed (movmatrix) into P V's B fragments, kept in registers (64);
+//   exchange: the four warps' partial S through shared memory (one barrier of the group), each warp
+//             summing them in the same order, so all four hold the same S; the stage is then refilled
+//             (tile + kStages: each warp copies 8 of its rows);
+//   softmax : mask, scale (log2 domain), saturation, per-head maxima over the 32 tokens (in-warp
+//             shuffles), P = 2^(S - m) straight into A fragments (high: P_hi and P_lo), row sums in
+//             double, O rescaled by alpha when a maximum moved;
+//   pv      : O [16 x 128 dims of the warp] += P V: 2 k-steps x 16 dim blocks (high: twice).
+// Dimension order: a k-step's fragment columns 2 t + e and 2 t + 8 + e (t = lane & 3) are the four
+// consecutive dims 4 t + {0, 1, 2, 3} of a 16-dim piece, so a thread's B fragments of four k-steps are one
+// 16-byte load; Q is loaded in the same order, and O's columns come out as 16 consecutive dims per thread
+// and 64-dim chunk (epilogue).
+// FAST: precision="fast" (P rounded to bf16, one P V MMA per k-step and dim block).
+// ABL != 0 only in profiling builds (sm90/kernel.cuh's bits): 1 no copies (stale bytes; the rows still
+// arrive), 2 no S MMA, 4 no P V MMA, 8 no dequant (the raw words are the fragments).
+#pragma once
+
+#include "attention/epilogue.cuh"
+#include "attention/table.cuh"
+#include "attention/sm90/plan.cuh"
+#include "attention/sm90/producer.cuh"
+#include "attention/sm90/variants.cuh"
+
+// Switches measured side by side on the H200 (benchmarks/README.md, issue 17, fifteenth session):
+// SMLA_DIMS_S_CHAINS: a token block's 9 S k-steps as 3 accumulator chains (k-steps 3 c + {0, 1, 2}),
+//   summed at the end, instead of one chain of 9 dependent MMAs.
+// SMLA_DIMS_FULL_TILES: a tile whose 32 tokens are all valid (one warp-uniform test) skips the masking.
+#ifndef SMLA_DIMS_S_CHAINS
+#define SMLA_DIMS_S_CHAINS 1
+#endif
+#ifndef SMLA_DIMS_FULL_TILES
+#define SMLA_DIMS_FULL_TILES 1
+#endif
+
+namespace attn {
+namespace sm90 {
+namespace dims {
+
+constexpr int NH = 16;                        // heads per CTA: the MMA's M
+constexpr int kTT = 32;                       // tokens per tile
+constexpr int kBlocks = kTT / 8;              // 8-token blocks (the MMA's N) per tile
+constexpr int kGroups = 2, kWarps = 4;        // groups of warps on alternate tiles; warps per group
+constexpr int kThreads = 32 * kWarps * kGroups;
+constexpr int kStages = 8;                    // raw tiles in flight; even, so a stage serves one group
+constexpr int kEntry = SMLA_FP8_ENTRY;        // 656 B: one token as the cache holds it
+constexpr int kPitch = kEntry + 48;           // 704 B a row in smem: rows 8 j + g and + 1 are 64 B apart in
+                                              // the 128-byte bank cycle, so a quarter warp's 16-byte loads
+                                              // (two rows, 64 B each) hit 32 different banks
+constexpr int kStageBytes = kTT * kPitch;     // 22,528 B
+constexpr int kRowsPerWarp = kTT / kWarps;    // rows each warp of a group copies per refill
+constexpr int kOStride = kDv + 4;             // floats per staged output row
+constexpr int kKSteps = 9;                    // k-steps of a warp: 8 latent (128 dims) + 1 RoPE (16)
+constexpr int kDimBlocks = 16;                // O's 8-dim blocks per warp (128 dims)
+static_assert(kPitch % 128 == 64 && kPitch % 16 == 0, "row pitch: bank spread, bulk-copy alignment");
+static_assert(kStages % kGroups == 0 && kRowsPerWarp == 8, "stages per group; a refill is 8 rows a warp");
+static_assert(SMLA_FP8_TILE == 128 && SMLA_FP8_NUM_TILES == kWarps, "warp w owns scale tile w");
+constexpr int kBarGroup = 1;                  // + group: the group's named barrier (128 threads)
+
+// Shared memory:
+//   raw   : kStages raw tiles [32 tokens x kPitch] (tile i in stage i % kStages);
+//   red   : float4 [kGroups][2 parities][kWarps][kBlocks][32 lanes], each warp's partial S (tile parity);
+//   bar   : mbarriers full[kStages] (kWarps arrivals, the copied bytes);
+//   mask  : uint32 [kStages], the valid tokens of each stage (byte w: warp w's rows);
+//   lsum  : double [kGroups][NH], m: float [kGroups][NH], each group's final row sums and maxima.
+// The epilogue stages group G's O as float [NH][kOStride] over the raw tiles (all consumed by then).
+struct Smem {
+    static constexpr Region raw = first_region(kStages * kStageBytes);
+    static constexpr Region red = region_after(raw, kGroups * 2 * kWarps * kBlocks * 32 * 16);
+    static constexpr Region bar = region_after(red, kStages * 8);
+    static constexpr Region mask = region_after(bar, kStages * 4);
+    static constexpr Region lsum = region_after(mask, kGroups * NH * 8);
+    static constexpr Region m = region_after(lsum, kGroups * NH * 4);
+    static constexpr int used = m.end();
+    static constexpr int bytes = used + 1024;  // slack to align the base to 1024 B (CtaCommon)
+    static_assert(bar.off % 8 == 0 && lsum.off % 8 == 0 && red.off % 16 == 0, "mbarriers, doubles, float4");
+    static_assert(kGroups * NH * kOStride * 4 <= raw.bytes, "the staged outputs fit in the raw tiles");
+    static_assert(bytes <= 227 * 1024, "sm_90 opt-in shared memory per block");
+};
+
+__device__ __forceinline__ uint32_t movm_trans(uint32_t x)
+{
+    uint32_t y;
+    asm volatile("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;\n" : "=r"(y) : "r"(x));
+    return y;
+}
+
+__device__ __forceinline__ uint32_t word(const uint4 &v, int i)
+{
+    return i == 0 ? v.x : (i == 1 ? v.y : (i == 2 ? v.z : v.w));
+}
+
+// One warp of a group: its share of Q, O and the softmax state, and its part of the copies.
+template <int ABL, bool FAST>
+struct Warp {
+    static constexpr bool kNoLoad = (ABL & 1) != 0, kNoS = (ABL & 2) != 0, kNoPV = (ABL & 4) != 0;
+    static constexpr bool kNoDq = (ABL & 8) != 0;
+
+    const Args &a;
+    const CtaCommon &c;
+    const KvSource kv;
+    const int grp, w, lane, g, t;
+    const int tok0, tok_end, n;  // the slice's tokens [tok0, tok_end) and its tiles of kTT
+    uint8_t *const raw;          // the stages (generic pointer: the reads are C++ loads after the mbarrier)
+    uint32_t qa[kKSteps][4];     // Q's A fragments (heads g, g + 8)
+    float o[kDimBlocks][4];      // O [16 heads x 128 dims]: block n, columns 2 t + e (epilogue for the dims)
+    uint32_t vb[kBlocks][8][2];  // this tile's P V B fragments: token block j, k-step s, half r
+    float m_r[2];                // running maxima (log2 domain) of heads g, g + 8
+    double l_r[2];               // this thread's share of their row sums
+    int idx_nx;                  // lanes < 8: the index of row 8 w + lane of the group's next refill
+
+    __device__ __forceinline__ Warp(const Args &a_, const CtaCommon &c_)
+        : a(a_), c(c_), kv(a_), grp(c_.tid >> 7), w((c_.tid >> 5) & 3), lane(c_.lane), g(c_.lane >> 2),
+          t(c_.lane & 3), tok0(c_.j0 * kBN), tok_end(min(c_.L, (c_.j0 + c_.nt) * kBN)),
+          n(c_.nt > 0 && tok_end > tok0 ? (tok_end - tok0 + kTT - 1) / kTT : 0),
+          raw(c_.smem + Smem::raw.off), idx_nx(-1)
+    {
+#pragma unroll
+        for (int i = 0; i < kDimBlocks; ++i) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
+        m_r[0] = m_r[1] = -INFINITY;
+        l_r[0] = l_r[1] = 0.0;
+    }
+
+    __device__ __forceinline__ uint32_t full(int st) const { return c.bar_full + 8 * st; }
+    __device__ __forceinline__ uint32_t *mask() const { return reinterpret_cast<uint32_t *>(c.smem + Smem::mask.off); }
+
+    // Q's fragments: k-step s < 8 is latent dims 128 w + 64 (s / 4) + 16 t + 4 (s % 4) + {0..3}, k-step 8
+    // RoPE dims 512 + 16 w + 4 t + {0..3}; the first two are columns 2 t, + 1, the last two 2 t + 8, + 9.
+    __device__ __forceinline__ void load_q()
+    {
+#pragma unroll
+        for (int s = 0; s < kKSteps; ++s)
+#pragma unroll
+            for (int hf = 0; hf < 2; ++hf) {
+                const int hd = g + 8 * hf;
+                const int d = s < 8 ? 128 * w + 64 * (s >> 2) + 16 * t + 4 * (s & 3) : kDv + 16 * w + 4 * t;
+                uint2 v = make_uint2(0u, 0u);
+                if (hd < c.h) v = __ldg(reinterpret_cast<const uint2 *>(smla_q_at(&a.p, c.bi, c.si, hd, d)));
+                qa[s][hf] = v.x;
+                qa[s][2 + hf] = v.y;
+            }
+    }
+
+    // The index of row 8 w + lane of tile i (lanes < 8; -1 past the slice's tokens or tiles).
+    __device__ __forceinline__ int fetch(int i) const
+    {
+        const int pos = tok0 + kTT * i + kRowsPerWarp * w + lane;
+        return i < n && lane < kRowsPerWarp && pos < tok_end ? __ldg(c.idx_row + pos) : -1;
+    }
+
+    // This warp's 8 rows of tile i into its stage: the mask byte and the expected bytes by lane 0 (its
+    // arrival), then one bulk copy per valid row.
+    __device__ __forceinline__ void issue(int i, int idx) const
+    {
+        const int st = i % kStages, row = kRowsPerWarp * w + lane;
+        const bool ok = kv.valid(idx);  // lanes >= 8: idx -1
+        const uint32_t vm = __ballot_sync(0xffffffffu, ok);
+        if (lane == 0) {
+            reinterpret_cast<uint8_t *>(mask() + st)[w] = static_cast<uint8_t>(vm);
+            mbar_arrive_expect_tx(full(st), kNoLoad ? 0u : static_cast<uint32_t>(__popc(vm)) * kEntry);
+        }
+        __syncwarp();
+        if (ok && !kNoLoad) bulk_copy_g2s(c.sK + st * kStageBytes + row * kPitch, kv.row(idx, true), kEntry, full(st));
+    }
+
+    // The group's first kStages / kGroups tiles, and the index of its next refill.
+    __device__ __forceinline__ void start()
+    {
+        constexpr int kFirst = kStages / kGroups;
+        int v[kFirst];
+#pragma unroll
+        for (int u = 0; u < kFirst; ++u) v[u] = fetch(grp + kGroups * u);
+#pragma unroll
+        for (int u = 0; u < kFirst; ++u)
+            if (grp + kGroups * u < n) issue(grp + kGroups * u, v[u]);
+        idx_nx = fetch(grp + kStages);
+    }
+
+    // Partial S of tile i's stage (valid tokens vm) into acc, and the P V fragments into vb.
+    template <bool FULL>
+    __device__ __forceinline__ void scores(const uint8_t *stage, uint32_t vm, float (&acc)[kBlocks][4])
+    {
+#pragma unroll
+        for (int j = 0; j < kBlocks; ++j) {
+            const uint8_t *row = stage + (8 * j + g) * kPitch;
+            const bool ok = FULL || ((vm >> (8 * j + g)) & 1u);
+            uint4 x[2];
+            x[0] = *reinterpret_cast<const uint4 *>(row + 128 * w + 16 * t);
+            x[1] = *reinterpret_cast<const uint4 *>(row + 128 * w + 64 + 16 * t);
+            float sc = *reinterpret_cast<const float *>(row + SMLA_FP8_SCALE_OFF + 4 * w);
+            const uint2 rp = *reinterpret_cast<const uint2 *>(row + SMLA_FP8_ROPE_OFF + 32 * w + 8 * t);
+            if (!ok) {  // stale or never-written bytes: V must be 0 (0 * NaN would not be)
+                x[0] = x[1] = make_uint4(0u, 0u, 0u, 0u);
+                sc = 0.f;
+            }
+            uint32_t kb[kKSteps][2];
+#pragma unroll
+            for (int s = 0; s < 8; ++s) {
+                const uint32_t v = word(x[s >> 2], s & 3);
+                if constexpr (kNoDq) kb[s][0] = kb[s][1] = v;
+                else dequant_e4m3x4(v, sc, kb[s][0], kb[s][1]);
+            }
+            kb[8][0] = rp.x;
+            kb[8][1] = rp.y;
+            constexpr int kCh = SMLA_DIMS_S_CHAINS;
+            static_assert(kKSteps % kCh == 0, "whole chains");
+            float ch[kCh][4];
+#pragma unroll
+            for (int u = 0; u < kCh; ++u) ch[u][0] = ch[u][1] = ch[u][2] = ch[u][3] = 0.f;
+#pragma unroll
+            for (int s = 0; s < kKSteps; ++s)
+                if constexpr (!kNoS) mma_bf16(ch[s % kCh], qa[s], kb[s][0], kb[s][1]);
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                acc[j][e] = ch[0][e];
+#pragma unroll
+                for (int u = 1; u < kCh; ++u) acc[j][e] += ch[u][e];
+            }
+#pragma unroll
+            for (int s = 0; s < 8; ++s) {
+                vb[j][s][0] = movm_trans(kb[s][0]);
+                vb[j][s][1] = movm_trans(kb[s][1]);
+            }
+        }
+    }
+
+    // The four warps' partial S of the group's k-th tile summed in warp order (every warp the same bits).
+    __device__ __forceinline__ void exchange(int k, float (&acc)[kBlocks][4]) const
+    {
+        const uint32_t red = c.base + Smem::red.off + ((grp * 2 + (k & 1)) * kWarps) * kBlocks * 32 * 16;
+#pragma unroll
+        for (int j = 0; j < kBlocks; ++j)
+            st_shared_v4(red + ((w * kBlocks + j) * 32 + lane) * 16,
+                         make_uint4(__float_as_uint(acc[j][0]), __float_as_uint(acc[j][1]),
+                                    __float_as_uint(acc[j][2]), __float_as_uint(acc[j][3])));
+        named_sync(kBarGroup + grp, 32 * kWarps);
+#pragma unroll
+        for (int j = 0; j < kBlocks; ++j) {
+            float4 s = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+            for (int v = 0; v < kWarps; ++v) {
+                const uint4 u = ld_shared_v4(red + ((v * kBlocks + j) * 32 + lane) * 16);
+                if (v == 0) s = make_float4(__uint_as_float(u.x), __uint_as_float(u.y), __uint_as_float(u.z),
+                                            __uint_as_float(u.w));
+                else {
+                    s.x += __uint_as_float(u.x), s.y += __uint_as_float(u.y);
+                    s.z += __uint_as_float(u.z), s.w += __uint_as_float(u.w);
+                }
+            }
+            acc[j][0] = s.x, acc[j][1] = s.y, acc[j][2] = s.z, acc[j][3] = s.w;
+        }
+    }
+
+    // Online softmax of the tile (valid tokens vm; FULL: all) and P into A fragments (pa: P_hi, pl: P_lo).
+    template <bool FULL>
+    __device__ __forceinline__ void softmax(float (&s)[kBlocks][4], uint32_t vm, uint32_t (&pa)[2][4],
+                                            uint32_t (&pl)[2][4])
+    {
+        float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+        for (int j = 0; j < kBlocks; ++j)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const bool ok = FULL || ((vm >> (8 * j + 2 * t + (e & 1))) & 1u);
+                s[j][e] = ok ? s[j][e] * a.scale_log2 : -INFINITY;
+                mx[e >> 1] = fmaxf(mx[e >> 1], s[j][e]);
+            }
+#pragma unroll
+        for (int hf = 0; hf < 2; ++hf) {
+            if (sat_needed(mx[hf], m_r[hf])) {
+                mx[hf] = -INFINITY;
+#pragma unroll
+                for (int j = 0; j < kBlocks; ++j)
+#pragma unroll
+                    for (int e = 2 * hf; e < 2 * hf + 2; ++e) {
+                        if (FULL || ((vm >> (8 * j + 2 * t + (e & 1))) & 1u)) s[j][e] = sat_score(s[j][e]);
+                        mx[hf] = fmaxf(mx[hf], s[j][e]);
+                    }
+            }
+            mx[hf] = fmaxf(mx[hf], __shfl_xor_sync(0xffffffffu, mx[hf], 1));
+            mx[hf] = fmaxf(mx[hf], __shfl_xor_sync(0xffffffffu, mx[hf], 2));
+        }
+        float base[2], alpha[2];
+#pragma unroll
+        for (int hf = 0; hf < 2; ++hf) {
+            const float mn = fmaxf(m_r[hf], mx[hf]);
+            base[hf] = mn == -INFINITY ? 0.f : mn;
+            alpha[hf] = ex2(m_r[hf] - base[hf]);
+            m_r[hf] = mn;
+        }
+        float ps[2] = {0.f, 0.f};
+#pragma unroll
+        for (int j = 0; j < kBlocks; ++j)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                s[j][e] = ex2(s[j][e] - base[e >> 1]);
+                ps[e >> 1] += s[j][e];
+            }
+#pragma unroll
+        for (int hf = 0; hf < 2; ++hf) l_r[hf] = l_r[hf] * static_cast<double>(alpha[hf]) + static_cast<double>(ps[hf]);
+        if (__any_sync(0xffffffffu, alpha[0] != 1.f || alpha[1] != 1.f)) {
+#pragma unroll
+            for (int i = 0; i < kDimBlocks; ++i) {
+                o[i][0] *= alpha[0], o[i][1] *= alpha[0];
+                o[i][2] *= alpha[1], o[i][3] *= alpha[1];
+            }
+        }
+        // A fragment of k-step kk (tokens 16 kk ..): blocks 2 kk (columns 0..7) and 2 kk + 1 (8..15)
+#pragma unroll
+        for (int kk = 0; kk < 2; ++kk)
+#pragma unroll
+            for (int r = 0; r < 4; ++r) {  // r: a0 (head g, block 2 kk), a1 (g + 8), a2 (g, 2 kk + 1), a3
+                const float *p = s[2 * kk + (r >> 1)] + 2 * (r & 1);
+                if constexpr (FAST) pa[kk][r] = pack_bf16x2(p[0], p[1]);
+                else split_bf16x2(p[0], p[1], pa[kk][r], pl[kk][r]);
+            }
+    }
+
+    __device__ __forceinline__ void pv(const uint32_t (&pa)[2][4], const uint32_t (&pl)[2][4])
+    {
+        if constexpr (kNoPV) return;
+#pragma unroll
+        for (int kk = 0; kk < 2; ++kk)
+#pragma unroll
+            for (int i = 0; i < kDimBlocks; ++i) {
+                mma_bf16(o[i], pa[kk], vb[2 * kk][i >> 1][i & 1], vb[2 * kk + 1][i >> 1][i & 1]);
+                if constexpr (!FAST) mma_bf16(o[i], pl[kk], vb[2 * kk][i >> 1][i & 1], vb[2 * kk + 1][i >> 1][i & 1]);
+            }
+    }
+
+    __device__ __forceinline__ void run()
+    {
+#pragma unroll 1
+        for (int i = grp, k = 0; i < n; i += kGroups, ++k) {
+            const int st = i % kStages;
+            mbar_wait(full(st), (i / kStages) & 1);
+            const uint32_t vm = mask()[st];
+            const bool full = SMLA_DIMS_FULL_TILES && vm == 0xffffffffu;  // the same in every warp of the group
+            float s[kBlocks][4];
+            if (full) scores<true>(raw + st * kStageBytes, vm, s);
+            else scores<false>(raw + st * kStageBytes, vm, s);
+            exchange(k, s);
+            // every warp of the group has its bytes of the stage in registers: refill it
+            if (i + kStages < n) issue(i + kStages, idx_nx);
+            idx_nx = fetch(i + kStages + kGroups);
+            uint32_t pa[2][4], pl[2][4];
+            if (full) softmax<true>(s, vm, pa, pl);
+            else softmax<false>(s, vm, pa, pl);
+            pv(pa, pl);
+        }
+    }
+
+    // Each group's O (dims back in order) and row statistics into smem, then warp W of the CTA writes
+    // heads W and W + 8 with the two states merged (finish_merged_row).
+    __device__ __forceinline__ void epilogue()
+    {
+#pragma unroll
+        for (int hf = 0; hf < 2; ++hf) {
+            l_r[hf] += __shfl_xor_sync(0xffffffffu, l_r[hf], 1);
+            l_r[hf] += __shfl_xor_sync(0xffffffffu, l_r[hf], 2);
+        }
+        double *sl = reinterpret_cast<double *>(c.smem + Smem::lsum.off);
+        float *sm = reinterpret_cast<float *>(c.smem + Smem::m.off);
+        __syncthreads();  // both groups are done with the stages the outputs go to
+        float *so = reinterpret_cast<float *>(raw) + grp * NH * kOStride;
+#pragma unroll
+        for (int ch = 0; ch < 2; ++ch)
+#pragma unroll
+            for (int q = 0; q < 4; ++q) {
+                const int i = 2 * (4 * ch + q), dim = 128 * w + 64 * ch + 16 * t + 4 * q;
+                *reinterpret_cast<float4 *>(so + g * kOStride + dim) = make_float4(o[i][0], o[i][1], o[i + 1][0], o[i + 1][1]);
+                *reinterpret_cast<float4 *>(so + (g + 8) * kOStride + dim) =
+                    make_float4(o[i][2], o[i][3], o[i + 1][2], o[i + 1][3]);
+            }
+        if (w == 0 && t == 0) {
+#pragma unroll
+            for (int hf = 0; hf < 2; ++hf) {
+                sl[grp * NH + g + 8 * hf] = l_r[hf];
+                sm[grp * NH + g + 8 * hf] = m_r[hf];
+            }
+        }
+        __syncthreads();
+        const int wc = c.tid >> 5;
+        const float *o0 = reinterpret_cast<const float *>(raw), *o1 = o0 + NH * kOStride;
+        for (int hd = wc; hd < NH && hd < c.h; hd += kThreads / 32)
+            finish_merged_row(a, c.row, c.bi, c.si, c.sp, c.h, hd, lane, sm[hd], sm[NH + hd], sl[hd], sl[NH + hd],
+                              o0 + hd * kOStride, o1 + hd * kOStride);
+    }
+};
+
+// Internal linkage: each instantiation file owns its kernels.
+namespace {
+
+template <int ABL, bool FAST>
+__global__ void __launch_bounds__(kThreads, 1) attn_sm90d_kernel(const __grid_constant__ Args a)
+{
+    pdl_wait();  // before any global access: the stream's previous kernel is complete (common.cuh)
+    extern __shared__ uint8_t smem_raw[];
+    const CtaCommon c(a, smem_raw, grid_pos(a), 0, Smem::raw.off, Smem::bar.off, Smem::mask.off);
+
+    pdl_launch_dependents();  // the combine (split mode) may be scheduled; it waits for this grid
+    if (c.tid == 0) {
+#pragma unroll
+        for (int st = 0; st < kStages; ++st) mbar_init(c.bar_full + 8 * st, kWarps);
+        fence_mbarrier_init();
+    }
+    __syncthreads();
+    Warp<ABL, FAST> wp(a, c);
+    wp.start();
+    if (wp.n > 0) {
+        wp.load_q();
+        wp.run();
+    }
+    wp.epilogue();
+}
+
+template <int ABL, bool FAST>
+int launch_variant(Args &a, int64_t grid, cudaStream_t s, int dev, smla_status *st)
+{
+    static OncePerDevice configured;
+    if (configured.needed(dev)) {
+        SMLA_CUDA_CHECK(st, cudaFuncSetAttribute(attn_sm90d_kernel<ABL, FAST>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                 Smem::bytes));
+        configured.mark(dev);
+    }
+    smla_launch(attn_sm90d_kernel<ABL, FAST>, dim3(static_cast<unsigned>(grid)), dim3(kThreads), Smem::bytes, s, 1, a);
+    SMLA_CUDA_LAUNCH_CHECK(st);
+    return SMLA_OK;
+}
+
+// The variant the call asks for (sm90/variants.cuh).
+int launch(Args &a, int64_t grid, cudaStream_t s, int dev, smla_status *st)
+{
+    return with_variant(a, [&](auto abl, auto fast) {
+        return launch_variant<decltype(abl)::value, decltype(fast)::value>(a, grid, s, dev, st);
+    });
+}
+
+}  // namespace
+
+// The table entry of the dims kernel (fp8_ds_mla only, h <= 16). Its split plan counts tiles of kBN = 64
+// tokens (row_slice), two of its own.
+constexpr KernelEntry entry() { return KernelEntry{Family::sm90d, true, NH, kBN, Smem::bytes, 1, kThreads, &launch}; }
+
+}  // namespace dims
+}  // namespace sm90
+}  // namespace attn
