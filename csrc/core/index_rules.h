@@ -95,6 +95,15 @@ SMLA_HD uint32_t smla_udiv_q(smla_udiv v, uint32_t n) /* n < 2^31 */
     return (uint32_t)(((uint64_t)(n << 1) * v.m) >> 32) >> v.l;
 }
 
+/* smla_cache_entry_valid with the division by block_size as bs_div = smla_udiv_of(block_size), made once
+ * (a kernel that locates many slots: sm90/dims_kernel.cuh); slot < 2^31. */
+SMLA_HD const uint8_t *smla_cache_entry_udiv(const uint8_t *base, uint32_t slot, uint32_t block_size, smla_udiv bs_div,
+                                             int64_t block_stride, int64_t entry_stride)
+{
+    const uint32_t blk = smla_udiv_q(bs_div, slot), off = slot - blk * block_size;
+    return base + (int64_t)blk * block_stride + (int64_t)off * entry_stride;
+}
+
 /* ---- convert_topk_indices ---- */
 
 /* What every entry of a call shares: the divisors (block_size, and with DCP the interleave I and the

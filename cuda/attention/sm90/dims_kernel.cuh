@@ -48,15 +48,24 @@
 #include "attention/sm90/variants.cuh"
 
 // Switches measured side by side on the H200 (benchmarks/README.md, issue 17, fifteenth session):
-// SMLA_DIMS_S_CHAINS: a token block's 9 S k-steps as 3 accumulator chains (k-steps 3 c + {0, 1, 2}),
-//   summed at the end, instead of one chain of 9 dependent MMAs.
 // SMLA_DIMS_FULL_TILES: a tile whose 32 tokens are all valid (one warp-uniform test) skips the masking.
-#ifndef SMLA_DIMS_S_CHAINS
-#define SMLA_DIMS_S_CHAINS 1
-#endif
+// SMLA_DIMS_INTERLEAVE: scores() runs the 4 token blocks' S chains side by side (k-step outer, block
+//   inner: 4 independent MMA chains) instead of one block after the other (9 dependent MMAs each).
 #ifndef SMLA_DIMS_FULL_TILES
 #define SMLA_DIMS_FULL_TILES 1
 #endif
+#ifndef SMLA_DIMS_INTERLEAVE
+#define SMLA_DIMS_INTERLEAVE 1
+#endif
+// SMLA_DIMS_SPLIT_SOFTMAX: warp w of a group sums only token block w's partial S and runs the softmax
+//   of those 8 tokens; the blocks' maxima and P fragments meet through shared memory, against a lazy
+//   reference maximum (the running maximum, moved only when a tile's maximum passes it by more than
+//   kLazy, log2 domain; P <= 2^kLazy then), so a tile costs two barriers of the group. 0: every warp
+//   sums all 16 partials and runs the whole tile's softmax (one barrier).
+#ifndef SMLA_DIMS_SPLIT_SOFTMAX
+#define SMLA_DIMS_SPLIT_SOFTMAX 1
+#endif
+
 
 namespace attn {
 namespace sm90 {
@@ -81,24 +90,30 @@ static_assert(kPitch % 128 == 64 && kPitch % 16 == 0, "row pitch: bank spread, b
 static_assert(kStages % kGroups == 0 && kRowsPerWarp == 8, "stages per group; a refill is 8 rows a warp");
 static_assert(SMLA_FP8_TILE == 128 && SMLA_FP8_NUM_TILES == kWarps, "warp w owns scale tile w");
 constexpr int kBarGroup = 1;                  // + group: the group's named barrier (128 threads)
+constexpr float kLazy = 8.f;                  // SMLA_DIMS_SPLIT_SOFTMAX: the reference maximum's slack
 
 // Shared memory:
 //   raw   : kStages raw tiles [32 tokens x kPitch] (tile i in stage i % kStages);
 //   red   : float4 [kGroups][2 parities][kWarps][kBlocks][32 lanes], each warp's partial S (tile parity);
 //   bar   : mbarriers full[kStages] (kWarps arrivals, the copied bytes);
 //   mask  : uint32 [kStages], the valid tokens of each stage (byte w: warp w's rows);
-//   lsum  : double [kGroups][NH], m: float [kGroups][NH], each group's final row sums and maxima.
+//   pfr   : uint4 [kGroups][2 (P_hi, P_lo)][2 k-steps][32 lanes], the tile's P A fragments (split softmax);
+//   smx   : float [kGroups][NH][kWarps], each warp's token block maxima (split softmax);
+//   lsum  : double [kGroups][kWarps][NH], each warp's row sums; m: float [kGroups][NH], the row maxima.
 // The epilogue stages group G's O as float [NH][kOStride] over the raw tiles (all consumed by then).
 struct Smem {
     static constexpr Region raw = first_region(kStages * kStageBytes);
     static constexpr Region red = region_after(raw, kGroups * 2 * kWarps * kBlocks * 32 * 16);
     static constexpr Region bar = region_after(red, kStages * 8);
     static constexpr Region mask = region_after(bar, kStages * 4);
-    static constexpr Region lsum = region_after(mask, kGroups * NH * 8);
+    static constexpr Region pfr = region_after(mask, kGroups * 2 * 2 * 32 * 16);
+    static constexpr Region smx = region_after(pfr, kGroups * NH * kWarps * 4);
+    static constexpr Region lsum = region_after(smx, kGroups * kWarps * NH * 8);
     static constexpr Region m = region_after(lsum, kGroups * NH * 4);
     static constexpr int used = m.end();
     static constexpr int bytes = used + 1024;  // slack to align the base to 1024 B (CtaCommon)
-    static_assert(bar.off % 8 == 0 && lsum.off % 8 == 0 && red.off % 16 == 0, "mbarriers, doubles, float4");
+    static_assert(bar.off % 8 == 0 && lsum.off % 8 == 0 && red.off % 16 == 0 && pfr.off % 16 == 0 && smx.off % 16 == 0,
+                  "mbarriers, doubles, 16-byte vectors");
     static_assert(kGroups * NH * kOStride * 4 <= raw.bytes, "the staged outputs fit in the raw tiles");
     static_assert(bytes <= 227 * 1024, "sm_90 opt-in shared memory per block");
 };
@@ -133,12 +148,14 @@ struct Warp {
     float m_r[2];                // running maxima (log2 domain) of heads g, g + 8
     double l_r[2];               // this thread's share of their row sums
     int idx_nx;                  // lanes < 8: the index of row 8 w + lane of the group's next refill
+    const smla_udiv bs_div;      // the cache's block_size as a multiply-shift divisor
 
     __device__ __forceinline__ Warp(const Args &a_, const CtaCommon &c_)
         : a(a_), c(c_), kv(a_), grp(c_.tid >> 7), w((c_.tid >> 5) & 3), lane(c_.lane), g(c_.lane >> 2),
           t(c_.lane & 3), tok0(c_.j0 * kBN), tok_end(min(c_.L, (c_.j0 + c_.nt) * kBN)),
           n(c_.nt > 0 && tok_end > tok0 ? (tok_end - tok0 + kTT - 1) / kTT : 0),
-          raw(c_.smem + Smem::raw.off), idx_nx(-1)
+          raw(c_.smem + Smem::raw.off), idx_nx(-1),
+          bs_div(smla_udiv_of(static_cast<uint64_t>(a_.p.kv.block_size)))
     {
 #pragma unroll
         for (int i = 0; i < kDimBlocks; ++i) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
@@ -173,11 +190,20 @@ struct Warp {
         return i < n && lane < kRowsPerWarp && pos < tok_end ? __ldg(c.idx_row + pos) : -1;
     }
 
+    // The cache row of a valid slot (the division by block_size precomputed).
+    __device__ __forceinline__ const uint8_t *row_of(int idx) const
+    {
+        return bs_div.m ? smla_cache_entry_udiv(kv.kv_base, static_cast<uint32_t>(idx), kv.block_size, bs_div,
+                                                a.p.kv.block_stride, a.p.kv.entry_stride)
+                        : kv.row(idx, true);
+    }
+
     // This warp's 8 rows of tile i into its stage: the mask byte and the expected bytes by lane 0 (its
-    // arrival), then one bulk copy per valid row.
+    // arrival), then one bulk copy per valid row. (16-byte cp.async, four lanes a row, measured slower:
+    // benchmarks/README.md.)
     __device__ __forceinline__ void issue(int i, int idx) const
     {
-        const int st = i % kStages, row = kRowsPerWarp * w + lane;
+        const int st = i % kStages;
         const bool ok = kv.valid(idx);  // lanes >= 8: idx -1
         const uint32_t vm = __ballot_sync(0xffffffffu, ok);
         if (lane == 0) {
@@ -185,7 +211,8 @@ struct Warp {
             mbar_arrive_expect_tx(full(st), kNoLoad ? 0u : static_cast<uint32_t>(__popc(vm)) * kEntry);
         }
         __syncwarp();
-        if (ok && !kNoLoad) bulk_copy_g2s(c.sK + st * kStageBytes + row * kPitch, kv.row(idx, true), kEntry, full(st));
+        if (ok && !kNoLoad)
+            bulk_copy_g2s(c.sK + st * kStageBytes + (kRowsPerWarp * w + lane) * kPitch, row_of(idx), kEntry, full(st));
     }
 
     // The group's first kStages / kGroups tiles, and the index of its next refill.
@@ -201,52 +228,51 @@ struct Warp {
         idx_nx = fetch(grp + kStages);
     }
 
-    // Partial S of tile i's stage (valid tokens vm) into acc, and the P V fragments into vb.
+    // Partial S of tile i's stage (valid tokens vm; FULL: all) into acc, and the P V fragments into vb: the
+    // 4 token blocks' loads, then (INTERLEAVE) k-step by k-step across the blocks, or block by block.
     template <bool FULL>
     __device__ __forceinline__ void scores(const uint8_t *stage, uint32_t vm, float (&acc)[kBlocks][4])
     {
+        uint4 x[kBlocks][2];
+        float sc[kBlocks];
+        uint2 rp[kBlocks];
 #pragma unroll
         for (int j = 0; j < kBlocks; ++j) {
             const uint8_t *row = stage + (8 * j + g) * kPitch;
-            const bool ok = FULL || ((vm >> (8 * j + g)) & 1u);
-            uint4 x[2];
-            x[0] = *reinterpret_cast<const uint4 *>(row + 128 * w + 16 * t);
-            x[1] = *reinterpret_cast<const uint4 *>(row + 128 * w + 64 + 16 * t);
-            float sc = *reinterpret_cast<const float *>(row + SMLA_FP8_SCALE_OFF + 4 * w);
-            const uint2 rp = *reinterpret_cast<const uint2 *>(row + SMLA_FP8_ROPE_OFF + 32 * w + 8 * t);
-            if (!ok) {  // stale or never-written bytes: V must be 0 (0 * NaN would not be)
-                x[0] = x[1] = make_uint4(0u, 0u, 0u, 0u);
-                sc = 0.f;
+            x[j][0] = *reinterpret_cast<const uint4 *>(row + 128 * w + 16 * t);
+            x[j][1] = *reinterpret_cast<const uint4 *>(row + 128 * w + 64 + 16 * t);
+            sc[j] = *reinterpret_cast<const float *>(row + SMLA_FP8_SCALE_OFF + 4 * w);
+            rp[j] = *reinterpret_cast<const uint2 *>(row + SMLA_FP8_ROPE_OFF + 32 * w + 8 * t);
+            if (!FULL && !((vm >> (8 * j + g)) & 1u)) {  // stale or never-written bytes: V must be 0 (0 * NaN
+                x[j][0] = x[j][1] = make_uint4(0u, 0u, 0u, 0u);  // would not be)
+                sc[j] = 0.f;
             }
-            uint32_t kb[kKSteps][2];
-#pragma unroll
-            for (int s = 0; s < 8; ++s) {
-                const uint32_t v = word(x[s >> 2], s & 3);
-                if constexpr (kNoDq) kb[s][0] = kb[s][1] = v;
-                else dequant_e4m3x4(v, sc, kb[s][0], kb[s][1]);
-            }
-            kb[8][0] = rp.x;
-            kb[8][1] = rp.y;
-            constexpr int kCh = SMLA_DIMS_S_CHAINS;
-            static_assert(kKSteps % kCh == 0, "whole chains");
-            float ch[kCh][4];
-#pragma unroll
-            for (int u = 0; u < kCh; ++u) ch[u][0] = ch[u][1] = ch[u][2] = ch[u][3] = 0.f;
-#pragma unroll
-            for (int s = 0; s < kKSteps; ++s)
-                if constexpr (!kNoS) mma_bf16(ch[s % kCh], qa[s], kb[s][0], kb[s][1]);
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                acc[j][e] = ch[0][e];
-#pragma unroll
-                for (int u = 1; u < kCh; ++u) acc[j][e] += ch[u][e];
-            }
-#pragma unroll
-            for (int s = 0; s < 8; ++s) {
-                vb[j][s][0] = movm_trans(kb[s][0]);
-                vb[j][s][1] = movm_trans(kb[s][1]);
-            }
+            acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
         }
+        // k-step s < 8 of block j: dequantise, the S MMA, the two P V fragments
+        auto step = [&](int j, int s) {
+            uint32_t k0, k1;
+            const uint32_t v = word(x[j][s >> 2], s & 3);
+            if constexpr (kNoDq) k0 = k1 = v;
+            else dequant_e4m3x4(v, sc[j], k0, k1);
+            if constexpr (!kNoS) mma_bf16(acc[j], qa[s], k0, k1);
+            vb[j][s][0] = movm_trans(k0);
+            vb[j][s][1] = movm_trans(k1);
+        };
+        if constexpr (SMLA_DIMS_INTERLEAVE != 0) {
+#pragma unroll
+            for (int s = 0; s < 8; ++s)
+#pragma unroll
+                for (int j = 0; j < kBlocks; ++j) step(j, s);
+        } else {
+#pragma unroll
+            for (int j = 0; j < kBlocks; ++j)
+#pragma unroll
+                for (int s = 0; s < 8; ++s) step(j, s);
+        }
+#pragma unroll
+        for (int j = 0; j < kBlocks; ++j)  // the RoPE k-step, last (the same order either way)
+            if constexpr (!kNoS) mma_bf16(acc[j], qa[8], rp[j].x, rp[j].y);
     }
 
     // The four warps' partial S of the group's k-th tile summed in warp order (every warp the same bits).
@@ -341,6 +367,125 @@ struct Warp {
             }
     }
 
+    // The split softmax of the group's k-th tile (valid tokens vm; FULL: all): partial S in acc (all 4
+    // blocks) -> P A fragments (pa: P_hi, pl: P_lo) of the whole tile.
+    //   partials : every warp's 4 blocks into red; barrier; warp w sums block w's 4 partials (warp order);
+    //   block    : mask, scale, saturation, the block's per-head maxima (in-warp shuffles), P = 2^(S - m_r)
+    //              against the running (reference) maximum, P's fragments and the maxima into smem; barrier;
+    //   verdict  : the tile's maxima from all 4 warps; if every head's is within kLazy of m_r (the same
+    //              verdict in every warp: all read the same maxima), P stands and nothing is rescaled; else
+    //              (a new maximum, the first tile, saturation) the exact step: m_r moves to the tile's
+    //              maximum, P again, O and the row sums rescaled by alpha, P rewritten; barrier;
+    //   gather   : the tile's P fragments.
+    template <bool FULL>
+    __device__ __forceinline__ void split_softmax(int k, float (&acc)[kBlocks][4], uint32_t vm, uint32_t (&pa)[2][4],
+                                                  uint32_t (&pl)[2][4])
+    {
+        const uint32_t red = c.base + Smem::red.off + ((grp * 2 + (k & 1)) * kWarps) * kBlocks * 32 * 16;
+#pragma unroll
+        for (int j = 0; j < kBlocks; ++j)
+            st_shared_v4(red + ((w * kBlocks + j) * 32 + lane) * 16,
+                         make_uint4(__float_as_uint(acc[j][0]), __float_as_uint(acc[j][1]),
+                                    __float_as_uint(acc[j][2]), __float_as_uint(acc[j][3])));
+        named_sync(kBarGroup + grp, 32 * kWarps);
+        float x[4];
+#pragma unroll
+        for (int v = 0; v < kWarps; ++v) {
+            const uint4 u = ld_shared_v4(red + ((v * kBlocks + w) * 32 + lane) * 16);
+            const float f[4] = {__uint_as_float(u.x), __uint_as_float(u.y), __uint_as_float(u.z), __uint_as_float(u.w)};
+#pragma unroll
+            for (int e = 0; e < 4; ++e) x[e] = v == 0 ? f[e] : x[e] + f[e];
+        }
+        // x[e]: head g + 8 (e >> 1), token 8 w + 2 t + (e & 1)
+        bool ok[4];
+        float bm[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            ok[e] = FULL || ((vm >> (8 * w + 2 * t + (e & 1))) & 1u);
+            x[e] = ok[e] ? x[e] * a.scale_log2 : -INFINITY;
+            bm[e >> 1] = fmaxf(bm[e >> 1], x[e]);
+        }
+#pragma unroll
+        for (int hf = 0; hf < 2; ++hf) {
+            if (sat_needed(bm[hf], m_r[hf])) {
+#pragma unroll
+                for (int e = 2 * hf; e < 2 * hf + 2; ++e)
+                    if (ok[e]) x[e] = sat_score(x[e]);
+                bm[hf] = fmaxf(x[2 * hf], x[2 * hf + 1]);
+            }
+            bm[hf] = fmaxf(bm[hf], __shfl_xor_sync(0xffffffffu, bm[hf], 1));
+            bm[hf] = fmaxf(bm[hf], __shfl_xor_sync(0xffffffffu, bm[hf], 2));
+        }
+        float *smx = reinterpret_cast<float *>(c.smem + Smem::smx.off) + grp * NH * kWarps;
+        const uint32_t pfr = c.base + Smem::pfr.off + grp * 2 * 2 * 32 * 16;
+        // this block's part of the A fragment of k-step w / 2: registers 2 (w & 1) + {0, 1} (heads g, g + 8)
+        const uint32_t pdst = pfr + ((w >> 1) * 32 + lane) * 16 + (w & 1) * 8;
+        auto put = [&](const float (&p)[4]) {
+            uint32_t h0, h1, l0, l1;
+            if constexpr (FAST) {
+                h0 = pack_bf16x2(p[0], p[1]);
+                h1 = pack_bf16x2(p[2], p[3]);
+                st_shared_v2(pdst, h0, h1);
+            } else {
+                split_bf16x2(p[0], p[1], h0, l0);
+                split_bf16x2(p[2], p[3], h1, l1);
+                st_shared_v2(pdst, h0, h1);
+                st_shared_v2(pdst + 2 * 32 * 16, l0, l1);
+            }
+        };
+        float p[4];
+#pragma unroll
+        for (int e = 0; e < 4; ++e) p[e] = ex2(x[e] - m_r[e >> 1]);
+        put(p);
+        if (t == 0) {
+            smx[g * kWarps + w] = bm[0];
+            smx[(g + 8) * kWarps + w] = bm[1];
+        }
+        named_sync(kBarGroup + grp, 32 * kWarps);
+        float tm[2];
+#pragma unroll
+        for (int hf = 0; hf < 2; ++hf) {
+            const float4 q = *reinterpret_cast<const float4 *>(smx + (g + 8 * hf) * kWarps);
+            tm[hf] = fmaxf(fmaxf(q.x, q.y), fmaxf(q.z, q.w));
+        }
+        const bool lazy = m_r[0] != -INFINITY && m_r[1] != -INFINITY && tm[0] <= m_r[0] + kLazy &&
+                          tm[1] <= m_r[1] + kLazy;
+        if (__all_sync(0xffffffffu, lazy)) {
+            l_r[0] += static_cast<double>(p[0] + p[1]);
+            l_r[1] += static_cast<double>(p[2] + p[3]);
+        } else {  // the exact step (every warp of the group takes it)
+            float base[2], alpha[2];
+#pragma unroll
+            for (int hf = 0; hf < 2; ++hf) {
+                const float mn = fmaxf(m_r[hf], tm[hf]);
+                base[hf] = mn == -INFINITY ? 0.f : mn;
+                alpha[hf] = ex2(m_r[hf] - base[hf]);
+                m_r[hf] = mn;
+            }
+#pragma unroll
+            for (int e = 0; e < 4; ++e) p[e] = ex2(x[e] - base[e >> 1]);
+#pragma unroll
+            for (int hf = 0; hf < 2; ++hf)
+                l_r[hf] = l_r[hf] * static_cast<double>(alpha[hf]) + static_cast<double>(p[2 * hf] + p[2 * hf + 1]);
+#pragma unroll
+            for (int i = 0; i < kDimBlocks; ++i) {
+                o[i][0] *= alpha[0], o[i][1] *= alpha[0];
+                o[i][2] *= alpha[1], o[i][3] *= alpha[1];
+            }
+            put(p);  // over the lazy P, which no warp reads
+            named_sync(kBarGroup + grp, 32 * kWarps);
+        }
+#pragma unroll
+        for (int kk = 0; kk < 2; ++kk) {
+            const uint4 u = ld_shared_v4(pfr + (kk * 32 + lane) * 16);
+            pa[kk][0] = u.x, pa[kk][1] = u.y, pa[kk][2] = u.z, pa[kk][3] = u.w;
+            if constexpr (!FAST) {
+                const uint4 v = ld_shared_v4(pfr + 2 * 32 * 16 + (kk * 32 + lane) * 16);
+                pl[kk][0] = v.x, pl[kk][1] = v.y, pl[kk][2] = v.z, pl[kk][3] = v.w;
+            }
+        }
+    }
+
     __device__ __forceinline__ void pv(const uint32_t (&pa)[2][4], const uint32_t (&pl)[2][4])
     {
         if constexpr (kNoPV) return;
@@ -364,13 +509,20 @@ struct Warp {
             float s[kBlocks][4];
             if (full) scores<true>(raw + st * kStageBytes, vm, s);
             else scores<false>(raw + st * kStageBytes, vm, s);
-            exchange(k, s);
+            uint32_t pa[2][4], pl[2][4];
+            if constexpr (SMLA_DIMS_SPLIT_SOFTMAX != 0) {
+                if (full) split_softmax<true>(k, s, vm, pa, pl);
+                else split_softmax<false>(k, s, vm, pa, pl);
+            } else {
+                exchange(k, s);
+            }
             // every warp of the group has its bytes of the stage in registers: refill it
             if (i + kStages < n) issue(i + kStages, idx_nx);
             idx_nx = fetch(i + kStages + kGroups);
-            uint32_t pa[2][4], pl[2][4];
-            if (full) softmax<true>(s, vm, pa, pl);
-            else softmax<false>(s, vm, pa, pl);
+            if constexpr (SMLA_DIMS_SPLIT_SOFTMAX == 0) {
+                if (full) softmax<true>(s, vm, pa, pl);
+                else softmax<false>(s, vm, pa, pl);
+            }
             pv(pa, pl);
         }
     }
@@ -397,19 +549,29 @@ struct Warp {
                 *reinterpret_cast<float4 *>(so + (g + 8) * kOStride + dim) =
                     make_float4(o[i][2], o[i][3], o[i + 1][2], o[i + 1][3]);
             }
+        // the row sums: each warp's own blocks (split softmax), or the whole tiles in every warp (warp 0's)
+        constexpr int kSumWarps = SMLA_DIMS_SPLIT_SOFTMAX != 0 ? kWarps : 1;
+        if (w < kSumWarps && t == 0) {
+#pragma unroll
+            for (int hf = 0; hf < 2; ++hf) sl[(grp * kWarps + w) * NH + g + 8 * hf] = l_r[hf];
+        }
         if (w == 0 && t == 0) {
 #pragma unroll
-            for (int hf = 0; hf < 2; ++hf) {
-                sl[grp * NH + g + 8 * hf] = l_r[hf];
-                sm[grp * NH + g + 8 * hf] = m_r[hf];
-            }
+            for (int hf = 0; hf < 2; ++hf) sm[grp * NH + g + 8 * hf] = m_r[hf];
         }
         __syncthreads();
         const int wc = c.tid >> 5;
         const float *o0 = reinterpret_cast<const float *>(raw), *o1 = o0 + NH * kOStride;
-        for (int hd = wc; hd < NH && hd < c.h; hd += kThreads / 32)
-            finish_merged_row(a, c.row, c.bi, c.si, c.sp, c.h, hd, lane, sm[hd], sm[NH + hd], sl[hd], sl[NH + hd],
+        for (int hd = wc; hd < NH && hd < c.h; hd += kThreads / 32) {
+            double l0 = 0.0, l1 = 0.0;
+#pragma unroll
+            for (int v = 0; v < kSumWarps; ++v) {
+                l0 += sl[v * NH + hd];
+                l1 += sl[(kWarps + v) * NH + hd];
+            }
+            finish_merged_row(a, c.row, c.bi, c.si, c.sp, c.h, hd, lane, sm[hd], sm[NH + hd], l0, l1,
                               o0 + hd * kOStride, o1 + hd * kOStride);
+        }
     }
 };
 
@@ -431,11 +593,9 @@ __global__ void __launch_bounds__(kThreads, 1) attn_sm90d_kernel(const __grid_co
     }
     __syncthreads();
     Warp<ABL, FAST> wp(a, c);
+    if (wp.n > 0) wp.load_q();  // in flight beside the first index loads and copies
     wp.start();
-    if (wp.n > 0) {
-        wp.load_q();
-        wp.run();
-    }
+    if (wp.n > 0) wp.run();
     wp.epilogue();
 }
 
