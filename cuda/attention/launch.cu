@@ -11,13 +11,15 @@
 // - On sm_90: h > 32 the warp-specialised wgmma kernel (sm90/kernel.cuh), h <= 32 the narrow wgmma
 //   kernel with tokens on M (sm90/narrow_kernel.cuh); on request the pair kernel (sm90/pair_kernel.cuh)
 //   and, for fp8 caches at h <= 32, the register kernel (sm90/reg_kernel.cuh; slower than the narrow
-//   one so far: benchmarks/README.md).
+//   one so far: benchmarks/README.md); for fp8 caches at h <= 16 the dims kernel (sm90/dims_kernel.cuh,
+//   heads on mma.sync's M, the dims across warps), by default where the call has enough rows.
 //   Elsewhere the portable mma.sync kernel (sm80/).
 //   All give the exact bf16 values of the CPU path (bf16_rne(float(e4m3) * scale)).
-//   SMLA_ATTN_KERNEL=auto|portable|sm90|sm90n|sm90p|sm90r (run.attn_kernel) picks the family at run
+//   SMLA_ATTN_KERNEL=auto|portable|sm90|sm90n|sm90p|sm90r|sm90d (run.attn_kernel) picks the family at run
 //   time (tests, A/B): sm90 the wide kernel for any h, sm90n the narrow one where h <= 32 (the wide one
 //   above), sm90p the pair kernel over a bf16 K source for any h (the wide one for fp8), sm90r the
-//   register kernel over an fp8 cache where h <= 32 (else as sm90n).
+//   register kernel over an fp8 cache where h <= 32 (else as sm90n), sm90d the dims kernel over an fp8 cache
+//   where h <= 16 (else as sm90n).
 // - When b * s_q * head_tiles CTAs cannot fill the GPU, decode splits the top-k list across CTAs:
 //   each writes fp32 partial O and a log2 lse into the caller's workspace and the combine kernel
 //   (combine.cu) merges them. A missing or smaller workspace means fewer splits.
@@ -114,11 +116,15 @@ const KernelEntry *largest_fitting_tile(int ht, bool fp8, const DevProps &d)
     return best;
 }
 
-// The kernel for h heads over a cache of format fp8 on device d, by these rules:
+// The dims kernel is the default for fp8 caches at h <= 16 when b * s_q * kDimsRowsPerSm >= the SMs.
+constexpr int64_t kDimsRowsPerSm = 4;
+
+// The kernel for h heads over a cache of format fp8 (b * s_q = rows) on device d, by these rules:
 // 1. On a compute capability 9.0 device (sm_90a code runs nowhere else) of a binary that has the sm90
 //    kernels (SMLA_HAVE_SM90), unless the call asked for portable: for h <= 32 the register kernel
-//    (sm90r, fp8 only) when the call asked for it, else the narrow kernel (sm90n; each the smallest
-//    head tile that holds h) unless the call asked for sm90 or sm90p; the pair
+//    (sm90r, fp8 only) when the call asked for it; for h <= 16 over fp8 the dims kernel (sm90d) when
+//    asked for, or by default (auto) with rows * kDimsRowsPerSm >= SMs; else the narrow kernel (sm90n;
+//    each the smallest head tile that holds h) unless the call asked for sm90 or sm90p; the pair
 //    kernel (sm90p, bf16 K only) when the call asked for it (it is slower than the wide one so far:
 //    benchmarks/README.md); the wide kernel for h > 32, when the call asked for sm90, or for sm90n /
 //    sm90p / sm90r where that kernel does not apply. Only kernels whose shared memory fits (else the rules below).
@@ -126,12 +132,16 @@ const KernelEntry *largest_fitting_tile(int ht, bool fp8, const DevProps &d)
 //    that), with the largest K tile that fits the device's shared memory; when none does, the
 //    smallest head tile's largest fitting K tile (the fallback, ~100 KB, fits every sm_80+ GPU).
 // False when nothing fits; *need is then the least shared memory an sm80 kernel asks for.
-bool choose(int64_t h, bool fp8, int request, const DevProps &d, Choice *out, int *need)
+bool choose(int64_t h, bool fp8, int64_t rows, int request, const DevProps &d, Choice *out, int *need)
 {
 #if SMLA_HAVE_SM90
     if (request != kPortable && d.cc == 90) {
         const KernelEntry *k = nullptr;
-        if (request == kSm90r || request == kSm90d)
+        // the dims kernel by default where the call has rows for a quarter of the SMs or more (kDimsRowsPerSm);
+        // fewer rows split the top-k more finely, and there the narrow kernel, which merges its own
+        // partials in the same launch, is faster (benchmarks/README.md, issue 17, fifteenth session)
+        const bool dims = request == kSm90d || (request == kAuto && rows * kDimsRowsPerSm >= d.sms);
+        if (request == kSm90r || dims)
             for_each_kernel(request == kSm90r ? Family::sm90r : Family::sm90d, fp8, [&](const KernelEntry &e) {
                 if (e.ht >= h && e.smem <= d.smem_optin && (!k || e.ht < k->ht)) k = &e;
             });
@@ -154,6 +164,7 @@ bool choose(int64_t h, bool fp8, int request, const DevProps &d, Choice *out, in
     }
 #else
     (void)request;
+    (void)rows;
 #endif
     int ht = 0, ht_max = 0, ht_min = INT_MAX;
     *need = INT_MAX;
@@ -217,7 +228,7 @@ int prepare(int64_t b, int64_t s_q, int64_t h, int64_t topk, bool fp8, int reque
     int rc = get_props(&L->props, &L->dev, st);
     if (rc != SMLA_OK) return rc;
     int need = 0;
-    if (!choose(h, fp8, request, L->props, &L->choice, &need))
+    if (!choose(h, fp8, b * s_q, request, L->props, &L->choice, &need))
         return smla_fail(st, SMLA_ERR_UNSUPPORTED, "sparse MLA: needs %d bytes of shared memory per block, device %d "
                          "allows %d", need, L->dev, L->props.smem_optin);
     L->rows = b * s_q;

@@ -65,6 +65,13 @@
 #ifndef SMLA_DIMS_SPLIT_SOFTMAX
 #define SMLA_DIMS_SPLIT_SOFTMAX 1
 #endif
+// SMLA_DIMS_PRODUCER: a third warpgroup (setmaxnreg: the two groups 232 registers, it 40) issues every
+//   bulk copy, warp p rows 8 p .. 8 p + 7 of each tile, refilling a stage once its group has read it (an
+//   mbarrier); 0: each group's warps issue their own refills (the copies are issued one lane at a time,
+//   each waiting for the last one's operands: time the consumers do not compute).
+#ifndef SMLA_DIMS_PRODUCER
+#define SMLA_DIMS_PRODUCER 1
+#endif
 
 
 namespace attn {
@@ -75,7 +82,11 @@ constexpr int NH = 16;                        // heads per CTA: the MMA's M
 constexpr int kTT = 32;                       // tokens per tile
 constexpr int kBlocks = kTT / 8;              // 8-token blocks (the MMA's N) per tile
 constexpr int kGroups = 2, kWarps = 4;        // groups of warps on alternate tiles; warps per group
-constexpr int kThreads = 32 * kWarps * kGroups;
+constexpr bool kProducer = SMLA_DIMS_PRODUCER != 0;
+constexpr int kConsumers = 32 * kWarps * kGroups;  // the two groups' threads
+constexpr int kThreads = kConsumers + (kProducer ? 128 : 0);
+constexpr int kConsumerRegs = 232, kProducerRegs = 40;  // setmaxnreg, kProducer
+static_assert(!kProducer || 2 * 128 * kConsumerRegs + 128 * kProducerRegs <= 65536, "the register file");
 constexpr int kStages = 8;                    // raw tiles in flight; even, so a stage serves one group
 constexpr int kEntry = SMLA_FP8_ENTRY;        // 656 B: one token as the cache holds it
 constexpr int kPitch = kEntry + 48;           // 704 B a row in smem: rows 8 j + g and + 1 are 64 B apart in
@@ -90,12 +101,14 @@ static_assert(kPitch % 128 == 64 && kPitch % 16 == 0, "row pitch: bank spread, b
 static_assert(kStages % kGroups == 0 && kRowsPerWarp == 8, "stages per group; a refill is 8 rows a warp");
 static_assert(SMLA_FP8_TILE == 128 && SMLA_FP8_NUM_TILES == kWarps, "warp w owns scale tile w");
 constexpr int kBarGroup = 1;                  // + group: the group's named barrier (128 threads)
+constexpr int kBarAll = 3;                    // the two groups (kConsumers threads; the epilogue)
 constexpr float kLazy = 8.f;                  // SMLA_DIMS_SPLIT_SOFTMAX: the reference maximum's slack
 
 // Shared memory:
 //   raw   : kStages raw tiles [32 tokens x kPitch] (tile i in stage i % kStages);
 //   red   : float4 [kGroups][2 parities][kWarps][kBlocks][32 lanes], each warp's partial S (tile parity);
-//   bar   : mbarriers full[kStages] (kWarps arrivals, the copied bytes);
+//   bar   : mbarriers full[kStages] (kWarps arrivals, the copied bytes), empty[kStages] (kProducer: one
+//           arrival, the group's thread 0 once the group has read the stage);
 //   mask  : uint32 [kStages], the valid tokens of each stage (byte w: warp w's rows);
 //   pfr   : uint4 [kGroups][2 (P_hi, P_lo)][2 k-steps][32 lanes], the tile's P A fragments (split softmax);
 //   smx   : float [kGroups][NH][kWarps], each warp's token block maxima (split softmax);
@@ -104,7 +117,7 @@ constexpr float kLazy = 8.f;                  // SMLA_DIMS_SPLIT_SOFTMAX: the re
 struct Smem {
     static constexpr Region raw = first_region(kStages * kStageBytes);
     static constexpr Region red = region_after(raw, kGroups * 2 * kWarps * kBlocks * 32 * 16);
-    static constexpr Region bar = region_after(red, kStages * 8);
+    static constexpr Region bar = region_after(red, 2 * kStages * 8);
     static constexpr Region mask = region_after(bar, kStages * 4);
     static constexpr Region pfr = region_after(mask, kGroups * 2 * 2 * 32 * 16);
     static constexpr Region smx = region_after(pfr, kGroups * NH * kWarps * 4);
@@ -164,6 +177,7 @@ struct Warp {
     }
 
     __device__ __forceinline__ uint32_t full(int st) const { return c.bar_full + 8 * st; }
+    __device__ __forceinline__ uint32_t empty(int st) const { return c.bar_full + 8 * (kStages + st); }
     __device__ __forceinline__ uint32_t *mask() const { return reinterpret_cast<uint32_t *>(c.smem + Smem::mask.off); }
 
     // Q's fragments: k-step s < 8 is latent dims 128 w + 64 (s / 4) + 16 t + 4 (s % 4) + {0..3}, k-step 8
@@ -226,6 +240,26 @@ struct Warp {
         for (int u = 0; u < kFirst; ++u)
             if (grp + kGroups * u < n) issue(grp + kGroups * u, v[u]);
         idx_nx = fetch(grp + kStages);
+    }
+
+    // kProducer: producer warp w's rows of every tile, the first kStages at once (their indices loaded
+    // together), then each once its stage is free.
+    __device__ __forceinline__ void produce()
+    {
+        int v[kStages];
+#pragma unroll
+        for (int u = 0; u < kStages; ++u) v[u] = fetch(u);
+#pragma unroll
+        for (int u = 0; u < kStages; ++u)
+            if (u < n) issue(u, v[u]);
+        int nx = fetch(kStages);
+#pragma unroll 1
+        for (int i = kStages; i < n; ++i) {
+            const int cur = nx;
+            nx = fetch(i + 1);
+            mbar_wait(empty(i % kStages), ((i / kStages) - 1) & 1);
+            issue(i, cur);
+        }
     }
 
     // Partial S of tile i's stage (valid tokens vm; FULL: all) into acc, and the P V fragments into vb: the
@@ -517,8 +551,12 @@ struct Warp {
                 exchange(k, s);
             }
             // every warp of the group has its bytes of the stage in registers: refill it
-            if (i + kStages < n) issue(i + kStages, idx_nx);
-            idx_nx = fetch(i + kStages + kGroups);
+            if constexpr (kProducer) {
+                if (w == 0 && lane == 0) mbar_arrive(empty(st));
+            } else {
+                if (i + kStages < n) issue(i + kStages, idx_nx);
+                idx_nx = fetch(i + kStages + kGroups);
+            }
             if constexpr (SMLA_DIMS_SPLIT_SOFTMAX == 0) {
                 if (full) softmax<true>(s, vm, pa, pl);
                 else softmax<false>(s, vm, pa, pl);
@@ -538,7 +576,7 @@ struct Warp {
         }
         double *sl = reinterpret_cast<double *>(c.smem + Smem::lsum.off);
         float *sm = reinterpret_cast<float *>(c.smem + Smem::m.off);
-        __syncthreads();  // both groups are done with the stages the outputs go to
+        named_sync(kBarAll, kConsumers);  // both groups are done with the stages the outputs go to
         float *so = reinterpret_cast<float *>(raw) + grp * NH * kOStride;
 #pragma unroll
         for (int ch = 0; ch < 2; ++ch)
@@ -559,10 +597,10 @@ struct Warp {
 #pragma unroll
             for (int hf = 0; hf < 2; ++hf) sm[grp * NH + g + 8 * hf] = m_r[hf];
         }
-        __syncthreads();
+        named_sync(kBarAll, kConsumers);
         const int wc = c.tid >> 5;
         const float *o0 = reinterpret_cast<const float *>(raw), *o1 = o0 + NH * kOStride;
-        for (int hd = wc; hd < NH && hd < c.h; hd += kThreads / 32) {
+        for (int hd = wc; hd < NH && hd < c.h; hd += kConsumers / 32) {
             double l0 = 0.0, l1 = 0.0;
 #pragma unroll
             for (int v = 0; v < kSumWarps; ++v) {
@@ -588,13 +626,24 @@ __global__ void __launch_bounds__(kThreads, 1) attn_sm90d_kernel(const __grid_co
     pdl_launch_dependents();  // the combine (split mode) may be scheduled; it waits for this grid
     if (c.tid == 0) {
 #pragma unroll
-        for (int st = 0; st < kStages; ++st) mbar_init(c.bar_full + 8 * st, kWarps);
+        for (int st = 0; st < kStages; ++st) {
+            mbar_init(c.bar_full + 8 * st, kWarps);
+            mbar_init(c.bar_full + 8 * (kStages + st), 1);
+        }
         fence_mbarrier_init();
     }
     __syncthreads();
+    if constexpr (kProducer) {
+        if (c.tid >= kConsumers) {
+            setmaxnreg_dec<kProducerRegs>();
+            Warp<ABL, FAST>(a, c).produce();
+            return;
+        }
+        setmaxnreg_inc<kConsumerRegs>();
+    }
     Warp<ABL, FAST> wp(a, c);
     if (wp.n > 0) wp.load_q();  // in flight beside the first index loads and copies
-    wp.start();
+    if constexpr (!kProducer) wp.start();
     if (wp.n > 0) wp.run();
     wp.epilogue();
 }
