@@ -942,6 +942,24 @@ def test_small_heads_decode(cd, h, s_q, topk, bs, b, tl_mode, sink_mode, seed, f
                      out_abs=out_abs)
 
 
+@pytest.mark.parametrize("precision", ref.PRECISIONS)
+@pytest.mark.parametrize("mult", [4.0, 32.0, 1e-3])
+@pytest.mark.parametrize("h", [3, 16])
+def test_decode_dims_lazy_maximum(h, mult, precision, monkeypatch):
+    """The dims kernel (sm90d) keeps a lazy reference maximum: a tile whose maximum is within 2^8 of it
+    (log2 domain) is taken against it, with probabilities up to 2^8, and only a larger jump runs the exact
+    rescaling step. Softmax scales that make the maxima move often and by much (x4, x32: peaked rows, both
+    steps taken many times per row) or hardly at all (x1e-3), against the float64 oracle."""
+    if not _is_hopper():
+        pytest.skip("the dims kernel needs a compute capability 9.0 GPU")
+    monkeypatch.setenv("SMLA_ATTN_KERNEL", "sm90d")
+    c = decode_case("fp8_ds_mla", 37, 2, h, 2048, 64, seed=2100 + h + int(mult), tl_mode="rand", sink_mode="mixed",
+                    scale=DEC_SCALE * mult)
+    out_ref, lse_ref, out_abs = decode_oracle(c, return_abs=True)
+    out, lse = run_decode(c, precision=precision)
+    check_decode(out, lse, out_ref, lse_ref, name=f"sm90d x{mult} {precision}", precision=precision, out_abs=out_abs)
+
+
 def _small_head_prefill_grid():
     cases = []
     shapes = [(62, 592, 128), (213, 8192, 2048), (5, 32, 2048), (300, 1840, 256)]
