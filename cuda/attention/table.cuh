@@ -54,6 +54,23 @@ extern const KernelList kSm90rFp8Kernels;   // sm90/reg_fp8.cu
 extern const KernelList kSm90dFp8Kernels;   // sm90/dims_fp8.cu
 #endif
 
+// One plain launch of KERNEL (an attention kernel of Args) over `grid` CTAs of `threads` threads and `smem`
+// bytes of dynamic shared memory, its shared-memory limit raised once per device first: the launch of the
+// families without a fused split (sm80, the pair, register and dims kernels; the wide and narrow ones
+// also choose a cooperative launch).
+template <auto KERNEL>
+int launch_kernel(Args &a, int64_t grid, int threads, int smem, cudaStream_t s, int dev, smla_status *st)
+{
+    static OncePerDevice configured;
+    if (configured.needed(dev)) {
+        SMLA_CUDA_CHECK(st, cudaFuncSetAttribute(KERNEL, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+        configured.mark(dev);
+    }
+    smla_launch(KERNEL, dim3(static_cast<unsigned>(grid)), dim3(threads), smem, s, 1, a);
+    SMLA_CUDA_LAUNCH_CHECK(st);
+    return SMLA_OK;
+}
+
 // The split-top-k combine over the partials of a.n_splits splits (combine.cu), a programmatic dependent
 // of the main kernel where the device has PDL (smla_launch); `op` names the call in errors.
 int launch_combine(const Args &a, cudaStream_t stream, const char *op, smla_status *st);

@@ -137,16 +137,7 @@ __global__ void __launch_bounds__(C::NT, C::MINB) attn_sm80_kernel(const __grid_
 template <class C>
 int launch(Args &a, int64_t grid, cudaStream_t s, int dev, smla_status *st)
 {
-    static OncePerDevice configured;
-    constexpr int smem = Smem<C>::bytes;
-    if (configured.needed(dev)) {
-        SMLA_CUDA_CHECK(st,
-                        cudaFuncSetAttribute(attn_sm80_kernel<C>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-        configured.mark(dev);
-    }
-    smla_launch(attn_sm80_kernel<C>, dim3(static_cast<unsigned>(grid)), dim3(C::NT), smem, s, 1, a);
-    SMLA_CUDA_LAUNCH_CHECK(st);
-    return SMLA_OK;
+    return launch_kernel<attn_sm80_kernel<C>>(a, grid, C::NT, Smem<C>::bytes, s, dev, st);
 }
 
 }  // namespace

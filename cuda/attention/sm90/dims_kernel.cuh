@@ -12,25 +12,28 @@
 // the register kernel (sm90/reg_kernel.cuh) removed the traffic but dequantised every value twice and
 // lost it to instruction issue (benchmarks/README.md, issue 17). Here the cache rows land in shared
 // memory as they are (bulk copies, 656 B a token), each value is read once by one thread and
-// dequantised once, and the only other shared-memory traffic is the exchange of S's partial sums.
+// dequantised once, and the only other shared-memory traffic is the exchange of S's partial sums and P.
+// Measured on the H200 step by step (benchmarks/README.md, issue 17, fifteenth session; dropped forms in
+// the history): 1.33x the narrow kernel at h = 16, b = 128; bound by each warp's chain per tile.
 //
-// CTA = one query row x all heads (h <= 16; rows past h are zero) x one top-k split, 256 threads: two
-// groups of four warps on alternate tiles of 32 tokens (group G: tiles G, G + 2, ..), each with its
-// own online softmax; the epilogue merges the two states. Warp w of a group owns latent dims [128 w,
-// 128 w + 128) (exactly scale tile w) and RoPE dims 512 + [16 w, 16 w + 16):
-//   acquire : wait for the tile's stage (an mbarrier: the group's four warps' arrivals and the copied
-//             bytes) and its valid-token mask;
-//   scores  : per 8-token block: a thread's token 8 j + g, two 16-byte loads of its latent bytes, its
-//             scale and 8 bytes of RoPE, dequantised (dequant_e4m3x4, bf16_rne(float(e4m3) * scale),
-//             the rule of every kernel; an invalid token's bytes and scale read as 0) into the B
-//             fragments of 9 k-steps, 9 MMAs into the block's partial S, and the 16 latent fragments
-//             transposed (movmatrix) into P V's B fragments, kept in registers (64);
-//   exchange: the four warps' partial S through shared memory (one barrier of the group), each warp
-//             summing them in the same order, so all four hold the same S; the stage is then refilled
-//             (tile + kStages: each warp copies 8 of its rows);
-//   softmax : mask, scale (log2 domain), saturation, per-head maxima over the 32 tokens (in-warp
-//             shuffles), P = 2^(S - m) straight into A fragments (high: P_hi and P_lo), row sums in
-//             double, O rescaled by alpha when a maximum moved;
+// CTA = one query row x all heads (h <= 16; rows past h are zero) x one top-k split, 384 threads: two
+// groups of four warps on alternate tiles of 32 tokens (group G: tiles G, G + 2, ..), each with its own
+// online softmax (merged in the epilogue), and a producer warpgroup (setmaxnreg: the groups 232
+// registers, it 40) whose warp p copies rows 8 p .. 8 p + 7 of every tile into its stage (one bulk copy
+// a row; kStages stages, refilled once the group has read them: the empty mbarrier). Warp w of a group
+// owns latent dims [128 w, 128 w + 128) (exactly scale tile w) and RoPE dims 512 + [16 w, 16 w + 16).
+// Per tile and warp:
+//   acquire : wait for the tile's stage (the full mbarrier: the producer warps' arrivals and the copied
+//             bytes) and read its valid-token mask; a tile whose 32 tokens are all valid skips masking;
+//   scores  : the 4 token blocks' loads (a thread's token 8 j + g: two 16-byte pieces of its latent
+//             bytes, its scale, 8 bytes of RoPE; an invalid token's bytes and scale read as 0), then
+//             k-step by k-step across the blocks: dequantised (dequant_e4m3x4, bf16_rne(float(e4m3) *
+//             scale), the rule of every kernel) into the B fragment, the S MMA into the block's partial
+//             S, and the fragment transposed (movmatrix) into P V's B fragments, kept in registers (64);
+//   softmax : split_softmax: the 4 blocks' partial S through shared memory (a barrier of the group),
+//             warp w sums block w's and runs its softmax against a lazy reference maximum, the blocks'
+//             P fragments and maxima through shared memory (a second barrier; a third on the rare exact
+//             step); then the group's thread 0 frees the stage;
 //   pv      : O [16 x 128 dims of the warp] += P V: 2 k-steps x 16 dim blocks (high: twice).
 // Dimension order: a k-step's fragment columns 2 t + e and 2 t + 8 + e (t = lane & 3) are the four
 // consecutive dims 4 t + {0, 1, 2, 3} of a 16-dim piece, so a thread's B fragments of four k-steps are one
@@ -47,33 +50,6 @@
 #include "attention/sm90/producer.cuh"
 #include "attention/sm90/variants.cuh"
 
-// Switches measured side by side on the H200 (benchmarks/README.md, issue 17, fifteenth session):
-// SMLA_DIMS_FULL_TILES: a tile whose 32 tokens are all valid (one warp-uniform test) skips the masking.
-// SMLA_DIMS_INTERLEAVE: scores() runs the 4 token blocks' S chains side by side (k-step outer, block
-//   inner: 4 independent MMA chains) instead of one block after the other (9 dependent MMAs each).
-#ifndef SMLA_DIMS_FULL_TILES
-#define SMLA_DIMS_FULL_TILES 1
-#endif
-#ifndef SMLA_DIMS_INTERLEAVE
-#define SMLA_DIMS_INTERLEAVE 1
-#endif
-// SMLA_DIMS_SPLIT_SOFTMAX: warp w of a group sums only token block w's partial S and runs the softmax
-//   of those 8 tokens; the blocks' maxima and P fragments meet through shared memory, against a lazy
-//   reference maximum (the running maximum, moved only when a tile's maximum passes it by more than
-//   kLazy, log2 domain; P <= 2^kLazy then), so a tile costs two barriers of the group. 0: every warp
-//   sums all 16 partials and runs the whole tile's softmax (one barrier).
-#ifndef SMLA_DIMS_SPLIT_SOFTMAX
-#define SMLA_DIMS_SPLIT_SOFTMAX 1
-#endif
-// SMLA_DIMS_PRODUCER: a third warpgroup (setmaxnreg: the two groups 232 registers, it 40) issues every
-//   bulk copy, warp p rows 8 p .. 8 p + 7 of each tile, refilling a stage once its group has read it (an
-//   mbarrier); 0: each group's warps issue their own refills (the copies are issued one lane at a time,
-//   each waiting for the last one's operands: time the consumers do not compute).
-#ifndef SMLA_DIMS_PRODUCER
-#define SMLA_DIMS_PRODUCER 1
-#endif
-
-
 namespace attn {
 namespace sm90 {
 namespace dims {
@@ -82,11 +58,10 @@ constexpr int NH = 16;                        // heads per CTA: the MMA's M
 constexpr int kTT = 32;                       // tokens per tile
 constexpr int kBlocks = kTT / 8;              // 8-token blocks (the MMA's N) per tile
 constexpr int kGroups = 2, kWarps = 4;        // groups of warps on alternate tiles; warps per group
-constexpr bool kProducer = SMLA_DIMS_PRODUCER != 0;
 constexpr int kConsumers = 32 * kWarps * kGroups;  // the two groups' threads
-constexpr int kThreads = kConsumers + (kProducer ? 128 : 0);
-constexpr int kConsumerRegs = 232, kProducerRegs = 40;  // setmaxnreg, kProducer
-static_assert(!kProducer || 2 * 128 * kConsumerRegs + 128 * kProducerRegs <= 65536, "the register file");
+constexpr int kThreads = kConsumers + 128;         // and the producer warpgroup
+constexpr int kConsumerRegs = 232, kProducerRegs = 40;  // setmaxnreg
+static_assert(2 * 128 * kConsumerRegs + 128 * kProducerRegs <= 65536, "the register file");
 constexpr int kStages = 8;                    // raw tiles in flight; even, so a stage serves one group
 constexpr int kEntry = SMLA_FP8_ENTRY;        // 656 B: one token as the cache holds it
 constexpr int kPitch = kEntry + 48;           // 704 B a row in smem: rows 8 j + g and + 1 are 64 B apart in
@@ -102,13 +77,13 @@ static_assert(kStages % kGroups == 0 && kRowsPerWarp == 8, "stages per group; a 
 static_assert(SMLA_FP8_TILE == 128 && SMLA_FP8_NUM_TILES == kWarps, "warp w owns scale tile w");
 constexpr int kBarGroup = 1;                  // + group: the group's named barrier (128 threads)
 constexpr int kBarAll = 3;                    // the two groups (kConsumers threads; the epilogue)
-constexpr float kLazy = 8.f;                  // SMLA_DIMS_SPLIT_SOFTMAX: the reference maximum's slack
+constexpr float kLazy = 8.f;                  // the lazy reference maximum's slack (log2; split_softmax)
 
 // Shared memory:
 //   raw   : kStages raw tiles [32 tokens x kPitch] (tile i in stage i % kStages);
 //   red   : float4 [kGroups][2 parities][kWarps][kBlocks][32 lanes], each warp's partial S (tile parity);
-//   bar   : mbarriers full[kStages] (kWarps arrivals, the copied bytes), empty[kStages] (kProducer: one
-//           arrival, the group's thread 0 once the group has read the stage);
+//   bar   : mbarriers full[kStages] (kWarps arrivals: the producer warps, with the copied bytes),
+//           empty[kStages] (one arrival: the group's thread 0 once the group has read the stage);
 //   mask  : uint32 [kStages], the valid tokens of each stage (byte w: warp w's rows);
 //   pfr   : uint4 [kGroups][2 (P_hi, P_lo)][2 k-steps][32 lanes], the tile's P A fragments (split softmax);
 //   smx   : float [kGroups][NH][kWarps], each warp's token block maxima (split softmax);
@@ -160,14 +135,13 @@ struct Warp {
     uint32_t vb[kBlocks][8][2];  // this tile's P V B fragments: token block j, k-step s, half r
     float m_r[2];                // running maxima (log2 domain) of heads g, g + 8
     double l_r[2];               // this thread's share of their row sums
-    int idx_nx;                  // lanes < 8: the index of row 8 w + lane of the group's next refill
     const smla_udiv bs_div;      // the cache's block_size as a multiply-shift divisor
 
     __device__ __forceinline__ Warp(const Args &a_, const CtaCommon &c_)
         : a(a_), c(c_), kv(a_), grp(c_.tid >> 7), w((c_.tid >> 5) & 3), lane(c_.lane), g(c_.lane >> 2),
           t(c_.lane & 3), tok0(c_.j0 * kBN), tok_end(min(c_.L, (c_.j0 + c_.nt) * kBN)),
           n(c_.nt > 0 && tok_end > tok0 ? (tok_end - tok0 + kTT - 1) / kTT : 0),
-          raw(c_.smem + Smem::raw.off), idx_nx(-1),
+          raw(c_.smem + Smem::raw.off),
           bs_div(smla_udiv_of(static_cast<uint64_t>(a_.p.kv.block_size)))
     {
 #pragma unroll
@@ -229,21 +203,8 @@ struct Warp {
             bulk_copy_g2s(c.sK + st * kStageBytes + (kRowsPerWarp * w + lane) * kPitch, row_of(idx), kEntry, full(st));
     }
 
-    // The group's first kStages / kGroups tiles, and the index of its next refill.
-    __device__ __forceinline__ void start()
-    {
-        constexpr int kFirst = kStages / kGroups;
-        int v[kFirst];
-#pragma unroll
-        for (int u = 0; u < kFirst; ++u) v[u] = fetch(grp + kGroups * u);
-#pragma unroll
-        for (int u = 0; u < kFirst; ++u)
-            if (grp + kGroups * u < n) issue(grp + kGroups * u, v[u]);
-        idx_nx = fetch(grp + kStages);
-    }
-
-    // kProducer: producer warp w's rows of every tile, the first kStages at once (their indices loaded
-    // together), then each once its stage is free.
+    // The producer warpgroup's warp w: its rows of every tile, the first kStages at once (their indices
+    // loaded together), then each once its stage is free (the empty mbarrier: the group has read it).
     __device__ __forceinline__ void produce()
     {
         int v[kStages];
@@ -263,7 +224,7 @@ struct Warp {
     }
 
     // Partial S of tile i's stage (valid tokens vm; FULL: all) into acc, and the P V fragments into vb: the
-    // 4 token blocks' loads, then (INTERLEAVE) k-step by k-step across the blocks, or block by block.
+    // 4 token blocks' loads, then k-step by k-step across the blocks (4 independent MMA chains).
     template <bool FULL>
     __device__ __forceinline__ void scores(const uint8_t *stage, uint32_t vm, float (&acc)[kBlocks][4])
     {
@@ -293,112 +254,13 @@ struct Warp {
             vb[j][s][0] = movm_trans(k0);
             vb[j][s][1] = movm_trans(k1);
         };
-        if constexpr (SMLA_DIMS_INTERLEAVE != 0) {
 #pragma unroll
-            for (int s = 0; s < 8; ++s)
+        for (int s = 0; s < 8; ++s)
 #pragma unroll
-                for (int j = 0; j < kBlocks; ++j) step(j, s);
-        } else {
-#pragma unroll
-            for (int j = 0; j < kBlocks; ++j)
-#pragma unroll
-                for (int s = 0; s < 8; ++s) step(j, s);
-        }
+            for (int j = 0; j < kBlocks; ++j) step(j, s);
 #pragma unroll
         for (int j = 0; j < kBlocks; ++j)  // the RoPE k-step, last (the same order either way)
             if constexpr (!kNoS) mma_bf16(acc[j], qa[8], rp[j].x, rp[j].y);
-    }
-
-    // The four warps' partial S of the group's k-th tile summed in warp order (every warp the same bits).
-    __device__ __forceinline__ void exchange(int k, float (&acc)[kBlocks][4]) const
-    {
-        const uint32_t red = c.base + Smem::red.off + ((grp * 2 + (k & 1)) * kWarps) * kBlocks * 32 * 16;
-#pragma unroll
-        for (int j = 0; j < kBlocks; ++j)
-            st_shared_v4(red + ((w * kBlocks + j) * 32 + lane) * 16,
-                         make_uint4(__float_as_uint(acc[j][0]), __float_as_uint(acc[j][1]),
-                                    __float_as_uint(acc[j][2]), __float_as_uint(acc[j][3])));
-        named_sync(kBarGroup + grp, 32 * kWarps);
-#pragma unroll
-        for (int j = 0; j < kBlocks; ++j) {
-            float4 s = make_float4(0.f, 0.f, 0.f, 0.f);
-#pragma unroll
-            for (int v = 0; v < kWarps; ++v) {
-                const uint4 u = ld_shared_v4(red + ((v * kBlocks + j) * 32 + lane) * 16);
-                if (v == 0) s = make_float4(__uint_as_float(u.x), __uint_as_float(u.y), __uint_as_float(u.z),
-                                            __uint_as_float(u.w));
-                else {
-                    s.x += __uint_as_float(u.x), s.y += __uint_as_float(u.y);
-                    s.z += __uint_as_float(u.z), s.w += __uint_as_float(u.w);
-                }
-            }
-            acc[j][0] = s.x, acc[j][1] = s.y, acc[j][2] = s.z, acc[j][3] = s.w;
-        }
-    }
-
-    // Online softmax of the tile (valid tokens vm; FULL: all) and P into A fragments (pa: P_hi, pl: P_lo).
-    template <bool FULL>
-    __device__ __forceinline__ void softmax(float (&s)[kBlocks][4], uint32_t vm, uint32_t (&pa)[2][4],
-                                            uint32_t (&pl)[2][4])
-    {
-        float mx[2] = {-INFINITY, -INFINITY};
-#pragma unroll
-        for (int j = 0; j < kBlocks; ++j)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                const bool ok = FULL || ((vm >> (8 * j + 2 * t + (e & 1))) & 1u);
-                s[j][e] = ok ? s[j][e] * a.scale_log2 : -INFINITY;
-                mx[e >> 1] = fmaxf(mx[e >> 1], s[j][e]);
-            }
-#pragma unroll
-        for (int hf = 0; hf < 2; ++hf) {
-            if (sat_needed(mx[hf], m_r[hf])) {
-                mx[hf] = -INFINITY;
-#pragma unroll
-                for (int j = 0; j < kBlocks; ++j)
-#pragma unroll
-                    for (int e = 2 * hf; e < 2 * hf + 2; ++e) {
-                        if (FULL || ((vm >> (8 * j + 2 * t + (e & 1))) & 1u)) s[j][e] = sat_score(s[j][e]);
-                        mx[hf] = fmaxf(mx[hf], s[j][e]);
-                    }
-            }
-            mx[hf] = fmaxf(mx[hf], __shfl_xor_sync(0xffffffffu, mx[hf], 1));
-            mx[hf] = fmaxf(mx[hf], __shfl_xor_sync(0xffffffffu, mx[hf], 2));
-        }
-        float base[2], alpha[2];
-#pragma unroll
-        for (int hf = 0; hf < 2; ++hf) {
-            const float mn = fmaxf(m_r[hf], mx[hf]);
-            base[hf] = mn == -INFINITY ? 0.f : mn;
-            alpha[hf] = ex2(m_r[hf] - base[hf]);
-            m_r[hf] = mn;
-        }
-        float ps[2] = {0.f, 0.f};
-#pragma unroll
-        for (int j = 0; j < kBlocks; ++j)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                s[j][e] = ex2(s[j][e] - base[e >> 1]);
-                ps[e >> 1] += s[j][e];
-            }
-#pragma unroll
-        for (int hf = 0; hf < 2; ++hf) l_r[hf] = l_r[hf] * static_cast<double>(alpha[hf]) + static_cast<double>(ps[hf]);
-        if (__any_sync(0xffffffffu, alpha[0] != 1.f || alpha[1] != 1.f)) {
-#pragma unroll
-            for (int i = 0; i < kDimBlocks; ++i) {
-                o[i][0] *= alpha[0], o[i][1] *= alpha[0];
-                o[i][2] *= alpha[1], o[i][3] *= alpha[1];
-            }
-        }
-        // A fragment of k-step kk (tokens 16 kk ..): blocks 2 kk (columns 0..7) and 2 kk + 1 (8..15)
-#pragma unroll
-        for (int kk = 0; kk < 2; ++kk)
-#pragma unroll
-            for (int r = 0; r < 4; ++r) {  // r: a0 (head g, block 2 kk), a1 (g + 8), a2 (g, 2 kk + 1), a3
-                const float *p = s[2 * kk + (r >> 1)] + 2 * (r & 1);
-                if constexpr (FAST) pa[kk][r] = pack_bf16x2(p[0], p[1]);
-                else split_bf16x2(p[0], p[1], pa[kk][r], pl[kk][r]);
-            }
     }
 
     // The split softmax of the group's k-th tile (valid tokens vm; FULL: all): partial S in acc (all 4
@@ -522,14 +384,16 @@ struct Warp {
 
     __device__ __forceinline__ void pv(const uint32_t (&pa)[2][4], const uint32_t (&pl)[2][4])
     {
-        if constexpr (kNoPV) return;
+        if constexpr (!kNoPV) {
 #pragma unroll
-        for (int kk = 0; kk < 2; ++kk)
+            for (int kk = 0; kk < 2; ++kk)
 #pragma unroll
-            for (int i = 0; i < kDimBlocks; ++i) {
-                mma_bf16(o[i], pa[kk], vb[2 * kk][i >> 1][i & 1], vb[2 * kk + 1][i >> 1][i & 1]);
-                if constexpr (!FAST) mma_bf16(o[i], pl[kk], vb[2 * kk][i >> 1][i & 1], vb[2 * kk + 1][i >> 1][i & 1]);
-            }
+                for (int i = 0; i < kDimBlocks; ++i) {
+                    mma_bf16(o[i], pa[kk], vb[2 * kk][i >> 1][i & 1], vb[2 * kk + 1][i >> 1][i & 1]);
+                    if constexpr (!FAST)
+                        mma_bf16(o[i], pl[kk], vb[2 * kk][i >> 1][i & 1], vb[2 * kk + 1][i >> 1][i & 1]);
+                }
+        }
     }
 
     __device__ __forceinline__ void run()
@@ -539,28 +403,15 @@ struct Warp {
             const int st = i % kStages;
             mbar_wait(full(st), (i / kStages) & 1);
             const uint32_t vm = mask()[st];
-            const bool full = SMLA_DIMS_FULL_TILES && vm == 0xffffffffu;  // the same in every warp of the group
+            const bool full = vm == 0xffffffffu;  // all 32 tokens valid: no masking (the same in every warp)
             float s[kBlocks][4];
             if (full) scores<true>(raw + st * kStageBytes, vm, s);
             else scores<false>(raw + st * kStageBytes, vm, s);
             uint32_t pa[2][4], pl[2][4];
-            if constexpr (SMLA_DIMS_SPLIT_SOFTMAX != 0) {
-                if (full) split_softmax<true>(k, s, vm, pa, pl);
-                else split_softmax<false>(k, s, vm, pa, pl);
-            } else {
-                exchange(k, s);
-            }
-            // every warp of the group has its bytes of the stage in registers: refill it
-            if constexpr (kProducer) {
-                if (w == 0 && lane == 0) mbar_arrive(empty(st));
-            } else {
-                if (i + kStages < n) issue(i + kStages, idx_nx);
-                idx_nx = fetch(i + kStages + kGroups);
-            }
-            if constexpr (SMLA_DIMS_SPLIT_SOFTMAX == 0) {
-                if (full) softmax<true>(s, vm, pa, pl);
-                else softmax<false>(s, vm, pa, pl);
-            }
+            if (full) split_softmax<true>(k, s, vm, pa, pl);
+            else split_softmax<false>(k, s, vm, pa, pl);
+            // every warp of the group has its bytes of the stage in registers: the producer may refill it
+            if (w == 0 && lane == 0) mbar_arrive(empty(st));
             pv(pa, pl);
         }
     }
@@ -587,9 +438,8 @@ struct Warp {
                 *reinterpret_cast<float4 *>(so + (g + 8) * kOStride + dim) =
                     make_float4(o[i][2], o[i][3], o[i + 1][2], o[i + 1][3]);
             }
-        // the row sums: each warp's own blocks (split softmax), or the whole tiles in every warp (warp 0's)
-        constexpr int kSumWarps = SMLA_DIMS_SPLIT_SOFTMAX != 0 ? kWarps : 1;
-        if (w < kSumWarps && t == 0) {
+        // the row sums: each warp's share (its own token blocks)
+        if (t == 0) {
 #pragma unroll
             for (int hf = 0; hf < 2; ++hf) sl[(grp * kWarps + w) * NH + g + 8 * hf] = l_r[hf];
         }
@@ -603,7 +453,7 @@ struct Warp {
         for (int hd = wc; hd < NH && hd < c.h; hd += kConsumers / 32) {
             double l0 = 0.0, l1 = 0.0;
 #pragma unroll
-            for (int v = 0; v < kSumWarps; ++v) {
+            for (int v = 0; v < kWarps; ++v) {
                 l0 += sl[v * NH + hd];
                 l1 += sl[(kWarps + v) * NH + hd];
             }
@@ -633,40 +483,24 @@ __global__ void __launch_bounds__(kThreads, 1) attn_sm90d_kernel(const __grid_co
         fence_mbarrier_init();
     }
     __syncthreads();
-    if constexpr (kProducer) {
-        if (c.tid >= kConsumers) {
-            setmaxnreg_dec<kProducerRegs>();
-            Warp<ABL, FAST>(a, c).produce();
-            return;
-        }
-        setmaxnreg_inc<kConsumerRegs>();
+    if (c.tid >= kConsumers) {  // the producer warpgroup
+        setmaxnreg_dec<kProducerRegs>();
+        Warp<ABL, FAST>(a, c).produce();
+        return;
     }
+    setmaxnreg_inc<kConsumerRegs>();
     Warp<ABL, FAST> wp(a, c);
-    if (wp.n > 0) wp.load_q();  // in flight beside the first index loads and copies
-    if constexpr (!kProducer) wp.start();
+    if (wp.n > 0) wp.load_q();  // in flight beside the producer's first index loads and copies
     if (wp.n > 0) wp.run();
     wp.epilogue();
-}
-
-template <int ABL, bool FAST>
-int launch_variant(Args &a, int64_t grid, cudaStream_t s, int dev, smla_status *st)
-{
-    static OncePerDevice configured;
-    if (configured.needed(dev)) {
-        SMLA_CUDA_CHECK(st, cudaFuncSetAttribute(attn_sm90d_kernel<ABL, FAST>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                                 Smem::bytes));
-        configured.mark(dev);
-    }
-    smla_launch(attn_sm90d_kernel<ABL, FAST>, dim3(static_cast<unsigned>(grid)), dim3(kThreads), Smem::bytes, s, 1, a);
-    SMLA_CUDA_LAUNCH_CHECK(st);
-    return SMLA_OK;
 }
 
 // The variant the call asks for (sm90/variants.cuh).
 int launch(Args &a, int64_t grid, cudaStream_t s, int dev, smla_status *st)
 {
     return with_variant(a, [&](auto abl, auto fast) {
-        return launch_variant<decltype(abl)::value, decltype(fast)::value>(a, grid, s, dev, st);
+        return launch_kernel<attn_sm90d_kernel<decltype(abl)::value, decltype(fast)::value>>(a, grid, kThreads,
+                                                                                            Smem::bytes, s, dev, st);
     });
 }
 

@@ -702,24 +702,11 @@ __global__ void __launch_bounds__(kThreads, 1) attn_sm90p_kernel(const __grid_co
     }
 }
 
-template <int ABL, bool FAST>
-int launch_variant(Args &a, int64_t grid, cudaStream_t s, int dev, smla_status *st)
-{
-    static OncePerDevice configured;
-    if (configured.needed(dev)) {
-        SMLA_CUDA_CHECK(st, cudaFuncSetAttribute(attn_sm90p_kernel<ABL, FAST>,
-                                                 cudaFuncAttributeMaxDynamicSharedMemorySize, Smem::bytes));
-        configured.mark(dev);
-    }
-    smla_launch(attn_sm90p_kernel<ABL, FAST>, dim3(static_cast<unsigned>(grid)), dim3(kThreads), Smem::bytes, s, 1, a);
-    SMLA_CUDA_LAUNCH_CHECK(st);
-    return SMLA_OK;
-}
-
 int launch(Args &a, int64_t grid, cudaStream_t s, int dev, smla_status *st)
 {
     return with_variant(a, [&](auto abl, auto fast) {
-        return launch_variant<decltype(abl)::value, decltype(fast)::value>(a, grid, s, dev, st);
+        return launch_kernel<attn_sm90p_kernel<decltype(abl)::value, decltype(fast)::value>>(a, grid, kThreads,
+                                                                                            Smem::bytes, s, dev, st);
     });
 }
 

@@ -469,27 +469,13 @@ __global__ void __launch_bounds__(kThreads, 1) attn_sm90r_kernel(const __grid_co
     wg.epilogue();
 }
 
-template <class C, int ABL, bool FAST>
-int launch_variant(Args &a, int64_t grid, cudaStream_t s, int dev, smla_status *st)
-{
-    static OncePerDevice configured;
-    if (configured.needed(dev)) {
-        SMLA_CUDA_CHECK(st, cudaFuncSetAttribute(attn_sm90r_kernel<C, ABL, FAST>,
-                                                 cudaFuncAttributeMaxDynamicSharedMemorySize, Smem<C>::bytes));
-        configured.mark(dev);
-    }
-    smla_launch(attn_sm90r_kernel<C, ABL, FAST>, dim3(static_cast<unsigned>(grid)), dim3(kThreads), Smem<C>::bytes, s, 1,
-                a);
-    SMLA_CUDA_LAUNCH_CHECK(st);
-    return SMLA_OK;
-}
-
 // The variant the call asks for (sm90/variants.cuh).
 template <class C>
 int launch(Args &a, int64_t grid, cudaStream_t s, int dev, smla_status *st)
 {
     return with_variant(a, [&](auto abl, auto fast) {
-        return launch_variant<C, decltype(abl)::value, decltype(fast)::value>(a, grid, s, dev, st);
+        return launch_kernel<attn_sm90r_kernel<C, decltype(abl)::value, decltype(fast)::value>>(
+            a, grid, kThreads, Smem<C>::bytes, s, dev, st);
     });
 }
 
