@@ -102,6 +102,12 @@ __device__ __forceinline__ uint32_t ld_shared_u32(uint32_t addr)
     return v;
 }
 
+// Word i (0..3, known at compile time in an unrolled loop) of a 16-byte load.
+__device__ __forceinline__ uint32_t word(const uint4 &v, int i)
+{
+    return i == 0 ? v.x : (i == 1 ? v.y : (i == 2 ? v.z : v.w));
+}
+
 __device__ __forceinline__ void st_shared_v2(uint32_t addr, uint32_t x, uint32_t y)
 {
     asm volatile("st.shared.v2.b32 [%0], {%1,%2};\n" ::"r"(addr), "r"(x), "r"(y) : "memory");

@@ -14,7 +14,8 @@
 // memory as they are (bulk copies, 656 B a token), each value is read once by one thread and
 // dequantised once, and the only other shared-memory traffic is the exchange of S's partial sums and P.
 // Measured on the H200 step by step (benchmarks/README.md, issue 17, fifteenth session; dropped forms in
-// the history): 1.33x the narrow kernel at h = 16, b = 128; bound by each warp's chain per tile.
+// the history): at h = 16, b = 128 1.24x ("high") and 1.33x ("fast") the narrow kernel's speed; bound
+// by each warp's chain per tile.
 //
 // CTA = one query row x all heads (h <= 16; rows past h are zero) x one top-k split, 384 threads: two
 // groups of four warps on alternate tiles of 32 tokens (group G: tiles G, G + 2, ..), each with its own
@@ -111,11 +112,6 @@ __device__ __forceinline__ uint32_t movm_trans(uint32_t x)
     uint32_t y;
     asm volatile("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;\n" : "=r"(y) : "r"(x));
     return y;
-}
-
-__device__ __forceinline__ uint32_t word(const uint4 &v, int i)
-{
-    return i == 0 ? v.x : (i == 1 ? v.y : (i == 2 ? v.z : v.w));
 }
 
 // One warp of a group: its share of Q, O and the softmax state, and its part of the copies.

@@ -159,11 +159,6 @@ __device__ __forceinline__ void load_q(const Args &a, const Cta<C> &c)
     __syncthreads();
 }
 
-__device__ __forceinline__ uint32_t word(const uint4 &v, int i)
-{
-    return i == 0 ? v.x : (i == 1 ? v.y : (i == 2 ? v.z : v.w));
-}
-
 // One consumer warpgroup.
 template <class C, int ABL, bool FAST>
 struct Consumer : HeadSoftmax<C::NH, FAST, C::NH / 2> {
