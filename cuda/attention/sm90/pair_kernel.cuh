@@ -91,16 +91,21 @@ struct Smem {
 
 constexpr int kEarly = 0, kLate = 1;
 
-// SMLA_SM90P_RELEASE_FIRST (default 0, not yet measured): each warpgroup waits for its remote product and
-// frees the regions it read before it acquires the next pair's early region (else it queues the next S
-// chain 0 behind the remote product first). Why: the stage trace (benchmarks/README.md, issue 16,
-// thirteenth session) shows each warpgroup's free of the peer buffer's late region waiting behind its own
-// next early region's reload (WG1: 2,408 cycles), and the peer then waiting for that late region (WG0:
-// 2,228), a chain of two reloads per pair.
+// SMLA_SM90P_RELEASE_FIRST (default 0, experiment): 1 has each warpgroup, 2 only WG1, wait for its remote
+// product and free the regions it read before it acquires the next pair's early region (else it queues
+// the next S chain 0 behind the remote product first). Why: the stage trace (benchmarks/README.md, issue
+// 16, thirteenth session) shows WG1's free of buffer 0's late region waiting behind the reload of its own
+// just-freed early region (2,408 cycles), and WG0 then waiting for that late region (2,228), a chain of
+// two reloads per pair. WG0's early region is freed long before its remote product, so queueing its next
+// chain 0 there costs no reload (2).
 #ifndef SMLA_SM90P_RELEASE_FIRST
 #define SMLA_SM90P_RELEASE_FIRST 0
 #endif
-constexpr bool kReleaseFirst = SMLA_SM90P_RELEASE_FIRST != 0;
+// SMLA_SM90P_LOCAL_FIRST (default 0, experiment): WG1 issues its local product before it stores P1 for WG0
+// (else it stores P1 first, so that WG0's remote product can start sooner).
+#ifndef SMLA_SM90P_LOCAL_FIRST
+#define SMLA_SM90P_LOCAL_FIRST 0
+#endif
 
 // Trace events per pair (profiling builds, sm90/trace.cuh). WG0: 0 start, 1 its max published, 2 its
 // local P V issued, 3 WG1's max received, 4 local P V done, 5 P0 published, 6 P1 received, 7 the next
@@ -273,6 +278,7 @@ template <int W, int ABL, bool FAST>
 struct PairConsumer {
     static constexpr bool kNoS = (ABL & 2) != 0, kNoPV = (ABL & 4) != 0, kNoLo = FAST || (ABL & 16) != 0;
     static constexpr int kPeer = 1 - W;
+    static constexpr bool kReleaseFirst = SMLA_SM90P_RELEASE_FIRST == 1 || (SMLA_SM90P_RELEASE_FIRST == 2 && W == 1);
 
     const Args &a;
     const Cta &c;
@@ -618,10 +624,11 @@ struct PairConsumer {
         publish_max(m0, mx, m1, kBarM1);
         move_max(m1);
         probs(s, m1, hi, lo);
+        if constexpr (SMLA_SM90P_LOCAL_FIRST != 0) pv_local(hi, lo);
         store_p(hi, lo);
         named_arrive(kBarP1, 256);
         trace(a, k, 2);
-        pv_local(hi, lo);
+        if constexpr (SMLA_SM90P_LOCAL_FIRST == 0) pv_local(hi, lo);
         named_sync(kBarP0, 256);
         trace(a, k, 3);
         pv_remote();
