@@ -3,7 +3,7 @@
 # CUDA suite (tools/gpu_validate.sh's six pytest processes, with TL its time limit); compute-sanitizer
 # memcheck, synccheck and racecheck over the dims kernel's small-head tests (SANITIZE=0 skips them); then
 # the decode benchmark of sm90d and sm90n over a batch sweep at h = 16 and the issue's shapes, alternated,
-# two rounds, and the issue's table under "auto". Logs under $OUT, with logs.tar.gz of all of them.
+# two rounds, and the issue's table under "auto" (BENCH=0 leaves the benchmarks out). Logs under $OUT, with logs.tar.gz of all of them.
 set -u
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/smla-out}; mkdir -p "$OUT"
@@ -43,6 +43,7 @@ if [ "${SANITIZE:-1}" != 0 ]; then
   grep -E "^========= (Error|Warning):" "$OUT/s_racecheck.log" | sed -E 's/0x[0-9a-f]+/ADDR/g' | sort | uniq -c \
     | sort -rn | head -8
 fi
+if [ "${BENCH:-1}" != 0 ]; then  # BENCH=0: validation only
 SH="--shape 16,1,128 --shape 8,1,128 --shape 3,1,128 --shape 16,2,128 --shape 16,1,64 --shape 16,1,32 --shape 16,1,16 --shape 16,1,8 --shape 16,1,2"
 for r in 1 2; do
   for k in sm90d sm90n; do
@@ -55,4 +56,5 @@ echo "== decode auto (the issue's table)"
 timeout 120 python3 benchmarks/bench_sparse_mla_decode.py --no-baseline --iters 30 --shape 16,1,128 --shape 32,1,128 \
   --shape 8,1,128 --shape 16,2,128 2>&1 | tail -n 12
 el bench done
+fi
 (cd "$OUT" && tar czf logs.tar.gz ./*.log ./*.json 2>/dev/null)

@@ -38,10 +38,12 @@
 //        local product is done frees the early region ("fast"), rescales P0 and O by 2^(m0 - m1) and
 //        stores P0 for WG1 (kBarP0); waits for P1 (kBarP1), O += P1 V1[:, :256] (remote), issues the
 //        next pair's first S chain, frees buffer 1's late region when the remote product is done.
-//   WG1: mask S1, tile max; waits for m0, publishes m1; P1 = 2^(S1 - m1) stored for WG0 (kBarP1),
-//        O *= 2^(m - m1), O += P1 V1[:, 256:] (local); waits for P0, O += P0 V0[:, 256:] (remote);
-//        frees its early region, then buffer 0's late region (and, in "high", its early one, which
-//        carried WG0's P_lo).
+//   WG1: mask S1, tile max; waits for m0, publishes m1; P1 = 2^(S1 - m1), O *= 2^(m - m1), O += P1
+//        V1[:, 256:] (local) issued, P1 stored for WG0 (kBarP1); waits for P0, O += P0 V0[:, 256:]
+//        (remote); frees its early region once the local product is done, buffer 0's late region (and,
+//        in "high", its early one, which carried WG0's P_lo) once the remote one is, and only then
+//        waits for its next early region: queueing that wait before the frees made WG0 wait for two
+//        reloads in a row (issue 16, sixteenth session: 5654-5672 -> 5288-5300 us fast, h=128 32K).
 //   Both keep m equal after every pair; each keeps the row sums of its own tiles (scaled alike), added
 //   in the epilogue.
 // Empty tiles cost nothing: before loading, the producer marks the CTA's tiles that hold any valid
@@ -91,37 +93,6 @@ struct Smem {
 
 constexpr int kEarly = 0, kLate = 1;
 
-// SMLA_SM90P_RELEASE_FIRST (default 0, experiment): 1 has each warpgroup, 2 only WG1, wait for its remote
-// product and free the regions it read before it acquires the next pair's early region (else it queues
-// the next S chain 0 behind the remote product first). Why: the stage trace (benchmarks/README.md, issue
-// 16, thirteenth session) shows WG1's free of buffer 0's late region waiting behind the reload of its own
-// just-freed early region (2,408 cycles), and WG0 then waiting for that late region (2,228), a chain of
-// two reloads per pair. WG0's early region is freed long before its remote product, so queueing its next
-// chain 0 there costs no reload (2).
-#ifndef SMLA_SM90P_RELEASE_FIRST
-#define SMLA_SM90P_RELEASE_FIRST 2
-#endif
-// SMLA_SM90P_LOCAL_FIRST (default 0, experiment): WG1 issues its local product before it stores P1 for WG0
-// (else it stores P1 first, so that WG0's remote product can start sooner).
-#ifndef SMLA_SM90P_LOCAL_FIRST
-#define SMLA_SM90P_LOCAL_FIRST 1
-#endif
-
-// SMLA_SM90P_EARLY_FREE (default 0, experiment): in "fast", WG0 waits for its local product and frees buffer
-// 0's early region before it waits for WG1's max (else after), so the reload starts sooner.
-#ifndef SMLA_SM90P_EARLY_FREE
-#define SMLA_SM90P_EARLY_FREE 0
-#endif
-// SMLA_SM90P_SHARED_PRODUCER (default 0, experiment): all four producer warps fill every region in turn,
-// per pair buffer 0 early, buffer 1 early, buffer 0 late, buffer 1 late (SharedPairProducer), so the
-// region needed first gets the whole gather; else two warps per buffer (PairProducer). Measured 23%
-// slower in the thirteenth session, when WG1 freed buffer 0's late region only after its next early
-// region's reload; to be measured again with SMLA_SM90P_RELEASE_FIRST.
-#ifndef SMLA_SM90P_SHARED_PRODUCER
-#define SMLA_SM90P_SHARED_PRODUCER 0
-#endif
-constexpr bool kSharedProducer = SMLA_SM90P_SHARED_PRODUCER != 0;
-
 // Trace events per pair (profiling builds, sm90/trace.cuh). WG0: 0 start, 1 its max published, 2 its
 // local P V issued, 3 WG1's max received, 4 local P V done, 5 P0 published, 6 P1 received, 7 the next
 // pair's first S chain issued (its early region landed), 8 remote P V done, 9 the next late region
@@ -161,27 +132,6 @@ struct Cta : CtaCommon {
 // warps 2, 3 buffer 1 (the second), each buffer's region by region in the order its owners free them
 // (early, late). One buffer's loads never wait for the other buffer's frees.
 // ------------------------------------------------------------------------------------------------
-// The column blocks [c0, c1) of region R of buffer b: buffer 0: early = blocks 0..3, late = 4..8; buffer
-// 1: early = 4..8 ("fast") or 4..7, late = 0..3 (and 8: "high"). F(c0, c1) is called once or twice.
-template <bool FAST, int R, class F>
-__device__ __forceinline__ void region_blocks(int b, F &&f)
-{
-    if (b == 0) {
-        if constexpr (R == kEarly) f(0, 4);
-        else f(4, 9);
-    } else if constexpr (FAST) {
-        if constexpr (R == kEarly) f(4, 9);
-        else f(0, 4);
-    } else {
-        if constexpr (R == kEarly) {
-            f(4, 8);
-        } else {
-            f(0, 4);
-            f(8, 9);
-        }
-    }
-}
-
 template <int ABL, bool FAST>
 struct PairProducer {
     static constexpr bool kNoLoad = (ABL & 1) != 0;
@@ -254,7 +204,22 @@ struct PairProducer {
                 mbar_arrive(c.full(buf, R));
             }
         }
-        region_blocks<FAST, R>(buf, [&](int c0, int c1) { copy(rows, c0, c1); });
+        // buffer 0: early = blocks 0..3, late = 4..8; buffer 1: early = 4..8 ("fast") or 4..7, late = 0..3
+        // (and 8: "high")
+        if (buf == 0) {
+            if constexpr (R == kEarly) copy(rows, 0, 4);
+            else copy(rows, 4, 9);
+        } else if constexpr (FAST) {
+            if constexpr (R == kEarly) copy(rows, 4, 9);
+            else copy(rows, 0, 4);
+        } else {
+            if constexpr (R == kEarly) {
+                copy(rows, 4, 8);
+            } else {
+                copy(rows, 0, 4);
+                copy(rows, 8, 9);
+            }
+        }
         cp_async_mbar_arrive_noinc(c.full(buf, R));
         trace(a, use, R == kEarly ? 2 : 4);
     }
@@ -281,94 +246,6 @@ struct PairProducer {
     }
 };
 
-// SMLA_SM90P_SHARED_PRODUCER: the 128 producer threads fill every region together, per pair in the order
-// the consumers need them: buffer 0 early, buffer 1 early, buffer 0 late, buffer 1 late. Lanes 8 s ..
-// 8 s + 7 of warp w copy rows 16 i + 4 w + s (i = 0..3), 16-byte chunk cl of each column block, so each
-// region's copies go out through all four warps. full(b, early) counts the 128 threads' cp.async
-// arrivals and the 16 row-flag writers' plain ones. Trace: warps 0, 1 record buffer 0's events, 2, 3
-// buffer 1's (PairProducer's events and slots).
-template <int ABL, bool FAST>
-struct SharedPairProducer {
-    static constexpr bool kNoLoad = (ABL & 1) != 0;
-    static constexpr int kRows = 4;
-    const Args &a;
-    const Cta &c;
-    const KvSource kv;
-    const int rg, cl, tb;  // rows 16 i + rg, chunk cl; the buffer whose events this warp traces
-    const bool hint;
-    const uint64_t pol;
-
-    __device__ __forceinline__ SharedPairProducer(const Args &a_, const Cta &cta)
-        : a(a_), c(cta), kv(a_), rg(((cta.tid - 256) >> 3) & 15), cl(cta.lane & 7), tb((cta.tid - 256) >> 6),
-          hint(a_.evict_last != 0), pol(a_.evict_last ? policy_evict_last() : 0)
-    {
-    }
-
-    __device__ __forceinline__ void fetch(int t, int (&idx)[kRows]) const
-    {
-#pragma unroll
-        for (int i = 0; i < kRows; ++i) {
-            const int pos = (c.j0 + t) * kBN + 16 * i + rg;
-            idx[i] = (t < c.nt_all && pos < c.L) ? __ldg(c.idx_row + pos) : -1;
-        }
-    }
-
-    template <int R>
-    __device__ __forceinline__ void region(int b, const int (&idx)[kRows], int use) const
-    {
-        if (tb == b && R == kEarly) trace(a, use, 0);
-        if (use > 0) mbar_wait(c.empty(b, R), (use - 1) & 1);
-        if (tb == b) trace(a, use, R == kEarly ? 1 : 3);
-        if constexpr (R == kEarly) {
-            if (cl == 0) {
-#pragma unroll
-                for (int i = 0; i < kRows; ++i) c.sValid[b * kBN + 16 * i + rg] = kv.valid(idx[i]) ? 1 : 0;
-                mbar_arrive(c.full(b, R));
-            }
-        }
-        const uint32_t kb = c.kbuf(b) + rg * 128 + ((cl ^ (rg & 7)) << 4);  // (16 i + rg) & 7 = rg & 7
-#pragma unroll
-        for (int i = 0; i < kRows; ++i) {
-            const bool ok = kv.valid(idx[i]);
-            const uint8_t *src = kv.row(idx[i], ok) + cl * 16;
-            const int nb = (ok && !kNoLoad) ? 16 : 0;
-            const uint32_t dst = kb + 16 * i * 128;
-            region_blocks<FAST, R>(b, [&](int c0, int c1) {
-#pragma unroll
-                for (int c8 = c0; c8 < c1; ++c8) {
-                    if (hint) cp_async16_hint(dst + c8 * kBlk, src + c8 * 128, nb, pol);
-                    else cp_async16(dst + c8 * kBlk, src + c8 * 128, nb);
-                }
-            });
-        }
-        cp_async_mbar_arrive_noinc(c.full(b, R));
-        if (tb == b) trace(a, use, R == kEarly ? 2 : 4);
-    }
-
-    __device__ __forceinline__ void run() const
-    {
-        const int np = (c.nt + 1) / 2;
-        int c0[kRows], c1[kRows], n0[kRows], n1[kRows];  // this pair's and the next pair's indices per buffer
-        int t0 = c.next_tile(0);
-        int t1 = c.next_tile(t0 + 1);  // nt_all (an odd count's last pair): a tile of zeros
-        fetch(t0, c0);
-        fetch(t1, c1);
-        for (int k = 0; k < np; ++k) {
-            t0 = c.next_tile(t1 + 1);
-            t1 = c.next_tile(t0 + 1);
-            fetch(t0, n0);
-            fetch(t1, n1);
-            region<kEarly>(0, c0, k);
-            region<kEarly>(1, c1, k);
-            region<kLate>(0, c0, k);
-            region<kLate>(1, c1, k);
-#pragma unroll
-            for (int i = 0; i < kRows; ++i) c0[i] = n0[i], c1[i] = n1[i];
-        }
-        cp_async_wait_all();
-    }
-};
-
 // ------------------------------------------------------------------------------------------------
 // The consumers. W = 0: even tiles (buffer 0), O columns 0..255; W = 1: odd tiles, columns 256..511.
 // ------------------------------------------------------------------------------------------------
@@ -387,8 +264,9 @@ template <int W, int ABL, bool FAST>
 struct PairConsumer {
     static constexpr bool kNoS = (ABL & 2) != 0, kNoPV = (ABL & 4) != 0, kNoLo = FAST || (ABL & 16) != 0;
     static constexpr int kPeer = 1 - W;
-    static constexpr bool kReleaseFirst = SMLA_SM90P_RELEASE_FIRST == 1 || (SMLA_SM90P_RELEASE_FIRST == 2 && W == 1);
-    static constexpr bool kEarlyFree = SMLA_SM90P_EARLY_FREE != 0 && kNoLo;  // "high": WG1 frees that region
+    // WG1 frees the regions of its pair before it acquires its next early region; WG0 queues its next S chain
+    // 0 behind its remote product first (its early region was freed long before). after_remote, next_first.
+    static constexpr bool kReleaseFirst = W == 1;
 
     const Args &a;
     const Cta &c;
@@ -695,22 +573,15 @@ struct PairConsumer {
         probs(s, m0, hi, lo);
         pv_local(hi, lo);
         trace(a, k, 2);
-        if constexpr (kEarlyFree) {
-            wg_wait0();
-            local_done(hi, lo);
-            if constexpr (kNoLo) release(0, kEarly);  // else WG1 frees it (lo_block)
-        }
         named_sync(kBarM1, 256);
         trace(a, k, 3);
         get_m(1, m1);
 #pragma unroll
         for (int i = 0; i < 2; ++i) f[i] = m0[i] == -INFINITY ? 1.f : ex2(m0[i] - base_of(m1[i]));
-        if constexpr (!kEarlyFree) {
-            wg_wait0();
-            local_done(hi, lo);
-            if constexpr (kNoLo) release(0, kEarly);
-        }
+        wg_wait0();
+        local_done(hi, lo);
         trace(a, k, 4);
+        if constexpr (kNoLo) release(0, kEarly);  // else WG1 frees it (lo_block)
         rescale_p(hi, lo, f);
         store_p(hi, lo);  // P0 relative to m1, for WG1
         named_arrive(kBarP0, 256);
@@ -741,11 +612,10 @@ struct PairConsumer {
         publish_max(m0, mx, m1, kBarM1);
         move_max(m1);
         probs(s, m1, hi, lo);
-        if constexpr (SMLA_SM90P_LOCAL_FIRST != 0) pv_local(hi, lo);
+        pv_local(hi, lo);  // before P1's store: its product starts sooner (measured: no slower for WG0)
         store_p(hi, lo);
         named_arrive(kBarP1, 256);
         trace(a, k, 2);
-        if constexpr (SMLA_SM90P_LOCAL_FIRST == 0) pv_local(hi, lo);
         named_sync(kBarP0, 256);
         trace(a, k, 3);
         pv_remote();
@@ -793,9 +663,8 @@ __global__ void __launch_bounds__(kThreads, 1) attn_sm90p_kernel(const __grid_co
     pdl_launch_dependents();  // the combine (split mode) may be scheduled; it waits for this grid
     if (c.tid == 0) {
 #pragma unroll
-        for (int i = 0; i < 4; ++i)  // full[b][r]: one buffer's 64 producer threads (+ 8 flag writers: early);
-                                     // kSharedProducer: all 128 (+ 16)
-            mbar_init(c.bar_full + 8 * i, kSharedProducer ? ((i & 1) == kEarly ? 144 : 128) : ((i & 1) == kEarly ? 72 : 64));
+        for (int i = 0; i < 4; ++i)  // full[b][r]: one buffer's 64 producer threads (+ 8 flag writers: early)
+            mbar_init(c.bar_full + 8 * i, (i & 1) == kEarly ? 72 : 64);
         for (int i = 4; i < 8; ++i) mbar_init(c.bar_full + 8 * i, 128);  // empty: one consumer warpgroup
         fence_mbarrier_init();
     }
@@ -806,8 +675,7 @@ __global__ void __launch_bounds__(kThreads, 1) attn_sm90p_kernel(const __grid_co
     trace(a, kTraceEdge, kTrScanned);
     if (c.tid >= 256) {
         setmaxnreg_dec<kProducerRegs>();
-        if constexpr (kSharedProducer) SharedPairProducer<ABL, FAST>(a, c).run();
-        else PairProducer<ABL, FAST>(a, c).run();
+        PairProducer<ABL, FAST>(a, c).run();
         return;
     }
     setmaxnreg_inc<kConsumerRegs>();
