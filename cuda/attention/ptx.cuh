@@ -21,11 +21,23 @@ __device__ __forceinline__ void cp_async16(uint32_t dst, const void *src, int sr
                  : "memory");
 }
 
+// SMLA_L2_HINTS (default 0, experiment, issue 16): the K rows' copies also ask L2 to fetch 256 B on a miss,
+// Q is read with an evict_first policy and O written with st.global.cs (the prefill kernels' L2 hit rate
+// was 70.5% under Nsight Compute, benchmarks/README.md).
+#ifndef SMLA_L2_HINTS
+#define SMLA_L2_HINTS 0
+#endif
 __device__ __forceinline__ void cp_async16_hint(uint32_t dst, const void *src, int src_bytes, uint64_t pol)
 {
+#if SMLA_L2_HINTS
+    asm volatile("cp.async.cg.shared.global.L2::cache_hint.L2::256B [%0], [%1], 16, %2, %3;\n" ::"r"(dst), "l"(src),
+                 "r"(src_bytes), "l"(pol)
+                 : "memory");
+#else
     asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2, %3;\n" ::"r"(dst), "l"(src),
                  "r"(src_bytes), "l"(pol)
                  : "memory");
+#endif
 }
 
 __device__ __forceinline__ void cp_async4(uint32_t dst, const void *src, int src_bytes)
@@ -43,6 +55,21 @@ __device__ __forceinline__ uint64_t policy_evict_last()
     uint64_t pol;
     asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;\n" : "=l"(pol));
     return pol;
+}
+
+// L2 policy for data read once (Q rows).
+__device__ __forceinline__ uint64_t policy_evict_first()
+{
+    uint64_t pol;
+    asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(pol));
+    return pol;
+}
+
+// 16 bytes to global memory, streaming (evict-first in L1 and L2).
+__device__ __forceinline__ void st_global_cs_v4(void *p, uint4 v)
+{
+    asm volatile("st.global.cs.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"l"(p), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w)
+                 : "memory");
 }
 
 __device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], uint32_t addr)
