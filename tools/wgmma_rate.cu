@@ -53,7 +53,7 @@ __device__ void consume(uint32_t base, long long *cycles, float *sink)
 {
     float d32[32] = {};
     float d128[128] = {};
-    constexpr int kA = 4;  // distinct A fragments (opaque zeros), reused round robin
+    constexpr int kA = 4;  // distinct A fragments (values from memory: ptxas serialised opaque constants, C7512)
     uint32_t a[kA][4];
 #pragma unroll
     for (int i = 0; i < kA; ++i)
@@ -63,8 +63,8 @@ __device__ void consume(uint32_t base, long long *cycles, float *sink)
     const uint32_t vb = opaque(desc_base(base + 72 * 1024, kBlk));
     __syncwarp();
     const long long t0 = clock64();
-#pragma unroll 1
     constexpr int kG = (SHAPE == kSss || SHAPE == kSrs) ? 36 : 4;
+#pragma unroll 1
     for (int it = 0; it < kIters / kG; ++it) {
         wg_fence();
 #pragma unroll

@@ -21,23 +21,15 @@ __device__ __forceinline__ void cp_async16(uint32_t dst, const void *src, int sr
                  : "memory");
 }
 
-// SMLA_L2_HINTS (default 0, experiment, issue 16): the K rows' copies also ask L2 to fetch 256 B on a miss,
-// Q is read with an evict_first policy and O written with st.global.cs (the prefill kernels' L2 hit rate
-// was 70.5% under Nsight Compute, benchmarks/README.md).
-#ifndef SMLA_L2_HINTS
-#define SMLA_L2_HINTS 0
-#endif
+// 16 bytes global -> shared with an L2 cache policy (pol); src_bytes as cp_async16. The copy also asks L2
+// to fetch 256 B on a miss (the K rows are 1,152 B: the prefill kernels' K copies; with this, Q read
+// evict_first and O written streaming, the wide bf16 prefill ran 3.6-4.7% faster, issue 16, sixteenth
+// session, benchmarks/README.md).
 __device__ __forceinline__ void cp_async16_hint(uint32_t dst, const void *src, int src_bytes, uint64_t pol)
 {
-#if SMLA_L2_HINTS
     asm volatile("cp.async.cg.shared.global.L2::cache_hint.L2::256B [%0], [%1], 16, %2, %3;\n" ::"r"(dst), "l"(src),
                  "r"(src_bytes), "l"(pol)
                  : "memory");
-#else
-    asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2, %3;\n" ::"r"(dst), "l"(src),
-                 "r"(src_bytes), "l"(pol)
-                 : "memory");
-#endif
 }
 
 __device__ __forceinline__ void cp_async4(uint32_t dst, const void *src, int src_bytes)

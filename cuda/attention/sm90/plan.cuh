@@ -177,19 +177,13 @@ template <int ROWS, int NT>
 __device__ __forceinline__ void issue_q(const Args &a, const CtaCommon &c, int h0, int t)
 {
     const smla_attn_params &p = a.p;
-#if SMLA_L2_HINTS
-    const uint64_t pol = policy_evict_first();
-#endif
+    const uint64_t pol = policy_evict_first();  // Q is read once: it should not push K rows out of L2
     for (int i = t; i < ROWS * kRowChunks; i += NT) {
         const int r = i / kRowChunks, ch = i - r * kRowChunks;
         const bool ok = h0 + r < c.h;
         const uint16_t *src = ok ? smla_q_at(&p, c.bi, c.si, h0 + r, ch * 8) : p.q;  // q or q_pe
         const uint32_t dst = c.sQ + (ch >> 3) * (ROWS * 128) + r * 128 + (((ch & 7) ^ (r & 7)) << 4);
-#if SMLA_L2_HINTS
         cp_async16_hint(dst, src, ok ? 16 : 0, pol);
-#else
-        cp_async16(dst, src, ok ? 16 : 0);
-#endif
     }
     cp_async_commit();
 }

@@ -177,11 +177,7 @@ __device__ __forceinline__ void finish_cols_direct(const Args &a, const CtaCommo
         const int row = static_cast<int>(q / kChunks), cc = static_cast<int>(q % kChunks);
         if (h0 + row >= c.h) break;  // rows ascend with k
         const uint4 v = ld_shared_v4(stage + row * 1024 + (((k0 + cc) ^ (row & 7)) << 4));
-#if SMLA_L2_HINTS
-        st_global_cs_v4(out_row + (h0 + row) * p.out_stride_h + 8 * cc, v);
-#else
-        *reinterpret_cast<uint4 *>(out_row + (h0 + row) * p.out_stride_h + 8 * cc) = v;
-#endif
+        st_global_cs_v4(out_row + (h0 + row) * p.out_stride_h + 8 * cc, v);  // streaming: O is not read again
     }
 }
 
