@@ -20,18 +20,12 @@
 #include <random>
 #include <vector>
 
+#include "cuda_check.h"
+
 constexpr int kRows = 32768, kD = 576, kRowBytes = kD * 2, kBN = 64, kTiles = 64;
 constexpr int kBlk = 64 * 128, kTileBytes = 9 * kBlk;
 constexpr int kSmem = 2 * kTileBytes + 1024 + 64;
 
-#define CK(x)                                                                                  \
-    do {                                                                                       \
-        cudaError_t e_ = (x);                                                                  \
-        if (e_ != cudaSuccess) {                                                               \
-            std::printf("CUDA error %s at %s:%d\n", cudaGetErrorString(e_), __FILE__, __LINE__); \
-            return 1;                                                                          \
-        }                                                                                      \
-    } while (0)
 
 __device__ __forceinline__ uint32_t smem_u32(const void *p) { return static_cast<uint32_t>(__cvta_generic_to_shared(p)); }
 

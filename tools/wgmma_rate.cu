@@ -20,6 +20,8 @@
 
 #include "attention/sm90/ptx.cuh"
 
+#include "cuda_check.h"
+
 using namespace attn::sm90;
 
 enum Shape { kNone = 0, kSss = 1, kSrs = 2, kVrs = 3, kVss = 4 };
@@ -137,14 +139,6 @@ __global__ void __launch_bounds__(384, 1) rate_kernel(int producer, const uint8_
     if (threadIdx.x == 0) done = 1;
 }
 
-#define CK(x)                                                                                  \
-    do {                                                                                       \
-        cudaError_t e_ = (x);                                                                  \
-        if (e_ != cudaSuccess) {                                                               \
-            std::printf("CUDA error %s at %s:%d\n", cudaGetErrorString(e_), __FILE__, __LINE__); \
-            return 1;                                                                          \
-        }                                                                                      \
-    } while (0)
 
 template <int S0, int S1>
 int run(int producer, int sms, const uint8_t *kv, const int *idx, long long *cyc, long long *tiles, float *sink)
