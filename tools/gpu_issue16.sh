@@ -73,7 +73,7 @@ tars=()
 for t in "${vnames[@]}"; do tars+=("/tmp/i16/$t.tar.gz"); done
 # KERNEL=sm90p: the pair kernel's variants (its first check, its prefill tests with SMLA_ATTN_KERNEL set, the
 # selection the thirteenth session ran on it; ARGS then need --kernel sm90p); e.g. KERNEL=sm90p
-# VARIANTS="rf:SMLA_SM90P_RELEASE_FIRST=1" ARGS="--shape 128,32768 --kernel sm90p --precision both
+# VARIANTS="c1:SMLA_S_CHAINS=1" ARGS="--shape 128,32768 --kernel sm90p --precision both
 # --no-baseline --iters 10" bash tools/gpu_issue16.sh
 TK="prefill or causal or empty_tiles or decode_grid and bf16 or split"
 if [ -n "${KERNEL:-}" ]; then export SMLA_ATTN_KERNEL=$KERNEL; TK="prefill or causal or empty_tiles or split"; fi
