@@ -2,7 +2,9 @@
 
 1. One decode step and one prefill step, with the step time split into pack_kv / convert_topk_indices
    / gather_upconvert / attention kernels / rest (Python, launch gaps; measured as total minus the
-   parts), plus build() host time and the decode step replayed from a CUDA graph.
+   parts, from an idle GPU), "rest ahead" (the same with the host running ahead of the GPU, as in a
+   serving loop: GPU time that is neither an op nor waiting for the host), the step's host time, plus
+   build() host time and the decode step replayed from a CUDA graph.
 2. mixed vs split for one prefill chunk of 1K-16K new tokens (context before it: --contexts) at
    h = 16, 64, 128: the measurement behind smla.config.MIN_HEADS_FOR_SPLIT (mode="auto").
 
@@ -82,39 +84,63 @@ class Timer:
         for name, fn in self.orig.items():
             setattr(self.L, name, fn)
 
+    def _timed(self, fn, s, e, ahead):
+        """One timed run of fn: (total ms, [(part, ms)], host ms of fn itself). ahead: the GPU is first given
+        a sleep of AHEAD_CYCLES, so the host queues the whole step before the GPU reaches it and the step's
+        GPU time holds no host time (a serving loop's host runs ahead of the GPU the same way)."""
+        torch = self.torch
+        self.calls = []
+        self.active = True
+        if ahead:
+            torch.cuda._sleep(self.AHEAD_CYCLES)
+        s.record()
+        t0 = time.perf_counter()
+        fn()
+        host = (time.perf_counter() - t0) * 1e3
+        e.record()
+        self.active = False
+        torch.cuda.synchronize()
+        return s.elapsed_time(e), [(part, a.elapsed_time(b)) for part, a, b in self.calls], host
+
+    AHEAD_CYCLES = 4_000_000  # ~2 ms at the H200's clock: far longer than any step's host time here
+
     def measure(self, fn, iters, warmup):
-        """(mean total ms, {part: mean ms}) of fn() over iters runs, from CUDA events; the parts include
-        "rest" (total minus the ops) and "untimed", the mean total of as many runs without the per-op
-        events (what the instrumentation itself adds to the step is total - untimed)."""
+        """(mean total ms, {part: mean ms}) of fn() over iters runs, from CUDA events, the GPU idle when the
+        step starts (its host time before each kernel shows as GPU time). The parts include "rest" (total
+        minus the ops), "untimed", the mean total of as many runs without the per-op events (what the
+        instrumentation itself adds to the step is total - untimed), "rest ahead", the rest when the host
+        has queued the step before the GPU starts it (GPU time that is neither an op nor the host's), and
+        "host", the wall time of fn() itself (the layer's host cost per step, op calls included)."""
         torch = self.torch
         for _ in range(warmup):
             fn()
         torch.cuda.synchronize()
-        totals, parts = [], {p: 0.0 for p in PARTS}
         s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        for _ in range(iters):
-            self.calls = []
-            self.active = True
-            s.record()
-            fn()
-            e.record()
-            self.active = False
-            torch.cuda.synchronize()
-            totals.append(s.elapsed_time(e))
-            for part, a, b in self.calls:
-                parts[part] += a.elapsed_time(b)
-        plain = []
+        runs = [self._timed(fn, s, e, False) for _ in range(iters)]
+        ahead = [self._timed(fn, s, e, True) for _ in range(iters)]
+        self.active, plain, host = False, [], []
         for _ in range(iters):
             s.record()
+            t0 = time.perf_counter()
             fn()
+            host.append((time.perf_counter() - t0) * 1e3)
             e.record()
             torch.cuda.synchronize()
             plain.append(s.elapsed_time(e))
-        n = len(totals)
-        parts = {p: v / n for p, v in parts.items()}
-        total = sum(totals) / n
-        parts["rest"] = max(0.0, total - sum(parts.values()))
+        n = len(runs)
+
+        def split(rs):
+            parts = {p: 0.0 for p in PARTS}
+            for _, calls, _ in rs:
+                for part, ms in calls:
+                    parts[part] += ms / n
+            total = sum(r[0] for r in rs) / n
+            return total, parts, max(0.0, total - sum(parts.values()))
+
+        total, parts, parts["rest"] = split(runs)
         parts["untimed"] = sum(plain) / n
+        parts["rest ahead"] = split(ahead)[2]
+        parts["host"] = sorted(host)[n // 2]
         return total, parts
 
 
@@ -272,13 +298,14 @@ def main(argv=None):
 
     # ---- tables ----
     print(f"\nSparseMLAAttention on {results['device']} (fp8_ds_mla unless noted; topk {K}, block {bs})")
-    hdr = f"{'step':<44} {'mode':<6} {'total ms':>9} " + " ".join(f"{p:>9}" for p in PARTS + ("rest",)) \
-        + f" {'untimed':>9} {'build ms':>9} {'graph ms':>9} {'TFLOP/s':>8}"
+    more = ("rest", "untimed", "rest ahead", "host")
+    hdr = f"{'step':<44} {'mode':<6} {'total ms':>9} " + " ".join(f"{p:>10}" for p in PARTS + more) \
+        + f" {'build ms':>9} {'graph ms':>9} {'TFLOP/s':>8}"
     print(hdr)
     for r in results["steps"]:
         g = r.get("graph_ms")
         print(f"{r['step'][:44]:<44} {r['mode']:<6} {r['total_ms']:>9.3f} "
-              + " ".join(f"{r['parts_ms'][p]:>9.3f}" for p in PARTS + ("rest", "untimed"))
+              + " ".join(f"{r['parts_ms'][p]:>10.3f}" for p in PARTS + more)
               + f" {r['build_host_ms']:>9.3f} {(f'{g:.3f}' if g is not None else '-'):>9} {r['tflops']:>8.1f}")
     print("\nmixed vs split, one prefill chunk (ms; speedup = mixed / split, > 1: split wins)")
     print(f"{'h':>4} {'context':>8} {'tokens':>7} {'mixed':>9} {'split':>9} {'speedup':>8}  split gather ms")

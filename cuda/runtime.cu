@@ -28,6 +28,26 @@ extern "C" int smla_cuda_restore_device(int prev)
     return cudaSetDevice(prev) == cudaSuccess ? SMLA_OK : SMLA_ERR_CUDA;
 }
 
+extern "C" int smla_cuda_stream_wait(void *waiter, void *on, smla_status *st)
+{
+    cudaEvent_t ev;
+    SMLA_CUDA_CHECK(st, cudaEventCreateWithFlags(&ev, cudaEventDisableTiming));
+    const char *call = "cudaEventRecord(ev, on)";
+    cudaError_t err = cudaEventRecord(ev, smla_stream(on));
+    if (err == cudaSuccess) {
+        call = "cudaStreamWaitEvent(waiter, ev, 0)";
+        err = cudaStreamWaitEvent(smla_stream(waiter), ev, 0);
+    }
+    cudaEventDestroy(ev); // its resources go once the wait is satisfied
+    if (err != cudaSuccess) {
+        int dev = -1;
+        cudaGetDevice(&dev);
+        return smla_fail(st, SMLA_ERR_CUDA, "%s failed: %s (%s) at %s:%d on device %d", call, cudaGetErrorString(err),
+                         cudaGetErrorName(err), __FILE__, __LINE__, dev);
+    }
+    return SMLA_OK;
+}
+
 extern "C" const char *smla_cuda_runtime_version(void)
 {
     static char buf[64];

@@ -245,6 +245,44 @@ def test_cuda_outputs_made_through_the_exchange_api():
 
 
 @pytest.mark.cuda
+@pytest.mark.parametrize("given", ["none", "outputs"])
+def test_cuda_memory_made_for_another_stream_is_held_by_the_current_one(given):
+    """stream= names a stream other than torch's current one: what the binding makes (outputs, the split
+    decode's workspace) comes from torch's pool of the current stream, so the current stream must wait for
+    the launch before it reuses that memory; with everything given, it is not held up."""
+    torch = pytest.importorskip("torch")
+    if not smla.cuda_available() or not torch.cuda.is_available():
+        pytest.skip("no CUDA")
+    if not hasattr(torch.Tensor, "__dlpack_c_exchange_api__"):
+        pytest.skip("this torch has no DLPack exchange API")
+    nb, bs = 64, 64
+    cache = torch.zeros(smla.kv_cache_shape(nb, bs, "fp8_ds_mla"), dtype=torch.uint8, device="cuda")
+    q = torch.randn((2, 1, 128, 576), device="cuda").to(torch.bfloat16)
+    idx = torch.randint(0, nb * bs, (2, 1, 2048), dtype=torch.int32, device="cuda")
+    ws = smla.sparse_mla_decode_workspace_size(2, 1, 128, 2048, "fp8_ds_mla")
+    assert ws > 0
+    kw = {}
+    if given == "outputs":
+        kw = dict(out=torch.empty((2, 1, 128, 512), dtype=torch.bfloat16, device="cuda"),
+                  lse=torch.empty((2, 1, 128), device="cuda"), workspace=torch.empty(ws, dtype=torch.uint8, device="cuda"))
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    torch.cuda.synchronize()
+    with torch.cuda.stream(side):
+        torch.cuda._sleep(200_000_000)  # ~0.1 s on the side stream, ahead of the decode
+    out, lse = smla.sparse_mla_decode(q, cache, idx, softmax_scale=0.04, kv_cache_dtype="fp8_ds_mla",
+                                      stream=side.cuda_stream, **kw)
+    held = not torch.cuda.current_stream().query()
+    busy = not side.query()  # the sleep still runs: the premise of the check above
+    torch.cuda.synchronize()
+    want_out, want_lse = smla.sparse_mla_decode(q, cache, idx, softmax_scale=0.04, kv_cache_dtype="fp8_ds_mla")
+    assert torch.equal(out.view(torch.int16), want_out.view(torch.int16)) and torch.equal(lse, want_lse)
+    if not busy:
+        pytest.skip("the side stream was done before the check (kernels serialized, as under compute-sanitizer)")
+    assert held == (given == "none")
+
+
+@pytest.mark.cuda
 def test_cuda_cupy_outputs_made_by_the_python_layer():
     """CuPy publishes no exchange-API allocator: the Python layer makes the outputs with CuPy (bf16 as
     ml_dtypes' bfloat16 where CuPy takes it, else raw uint16 bits), on the arrays' device."""

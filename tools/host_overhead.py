@@ -150,6 +150,33 @@ def host_us(f, sync, burst=BURST, bursts=BURSTS):
     return statistics.median(per)
 
 
+def exchange_api_costs(torch, sync):
+    """Host time of the two torch DLPack exchange-API functions the binding calls per CUDA call: the
+    current-stream query (once a call) and the non-owning tensor view (once per array argument), each called
+    through ctypes less the same ctypes call (same prototype, arguments made once) of libc's labs, which
+    returns at once; {} when torch publishes no table."""
+    import ctypes
+
+    cap = getattr(torch.Tensor, "__dlpack_c_exchange_api__", None)
+    if cap is None:
+        return {}
+    get = ctypes.pythonapi.PyCapsule_GetPointer
+    get.restype, get.argtypes = ctypes.c_void_p, [ctypes.py_object, ctypes.c_char_p]
+    table = get(cap, b"dlpack_exchange_api")
+    # header {u32 major, u32 minor, void *prev}, then five function pointers (csrc/python/dlpack.h)
+    fn = [ctypes.c_void_p.from_address(table + 16 + 8 * k).value for k in range(5)]
+    labs = ctypes.cast(ctypes.CDLL(None).labs, ctypes.c_void_p).value
+    stream_t = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_int32, ctypes.c_int32, ctypes.c_void_p)
+    view_t = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.py_object, ctypes.c_void_p)
+    out = ctypes.create_string_buffer(256)  # room for a DLTensor or a stream handle
+    p = ctypes.addressof(out)
+    x = torch.empty((2, 1, H, 576), dtype=torch.bfloat16, device="cuda")
+    ws, wr = stream_t(fn[4]), stream_t(labs)
+    vs, vr = view_t(fn[3]), view_t(labs)
+    return dict(work_stream=host_us(lambda: ws(2, 0, p), sync) - host_us(lambda: wr(2, 0, p), sync),
+                tensor_view=host_us(lambda: vs(x, p), sync) - host_us(lambda: vr(x, p), sync))
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--libs", default="torch,cupy,plain,numpy")
@@ -189,7 +216,8 @@ def main():
                        empty_cuda=host_us(lambda: torch.empty((2, 1, H, 512), dtype=torch.bfloat16, device="cuda"),
                                           sync),
                        new_empty=host_us(lambda: x.new_empty((2, 1, H, 512)), sync),
-                       decode_2000=host_us(full["sparse_mla_decode"][0], sync, burst=2000, bursts=3))
+                       decode_2000=host_us(full["sparse_mla_decode"][0], sync, burst=2000, bursts=3),
+                       **exchange_api_costs(torch, sync))
             rows.append(dict(lib="torch", op="reference", **ref))
             print("# torch reference: " + ", ".join(f"{k} {v:.2f} us" for k, v in ref.items()) +
                   " (decode_2000: the issue's 2000 back-to-back calls, GPU-bound once the launch queue fills)")

@@ -210,6 +210,8 @@ int64_t smla_cuda_sparse_mla_decode_workspace_size(int64_t b, int64_t s_q, int64
 int smla_cuda_device_count(void);                 /* 0 when no driver / GPU */
 int smla_cuda_set_device(int device, int *prev, smla_status *st);
 int smla_cuda_restore_device(int prev);
+/* waiter waits for the work queued on `on` so far (an event); SMLA_OK or a CUDA status */
+int smla_cuda_stream_wait(void *waiter, void *on, smla_status *st);
 const char *smla_cuda_runtime_version(void);
 
 #ifdef __cplusplus

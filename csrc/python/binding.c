@@ -227,6 +227,7 @@ static int from_exchange_api(smla_args *A, const smla_dl_exchange_api *api, PyOb
         }
         A->stream = s;
         A->stream_pending = 0;
+        A->stream_api = api;
     }
     return 0;
 }
@@ -435,6 +436,63 @@ int smla_can_allocate(smla_state *S, PyObject *obj)
     return api != NULL;
 }
 
+/* After memory was made through api on the call's CUDA device: remember the framework's current stream
+ * when the launch goes elsewhere (smla_args_join). 0, or -1 with an exception. */
+static int note_alloc_stream(smla_args *A, const smla_dl_exchange_api *api, const char *name)
+{
+    if (A->device != SMLA_DEV_CUDA || api == A->stream_api) return 0; /* launched on that very stream */
+    void *cur = NULL;
+    if (api->current_work_stream(SMLA_DL_CUDA, A->device_id, &cur) != 0) {
+        if (!PyErr_Occurred()) PyErr_Format(PyExc_BufferError, "%s: current stream query failed", name);
+        return -1;
+    }
+    if (cur != A->stream) {
+        A->alloc_stream = cur;
+        A->join = 1;
+    }
+    return 0;
+}
+
+/* A new DLPack tensor from api's allocator (shape[ndim] of dtype on the call's device), or NULL with an
+ * exception naming `name`. */
+static smla_dl_managed_v *alloc_managed(smla_args *A, const smla_dl_exchange_api *api, PyObject *like,
+                                        const char *name, int ndim, const int64_t *shape, int dtype)
+{
+    int64_t shp[SMLA_MAX_NDIM];
+    for (int i = 0; i < ndim; i++) shp[i] = shape[i];
+    smla_dl_tensor proto;
+    memset(&proto, 0, sizeof proto);
+    proto.device.device_type = A->device == SMLA_DEV_CUDA ? SMLA_DL_CUDA : SMLA_DL_CPU;
+    proto.device.device_id = A->device_id;
+    proto.ndim = ndim;
+    proto.dtype = dl_dtype_of(dtype);
+    proto.shape = shp;
+    alloc_error err = {"", ""};
+    smla_dl_managed_v *m = NULL;
+    if (((smla_dl_alloc_fn)api->managed_tensor_allocator)(&proto, &m, &err, record_alloc_error) != 0 || !m) {
+        if (!PyErr_Occurred())
+            PyErr_Format(strstr(err.kind, "Memory") ? PyExc_MemoryError : PyExc_RuntimeError,
+                         "%s: %.100s could not allocate it (%s%s%s)", name, Py_TYPE(like)->tp_name,
+                         err.kind[0] ? err.kind : "no error reported", err.message[0] ? ": " : "", err.message);
+        return NULL;
+    }
+    if (note_alloc_stream(A, api, name) < 0) {
+        if (m->deleter) m->deleter(m);
+        return NULL;
+    }
+    return m;
+}
+
+/* The allocator of like's framework, or NULL with TypeError naming `name` (*cap as for exchange_api). */
+static const smla_dl_exchange_api *allocator_of(smla_args *A, PyObject *like, const char *name, PyObject **cap)
+{
+    const smla_dl_exchange_api *api = allocator_api(A->state, like, cap);
+    if (!api)
+        PyErr_Format(PyExc_TypeError, "%s: smla cannot allocate it for a %.100s array (its type has no DLPack "
+                     "exchange API allocator): pass it", name, Py_TYPE(like)->tp_name);
+    return api;
+}
+
 /* A new array of the framework of `like` (see smla_args_alloc), or NULL with an exception. */
 static PyObject *make_like(smla_args *A, PyObject *like, const char *name, int ndim, const int64_t *shape, int dtype)
 {
@@ -451,40 +509,59 @@ static PyObject *make_like(smla_args *A, PyObject *like, const char *name, int n
         return PyArray_SimpleNew(ndim, dims, typenum);
     }
     PyObject *cap;
-    const smla_dl_exchange_api *api = allocator_api(S, like, &cap);
-    if (!api) {
-        PyErr_Format(PyExc_TypeError, "%s: smla cannot allocate it for a %.100s array (its type has no DLPack "
-                     "exchange API allocator): pass it", name, Py_TYPE(like)->tp_name);
-        return NULL;
-    }
-    int64_t shp[SMLA_MAX_NDIM];
-    for (int i = 0; i < ndim; i++) shp[i] = shape[i];
-    smla_dl_tensor proto;
-    memset(&proto, 0, sizeof proto);
-    proto.device.device_type = A->device == SMLA_DEV_CUDA ? SMLA_DL_CUDA : SMLA_DL_CPU;
-    proto.device.device_id = A->device_id;
-    proto.ndim = ndim;
-    proto.dtype = dl_dtype_of(dtype);
-    proto.shape = shp;
-    alloc_error err = {"", ""};
-    smla_dl_managed_v *m = NULL;
+    const smla_dl_exchange_api *api = allocator_of(A, like, name, &cap);
+    if (!api) return NULL;
+    smla_dl_managed_v *m = alloc_managed(A, api, like, name, ndim, shape, dtype);
     void *obj = NULL;
-    int rc = ((smla_dl_alloc_fn)api->managed_tensor_allocator)(&proto, &m, &err, record_alloc_error);
-    if (rc == 0 && m) {
+    int rc = -1;
+    if (m) {
         rc = ((smla_dl_to_py_fn)api->managed_tensor_to_py_object_no_sync)(m, &obj);
-        if (rc != 0 && !obj && m->deleter) m->deleter(m);  /* not taken over */
+        if (rc != 0 && !obj && m->deleter) m->deleter(m); /* not taken over */
     }
     Py_DECREF(cap);
     if (rc != 0 || !obj) {
         if (!PyErr_Occurred())
-            PyErr_Format(strstr(err.kind, "Memory") ? PyExc_MemoryError : PyExc_RuntimeError,
-                         "%s: %.100s could not allocate it (%s%s%s)", name, Py_TYPE(like)->tp_name,
-                         err.kind[0] ? err.kind : "no error reported", err.message[0] ? ": " : "", err.message);
+            PyErr_Format(PyExc_RuntimeError, "%s: %.100s could not wrap the memory it made", name,
+                         Py_TYPE(like)->tp_name);
         Py_XDECREF((PyObject *)obj);
         return NULL;
     }
     return obj;
 }
+
+int smla_args_scratch(smla_args *A, smla_arr *a, int64_t nbytes)
+{
+    if (!a->pending) return 0;
+    PyObject *like = A->alloc_like ? A->alloc_like : A->first_obj;
+    if (!like || PyArray_Check(like)) return 0;
+    PyObject *cap;
+    const smla_dl_exchange_api *api = allocator_of(A, like, a->name, &cap);
+    if (!api) return -1;
+    smla_dl_managed_v *m = alloc_managed(A, api, like, a->name, 1, &nbytes, SMLA_DT_U8);
+    Py_DECREF(cap);
+    if (!m) return -1;
+    a->managed = m; /* deleted by smla_args_release, after the launch */
+    a->versioned = 1;
+    if (fill_from_dltensor(a, &m->dl_tensor) < 0) return -1;
+    a->present = 1;
+    a->pending = 0;
+    a->output = 1;
+    return 0;
+}
+
+#ifdef SMLA_WITH_CUDA
+int smla_args_join(const smla_args *A, smla_status *st)
+{
+    return smla_cuda_stream_wait(A->alloc_stream, A->stream, st);
+}
+#else
+int smla_args_join(const smla_args *A, smla_status *st)
+{
+    (void)A;
+    (void)st;
+    return SMLA_OK;
+}
+#endif
 
 int smla_args_alloc(smla_args *A, smla_arr *a, int ndim, const int64_t *shape, int dtype)
 {

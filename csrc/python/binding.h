@@ -65,12 +65,17 @@ typedef struct {
     smla_state *state;
     void *stream;        /* launch stream (cudaStream_t), 0 = legacy default */
     int stream_pending;  /* SMLA_STREAM_CURRENT was given and is not resolved yet */
+    const void *stream_api; /* the exchange API whose current stream A->stream is, else NULL */
     int device;          /* device of the first present array, 0 until known */
     int device_id;
     const char *first;   /* name of the array that fixed the device */
     PyObject *first_obj; /* that array (borrowed: the caller holds it for the call) */
     PyObject *alloc_like; /* the array outputs are made like (smla_args_alloc): first_obj unless the op sets it */
     smla_run run;        /* the environment switches of this call (csrc/python/settings.c) */
+    /* The framework stream the call's allocations were made on, when that is not the launch stream:
+     * memory freed there may be reused by its next work, so after the launch that stream waits for it. */
+    void *alloc_stream;
+    int join;
     int n;
     smla_arr arrs[SMLA_MAX_ARGS];
 } smla_args;
@@ -99,6 +104,13 @@ static inline smla_arr *smla_args_out(smla_args *A, const smla_kwarg *v)
  * as if the caller had passed it. 0, or -1 with TypeError (a framework that cannot allocate: pass the
  * output) or the allocator's error (MemoryError / RuntimeError) naming the argument. */
 int smla_args_alloc(smla_args *A, smla_arr *a, int ndim, const int64_t *shape, int dtype);
+/* Scratch memory for this call only (the decode's split partials): nbytes of uint8, made like
+ * smla_args_alloc's outputs where the framework's exchange API can allocate, but never turned into a
+ * Python object; the memory is handed back in smla_args_release, after the launch (stream-ordered: the
+ * framework reuses it only for work queued after ours). Nothing is made when it cannot allocate there
+ * (NumPy, CuPy: a->pending stays set; the caller passes the workspace). 0, or -1 with the allocator's
+ * error naming the argument. */
+int smla_args_scratch(smla_args *A, smla_arr *a, int64_t nbytes);
 /* Whether smla_args_alloc can allocate like obj (a NumPy array, or a type whose exchange API has an
  * allocator); smla._C.can_allocate. */
 int smla_can_allocate(smla_state *S, PyObject *obj);
@@ -163,6 +175,10 @@ void smla_device_exit(smla_args *A, int prev);
         -rc_;                                                                                  \
     })
 
+/* After a launch on a stream other than the one the call allocated on (A->join): that stream waits for
+ * the launch, so the memory the call made is not reused before the kernel is done. GIL not needed. */
+int smla_args_join(const smla_args *A, smla_status *st);
+
 /* Run op on the device of the arguments with the GIL released; evaluates to 0 or -1 (exception set). */
 #define SMLA_LAUNCH(A, op, p)                                                          \
     __extension__({                                                                    \
@@ -174,6 +190,7 @@ void smla_device_exit(smla_args *A, int prev);
             Py_BEGIN_ALLOW_THREADS                                                     \
             rc_ = (A)->device == SMLA_DEV_CUDA ? SMLA_CUDA_CALL(op, (p), &st_)         \
                                                : smla_cpu_##op((p), &st_);             \
+            if (rc_ == SMLA_OK && (A)->join) rc_ = smla_args_join(A, &st_);            \
             Py_END_ALLOW_THREADS                                                       \
             smla_device_exit((A), prev_);                                              \
             if (rc_ != SMLA_OK) {                                                      \

@@ -52,7 +52,7 @@ PyObject *smla_op_sparse_mla_decode(PyObject *module, PyObject *const *args, Py_
         if (smla_device_enter(&A, &prev) < 0) goto fail;
         const int64_t n = smla_cuda_sparse_mla_decode_workspace_size(p.b, p.s_q, p.h, p.topk, cdt, A.run.attn_kernel);
         smla_device_exit(&A, prev);
-        if (n > 0 && smla_args_alloc(&A, ws, 1, &n, SMLA_DT_U8)) goto fail;
+        if (n > 0 && smla_args_scratch(&A, ws, n)) goto fail;
     }
 #endif
     if (ws->present) {
