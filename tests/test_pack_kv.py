@@ -380,6 +380,9 @@ def test_cuda_matches_cpu(cd, rule):
     kv_c, k_pe = varied_tokens(t, rng)
     kv_c[3, 7], kv_c[4, 9], kv_c[5, 200] = 0x7FC0, 0x7F80, 0xFF80  # NaN, +Inf, -Inf
     kv_c[6, :128] = 0x8000  # a -0.0 tile
+    kv_c[7, 128:256] = 0x7FC0  # a tile of NaNs only: amax 0, as fmaxf over NaNs gives
+    kv_c[8, 256:384] = np.where(np.arange(128) % 2, 0xFFC1, 0x8000)  # NaNs (payload, negative) and -0.0
+    kv_c[9, 384:512] = np.where(np.arange(128) == 77, 0x7F80, 0x7FC0)  # NaNs and one Inf
     slots = rng.permutation(nb * bs)[:t].astype(np.int64)
     slots[::97] = -1
     slots[1::89] = nb * bs + 5  # skipped on the GPU; the CPU raises, so it gets -1 there

@@ -1,6 +1,7 @@
 // Host cost of the CUDA calls on smla's launch path (issue 18: what is left of an op's host time once the
 // Python layer and the binding are cut): an empty kernel launched with <<<>>>, with cudaLaunchKernelEx and
-// the programmatic-dependent-launch attribute (the attention combine's launch), and with the driver's
+// the programmatic-dependent-launch attribute (smla_launch; also with a 512-byte argument, and as a cooperative
+// launch, the fused split decode's), and with the driver's
 // cuLaunchKernel (through cudaGetDriverEntryPoint: no libcuda link), plus cudaGetDevice / cudaGetLastError.
 // Host time = wall time of a burst of 100 calls / 100, median of 51 bursts, the GPU drained in between; the whole set twice.
 //   nvcc -O2 -std=c++17 -o /tmp/launch_cost tools/launch_cost.cu && /tmp/launch_cost
@@ -15,6 +16,16 @@
 __global__ void empty_kernel(int x, int *p)
 {
     if (x == 12345) *p = x; // never true: the kernel does nothing, but takes arguments like a real one
+}
+
+// A kernel taking one large argument, as smla's kernels take their params struct (the attention's is a few
+// hundred bytes): what the argument's size adds to a launch.
+struct Big {
+    int v[128]; // 512 bytes
+};
+__global__ void big_kernel(Big b, int *p)
+{
+    if (b.v[0] == 12345) *p = b.v[1];
 }
 
 template <class F> double host_us(F f)
@@ -55,6 +66,17 @@ int main()
     cfg.numAttrs = 1;
     printf("cudaLaunchKernelEx (PDL attribute)  %6.2f us\n",
            host_us([&] { cudaLaunchKernelEx(&cfg, empty_kernel, x, p); }));
+    Big big = {};
+    printf("cudaLaunchKernelEx (PDL, 512-byte argument) %6.2f us\n",
+           host_us([&] { cudaLaunchKernelEx(&cfg, big_kernel, big, p); }));
+    cudaLaunchAttribute coop[2] = {attr[0], {}};
+    coop[1].id = cudaLaunchAttributeCooperative;
+    coop[1].val.cooperative = 1;
+    cudaLaunchConfig_t cc = cfg;
+    cc.attrs = coop;
+    cc.numAttrs = 2;
+    printf("cudaLaunchKernelEx (PDL, cooperative) %6.2f us\n",
+           host_us([&] { cudaLaunchKernelEx(&cc, empty_kernel, x, p); }));
     cudaLaunchConfig_t plain = cfg;
     plain.numAttrs = 0;
     printf("cudaLaunchKernelEx (no attribute)   %6.2f us\n",
