@@ -14,8 +14,10 @@ and with smla allocating them:
 Host time = wall time of a burst of 100 back-to-back calls / 100, median of 21 bursts, the GPU drained
 between bursts (outside the timing), so that a full launch queue never turns GPU time into host time. The
 issue's original figure (2000 back-to-back calls, which backs the queue up once the GPU is slower than
-the host) is printed for decode too. NumPy rows run on an empty batch (the CPU kernel's own time is not
-host overhead).
+the host) is printed for decode too, with torch's own costs as a reference: its Python current_stream(),
+torch.empty / new_empty, and the two DLPack exchange-API functions the binding calls (a tensor view per
+array, the current-stream query once a call; exchange_api_costs). NumPy rows run on an empty batch (the CPU
+kernel's own time is not host overhead).
 
     python3 tools/host_overhead.py [--json FILE] [--libs torch,cupy,plain,numpy]
 """

@@ -107,9 +107,10 @@ int smla_args_alloc(smla_args *A, smla_arr *a, int ndim, const int64_t *shape, i
 /* Scratch memory for this call only (the decode's split partials): nbytes of uint8, made like
  * smla_args_alloc's outputs where the framework's exchange API can allocate, but never turned into a
  * Python object; the memory is handed back in smla_args_release, after the launch (stream-ordered: the
- * framework reuses it only for work queued after ours). Nothing is made when it cannot allocate there
- * (NumPy, CuPy: a->pending stays set; the caller passes the workspace). 0, or -1 with the allocator's
- * error naming the argument. */
+ * framework reuses it only for work queued after ours). Like a NumPy array nothing is made (a->pending
+ * stays set: the CPU kernels need no scratch); like a type without an exchange-API allocator (CuPy) it
+ * raises TypeError as smla_args_alloc does (the Python layer passes such a workspace itself). 0, or -1
+ * with the exception naming the argument. */
 int smla_args_scratch(smla_args *A, smla_arr *a, int64_t nbytes);
 /* Whether smla_args_alloc can allocate like obj (a NumPy array, or a type whose exchange API has an
  * allocator); smla._C.can_allocate. */
