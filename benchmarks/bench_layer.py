@@ -84,13 +84,14 @@ class Timer:
         for name, fn in self.orig.items():
             setattr(self.L, name, fn)
 
-    def _timed(self, fn, s, e, ahead):
+    def _timed(self, fn, s, e, ahead=False, per_op=True):
         """One timed run of fn: (total ms, [(part, ms)], host ms of fn itself). ahead: the GPU is first given
         a sleep of AHEAD_CYCLES, so the host queues the whole step before the GPU reaches it and the step's
-        GPU time holds no host time (a serving loop's host runs ahead of the GPU the same way)."""
+        GPU time holds no host time (a serving loop's host runs ahead of the GPU the same way). per_op:
+        events around each op call (else the parts list is empty)."""
         torch = self.torch
         self.calls = []
-        self.active = True
+        self.active = per_op
         if ahead:
             torch.cuda._sleep(self.AHEAD_CYCLES)
         s.record()
@@ -116,17 +117,9 @@ class Timer:
             fn()
         torch.cuda.synchronize()
         s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        runs = [self._timed(fn, s, e, False) for _ in range(iters)]
-        ahead = [self._timed(fn, s, e, True) for _ in range(iters)]
-        self.active, plain, host = False, [], []
-        for _ in range(iters):
-            s.record()
-            t0 = time.perf_counter()
-            fn()
-            host.append((time.perf_counter() - t0) * 1e3)
-            e.record()
-            torch.cuda.synchronize()
-            plain.append(s.elapsed_time(e))
+        runs = [self._timed(fn, s, e) for _ in range(iters)]
+        ahead = [self._timed(fn, s, e, ahead=True) for _ in range(iters)]
+        plain = [self._timed(fn, s, e, per_op=False) for _ in range(iters)]
         n = len(runs)
 
         def split(rs):
@@ -138,9 +131,9 @@ class Timer:
             return total, parts, max(0.0, total - sum(parts.values()))
 
         total, parts, parts["rest"] = split(runs)
-        parts["untimed"] = sum(plain) / n
+        parts["untimed"] = sum(r[0] for r in plain) / n
         parts["rest ahead"] = split(ahead)[2]
-        parts["host"] = sorted(host)[n // 2]
+        parts["host"] = sorted(r[2] for r in plain)[n // 2]
         return total, parts
 
 

@@ -26,7 +26,6 @@ constexpr int kRows = 32768, kD = 576, kRowBytes = kD * 2, kBN = 64, kTiles = 64
 constexpr int kBlk = 64 * 128, kTileBytes = 9 * kBlk;
 constexpr int kSmem = 2 * kTileBytes + 1024 + 64;
 
-
 __device__ __forceinline__ uint32_t smem_u32(const void *p) { return static_cast<uint32_t>(__cvta_generic_to_shared(p)); }
 
 __device__ __forceinline__ void cp16(uint32_t dst, const void *src, int nb)
