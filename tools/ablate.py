@@ -1,7 +1,9 @@
 """Where the sm90 attention kernel's time goes: times each ablation variant (a profiling build,
 SMLA_PROFILE_BUILD=1, compiles them) at the issue shapes, next to the full kernel. Each variant leaves
 one stage out (cuda/attention/sm90/kernel.cuh, ABL bits): 1 global K loads, 2 the S = Q K^T wgmma, 4 the
-P V wgmma, 6 both MMA phases, 7 loads and both MMA phases, 8 the fp8 dequant, 16 the P_lo half of P V.
+P V wgmma, 6 both MMA phases, 7 loads and both MMA phases, 8 the fp8 dequant, 16 the P_lo half of P V,
+32 everything but the copies (the dims kernel only: its consumers wait for each stage and free it; other
+kernels run whole).
 Their results are wrong by design; only the times mean anything. --precision is the calls' precision=
 (default fast, the recipe compared with FlashMLA; docs/design.md section 4).
 
@@ -18,7 +20,7 @@ import bench_sparse_mla_decode as bd  # noqa: E402
 import bench_sparse_mla_prefill as bp  # noqa: E402
 from _gpu import open_gpu, time_us  # noqa: E402
 
-VARIANTS = [0, 1, 2, 4, 6, 7, 8, 16]  # 0 and the list of cuda/attention/sm90/variants.cuh (with_variant)
+VARIANTS = [0, 1, 2, 4, 6, 7, 8, 16, 32]  # 0 and the list of cuda/attention/sm90/variants.cuh (with_variant)
 
 
 def main():

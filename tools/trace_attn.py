@@ -1,19 +1,22 @@
 """When each warpgroup of the sm90 bf16 prefill kernels passes each point of its schedule, per tile (the
 wide kernel) or per pair of tiles (the pair kernel): the stage timestamps of cuda/attention/sm90/trace.cuh,
 recorded by the first 16 CTAs of one call (h=128, s_q=4096, s_kv=32768, top-k 2048 random, the
-benchmark's case), printed as mean intervals in SM cycles over the steady-state steps. Nsight Compute's
+benchmark's case), printed as mean intervals in SM cycles over the steady-state steps. --kernel sm90d:
+the dims kernel's fp8 decode instead (h=16, s_q=1, b=128, 32K tokens a request: the decode benchmark's
+case), per tile of each group of warps (sm90/dims_kernel.cuh, DimsEv). Nsight Compute's
 stall samples say which instruction waits; this says what the other warpgroup and the producer were
 doing meanwhile (hand-off latencies, how long a K region takes to land after its copies were issued).
 Needs a profiling build (SMLA_PROFILE_BUILD=1: the timestamps are compiled in only there).
 
     SMLA_PROFILE_BUILD=1 python3 setup.py build_ext --inplace
-    PYTHONPATH=src python3 tools/trace_attn.py [--kernel sm90|sm90p] [--precision fast|high] [--h 128]
+    PYTHONPATH=src python3 tools/trace_attn.py [--kernel sm90|sm90p|sm90d] [--precision fast|high] [--h 128]
 """
 import argparse
 import os
 import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "benchmarks"))
+import bench_sparse_mla_decode as bd  # noqa: E402
 import bench_sparse_mla_prefill as bp  # noqa: E402
 from _gpu import open_gpu  # noqa: E402
 
@@ -70,6 +73,34 @@ PAIR = [
     ("buffer 1 late: wait for free", (PR1, 0, 2), (PR1, 0, 3)),
     ("buffer 1 late: issued -> WG1 saw it landed", (PR1, 1, 4), (WG1, 0, 7)),
 ]
+# the dims kernel: slots 0 / 1 the two groups' first warps (step: the group's k-th tile), 2 / 3 the
+# producers' first and third warps (step i / 2 of tile i; events 0-2 even tiles = group 0's, 3-5 odd)
+G0, G1 = WG0, WG1
+DIMS = [
+    ("G0 tile period (top k -> top k+1)", (G0, 0, 0), (G0, 1, 0)),
+    ("G0 wait for its stage", (G0, 0, 0), (G0, 0, 1)),
+    ("G0 loads, dequant, S MMAs issued", (G0, 0, 1), (G0, 0, 2)),
+    ("G0 partials stored + barrier 1", (G0, 0, 2), (G0, 0, 3)),
+    ("G0 block softmax, P stored + barrier 2", (G0, 0, 3), (G0, 0, 4)),
+    ("G0 verdict + P gathered", (G0, 0, 4), (G0, 0, 5)),
+    ("G0 P V issued", (G0, 0, 5), (G0, 0, 6)),
+    ("G0 loop back (P V issued -> next top)", (G0, 0, 6), (G0, 1, 0)),
+    ("G1 tile period", (G1, 0, 0), (G1, 1, 0)),
+    ("G1 wait for its stage", (G1, 0, 0), (G1, 0, 1)),
+    ("G1 loads, dequant, S MMAs issued", (G1, 0, 1), (G1, 0, 2)),
+    ("G1 partials stored + barrier 1", (G1, 0, 2), (G1, 0, 3)),
+    ("G1 block softmax, P stored + barrier 2", (G1, 0, 3), (G1, 0, 4)),
+    ("G1 verdict + P gathered", (G1, 0, 4), (G1, 0, 5)),
+    ("G1 P V issued", (G1, 0, 5), (G1, 0, 6)),
+    ("G1 top after G0 top (same k)", (G0, 0, 0), (G1, 0, 0)),
+    ("producer 0, even tiles: wait for a free stage", (PR0, 0, 0), (PR0, 0, 1)),
+    ("producer 0, even tiles: issue", (PR0, 0, 1), (PR0, 0, 2)),
+    ("producer 0, even tiles: stage free -> G0 saw it full", (PR0, 0, 1), (G0, 0, 1)),
+    ("producer 0, odd tiles: wait for a free stage", (PR0, 0, 3), (PR0, 0, 4)),
+    ("producer 0, odd tiles: stage free -> G1 saw it full", (PR0, 0, 4), (G1, 0, 1)),
+    ("producer 2, even tiles: wait for a free stage", (PR1, 0, 0), (PR1, 0, 1)),
+    ("producer 2, even tiles: issue", (PR1, 0, 1), (PR1, 0, 2)),
+]
 EDGES = [
     ("prologue: start -> tile scan done", (WG0, None, 0), (WG0, None, 1)),
     ("epilogue WG0", (WG0, None, 2), (WG0, None, 3)),
@@ -100,7 +131,7 @@ def summarize(t, kernel):
                 out.append(vb - va)
         return out
 
-    for label, a, b in (PAIR if kernel == "sm90p" else WIDE):
+    for label, a, b in {"sm90p": PAIR, "sm90d": DIMS}.get(kernel, WIDE):
         vals = [v for k in range(lo, hi) for v in interval(a, b, k)]
         if vals:
             m = sum(vals) / len(vals)
@@ -117,7 +148,7 @@ def summarize(t, kernel):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--kernel", default="sm90", choices=["sm90", "sm90p"])
+    ap.add_argument("--kernel", default="sm90", choices=["sm90", "sm90p", "sm90d"])
     ap.add_argument("--precision", default="fast", choices=["fast", "high"])
     ap.add_argument("--h", type=int, default=128)
     ap.add_argument("--s-kv", type=int, default=32768)
@@ -129,13 +160,24 @@ def main():
     if not smla.build_info().get("ablation"):
         print("not a profiling build (smla.build_info()['ablation'] is False): rebuild with SMLA_PROFILE_BUILD=1")
         return 1
-    kv = torch.randn((args.s_kv, 576), device="cuda").to(torch.bfloat16)
-    idx = bp.make_indices(torch, args.s_kv, seed=2)
-    q = torch.randn((bp.S_Q, args.h, 576), device="cuda").to(torch.bfloat16)
     buf = torch.zeros(CTAS * SLOTS * STEPS * EVENTS, dtype=torch.int64, device="cuda")
+    if args.kernel == "sm90d":  # the decode benchmark's h=16, s_q=1, b=128 case on the fp8 cache
+        h, b = min(args.h, 16), 128
+        cache, bt = bd.build_cache(torch, smla, b, "fp8_ds_mla")
+        q = torch.randn((b, 1, h, 576), device="cuda").to(torch.bfloat16)
+        idx = bd.make_indices(torch, bt, b, 1, seed=1)
+        os.environ["SMLA_ATTN_KERNEL"] = "sm90d"
 
-    def call():
-        return smla.sparse_mla_prefill(q, kv, idx, softmax_scale=bp.SCALE, precision=args.precision)
+        def call():
+            return smla.sparse_mla_decode(q, cache, idx, softmax_scale=bd.SCALE, kv_cache_dtype="fp8_ds_mla",
+                                          precision=args.precision)
+    else:
+        kv = torch.randn((args.s_kv, 576), device="cuda").to(torch.bfloat16)
+        idx = bp.make_indices(torch, args.s_kv, seed=2)
+        q = torch.randn((bp.S_Q, args.h, 576), device="cuda").to(torch.bfloat16)
+
+        def call():
+            return smla.sparse_mla_prefill(q, kv, idx, softmax_scale=bp.SCALE, precision=args.precision)
 
     call()
     torch.cuda.synchronize()

@@ -42,13 +42,16 @@
 // and 64-dim chunk (epilogue).
 // FAST: precision="fast" (P rounded to bf16, one P V MMA per k-step and dim block).
 // ABL != 0 only in profiling builds (sm90/kernel.cuh's bits): 1 no copies (stale bytes; the rows still
-// arrive), 2 no S MMA, 4 no P V MMA, 8 no dequant (the raw words are the fragments).
+// arrive), 2 no S MMA, 4 no P V MMA, 8 no dequant (the raw words are the fragments), 32 idle consumers
+// (each tile's stage waited for and freed at once: the producers' gather alone). Profiling builds also
+// record the stage timestamps of sm90/trace.cuh (DimsEv; tools/trace_attn.py --decode).
 #pragma once
 
 #include "attention/epilogue.cuh"
 #include "attention/table.cuh"
 #include "attention/sm90/plan.cuh"
 #include "attention/sm90/producer.cuh"
+#include "attention/sm90/trace.cuh"
 #include "attention/sm90/variants.cuh"
 
 namespace attn {
@@ -80,6 +83,20 @@ constexpr int kBarGroup = 1;                  // + group: the group's named barr
 constexpr int kBarAll = 3;                    // the two groups (kConsumers threads; the epilogue)
 constexpr float kLazy = 8.f;                  // the lazy reference maximum's slack (log2; split_softmax)
 
+// Trace events (profiling builds, sm90/trace.cuh): a group's first warp at step k (its k-th tile), the
+// producer's first and third warps at step i / 2 (tile i; events + 3 for odd tiles).
+enum DimsEv {
+    kDvTop = 0,      // consumer: the tile's loop top (before the full mbarrier)
+    kDvLanded = 1,   // its stage is full
+    kDvScores = 2,   // its loads, dequant and S MMAs issued
+    kDvPartials = 3, // past the partial-S barrier
+    kDvP = 4,        // past the P / maxima barrier
+    kDvSoftmax = 5,  // the tile's P fragments in registers (after a rare exact step)
+    kDvPv = 6,       // its P V MMAs issued
+    kPrWait = 0,     // producer: before the empty mbarrier
+    kPrFree = 1,     // the stage is free
+    kPrIssued = 2,   // its copies issued
+};
 // Shared memory:
 //   raw   : kStages raw tiles [32 tokens x kPitch] (tile i in stage i % kStages);
 //   red   : float4 [kGroups][2 parities][kWarps][kBlocks][32 lanes], each warp's partial S (tile parity);
@@ -118,7 +135,7 @@ __device__ __forceinline__ uint32_t movm_trans(uint32_t x)
 template <int ABL, bool FAST>
 struct Warp {
     static constexpr bool kNoLoad = (ABL & 1) != 0, kNoS = (ABL & 2) != 0, kNoPV = (ABL & 4) != 0;
-    static constexpr bool kNoDq = (ABL & 8) != 0;
+    static constexpr bool kNoDq = (ABL & 8) != 0, kIdle = (ABL & 32) != 0;
 
     const Args &a;
     const CtaCommon &c;
@@ -214,8 +231,11 @@ struct Warp {
         for (int i = kStages; i < n; ++i) {
             const int cur = nx;
             nx = fetch(i + 1);
+            trace(a, i >> 1, kPrWait + 3 * (i & 1));
             mbar_wait(empty(i % kStages), ((i / kStages) - 1) & 1);
+            trace(a, i >> 1, kPrFree + 3 * (i & 1));
             issue(i, cur);
+            trace(a, i >> 1, kPrIssued + 3 * (i & 1));
         }
     }
 
@@ -280,6 +300,7 @@ struct Warp {
                          make_uint4(__float_as_uint(acc[j][0]), __float_as_uint(acc[j][1]),
                                     __float_as_uint(acc[j][2]), __float_as_uint(acc[j][3])));
         named_sync(kBarGroup + grp, 32 * kWarps);
+        trace(a, k, kDvPartials);
         float x[4];
 #pragma unroll
         for (int v = 0; v < kWarps; ++v) {
@@ -334,6 +355,7 @@ struct Warp {
             smx[(g + 8) * kWarps + w] = bm[1];
         }
         named_sync(kBarGroup + grp, 32 * kWarps);
+        trace(a, k, kDvP);
         float tm[2];
 #pragma unroll
         for (int hf = 0; hf < 2; ++hf) {
@@ -397,18 +419,27 @@ struct Warp {
 #pragma unroll 1
         for (int i = grp, k = 0; i < n; i += kGroups, ++k) {
             const int st = i % kStages;
+            trace(a, k, kDvTop);
             mbar_wait(full(st), (i / kStages) & 1);
+            trace(a, k, kDvLanded);
+            if constexpr (kIdle) {  // profiling: the gather alone
+                if (w == 0 && lane == 0) mbar_arrive(empty(st));
+                continue;
+            }
             const uint32_t vm = mask()[st];
             const bool full = vm == 0xffffffffu;  // all 32 tokens valid: no masking (the same in every warp)
             float s[kBlocks][4];
             if (full) scores<true>(raw + st * kStageBytes, vm, s);
             else scores<false>(raw + st * kStageBytes, vm, s);
+            trace(a, k, kDvScores);
             uint32_t pa[2][4], pl[2][4];
             if (full) split_softmax<true>(k, s, vm, pa, pl);
             else split_softmax<false>(k, s, vm, pa, pl);
+            trace(a, k, kDvSoftmax);
             // every warp of the group has its bytes of the stage in registers: the producer may refill it
             if (w == 0 && lane == 0) mbar_arrive(empty(st));
             pv(pa, pl);
+            trace(a, k, kDvPv);
         }
     }
 
@@ -485,10 +516,13 @@ __global__ void __launch_bounds__(kThreads, 1) attn_sm90d_kernel(const __grid_co
         return;
     }
     setmaxnreg_inc<kConsumerRegs>();
+    trace(a, kTraceEdge, kTrStart);
     Warp<ABL, FAST> wp(a, c);
     if (wp.n > 0) wp.load_q();  // in flight beside the producer's first index loads and copies
     if (wp.n > 0) wp.run();
+    trace(a, kTraceEdge, kTrEpilogue);
     wp.epilogue();
+    trace(a, kTraceEdge, kTrEnd);
 }
 
 // The variant the call asks for (sm90/variants.cuh).
