@@ -38,7 +38,9 @@
 //   pv      : O [16 x 128 dims of the warp] += P V: 2 k-steps x 16 dim blocks (high: twice).
 // Dimension order: a k-step's fragment columns 2 t + e and 2 t + 8 + e (t = lane & 3) are the four
 // consecutive dims 4 t + {0, 1, 2, 3} of a 16-dim piece, so a thread's B fragments of four k-steps are one
-// 16-byte load; Q is loaded in the same order, and O's columns come out as 16 consecutive dims per thread
+// 16-byte load; Q's fragments are kept in shared memory in the same order (one 16-byte load a k-step: held
+// in registers they took 36 a thread, which the S phase's scheduling needs; benchmarks/README.md, issue
+// 17, eighteenth session), and O's columns come out as 16 consecutive dims per thread
 // and 64-dim chunk (epilogue).
 // FAST: precision="fast" (P rounded to bf16, one P V MMA per k-step and dim block).
 // ABL != 0 only in profiling builds (sm90/kernel.cuh's bits): 1 no copies (stale bytes; the rows still
@@ -99,26 +101,31 @@ enum DimsEv {
 };
 // Shared memory:
 //   raw   : kStages raw tiles [32 tokens x kPitch] (tile i in stage i % kStages);
-//   red   : float4 [kGroups][2 parities][kWarps][kBlocks][32 lanes], each warp's partial S (tile parity);
+//   red   : float4 [kGroups][kWarps][kBlocks][32 lanes], each warp's partial S (rewritten for the group's
+//           next tile only after its second barrier, which every read of this tile's precedes);
 //   bar   : mbarriers full[kStages] (kWarps arrivals: the producer warps, with the copied bytes),
 //           empty[kStages] (one arrival: the group's thread 0 once the group has read the stage);
 //   mask  : uint32 [kStages], the valid tokens of each stage (byte w: warp w's rows);
 //   pfr   : uint4 [kGroups][2 (P_hi, P_lo)][2 k-steps][32 lanes], the tile's P A fragments (split softmax);
 //   smx   : float [kGroups][NH][kWarps], each warp's token block maxima (split softmax);
-//   lsum  : double [kGroups][kWarps][NH], each warp's row sums; m: float [kGroups][NH], the row maxima.
+//   lsum  : double [kGroups][kWarps][NH], each warp's row sums; m: float [kGroups][NH], the row maxima;
+//   qf    : uint4 [kWarps][kKSteps][32 lanes], Q's A fragments (both groups': warp w of either owns the
+//           same dims), read per k-step rather than held in 36 registers a thread.
 // The epilogue stages group G's O as float [NH][kOStride] over the raw tiles (all consumed by then).
 struct Smem {
     static constexpr Region raw = first_region(kStages * kStageBytes);
-    static constexpr Region red = region_after(raw, kGroups * 2 * kWarps * kBlocks * 32 * 16);
+    static constexpr Region red = region_after(raw, kGroups * kWarps * kBlocks * 32 * 16);
     static constexpr Region bar = region_after(red, 2 * kStages * 8);
     static constexpr Region mask = region_after(bar, kStages * 4);
     static constexpr Region pfr = region_after(mask, kGroups * 2 * 2 * 32 * 16);
     static constexpr Region smx = region_after(pfr, kGroups * NH * kWarps * 4);
     static constexpr Region lsum = region_after(smx, kGroups * kWarps * NH * 8);
     static constexpr Region m = region_after(lsum, kGroups * NH * 4);
-    static constexpr int used = m.end();
+    static constexpr Region qf = region_after(m, kWarps * kKSteps * 32 * 16);
+    static constexpr int used = qf.end();
     static constexpr int bytes = used + 1024;  // slack to align the base to 1024 B (CtaCommon)
-    static_assert(bar.off % 8 == 0 && lsum.off % 8 == 0 && red.off % 16 == 0 && pfr.off % 16 == 0 && smx.off % 16 == 0,
+    static_assert(bar.off % 8 == 0 && lsum.off % 8 == 0 && red.off % 16 == 0 && pfr.off % 16 == 0 && smx.off % 16 == 0 &&
+                      qf.off % 16 == 0,
                   "mbarriers, doubles, 16-byte vectors");
     static_assert(kGroups * NH * kOStride * 4 <= raw.bytes, "the staged outputs fit in the raw tiles");
     static_assert(bytes <= 227 * 1024, "sm_90 opt-in shared memory per block");
@@ -143,7 +150,6 @@ struct Warp {
     const int grp, w, lane, g, t;
     const int tok0, tok_end, n;  // the slice's tokens [tok0, tok_end) and its tiles of kTT
     uint8_t *const raw;          // the stages (generic pointer: the reads are C++ loads after the mbarrier)
-    uint32_t qa[kKSteps][4];     // Q's A fragments (heads g, g + 8)
     float o[kDimBlocks][4];      // O [16 heads x 128 dims]: block n, columns 2 t + e (epilogue for the dims)
     uint32_t vb[kBlocks][8][2];  // this tile's P V B fragments: token block j, k-step s, half r
     float m_r[2];                // running maxima (log2 domain) of heads g, g + 8
@@ -167,21 +173,32 @@ struct Warp {
     __device__ __forceinline__ uint32_t empty(int st) const { return c.bar_full + 8 * (kStages + st); }
     __device__ __forceinline__ uint32_t *mask() const { return reinterpret_cast<uint32_t *>(c.smem + Smem::mask.off); }
 
-    // Q's fragments: k-step s < 8 is latent dims 128 w + 64 (s / 4) + 16 t + 4 (s % 4) + {0..3}, k-step 8
-    // RoPE dims 512 + 16 w + 4 t + {0..3}; the first two are columns 2 t, + 1, the last two 2 t + 8, + 9.
-    __device__ __forceinline__ void load_q()
+    // Q's A fragments (heads g, g + 8) into qf, by group 0 (both groups wait for them: kBarAll): k-step s
+    // < 8 is latent dims 128 w + 64 (s / 4) + 16 t + 4 (s % 4) + {0..3}, k-step 8 RoPE dims 512 + 16 w + 4 t
+    // + {0..3}; the first two are columns 2 t, + 1, the last two 2 t + 8, + 9.
+    __device__ __forceinline__ void load_q() const
     {
+        if (grp == 0) {
 #pragma unroll
-        for (int s = 0; s < kKSteps; ++s)
+            for (int s = 0; s < kKSteps; ++s) {
+                uint2 v[2];
 #pragma unroll
-            for (int hf = 0; hf < 2; ++hf) {
-                const int hd = g + 8 * hf;
-                const int d = s < 8 ? 128 * w + 64 * (s >> 2) + 16 * t + 4 * (s & 3) : kDv + 16 * w + 4 * t;
-                uint2 v = make_uint2(0u, 0u);
-                if (hd < c.h) v = __ldg(reinterpret_cast<const uint2 *>(smla_q_at(&a.p, c.bi, c.si, hd, d)));
-                qa[s][hf] = v.x;
-                qa[s][2 + hf] = v.y;
+                for (int hf = 0; hf < 2; ++hf) {
+                    const int hd = g + 8 * hf;
+                    const int d = s < 8 ? 128 * w + 64 * (s >> 2) + 16 * t + 4 * (s & 3) : kDv + 16 * w + 4 * t;
+                    v[hf] = make_uint2(0u, 0u);
+                    if (hd < c.h) v[hf] = __ldg(reinterpret_cast<const uint2 *>(smla_q_at(&a.p, c.bi, c.si, hd, d)));
+                }
+                st_shared_v4(q_frag(s), make_uint4(v[0].x, v[1].x, v[0].y, v[1].y));
             }
+        }
+        named_sync(kBarAll, kConsumers);
+    }
+
+    // The shared-memory address of this thread's Q fragment of k-step s.
+    __device__ __forceinline__ uint32_t q_frag(int s) const
+    {
+        return c.base + Smem::qf.off + ((w * kKSteps + s) * 32 + lane) * 16;
     }
 
     // The index of row 8 w + lane of tile i (lanes < 8; -1 past the slice's tokens or tiles).
@@ -261,22 +278,31 @@ struct Warp {
             acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
         }
         // k-step s < 8 of block j: dequantise, the S MMA, the two P V fragments
-        auto step = [&](int j, int s) {
+        auto step = [&](int j, int s, const uint32_t (&qa)[4]) {
             uint32_t k0, k1;
             const uint32_t v = word(x[j][s >> 2], s & 3);
             if constexpr (kNoDq) k0 = k1 = v;
             else dequant_e4m3x4(v, sc[j], k0, k1);
-            if constexpr (!kNoS) mma_bf16(acc[j], qa[s], k0, k1);
+            if constexpr (!kNoS) mma_bf16(acc[j], qa, k0, k1);
             vb[j][s][0] = movm_trans(k0);
             vb[j][s][1] = movm_trans(k1);
         };
+        auto q_at = [&](int s, uint32_t (&qa)[4]) {
+            const uint4 u = ld_shared_v4(q_frag(s));
+            qa[0] = u.x, qa[1] = u.y, qa[2] = u.z, qa[3] = u.w;
+        };
 #pragma unroll
-        for (int s = 0; s < 8; ++s)
+        for (int s = 0; s < 8; ++s) {
+            uint32_t qa[4];
+            q_at(s, qa);
 #pragma unroll
-            for (int j = 0; j < kBlocks; ++j) step(j, s);
+            for (int j = 0; j < kBlocks; ++j) step(j, s, qa);
+        }
+        uint32_t qr[4];
+        q_at(8, qr);
 #pragma unroll
         for (int j = 0; j < kBlocks; ++j)  // the RoPE k-step, last (the same order either way)
-            if constexpr (!kNoS) mma_bf16(acc[j], qa[8], rp[j].x, rp[j].y);
+            if constexpr (!kNoS) mma_bf16(acc[j], qr, rp[j].x, rp[j].y);
     }
 
     // The split softmax of the group's k-th tile (valid tokens vm; FULL: all): partial S in acc (all 4
@@ -293,7 +319,7 @@ struct Warp {
     __device__ __forceinline__ void split_softmax(int k, float (&acc)[kBlocks][4], uint32_t vm, uint32_t (&pa)[2][4],
                                                   uint32_t (&pl)[2][4])
     {
-        const uint32_t red = c.base + Smem::red.off + ((grp * 2 + (k & 1)) * kWarps) * kBlocks * 32 * 16;
+        const uint32_t red = c.base + Smem::red.off + grp * kWarps * kBlocks * 32 * 16;
 #pragma unroll
         for (int j = 0; j < kBlocks; ++j)
             st_shared_v4(red + ((w * kBlocks + j) * 32 + lane) * 16,
@@ -518,7 +544,7 @@ __global__ void __launch_bounds__(kThreads, 1) attn_sm90d_kernel(const __grid_co
     setmaxnreg_inc<kConsumerRegs>();
     trace(a, kTraceEdge, kTrStart);
     Warp<ABL, FAST> wp(a, c);
-    if (wp.n > 0) wp.load_q();  // in flight beside the producer's first index loads and copies
+    if (wp.n > 0) wp.load_q();  // beside the producer's first index loads and copies
     if (wp.n > 0) wp.run();
     trace(a, kTraceEdge, kTrEpilogue);
     wp.epilogue();
