@@ -19,7 +19,8 @@
 //
 // ABL != 0 only in profiling builds (SMLA_PROFILE_BUILD=1 -> SMLA_ATTN_ABLATION, tools/ablate.py):
 // leave one stage out to time it by difference. Bits: 1 no global K loads (zeros), 2 no S = Q K^T
-// wgmma, 4 no P V wgmma, 8 no fp8 dequant (raw bytes stored), 16 no P_lo V wgmma (bf16 P only).
+// wgmma, 4 no P V wgmma, 8 no fp8 dequant (raw bytes stored), 16 no P_lo V wgmma (bf16 P only), 32 (the
+// dims kernel only) consumers that only wait for each stage and free it.
 // Results are wrong then. run.attn_ablate (SMLA_ATTN_ABLATE) picks the variant at launch.
 #pragma once
 #include "attention/combine.cuh"
