@@ -31,6 +31,10 @@ import time
 from _gpu import attention_parser, graph_replay_us, precisions, shape_args, start_attention, time_us, write_json
 
 HBM_BYTES_PER_S = 4.3e12
+# The fastest measured gather of random 656-byte fp8_ds_mla rows from HBM on the H200 (tools/gather_rate.cu,
+# 2026-12-04: the decode's 128 x 2048 rows by 16-byte loads, 32 warps a CTA; fixed): the floor of any decode
+# that reads its rows once.
+GATHER_BYTES_PER_S = 3.04e12
 CTX = 32768
 TOPK = 2048
 BLOCK = 64
@@ -251,19 +255,23 @@ def main():
 
 
 def small_head_summary(results):
-    """h <= 32 (issue 17): each shape's time next to the time to read its unique rows at 4.3 TB/s and
-    FlashMLA's figure for the same step padded to 64 heads, and the issue's targets (at "high")."""
+    """h <= 32 (issue 17): each shape's time next to the time to read its unique rows at 4.3 TB/s, to gather
+    them at the measured 3.04 TB/s, FlashMLA's figure for the same step padded to 64 heads, and the issue's
+    targets (at "high")."""
     recs = [r for r in results if r.get("kind") == "events" and r["h"] <= 32 and not r.get("split_cap")]
     if not recs:
         return
-    print("# small head counts: read_us = unique rows at 4.3 TB/s; FlashMLA@64 = FlashMLA's time for the same "
-          "step padded to 64 heads (2026-12-02, fixed)")
+    print("# small head counts: read_us = unique rows at 4.3 TB/s; gather_us = the same rows at 3.04 TB/s, the "
+          "fastest measured gather of random rows (tools/gather_rate.cu, 2026-12-04, fixed); FlashMLA@64 = "
+          "FlashMLA's time for the same step padded to 64 heads (2026-12-02, fixed)")
     for r in recs:
         key = (r["h"], r["s_q"], r["b"])
         read_us = r["unique_bytes"] / HBM_BYTES_PER_S * 1e6
+        gather_us = r["unique_bytes"] / GATHER_BYTES_PER_S * 1e6
         fm = FLASHMLA_US.get((64, r["s_q"], r["b"]))
         line = (f"# h={r['h']} s_q={r['s_q']} b={r['b']} {r['precision']}: {r['time_us']:.1f} us = "
-                f"{r['time_us'] / read_us:.2f}x read_us {read_us:.1f}")
+                f"{r['time_us'] / read_us:.2f}x read_us {read_us:.1f} = {r['time_us'] / gather_us:.2f}x gather_us "
+                f"{gather_us:.1f}")
         if fm:
             line += f"; FlashMLA@64 {fm:.0f} us ({fm / r['time_us']:.2f}x ours)"
         if r["precision"] == "high":
