@@ -11,7 +11,8 @@
 //     rows in flight a warp; the words are xor-folded so that the loads stay), no shared memory.
 //   copy: cudaMemcpyAsync of 1 GiB (device to device): the sequential rate, bytes read over time.
 // Prints us and TB/s (the rows' bytes over the time) for each; medians of 9 calls after 2 warm-ups.
-//   nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a -o /tmp/gather_rate tools/gather_rate.cu && /tmp/gather_rate
+//   nvcc -O3 -std=c++17 -Icsrc -Icuda -gencode=arch=compute_90a,code=sm_90a -o /tmp/gather_rate tools/gather_rate.cu \
+//     && /tmp/gather_rate
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -21,41 +22,16 @@
 #include <random>
 #include <vector>
 
+#include "attention/sm90/ptx.cuh"
+
 #include "cuda_check.h"
 
 constexpr int kEntry = 656, kPitch = 704, kReqTokens = 32768, kTopk = 2048, kReqs = 128, kTT = 32;
 constexpr int kTiles = kTopk / kTT;
 constexpr long long kCacheBytes = static_cast<long long>(kReqs) * kReqTokens * kEntry;
 
-__device__ __forceinline__ uint32_t smem_u32(const void *p) { return static_cast<uint32_t>(__cvta_generic_to_shared(p)); }
-__device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t n)
-{
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(n) : "memory");
-}
-__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity)
-{
-    uint32_t done;
-    do {
-        asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
-                     : "=r"(done)
-                     : "r"(bar), "r"(parity)
-                     : "memory");
-    } while (!done);
-}
-__device__ __forceinline__ void mbar_arrive(uint32_t bar)
-{
-    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
-}
-__device__ __forceinline__ void mbar_expect(uint32_t bar, uint32_t bytes)
-{
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
-}
-__device__ __forceinline__ void bulk_g2s(uint32_t dst, const void *src, uint32_t bytes, uint32_t bar)
-{
-    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(dst),
-                 "l"(src), "r"(bytes), "r"(bar)
-                 : "memory");
-}
+using attn::smem_u32;
+using namespace attn::sm90;  // mbarriers, bulk_copy_g2s
 
 // ---- ring S: four producer warps (0..3), one consumer warp (4) -------------------------------------------
 template <int S>
@@ -71,7 +47,7 @@ __global__ void __launch_bounds__(160, 1) gather_ring(const uint8_t *kv, const i
             mbar_init(bars + 8 * s, 4);
             mbar_init(bars + 8 * (S + s), 1);
         }
-        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+        fence_mbarrier_init();
     }
     __syncthreads();
     if (warp == 4) {  // the consumer: each tile waited for and freed at once
@@ -83,10 +59,10 @@ __global__ void __launch_bounds__(160, 1) gather_ring(const uint8_t *kv, const i
     }
     auto issue = [&](int i, int v) {
         const int st = i % S;
-        if (lane == 0) mbar_expect(bars + 8 * st, 8u * kEntry);
+        if (lane == 0) mbar_arrive_expect_tx(bars + 8 * st, 8u * kEntry);
         __syncwarp();
         if (lane < 8)
-            bulk_g2s(base + (st * kTT + 8 * warp + lane) * kPitch, kv + static_cast<long long>(v) * kEntry, kEntry,
+            bulk_copy_g2s(base + (st * kTT + 8 * warp + lane) * kPitch, kv + static_cast<long long>(v) * kEntry, kEntry,
                      bars + 8 * st);
     };
     auto fetch = [&](int i) { return i < kTiles && lane < 8 ? __ldg(my + kTT * i + 8 * warp + lane) : 0; };
