@@ -42,7 +42,9 @@
 // in registers they took 36 a thread, which the S phase's scheduling needs; benchmarks/README.md, issue
 // 17, eighteenth session), and O's columns come out as 16 consecutive dims per thread
 // and 64-dim chunk (epilogue).
-// FAST: precision="fast" (P rounded to bf16, one P V MMA per k-step and dim block).
+// FAST: precision="fast" (P rounded to bf16, one P V MMA per k-step and dim block). STACK ("high" at h <= 8,
+// where rows 8..15 of the MMAs are padding): row g of P carries head g's P_hi and row g + 8 its P_lo, so one
+// P V MMA per k-step and dim block does both halves (O's rows g and g + 8, added in the epilogue).
 // ABL != 0 only in profiling builds (sm90/kernel.cuh's bits): 1 no copies (stale bytes; the rows still
 // arrive), 2 no S MMA, 4 no P V MMA, 8 no dequant (the raw words are the fragments), 32 idle consumers
 // (each tile's stage waited for and freed at once: the producers' gather alone). Profiling builds also
@@ -139,10 +141,11 @@ __device__ __forceinline__ uint32_t movm_trans(uint32_t x)
 }
 
 // One warp of a group: its share of Q, O and the softmax state, and its part of the copies.
-template <int ABL, bool FAST>
+template <int ABL, bool FAST, bool STACK = false>
 struct Warp {
     static constexpr bool kNoLoad = (ABL & 1) != 0, kNoS = (ABL & 2) != 0, kNoPV = (ABL & 4) != 0;
     static constexpr bool kNoDq = (ABL & 8) != 0, kIdle = (ABL & 32) != 0;
+    static constexpr bool kStack = STACK && !FAST, kOneP = FAST || kStack;  // one P V MMA per step
 
     const Args &a;
     const CtaCommon &c;
@@ -365,6 +368,9 @@ struct Warp {
                 h0 = pack_bf16x2(p[0], p[1]);
                 h1 = pack_bf16x2(p[2], p[3]);
                 st_shared_v2(pdst, h0, h1);
+            } else if constexpr (kStack) {  // rows g + 8: head g's P_lo (heads g + 8 are padding)
+                split_bf16x2(p[0], p[1], h0, l0);
+                st_shared_v2(pdst, h0, l0);
             } else {
                 split_bf16x2(p[0], p[1], h0, l0);
                 split_bf16x2(p[2], p[3], h1, l1);
@@ -410,7 +416,7 @@ struct Warp {
 #pragma unroll
             for (int i = 0; i < kDimBlocks; ++i) {
                 o[i][0] *= alpha[0], o[i][1] *= alpha[0];
-                o[i][2] *= alpha[1], o[i][3] *= alpha[1];
+                o[i][2] *= alpha[kStack ? 0 : 1], o[i][3] *= alpha[kStack ? 0 : 1];
             }
             put(p);  // over the lazy P, which no warp reads
             named_sync(kBarGroup + grp, 32 * kWarps);
@@ -419,7 +425,7 @@ struct Warp {
         for (int kk = 0; kk < 2; ++kk) {
             const uint4 u = ld_shared_v4(pfr + (kk * 32 + lane) * 16);
             pa[kk][0] = u.x, pa[kk][1] = u.y, pa[kk][2] = u.z, pa[kk][3] = u.w;
-            if constexpr (!FAST) {
+            if constexpr (!kOneP) {
                 const uint4 v = ld_shared_v4(pfr + 2 * 32 * 16 + (kk * 32 + lane) * 16);
                 pl[kk][0] = v.x, pl[kk][1] = v.y, pl[kk][2] = v.z, pl[kk][3] = v.w;
             }
@@ -434,7 +440,7 @@ struct Warp {
 #pragma unroll
                 for (int i = 0; i < kDimBlocks; ++i) {
                     mma_bf16(o[i], pa[kk], vb[2 * kk][i >> 1][i & 1], vb[2 * kk + 1][i >> 1][i & 1]);
-                    if constexpr (!FAST)
+                    if constexpr (!kOneP)
                         mma_bf16(o[i], pl[kk], vb[2 * kk][i >> 1][i & 1], vb[2 * kk + 1][i >> 1][i & 1]);
                 }
         }
@@ -487,9 +493,15 @@ struct Warp {
 #pragma unroll
             for (int q = 0; q < 4; ++q) {
                 const int i = 2 * (4 * ch + q), dim = 128 * w + 64 * ch + 16 * t + 4 * q;
-                *reinterpret_cast<float4 *>(so + g * kOStride + dim) = make_float4(o[i][0], o[i][1], o[i + 1][0], o[i + 1][1]);
-                *reinterpret_cast<float4 *>(so + (g + 8) * kOStride + dim) =
-                    make_float4(o[i][2], o[i][3], o[i + 1][2], o[i + 1][3]);
+                if constexpr (kStack) {  // head g: the P_hi and P_lo rows added
+                    *reinterpret_cast<float4 *>(so + g * kOStride + dim) = make_float4(
+                        o[i][0] + o[i][2], o[i][1] + o[i][3], o[i + 1][0] + o[i + 1][2], o[i + 1][1] + o[i + 1][3]);
+                } else {
+                    *reinterpret_cast<float4 *>(so + g * kOStride + dim) =
+                        make_float4(o[i][0], o[i][1], o[i + 1][0], o[i + 1][1]);
+                    *reinterpret_cast<float4 *>(so + (g + 8) * kOStride + dim) =
+                        make_float4(o[i][2], o[i][3], o[i + 1][2], o[i + 1][3]);
+                }
             }
         // the row sums: each warp's share (its own token blocks)
         if (t == 0) {
@@ -519,7 +531,7 @@ struct Warp {
 // Internal linkage: each instantiation file owns its kernels.
 namespace {
 
-template <int ABL, bool FAST>
+template <int ABL, bool FAST, bool STACK>
 __global__ void __launch_bounds__(kThreads, 1) attn_sm90d_kernel(const __grid_constant__ Args a)
 {
     pdl_wait();  // before any global access: the stream's previous kernel is complete (common.cuh)
@@ -538,12 +550,12 @@ __global__ void __launch_bounds__(kThreads, 1) attn_sm90d_kernel(const __grid_co
     __syncthreads();
     if (c.tid >= kConsumers) {  // the producer warpgroup
         setmaxnreg_dec<kProducerRegs>();
-        Warp<ABL, FAST>(a, c).produce();
+        Warp<ABL, FAST, STACK>(a, c).produce();
         return;
     }
     setmaxnreg_inc<kConsumerRegs>();
     trace(a, kTraceEdge, kTrStart);
-    Warp<ABL, FAST> wp(a, c);
+    Warp<ABL, FAST, STACK> wp(a, c);
     if (wp.n > 0) wp.load_q();  // beside the producer's first index loads and copies
     if (wp.n > 0) wp.run();
     trace(a, kTraceEdge, kTrEpilogue);
@@ -554,9 +566,13 @@ __global__ void __launch_bounds__(kThreads, 1) attn_sm90d_kernel(const __grid_co
 // The variant the call asks for (sm90/variants.cuh).
 int launch(Args &a, int64_t grid, cudaStream_t s, int dev, smla_status *st)
 {
+    const bool stack = a.p.h <= NH / 2;  // "high" with the heads in rows 0..7: P_hi and P_lo stacked
     return with_variant(a, [&](auto abl, auto fast) {
-        return launch_kernel<attn_sm90d_kernel<decltype(abl)::value, decltype(fast)::value>>(a, grid, kThreads,
-                                                                                            Smem::bytes, s, dev, st);
+        constexpr int A = decltype(abl)::value;
+        constexpr bool F = decltype(fast)::value;
+        if constexpr (!F && A == 0)
+            if (stack) return launch_kernel<attn_sm90d_kernel<A, F, true>>(a, grid, kThreads, Smem::bytes, s, dev, st);
+        return launch_kernel<attn_sm90d_kernel<A, F, false>>(a, grid, kThreads, Smem::bytes, s, dev, st);
     });
 }
 
