@@ -23,10 +23,12 @@
 #include <vector>
 
 #include "attention/sm90/ptx.cuh"
+#include "core/fp8_ds_mla.h"
 
 #include "cuda_check.h"
 
-constexpr int kEntry = 656, kPitch = 704, kReqTokens = 32768, kTopk = 2048, kReqs = 128, kTT = 32;
+constexpr int kEntry = SMLA_FP8_ENTRY, kPitch = kEntry + 48;  // a token's bytes; the dims kernel's row pitch
+constexpr int kReqTokens = 32768, kTopk = 2048, kReqs = 128, kTT = 32;
 constexpr int kTiles = kTopk / kTT;
 constexpr long long kCacheBytes = static_cast<long long>(kReqs) * kReqTokens * kEntry;
 
@@ -63,7 +65,7 @@ __global__ void __launch_bounds__(160, 1) gather_ring(const uint8_t *kv, const i
         __syncwarp();
         if (lane < 8)
             bulk_copy_g2s(base + (st * kTT + 8 * warp + lane) * kPitch, kv + static_cast<long long>(v) * kEntry, kEntry,
-                     bars + 8 * st);
+                          bars + 8 * st);
     };
     auto fetch = [&](int i) { return i < kTiles && lane < 8 ? __ldg(my + kTT * i + 8 * warp + lane) : 0; };
     for (int i = 0; i < S && i < kTiles; ++i) issue(i, fetch(i));

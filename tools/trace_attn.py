@@ -75,32 +75,19 @@ PAIR = [
 ]
 # the dims kernel: slots 0 / 1 the two groups' first warps (step: the group's k-th tile), 2 / 3 the
 # producers' first and third warps (step i / 2 of tile i; events 0-2 even tiles = group 0's, 3-5 odd)
-G0, G1 = WG0, WG1
-DIMS = [
-    ("G0 tile period (top k -> top k+1)", (G0, 0, 0), (G0, 1, 0)),
-    ("G0 wait for its stage", (G0, 0, 0), (G0, 0, 1)),
-    ("G0 loads, dequant, S MMAs issued", (G0, 0, 1), (G0, 0, 2)),
-    ("G0 partials stored + barrier 1", (G0, 0, 2), (G0, 0, 3)),
-    ("G0 block softmax, P stored + barrier 2", (G0, 0, 3), (G0, 0, 4)),
-    ("G0 verdict + P gathered", (G0, 0, 4), (G0, 0, 5)),
-    ("G0 P V issued", (G0, 0, 5), (G0, 0, 6)),
-    ("G0 loop back (P V issued -> next top)", (G0, 0, 6), (G0, 1, 0)),
-    ("G1 tile period", (G1, 0, 0), (G1, 1, 0)),
-    ("G1 wait for its stage", (G1, 0, 0), (G1, 0, 1)),
-    ("G1 loads, dequant, S MMAs issued", (G1, 0, 1), (G1, 0, 2)),
-    ("G1 partials stored + barrier 1", (G1, 0, 2), (G1, 0, 3)),
-    ("G1 block softmax, P stored + barrier 2", (G1, 0, 3), (G1, 0, 4)),
-    ("G1 verdict + P gathered", (G1, 0, 4), (G1, 0, 5)),
-    ("G1 P V issued", (G1, 0, 5), (G1, 0, 6)),
-    ("G1 top after G0 top (same k)", (G0, 0, 0), (G1, 0, 0)),
-    ("producer 0, even tiles: wait for a free stage", (PR0, 0, 0), (PR0, 0, 1)),
-    ("producer 0, even tiles: issue", (PR0, 0, 1), (PR0, 0, 2)),
-    ("producer 0, even tiles: stage free -> G0 saw it full", (PR0, 0, 1), (G0, 0, 1)),
-    ("producer 0, odd tiles: wait for a free stage", (PR0, 0, 3), (PR0, 0, 4)),
-    ("producer 0, odd tiles: stage free -> G1 saw it full", (PR0, 0, 4), (G1, 0, 1)),
-    ("producer 2, even tiles: wait for a free stage", (PR1, 0, 0), (PR1, 0, 1)),
-    ("producer 2, even tiles: issue", (PR1, 0, 1), (PR1, 0, 2)),
-]
+DIMS_STAGES = [("wait for its stage", 0, 1), ("loads, dequant, S MMAs issued", 1, 2),
+               ("partials stored + barrier 1", 2, 3), ("block softmax, P stored + barrier 2", 3, 4),
+               ("verdict + P gathered", 4, 5), ("P V issued", 5, 6)]
+DIMS = [row for g, slot in (("G0", WG0), ("G1", WG1)) for row in
+        [(f"{g} tile period (top k -> top k+1)", (slot, 0, 0), (slot, 1, 0))] +
+        [(f"{g} {name}", (slot, 0, a), (slot, 0, b)) for name, a, b in DIMS_STAGES] +
+        [(f"{g} loop back (P V issued -> next top)", (slot, 0, 6), (slot, 1, 0))]]
+DIMS += [("G1 top after G0 top (same k)", (WG0, 0, 0), (WG1, 0, 0))]
+DIMS += [(f"producer {p}, {par} tiles: {name}", (slot, 0, a + 3 * odd), (slot, 0, b + 3 * odd))
+         for p, slot in ((0, PR0), (2, PR1)) for odd, par in ((0, "even"), (1, "odd"))
+         for name, a, b in (("wait for a free stage", 0, 1), ("issue", 1, 2))]
+DIMS += [(f"producer 0, {par} tiles: stage free -> {g} saw it full", (PR0, 0, 1 + 3 * odd), (slot, 0, 1))
+         for odd, par, g, slot in ((0, "even", "G0", WG0), (1, "odd", "G1", WG1))]
 EDGES = [
     ("prologue: start -> tile scan done", (WG0, None, 0), (WG0, None, 1)),
     ("epilogue WG0", (WG0, None, 2), (WG0, None, 3)),
@@ -161,8 +148,10 @@ def main():
         print("not a profiling build (smla.build_info()['ablation'] is False): rebuild with SMLA_PROFILE_BUILD=1")
         return 1
     buf = torch.zeros(CTAS * SLOTS * STEPS * EVENTS, dtype=torch.int64, device="cuda")
-    if args.kernel == "sm90d":  # the decode benchmark's h=16, s_q=1, b=128 case on the fp8 cache
+    h = args.h
+    if args.kernel == "sm90d":  # the decode benchmark's s_q=1, b=128 case on the fp8 cache, at most 16 heads
         h, b = min(args.h, 16), 128
+        case = f"decode h={h}, s_q=1, b={b}"
         cache, bt = bd.build_cache(torch, smla, b, "fp8_ds_mla")
         q = torch.randn((b, 1, h, 576), device="cuda").to(torch.bfloat16)
         idx = bd.make_indices(torch, bt, b, 1, seed=1)
@@ -174,7 +163,8 @@ def main():
     else:
         kv = torch.randn((args.s_kv, 576), device="cuda").to(torch.bfloat16)
         idx = bp.make_indices(torch, args.s_kv, seed=2)
-        q = torch.randn((bp.S_Q, args.h, 576), device="cuda").to(torch.bfloat16)
+        q = torch.randn((bp.S_Q, h, 576), device="cuda").to(torch.bfloat16)
+        case = f"prefill h={h}, s_kv={args.s_kv}"
 
         def call():
             return smla.sparse_mla_prefill(q, kv, idx, softmax_scale=bp.SCALE, precision=args.precision)
@@ -192,7 +182,7 @@ def main():
     if not lines:
         print("nothing recorded")
         return 1
-    print(f"# kernel {args.kernel}, h={args.h}, s_kv={args.s_kv}, {args.precision}; " + lines[0])
+    print(f"# kernel {args.kernel}, {case}, {args.precision}; " + lines[0])
     print("\n".join(lines[1:]))
     return 0
 

@@ -48,7 +48,7 @@
 // ABL != 0 only in profiling builds (sm90/kernel.cuh's bits): 1 no copies (stale bytes; the rows still
 // arrive), 2 no S MMA, 4 no P V MMA, 8 no dequant (the raw words are the fragments), 32 idle consumers
 // (each tile's stage waited for and freed at once: the producers' gather alone). Profiling builds also
-// record the stage timestamps of sm90/trace.cuh (DimsEv; tools/trace_attn.py --decode).
+// record the stage timestamps of sm90/trace.cuh (DimsEv; tools/trace_attn.py --kernel sm90d).
 #pragma once
 
 #include "attention/epilogue.cuh"
