@@ -8,7 +8,7 @@
 # tree, one tree at a time (four test processes side by side ran out of device memory on the h=128
 # s_q=4096 prefill cases); then a benchmark (BENCH, default bench_sparse_mla_decode.py) alternates
 # between the trees (ARGS, default the small-head decode shapes), twice, its lines (LINES, default 4)
-# after each tree's name.
+# after each tree's name. REBUILD="globs": see below (a faster build when only some objects differ).
 set -u
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/smla-out}; mkdir -p "$OUT"
@@ -18,11 +18,25 @@ trees=("$PWD")
 for t in "$@"; do
   d=/tmp/v_$(basename "$t" .tar.gz); rm -rf "$d"; mkdir -p "$d" && tar xzf "$t" -C "$d"; trees+=("$d")
 done
-for d in "${trees[@]}"; do
-  (log="$OUT/build_$(basename "$d").log"
-   cd "$d" && SMLA_NVCC_JOBS=$J python3 setup.py build_ext --inplace -j $J > "$log" 2>&1 \
-     || { echo "BUILD FAIL $(basename "$d")"; grep -m 4 -B 2 -A 4 -E "error|Error" "$log" | cut -c1-300; touch "$d/.build_failed"; }) &
-done
+build_tree() {  # build_tree DIR JOBS
+  local d=$1 log="$OUT/build_$(basename "$1").log"
+  (cd "$d" && SMLA_NVCC_JOBS=$2 python3 setup.py build_ext --inplace -j "$2" > "$log" 2>&1) \
+    || { echo "BUILD FAIL $(basename "$d")"; grep -m 4 -B 2 -A 4 -E "error|Error" "$log" | cut -c1-300; touch "$d/.build_failed"; }
+}
+if [ -n "${REBUILD:-}" ]; then
+  # Only the CUDA objects named by REBUILD (globs of object names, e.g. "*pair_bf16*") differ between the trees:
+  # this tree is built first, each other tree starts from a copy of its build folder with every other object
+  # marked up to date, so it compiles only those (and relinks).
+  build_tree "$PWD" "$(nproc)"
+  for d in "${trees[@]:1}"; do
+    rm -rf "$d/build" && cp -a "$PWD/build" "$d/build"
+    for g in $REBUILD; do find "$d/build" -name "$g.o" -delete; done
+    find "$d/build" -name '*.o' -exec touch {} + ; find "$d/build" -name nvcc_flags.txt -exec touch {} +
+  done
+  for d in "${trees[@]:1}"; do build_tree "$d" "$J" & done
+else
+  for d in "${trees[@]}"; do build_tree "$d" "$J" & done
+fi
 wait
 grep -ihE "spill|C75" "$OUT"/build_*.log | grep -v " 0 bytes spill" | sort | uniq -c | head -8
 ok=()

@@ -110,6 +110,7 @@ __global__ void __launch_bounds__(kThreads, 1) attn_sm90_kernel(const __grid_con
         setmaxnreg_to<Regs::score>();
         wait_q();
         ScoreWarpgroup<ABL, XO, FAST, SPLIT> wg0(a, c, peer_base);
+        if constexpr (!FP8 && kAllValid) wg0.allv = reinterpret_cast<const uint32_t *>(c.smem + Smem::allv.off);
         wg0.run(c);
         if constexpr (XO) cluster_sync();
         trace(a, kTraceEdge, kTrEpilogue);
