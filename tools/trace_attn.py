@@ -118,12 +118,7 @@ def summarize(t, kernel):
                 out.append(vb - va)
         return out
 
-    rows = {"sm90p": PAIR, "sm90d": DIMS}.get(kernel, WIDE)
-    if kernel == "sm90p" and any(c[PR0][k][e] for c in t for k in range(EDGE) for e in range(5, 10)):
-        # SMLA_SM90P_POLL: every producer warp serves both buffers; buffer 1's events are 5..9 (first warp's)
-        lines.append("producer: one warp serving both buffers (SMLA_SM90P_POLL), buffer 1's events read as 5..9")
-        rows = [(label, *[(PR0, p[1], p[2] + 5) if p[0] == PR1 else p for p in (a, b)]) for label, a, b in rows]
-    for label, a, b in rows:
+    for label, a, b in {"sm90p": PAIR, "sm90d": DIMS}.get(kernel, WIDE):
         vals = [v for k in range(lo, hi) for v in interval(a, b, k)]
         if vals:
             m = sum(vals) / len(vals)

@@ -25,24 +25,11 @@ __device__ __forceinline__ void cp_async16(uint32_t dst, const void *src, int sr
 // to fetch 256 B on a miss (the K rows are 1,152 B: the prefill kernels' K copies; with this, Q read
 // evict_first and O written streaming, the wide bf16 prefill ran 3.6-4.7% faster, issue 16, sixteenth
 // session, benchmarks/README.md).
-#ifndef SMLA_L2_PREFETCH
-#define SMLA_L2_PREFETCH 256  // the L2 fill size cp_async16_hint asks for: 256, 128 or 0 (no prefetch qualifier)
-#endif
 __device__ __forceinline__ void cp_async16_hint(uint32_t dst, const void *src, int src_bytes, uint64_t pol)
 {
-#if SMLA_L2_PREFETCH == 256
     asm volatile("cp.async.cg.shared.global.L2::cache_hint.L2::256B [%0], [%1], 16, %2, %3;\n" ::"r"(dst), "l"(src),
                  "r"(src_bytes), "l"(pol)
                  : "memory");
-#elif SMLA_L2_PREFETCH == 128
-    asm volatile("cp.async.cg.shared.global.L2::cache_hint.L2::128B [%0], [%1], 16, %2, %3;\n" ::"r"(dst), "l"(src),
-                 "r"(src_bytes), "l"(pol)
-                 : "memory");
-#else
-    asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2, %3;\n" ::"r"(dst), "l"(src),
-                 "r"(src_bytes), "l"(pol)
-                 : "memory");
-#endif
 }
 
 __device__ __forceinline__ void cp_async4(uint32_t dst, const void *src, int src_bytes)

@@ -138,9 +138,6 @@ struct ScoreWarpgroup : ConsumerBase<ABL, XO, FAST, SPLIT, 0> {
     // scores keeps creeping up in most tiles). lse = m_r + log2(l) holds for any reference; m_t gives
     // max_logits. Otherwise m_r is the running max itself.
     static constexpr float kMaxSlack = 8.f;
-    // kAllValid (plan.cuh), bf16 only: the producer warps' marks that all rows of a K buffer's tile are valid
-    // (Smem::allv, one byte per warp, set in the kernel); null: the flags are read.
-    const uint32_t *allv = nullptr;
 
     __device__ __forceinline__ ScoreWarpgroup(const Args &a_, const Cta<XO> &cta, uint32_t peer_base_)
         : B(a_, cta, peer_base_)
@@ -193,8 +190,7 @@ struct ScoreWarpgroup : ConsumerBase<ABL, XO, FAST, SPLIT, 0> {
     // Mask, scale and the tile's row maxima over the 64 tokens of K buffer b (sm90/score_tile.cuh).
     __device__ __forceinline__ void mask_scores(const Cta<XO> &c, int b, float (&s)[32], float (&mx)[2]) const
     {
-        const bool all = kAllValid && allv != nullptr && allv[b] == 0x01010101u;
-        sm90::mask_scores(c.sValid + b * kBN, a.scale_log2, t4, m_r, s, mx, all);
+        sm90::mask_scores(c.sValid + b * kBN, a.scale_log2, t4, m_r, s, mx);
     }
 
     // New row maxima, alpha (the factor O is rescaled by), P = 2^(S - m) as the A fragments of the 4

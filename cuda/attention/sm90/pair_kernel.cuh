@@ -67,22 +67,6 @@ namespace attn {
 namespace sm90 {
 namespace pair {
 
-// Two ways to shorten a region's reload (issue 16, nineteenth session; 0 = the code before them):
-// SMLA_SM90P_BLOCK_BARS: a full mbarrier per column block instead of per region; the producer copies a
-//   region block by block and each S k-step waits only for its own block, so S follows the copies as
-//   they land instead of waiting for the whole region.
-// SMLA_SM90P_POLL: the four producer warps share every region of both buffers (4 rows a thread and tile
-//   instead of 8), each warp taking whichever buffer's next region is free (the older one first), so a
-//   region's copies issue twice as fast and no region waits behind the other buffer's.
-#ifndef SMLA_SM90P_BLOCK_BARS
-#define SMLA_SM90P_BLOCK_BARS 0
-#endif
-#ifndef SMLA_SM90P_POLL
-#define SMLA_SM90P_POLL 0
-#endif
-constexpr bool kBlockBars = SMLA_SM90P_BLOCK_BARS != 0, kPoll = SMLA_SM90P_POLL != 0;
-constexpr int kFullBars = kBlockBars ? 18 : 4;  // full barriers: per buffer and column block, or region
-
 // setmaxnreg: the three warpgroups share the launch allocation, 3 x 168 (plan.cuh).
 constexpr int kConsumerRegs = 224, kProducerRegs = 56;
 static_assert(2 * kConsumerRegs + kProducerRegs <= 3 * 168, "the launch allocation: 64K / 384 -> 168");
@@ -95,7 +79,7 @@ struct Smem {
     static constexpr Region q = first_region(kTileBytes);            // Q, 9 column blocks
     static constexpr Region k = region_after(q, 2 * kTileBytes);     // K buffers 0, 1
     static constexpr Region plo = region_after(k, kBlk);             // P_lo of buffer 1's tile (high)
-    static constexpr Region bar = region_after(plo, 8 * (kFullBars + 4));  // full barriers, then empty[b][r]
+    static constexpr Region bar = region_after(plo, 64);             // full[b][r] at 8 (2b + r), empty at 32 + ..
     static constexpr Region valid = region_after(bar, 2 * kBN * 4);  // int [2][64]: row valid, per buffer
     static constexpr Region mrow = region_after(valid, 2 * kHT * 4); // float [2][64]: m0, m1 of the exchange
     static constexpr Region mask = region_after(mrow, kMaskWords * 4);  // the non-empty tiles
@@ -108,24 +92,6 @@ struct Smem {
 };
 
 constexpr int kEarly = 0, kLate = 1;
-
-// The column blocks of each region: buffer 0's early region is blocks 0..3, its late one 4..8; buffer 1's
-// early one 4..8 ("fast") or 4..7, its late one 0..3 (and 8: "high"). Block j of a region is the j-th one
-// loaded and read (kstep()).
-template <bool FAST>
-struct Regions {
-    static constexpr int count(int b, int r) { return ((b == 1 && FAST) == (r == kEarly)) ? 5 : 4; }
-    static constexpr int block(int b, int r, int j)
-    {
-        return b == 0 ? (r == kEarly ? j : 4 + j) : (r == kEarly ? 4 + j : (j < 4 ? j : 8));
-    }
-    static constexpr int region_of(int b, int blk)
-    {
-        return b == 0 ? (blk < 4 ? kEarly : kLate) : ((blk >= 4 && (FAST || blk < 8)) ? kEarly : kLate);
-    }
-    // The full barrier that block blk of buffer b completes: its own, or its region's.
-    static constexpr int full_index(int b, int blk) { return kBlockBars ? 9 * b + blk : 2 * b + region_of(b, blk); }
-};
 
 // Trace events per pair (profiling builds, sm90/trace.cuh). WG0: 0 start, 1 its max published, 2 its
 // local P V issued, 3 WG1's max received, 4 local P V done, 5 P0 published, 6 P1 received, 7 the next
@@ -155,31 +121,25 @@ struct Cta : CtaCommon {
         mask = reinterpret_cast<uint32_t *>(smem + Smem::mask.off);
         sL = reinterpret_cast<double *>(smem + Smem::plo.off);
     }
-    // The full barrier of index i (Regions::full_index; CtaCommon's bar_full is the first) and empty[b][r].
-    __device__ __forceinline__ uint32_t full(int i) const { return bar_full + 8 * i; }
-    __device__ __forceinline__ uint32_t empty(int b, int r) const { return bar_full + 8 * (kFullBars + 2 * b + r); }
+    // full[b][r] and empty[b][r] (CtaCommon's bar_full is the first of the 8)
+    __device__ __forceinline__ uint32_t full(int b, int r) const { return bar_full + 8 * (2 * b + r); }
+    __device__ __forceinline__ uint32_t empty(int b, int r) const { return bar_full + 32 + 8 * (2 * b + r); }
     __device__ __forceinline__ uint32_t kbuf(int b) const { return sK + b * kTileBytes; }
 };
 
 // ------------------------------------------------------------------------------------------------
-// The producer (WG2), after the tile scan. Without kPoll: warps 0, 1 fill K buffer 0 (the first tile of
-// each pair), warps 2, 3 buffer 1 (the second), each buffer's region by region in the order its owners
-// free them (early, late); one buffer's loads never wait for the other buffer's frees. With kPoll: all
-// four warps fill every region of both buffers, each warp on its own taking the older of the two
-// buffers' next regions if it is free, else the other one if that is.
-// Lanes 8 s .. 8 s + 7 copy the 16-byte chunk cl = lane & 7 of each column block of rows kStep i + rg.
+// The producer (WG2), after the tile scan: warps 0, 1 fill K buffer 0 (the first tile of each pair),
+// warps 2, 3 buffer 1 (the second), each buffer's region by region in the order its owners free them
+// (early, late). One buffer's loads never wait for the other buffer's frees.
 // ------------------------------------------------------------------------------------------------
 template <int ABL, bool FAST>
 struct PairProducer {
     static constexpr bool kNoLoad = (ABL & 1) != 0;
-    static constexpr int kPerBuf = kPoll ? 128 : 64;         // threads filling one buffer
-    static constexpr int kStep = kPerBuf / 8, kRows = kBN / kStep;  // rows per thread and tile
-    static constexpr int kFlagWriters = kStep;                // the cl == 0 threads of a buffer
-    using Reg = Regions<FAST>;
+    static constexpr int kRows = 8;  // rows per thread and tile: 64 threads x 8 rows x 1 chunk per block
     const Args &a;
     const Cta &c;
     const KvSource kv;
-    const int buf, rg, cl;  // K buffer (kPoll: both), rows kStep i + rg of each tile, chunk cl of each block
+    const int buf, rg, cl;  // K buffer; rows 8 i + rg of each tile, 16-byte chunk cl of each column block
     const bool hint;
     const uint64_t pol;
 
@@ -189,22 +149,17 @@ struct PairProducer {
     };
 
     __device__ __forceinline__ PairProducer(const Args &a_, const Cta &cta)
-        : a(a_), c(cta), kv(a_), buf(kPoll ? 0 : (cta.tid - 256) >> 6),
-          rg(kPoll ? (cta.tid - 256) >> 3 : ((cta.tid - 256) >> 3) & 7), cl(cta.lane & 7), hint(a_.evict_last != 0),
-          pol(a_.evict_last ? policy_evict_last() : 0)
+        : a(a_), c(cta), kv(a_), buf((cta.tid - 256) >> 6), rg(((cta.tid - 256) >> 3) & 7), cl(cta.lane & 7),
+          hint(a_.evict_last != 0), pol(a_.evict_last ? policy_evict_last() : 0)
     {
     }
-
-    // Trace events (per use of a buffer): 0 start, 1 early region free, 2 its copies issued, 3 late region
-    // free, 4 its copies issued; kPoll: buffer 1's as 5..9 (its warps serve both buffers).
-    static __device__ __forceinline__ int ev(int b, int e) { return kPoll ? e + 5 * b : e; }
 
     // The indices of this thread's rows of slice tile t (nt_all: none, all -1).
     __device__ __forceinline__ void fetch(int t, int (&idx)[kRows]) const
     {
 #pragma unroll
         for (int i = 0; i < kRows; ++i) {
-            const int pos = (c.j0 + t) * kBN + kStep * i + rg;
+            const int pos = (c.j0 + t) * kBN + 8 * i + rg;
             idx[i] = (t < c.nt_all && pos < c.L) ? __ldg(c.idx_row + pos) : -1;
         }
     }
@@ -219,134 +174,74 @@ struct PairProducer {
         }
     }
 
-    // Column block blk of this thread's rows into K buffer B.
-    template <int B>
-    __device__ __forceinline__ void copy_block(const Rows &R, int blk) const
+    // Column blocks [c0, c1) of this thread's rows into this warp pair's K buffer.
+    __device__ __forceinline__ void copy(const Rows &R, int c0, int c1) const
     {
-        const uint32_t kb = c.kbuf(B) + rg * 128 + ((cl ^ (rg & 7)) << 4) + blk * kBlk;  // (kStep i + rg) & 7 = rg & 7
+        const uint32_t kb = c.kbuf(buf) + rg * 128 + ((cl ^ rg) << 4);  // row 8 i + rg: (8 i + rg) & 7 = rg
 #pragma unroll
         for (int i = 0; i < kRows; ++i) {
             const int nb = (((R.ok >> i) & 1u) && !kNoLoad) ? 16 : 0;
-            const uint32_t dst = kb + kStep * i * 128;
-            if (hint) cp_async16_hint(dst, R.src[i] + blk * 128, nb, pol);
-            else cp_async16(dst, R.src[i] + blk * 128, nb);
-        }
-    }
-
-    // Region R of buffer B for its use-th tile, once its owners freed it: the row flags (early region: they go
-    // with its first block, whose full barrier the cl == 0 threads also arrive on plainly, a release), then
-    // the copies, block by block; each full barrier completes once this thread's copies before it landed.
-    template <int B, int R>
-    __device__ __forceinline__ void fill(const Rows &rows, int use) const
-    {
-        trace(a, use, ev(B, R == kEarly ? 1 : 3));
-        if constexpr (R == kEarly) {
-            if (cl == 0) {
+            const uint32_t dst = kb + 8 * i * 128;
 #pragma unroll
-                for (int i = 0; i < kRows; ++i) c.sValid[B * kBN + kStep * i + rg] = (rows.ok >> i) & 1u;
-                mbar_arrive(c.full(Reg::full_index(B, Reg::block(B, R, 0))));
+            for (int c8 = c0; c8 < c1; ++c8) {
+                if (hint) cp_async16_hint(dst + c8 * kBlk, R.src[i] + c8 * 128, nb, pol);
+                else cp_async16(dst + c8 * kBlk, R.src[i] + c8 * 128, nb);
             }
         }
-#pragma unroll
-        for (int j = 0; j < Reg::count(B, R); ++j) {
-            copy_block<B>(rows, Reg::block(B, R, j));
-            if constexpr (kBlockBars) cp_async_mbar_arrive_noinc(c.full(Reg::full_index(B, Reg::block(B, R, j))));
-        }
-        if constexpr (!kBlockBars) cp_async_mbar_arrive_noinc(c.full(Reg::full_index(B, Reg::block(B, R, 0))));
-        trace(a, use, ev(B, R == kEarly ? 2 : 4));
     }
 
-    // The full barriers' arrival counts (thread 0, at the start; FAST is the kernel's).
-    static __device__ __forceinline__ void init_full(const Cta &c)
+    // Region r of the buffer for its use-th tile: wait until its owners freed it, copy, and let the full
+    // barrier's phase complete once this thread's copies landed (each of the 64 threads arrives once).
+    template <int R>
+    __device__ __forceinline__ void region(const Rows &rows, int use) const
     {
+        if (use > 0) mbar_wait(c.empty(buf, R), (use - 1) & 1);
+        trace(a, use, R == kEarly ? 1 : 3);
+        if constexpr (R == kEarly) {  // the row flags go with the early region (its owner reads them); the
+            if (cl == 0) {             // plain arrival (release) orders them, so full(b, early) counts 64 + 8
 #pragma unroll
-        for (int b = 0; b < 2; ++b)
-#pragma unroll
-            for (int blk = 0; blk < 9; ++blk) {
-                if (kBlockBars || Reg::block(b, Reg::region_of(b, blk), 0) == blk)
-                    mbar_init(c.full(Reg::full_index(b, blk)),
-                              kPerBuf + (blk == Reg::block(b, kEarly, 0) ? kFlagWriters : 0));
+                for (int i = 0; i < kRows; ++i) c.sValid[buf * kBN + 8 * i + rg] = (rows.ok >> i) & 1u;
+                mbar_arrive(c.full(buf, R));
             }
+        }
+        // buffer 0: early = blocks 0..3, late = 4..8; buffer 1: early = 4..8 ("fast") or 4..7, late = 0..3
+        // (and 8: "high")
+        if (buf == 0) {
+            if constexpr (R == kEarly) copy(rows, 0, 4);
+            else copy(rows, 4, 9);
+        } else if constexpr (FAST) {
+            if constexpr (R == kEarly) copy(rows, 4, 9);
+            else copy(rows, 0, 4);
+        } else {
+            if constexpr (R == kEarly) {
+                copy(rows, 4, 8);
+            } else {
+                copy(rows, 0, 4);
+                copy(rows, 8, 9);
+            }
+        }
+        cp_async_mbar_arrive_noinc(c.full(buf, R));
+        trace(a, use, R == kEarly ? 2 : 4);
     }
 
-    // Without kPoll: buffer B's tiles (pair k's first or second), region by region.
-    template <int B>
-    __device__ __forceinline__ void run_buffer() const
+    __device__ __forceinline__ void run() const
     {
         const int np = (c.nt + 1) / 2;
         int cur[kRows], nxt[kRows];  // this pair's and the next pair's indices of this buffer's tile
         int t = c.next_tile(0);
-        if (B == 1) t = c.next_tile(t + 1);  // nt_all (an odd count's last pair): a tile of zeros
+        if (buf == 1) t = c.next_tile(t + 1);  // nt_all (an odd count's last pair): a tile of zeros
         fetch(t, cur);
         for (int k = 0; k < np; ++k) {
             t = c.next_tile(c.next_tile(t + 1) + 1);
             fetch(t, nxt);
             Rows rows;
             locate(cur, rows);
-            trace(a, k, ev(B, 0));
-            if (k > 0) mbar_wait(c.empty(B, kEarly), (k - 1) & 1);
-            fill<B, kEarly>(rows, k);
-            if (k > 0) mbar_wait(c.empty(B, kLate), (k - 1) & 1);
-            fill<B, kLate>(rows, k);
+            trace(a, k, 0);
+            region<kEarly>(rows, k);
+            region<kLate>(rows, k);
 #pragma unroll
             for (int i = 0; i < kRows; ++i) cur[i] = nxt[i];
         }
-    }
-
-    // kPoll: whether region r of buffer b is free for use k (the warp's lane 0 decides for the warp); the
-    // older region is waited for a short while, the other one only tested.
-    __device__ __forceinline__ bool is_free(int b, int r, int k, bool older) const
-    {
-        if (k == 0) return true;
-        bool f = false;
-        if (c.lane == 0)
-            f = older ? mbar_try(c.empty(b, r), (k - 1) & 1, 64) : mbar_test(c.empty(b, r), (k - 1) & 1);
-        return __shfl_sync(0xffffffffu, f ? 1 : 0, 0) != 0;
-    }
-    // kPoll: one tile's region of buffer B (ks: its use, rs: its region; cur: the tile's indices, replaced by
-    // the next pair's tile t's once its rows are located).
-    template <int B>
-    __device__ __forceinline__ void step(int &ks, int &rs, int &t, int (&cur)[kRows], Rows &rows) const
-    {
-        if (rs == kEarly) {
-            trace(a, ks, ev(B, 0));
-            locate(cur, rows);
-            t = c.next_tile(c.next_tile(t + 1) + 1);
-            fetch(t, cur);
-            fill<B, kEarly>(rows, ks);
-            rs = kLate;
-        } else {
-            fill<B, kLate>(rows, ks);
-            rs = kEarly;
-            ++ks;
-        }
-    }
-    __device__ __forceinline__ void run_poll() const
-    {
-        const int np = (c.nt + 1) / 2;
-        int t0 = c.next_tile(0), t1 = c.next_tile(t0 + 1);
-        int cur0[kRows], cur1[kRows];
-        fetch(t0, cur0);
-        fetch(t1, cur1);
-        Rows rows0, rows1;
-        int k0 = 0, r0 = kEarly, k1 = 0, r1 = kEarly;
-        while (k0 < np || k1 < np) {
-            const int q0 = k0 < np ? 2 * k0 + r0 : 1 << 30, q1 = k1 < np ? 2 * k1 + r1 : 1 << 30;
-            if (q0 <= q1) {
-                if (is_free(0, r0, k0, true)) step<0>(k0, r0, t0, cur0, rows0);
-                else if (q1 < (1 << 30) && is_free(1, r1, k1, false)) step<1>(k1, r1, t1, cur1, rows1);
-            } else {
-                if (is_free(1, r1, k1, true)) step<1>(k1, r1, t1, cur1, rows1);
-                else if (q0 < (1 << 30) && is_free(0, r0, k0, false)) step<0>(k0, r0, t0, cur0, rows0);
-            }
-        }
-    }
-
-    __device__ __forceinline__ void run() const
-    {
-        if constexpr (kPoll) run_poll();
-        else if (buf == 0) run_buffer<0>();
-        else run_buffer<1>();
         cp_async_wait_all();
     }
 };
@@ -394,36 +289,22 @@ struct PairConsumer {
         named_sync(kBarQ, 256);
     }
 
-    using Reg = Regions<FAST>;
-    // Block blk of buffer b landed (its full barrier: the block's own, or its region's).
-    __device__ __forceinline__ void acquire_block(int b, int blk, int use) const
-    {
-        mbar_wait(c.full(Reg::full_index(b, blk)), use & 1);
-        fence_async_smem();  // the producer's cp.async data, read by wgmma (the async proxy)
-    }
-    // Region r of buffer b landed (kBlockBars: each of its blocks).
     __device__ __forceinline__ void acquire(int b, int r, int use) const
     {
-#pragma unroll
-        for (int j = 0; j < (kBlockBars ? Reg::count(b, r) : 1); ++j) acquire_block(b, Reg::block(b, r, j), use);
+        mbar_wait(c.full(b, r), use & 1);
+        fence_async_smem();  // the producer's cp.async data, read by wgmma (the async proxy)
     }
     __device__ __forceinline__ void release(int b, int r) const { mbar_arrive(c.empty(b, r)); }
 
     // --- S ---------------------------------------------------------------------------------------
-    // d (+)= k-steps i0 .. i1 - 1 (in kstep order) over buffer W's tile (use `use`); kBlockBars: each
-    // block's first k-step waits for that block (else the caller waited for the region).
-    __device__ __forceinline__ void s_chain(float (&d)[32], int i0, int i1, bool add, int use)
+    // d (+)= k-steps i0 .. i1 - 1 (in kstep order) over buffer W's tile.
+    __device__ __forceinline__ void s_chain(float (&d)[32], int i0, int i1, bool add)
     {
         const uint32_t kd = opaque(desc_base(c.kbuf(W), 16)), qd = opaque(desc_base(c.sQ, 16));
-        if constexpr (kBlockBars) acquire_block(W, kstep<W, FAST>(i0) >> 2, use);
         wg_fence();
 #pragma unroll
         for (int i = i0; i < i1; ++i) {
             const int ks = kstep<W, FAST>(i);
-            if (kBlockBars && (ks & 3) == 0 && i > i0) {  // (the chain's first block: waited for before its fence)
-                acquire_block(W, ks >> 2, use);
-                wg_fence();  // the wait's loop may touch registers: ptxas would insert this fence itself (C7519)
-            }
             const uint32_t off = (ks >> 2) * kBlk + (ks & 3) * 32;
             wgmma_n64(d, desc_at(qd, off), desc_at(kd, off), add || i > i0);
         }
@@ -436,19 +317,19 @@ struct PairConsumer {
     // Chain 0 once the early region of use `use` landed.
     __device__ __forceinline__ void s_first(float (&s)[32], int use)
     {
-        if constexpr (!kBlockBars || kNoS) acquire(W, kEarly, use);
-        if constexpr (!kNoS) s_chain(s, 0, kFirst, false, use);
+        acquire(W, kEarly, use);
+        if constexpr (!kNoS) s_chain(s, 0, kFirst, false);
     }
     // The other chains once the late region landed, summed into s in fp32; returns with S complete.
     __device__ __forceinline__ void s_rest(float (&s)[32], int use)
     {
-        if constexpr (!kBlockBars || kNoS) acquire(W, kLate, use);
-        trace(a, use - 1, PairEv<W>::kLate);  // kBlockBars: before the late region's blocks are waited for
+        acquire(W, kLate, use);
+        trace(a, use - 1, PairEv<W>::kLate);
         if constexpr (kNoS) {
 #pragma unroll
             for (int i = 0; i < 32; ++i) s[i] = 0.f;
         } else if constexpr (kSChains == 1) {
-            s_chain(s, kFirst, 36, true, use);
+            s_chain(s, kFirst, 36, true);
             wg_wait0();
             fence_regs(s);
         } else {
@@ -456,7 +337,7 @@ struct PairConsumer {
             constexpr int kStep = (36 - kFirst) / (kSChains > 1 ? kSChains - 1 : 1);
 #pragma unroll
             for (int ch = 0; ch + 1 < kSChains; ++ch) {
-                s_chain(t, kFirst + ch * kStep, kFirst + (ch + 1) * kStep, false, use);
+                s_chain(t, kFirst + ch * kStep, kFirst + (ch + 1) * kStep, false);
                 wg_wait0();
                 fence_regs(s);
                 fence_regs(t);
@@ -781,9 +662,10 @@ __global__ void __launch_bounds__(kThreads, 1) attn_sm90p_kernel(const __grid_co
     trace(a, kTraceEdge, kTrStart);
     pdl_launch_dependents();  // the combine (split mode) may be scheduled; it waits for this grid
     if (c.tid == 0) {
-        PairProducer<ABL, FAST>::init_full(c);  // one buffer's producer threads (+ its flag writers)
-        for (int b = 0; b < 2; ++b)
-            for (int r = 0; r < 2; ++r) mbar_init(c.empty(b, r), 128);  // empty: one consumer warpgroup
+#pragma unroll
+        for (int i = 0; i < 4; ++i)  // full[b][r]: one buffer's 64 producer threads (+ 8 flag writers: early)
+            mbar_init(c.bar_full + 8 * i, (i & 1) == kEarly ? 72 : 64);
+        for (int i = 4; i < 8; ++i) mbar_init(c.bar_full + 8 * i, 128);  // empty: one consumer warpgroup
         fence_mbarrier_init();
     }
     if (c.tid < 256) issue_q<kHT, 256>(a, c, c.h0);

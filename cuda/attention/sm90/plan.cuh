@@ -33,29 +33,16 @@ namespace sm90 {
 #ifndef SMLA_SM90_PERSISTENT
 #define SMLA_SM90_PERSISTENT 0
 #endif
-// Issue 16, nineteenth session (0 = the code before them): the bf16 producers' copies in 512 contiguous bytes
-// of one row per warp instruction (ROW_CONTIG; sm90/producer.cuh), and a tile whose 64 rows are all valid
-// scaled without the per-token mask (ALL_VALID: the wide bf16 producer's warps mark it, score_tile.cuh).
-#ifndef SMLA_SM90_ROW_CONTIG
-#define SMLA_SM90_ROW_CONTIG 0
+// The bf16 wide kernel's two head-tile CTAs of a row (h > 64, no top-k split) are launched as a cluster of 2,
+// so that they run at the same time in one GPC, behind one L2 partition, where the second CTA's gather of the
+// row's K rows finds what the first one's brought in; nothing in the kernel uses the cluster. Measured on an
+// H100 (benchmarks/README.md, "Issue 16, nineteenth session"): h=128 "fast" 1.9-2.0% faster over five
+// alternated pairs at s_kv 32K and 128K (the 32K spread is as wide); the whole CUDA suite passed with it.
+// 0: the CTAs scheduled one by one.
+#ifndef SMLA_SM90_BF16_CLUSTER
+#define SMLA_SM90_BF16_CLUSTER 1
 #endif
-#ifndef SMLA_SM90_ALL_VALID
-#define SMLA_SM90_ALL_VALID 0
-#endif
-constexpr bool kRowContig = SMLA_SM90_ROW_CONTIG != 0, kAllValid = SMLA_SM90_ALL_VALID != 0;
-// The L2 policies of the sixteenth session, separated (nineteenth): Q with evict_first (1) or plain (0); the
-// direct output with st.global.cs (1) or plain stores (0); the K copies' fill size: SMLA_L2_PREFETCH
-// (attention/ptx.cuh). SMLA_SM90_COPY_ROWS: rows per producer warp instruction, 4 (8 lanes x 16 B a row)
-// or 8 (4 lanes, each row's 128-byte block in two instructions of 64 B).
-#ifndef SMLA_Q_EVICT_FIRST
-#define SMLA_Q_EVICT_FIRST 1
-#endif
-#ifndef SMLA_OUT_STREAM
-#define SMLA_OUT_STREAM 1
-#endif
-#ifndef SMLA_SM90_COPY_ROWS
-#define SMLA_SM90_COPY_ROWS 4
-#endif
+constexpr bool kBf16Cluster = SMLA_SM90_BF16_CLUSTER != 0;
 constexpr bool kSpeculate = SMLA_SM90_SPECULATE != 0, kStagedOut = SMLA_SM90_STAGED_OUT != 0;
 constexpr bool kLazyMax = SMLA_SM90_LAZY_MAX != 0, kPersistent = SMLA_SM90_PERSISTENT != 0;
 static_assert(!kLazyMax || kStagedOut, "the lazy max writes max_logits from the true max (finish_half_direct)");
@@ -123,12 +110,10 @@ struct Smem {
     static constexpr Region mask = region_after(row_m, kMaskWords * 4);  // bf16: the non-empty tiles
     // kPersistent: mbarriers q_full, q_empty, scan_full[2], nt_free[2] and int nt[2] (sm90/kernel.cuh)
     static constexpr Region pers = region_after(mask, kPersistent ? 56 : 0);
-    static constexpr Region allv = region_after(pers, 8);  // bf16: uint8 [2][4], tile rows all valid per producer warp
-    static constexpr int used = allv.end();
+    static constexpr int used = pers.end();
     static constexpr int bytes = used + 1024;  // slack to align the base to 1024 B
     static_assert(q.off % 1024 == 0 && k.off % 1024 == 0 && plo.off % 1024 == 0, "swizzled tiles");
     static_assert(bar.off % 8 == 0 && row_l.off % 8 == 0 && pers.off % 8 == 0, "mbarriers and row sums are 8-byte");
-    static_assert(allv.off % 4 == 0, "allv is read as one word per buffer");
     static_assert(bytes <= 227 * 1024, "sm_90 opt-in shared memory per block");
 };
 
@@ -208,8 +193,7 @@ __device__ __forceinline__ void issue_q(const Args &a, const CtaCommon &c, int h
         const bool ok = h0 + r < c.h;
         const uint16_t *src = ok ? smla_q_at(&p, c.bi, c.si, h0 + r, ch * 8) : p.q;  // q or q_pe
         const uint32_t dst = c.sQ + (ch >> 3) * (ROWS * 128) + r * 128 + (((ch & 7) ^ (r & 7)) << 4);
-        if (SMLA_Q_EVICT_FIRST) cp_async16_hint(dst, src, ok ? 16 : 0, pol);
-        else cp_async16(dst, src, ok ? 16 : 0);
+        cp_async16_hint(dst, src, ok ? 16 : 0, pol);
     }
     cp_async_commit();
 }

@@ -115,10 +115,8 @@ __device__ __forceinline__ void skip_empty_tiles(const Args &a, CtaCommon &c, ui
 template <int ABL, int P0 = 256, int PW = 4>
 struct Bf16Producer {
     static constexpr bool kNoLoad = (ABL & 1) != 0;
-    static constexpr int kRpi = SMLA_SM90_COPY_ROWS, kLpr = 32 / kRpi;  // rows per instruction, lanes per row
-    static constexpr int kRows = kBN / PW, kNi = kRows / kRpi;  // rows per warp, kRpi-row steps
-    static_assert((kRpi == 4 || kRpi == 8) && kRows % kRpi == 0, "4 or 8 rows per warp step");
-    static_assert(!kRowContig || kRpi == 4, "the row-contiguous order is written for 4 rows a step");
+    static constexpr int kRows = kBN / PW, kNi = kRows / 4;  // rows per warp, 4-row steps
+    static_assert(kRows % 4 == 0, "4 rows per warp step");
     const Args &a;
     const CtaCommon &c;
     const KvSource kv;
@@ -126,7 +124,7 @@ struct Bf16Producer {
     const uint64_t pol;
 
     __device__ __forceinline__ Bf16Producer(const Args &a_, const CtaCommon &cta)
-        : a(a_), c(cta), kv(a_), pw((cta.tid - P0) >> 5), sub(cta.lane / kLpr), cl(cta.lane % kLpr),
+        : a(a_), c(cta), kv(a_), pw((cta.tid - P0) >> 5), sub(cta.lane >> 3), cl(cta.lane & 7),
           pol(a_.evict_last ? policy_evict_last() : 0)
     {
     }
@@ -136,65 +134,28 @@ struct Bf16Producer {
     {
 #pragma unroll
         for (int i = 0; i < kNi; ++i) {
-            const int pos = (c.j0 + t) * kBN + kRows * pw + kRpi * i + sub;
+            const int pos = (c.j0 + t) * kBN + kRows * pw + 4 * i + sub;
             v[i] = (t < c.nt_all && pos < c.L) ? __ldg(c.idx_row + pos) : -1;
         }
     }
 
-    // The rows of indices idx into K buffer b, one cp.async group, and their row flags. kRowContig: lane
-    // group s of a warp instruction copies column block 4 k + s of one row (512 contiguous bytes per
-    // instruction), the four rows of a step in turn, then block 8 of all four (as many instructions).
-    // kAllValid (the wide kernel's four warps): each warp marks in allv[b] whether all its rows are valid.
+    // The rows of indices idx into K buffer b, one cp.async group, and their row flags.
     __device__ __forceinline__ void issue(int b, const int (&idx)[kNi]) const
     {
         const uint32_t kb = c.sK + b * kTileBytes;
-        bool all = true;
 #pragma unroll
         for (int i = 0; i < kNi; ++i) {
-            const int r = kRows * pw + kRpi * i + sub;
+            const int r = kRows * pw + 4 * i + sub;
             const bool ok = kv.valid(idx[i]);  // -1 past L
             const uint8_t *src = kv.row(idx[i], ok) + cl * 16;
             const int nb = (ok && !kNoLoad) ? 16 : 0;
             const uint32_t dst = kb + r * 128 + ((cl ^ (r & 7)) << 4);
-            if constexpr (kRpi == 8) {  // chunks cl and cl + 4 of each block, in two instructions
 #pragma unroll
-                for (int c8 = 0; c8 < 9; ++c8)
-#pragma unroll
-                    for (int hf = 0; hf < 2; ++hf) {
-                        const uint32_t d = kb + r * 128 + (((cl + 4 * hf) ^ (r & 7)) << 4) + c8 * kBlk;
-                        if (a.evict_last) cp_async16_hint(d, src + c8 * 128 + 64 * hf, nb, pol);
-                        else cp_async16(d, src + c8 * 128 + 64 * hf, nb);
-                    }
-            } else if constexpr (kRowContig) {
-#pragma unroll
-                for (int s = 0; s < 4; ++s) {  // row kRows pw + 4 i + s: its lane group s's pointer
-                    const uint8_t *src_s = reinterpret_cast<const uint8_t *>(
-                        __shfl_sync(0xffffffffu, reinterpret_cast<uintptr_t>(src), 8 * s + cl));
-                    const int nb_s = __shfl_sync(0xffffffffu, nb, 8 * s);
-                    const int r_s = kRows * pw + 4 * i + s;
-                    const uint32_t dst_s = kb + r_s * 128 + ((cl ^ (r_s & 7)) << 4);
-#pragma unroll
-                    for (int k = 0; k < 2; ++k) {
-                        const int c8 = 4 * k + sub;
-                        if (a.evict_last) cp_async16_hint(dst_s + c8 * kBlk, src_s + c8 * 128, nb_s, pol);
-                        else cp_async16(dst_s + c8 * kBlk, src_s + c8 * 128, nb_s);
-                    }
-                }
-                if (a.evict_last) cp_async16_hint(dst + 8 * kBlk, src + 8 * 128, nb, pol);
-                else cp_async16(dst + 8 * kBlk, src + 8 * 128, nb);
-            } else {
-#pragma unroll
-                for (int c8 = 0; c8 < 9; ++c8) {
-                    if (a.evict_last) cp_async16_hint(dst + c8 * kBlk, src + c8 * 128, nb, pol);
-                    else cp_async16(dst + c8 * kBlk, src + c8 * 128, nb);
-                }
+            for (int c8 = 0; c8 < 9; ++c8) {
+                if (a.evict_last) cp_async16_hint(dst + c8 * kBlk, src + c8 * 128, nb, pol);
+                else cp_async16(dst + c8 * kBlk, src + c8 * 128, nb);
             }
             if (cl == 0) c.sValid[b * kBN + r] = ok ? 1 : 0;
-            all = all && ok;
-        }
-        if constexpr (kAllValid && PW == 4) {
-            all = __all_sync(0xffffffffu, all);
-            if (c.lane == 0) c.smem[Smem::allv.off + 4 * b + pw] = all ? 1 : 0;
         }
         cp_async_commit();
     }

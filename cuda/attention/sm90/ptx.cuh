@@ -36,26 +36,6 @@ __device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity)
                      : "memory");
     } while (!done);
 }
-// Whether the phase of the given parity completed, without waiting (test_wait), or after waiting at most
-// about ns nanoseconds (try_wait with a suspend-time hint): a producer that serves two barriers polls them.
-__device__ __forceinline__ bool mbar_test(uint32_t bar, uint32_t parity)
-{
-    uint32_t done;
-    asm volatile("{\n.reg .pred p;\nmbarrier.test_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
-                 : "=r"(done)
-                 : "r"(bar), "r"(parity)
-                 : "memory");
-    return done != 0;
-}
-__device__ __forceinline__ bool mbar_try(uint32_t bar, uint32_t parity, uint32_t ns)
-{
-    uint32_t done;
-    asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2, %3;\nselp.u32 %0, 1, 0, p;\n}\n"
-                 : "=r"(done)
-                 : "r"(bar), "r"(parity), "r"(ns)
-                 : "memory");
-    return done != 0;
-}
 // Cluster (crossover) helpers: the peer CTA's address of a local shared address, stores into the peer's
 // shared memory that complete bytes on its mbarrier, arrivals on the peer's mbarrier, cluster barrier.
 __device__ __forceinline__ uint32_t cluster_rank()

@@ -25,21 +25,11 @@ static_assert(kSChains >= 1 && kSChains <= 3, "S as 1, 2 or 3 chains");
 // Mask (valid: the tile's 64 row flags), scale to the log2 domain, saturate overflow where the
 // thread's maxima and the rows' running maxima m say it matters (attention/softmax.cuh); mx: this
 // thread's row maxima (mask_scale_thread), then reduced over the quad, which holds all 64 tokens of rows
-// r0, r0 + 8 (mask_scores). all: every row of the tile is valid (the same for the whole warpgroup), so no
-// flag is read.
+// r0, r0 + 8 (mask_scores).
 __device__ __forceinline__ void mask_scale_thread(const int *valid, float scale_log2, int t4, const float (&m)[2],
-                                                  float (&s)[32], float (&mx)[2], bool all = false)
+                                                  float (&s)[32], float (&mx)[2])
 {
     mx[0] = mx[1] = -INFINITY;
-    if (all) {
-#pragma unroll
-        for (int i = 0; i < 32; ++i) s[i] *= scale_log2;
-#pragma unroll
-        for (int jn = 0; jn < 8; ++jn) {
-            mx[0] = fmaxf(mx[0], fmaxf(s[4 * jn + 0], s[4 * jn + 1]));
-            mx[1] = fmaxf(mx[1], fmaxf(s[4 * jn + 2], s[4 * jn + 3]));
-        }
-    } else {
 #pragma unroll
     for (int jn = 0; jn < 8; ++jn) {
         const int tok = 8 * jn + 2 * t4;
@@ -50,7 +40,6 @@ __device__ __forceinline__ void mask_scale_thread(const int *valid, float scale_
         s[4 * jn + 3] = ok1 ? s[4 * jn + 3] * scale_log2 : -INFINITY;
         mx[0] = fmaxf(mx[0], fmaxf(s[4 * jn + 0], s[4 * jn + 1]));
         mx[1] = fmaxf(mx[1], fmaxf(s[4 * jn + 2], s[4 * jn + 3]));
-    }
     }
     // overflow (rare): saturate this thread's valid scores when its maxima say so
     if (sat_needed(mx[0], m[0]) || sat_needed(mx[1], m[1])) {
@@ -80,9 +69,9 @@ __device__ __forceinline__ void quad_max(float (&mx)[2])
     }
 }
 __device__ __forceinline__ void mask_scores(const int *valid, float scale_log2, int t4, const float (&m)[2],
-                                            float (&s)[32], float (&mx)[2], bool all = false)
+                                            float (&s)[32], float (&mx)[2])
 {
-    mask_scale_thread(valid, scale_log2, t4, m, s, mx, all);
+    mask_scale_thread(valid, scale_log2, t4, m, s, mx);
     quad_max(mx);
 }
 
@@ -188,8 +177,7 @@ __device__ __forceinline__ void finish_cols_direct(const Args &a, const CtaCommo
         const int row = static_cast<int>(q / kChunks), cc = static_cast<int>(q % kChunks);
         if (h0 + row >= c.h) break;  // rows ascend with k
         const uint4 v = ld_shared_v4(stage + row * 1024 + (((k0 + cc) ^ (row & 7)) << 4));
-        if (SMLA_OUT_STREAM) st_global_cs_v4(out_row + (h0 + row) * p.out_stride_h + 8 * cc, v);  // streaming: O is not read again
-        else *reinterpret_cast<uint4 *>(out_row + (h0 + row) * p.out_stride_h + 8 * cc) = v;
+        st_global_cs_v4(out_row + (h0 + row) * p.out_stride_h + 8 * cc, v);  // streaming: O is not read again
     }
 }
 
