@@ -30,7 +30,7 @@ if [ -n "${REBUILD:-}" ]; then
   build_tree "$PWD" "$(nproc)"
   for d in "${trees[@]:1}"; do
     rm -rf "$d/build" && cp -a "$PWD/build" "$d/build"
-    for g in $REBUILD; do find "$d/build" -name "$g.o" -delete; done
+    (set -f; for g in $REBUILD; do find "$d/build" -name "$g.o" -delete; done)  # set -f: the globs are find's
     find "$d/build" -name '*.o' -exec touch {} + ; find "$d/build" -name nvcc_flags.txt -exec touch {} +
   done
   for d in "${trees[@]:1}"; do build_tree "$d" "$J" & done
