@@ -7,7 +7,10 @@
 //   s_ss : m64n64k16, A (Q) and B (K) from smem: the kernels' S, 4 KB per 32 tensor cycles at peak;
 //   s_rs : m64n64k16, A from registers: S with Q in registers, 2 KB per 32 cycles;
 //   v_rs : m64n256k16, A (P) from registers, B (V) N-major from smem: the local P V, 8 KB per 128 cycles;
-//   v_ss : m64n256k16, A (P) from smem: the remote P V, 10 KB per 128 cycles.
+//   v_ss : m64n256k16, A (P) from smem: the remote P V, 10 KB per 128 cycles;
+//   s32  : m64n32k16, A and B from smem: S of a 32-token tile (a deeper K ring of half-size tiles), 3 KB per
+//          16 tensor cycles, 1.5x the 128 B a cycle shared memory delivers, so bound by it unless it overlaps
+//          a P V product.
 // Prints, per configuration, SM cycles per wgmma of each warpgroup and the tensor pipe's share of its peak
 // (m64nNk16 bf16: N / 2 cycles on one SM, the 989 TFLOP/s dense figure at 1.83 GHz).
 //   nvcc -O3 -std=c++17 -Icsrc -Icuda -gencode=arch=compute_90a,code=sm_90a -o /tmp/wgmma_rate tools/wgmma_rate.cu && /tmp/wgmma_rate
@@ -24,8 +27,10 @@
 
 using namespace attn::sm90;
 
-enum Shape { kNone = 0, kSss = 1, kSrs = 2, kVrs = 3, kVss = 4 };
-static const char *const kNames[] = {"-", "s_ss", "s_rs", "v_rs", "v_ss"};
+enum Shape { kNone = 0, kSss = 1, kSrs = 2, kVrs = 3, kVss = 4, kS32 = 5 };
+static const char *const kNames[] = {"-", "s_ss", "s_rs", "v_rs", "v_ss", "s32"};
+__host__ __device__ constexpr bool is_s(int shape) { return shape == kSss || shape == kSrs || shape == kS32; }
+constexpr double peak_cycles(int shape) { return shape == kS32 ? 16.0 : (is_s(shape) ? 32.0 : 128.0); }
 constexpr int kIters = 2016;  // wgmma per warpgroup: 56 groups of 36 (S) or 504 of 4 (P V)
 constexpr int kBlk = 64 * 128, kRowBytes = 1152, kKvRows = 32768;
 constexpr int kSmem = 200 * 1024;
@@ -53,6 +58,7 @@ struct Cfg {
 template <int SHAPE>
 __device__ void consume(uint32_t base, long long *cycles, float *sink)
 {
+    float d16[16] = {};
     float d32[32] = {};
     float d128[128] = {};
     constexpr int kA = 4;  // distinct A fragments (values from memory: ptxas serialised opaque constants, C7512)
@@ -65,7 +71,7 @@ __device__ void consume(uint32_t base, long long *cycles, float *sink)
     const uint32_t vb = opaque(desc_base(base + 72 * 1024, kBlk));
     __syncwarp();
     const long long t0 = clock64();
-    constexpr int kG = (SHAPE == kSss || SHAPE == kSrs) ? 36 : 4;
+    constexpr int kG = is_s(SHAPE) ? 36 : 4;
 #pragma unroll 1
     for (int it = 0; it < kIters / kG; ++it) {
         wg_fence();
@@ -73,6 +79,7 @@ __device__ void consume(uint32_t base, long long *cycles, float *sink)
         for (int ks = 0; ks < kG; ++ks) {
             const uint32_t off = (ks >> 2) * kBlk + (ks & 3) * 32;
             if constexpr (SHAPE == kSss) wgmma_n64(d32, desc_at(qa, off), desc_at(kb, off), 1);
+            if constexpr (SHAPE == kS32) wgmma_n32(d16, desc_at(qa, off), desc_at(kb, off), 1);
             if constexpr (SHAPE == kSrs) wgmma_n64_rs(d32, a[ks % kA], desc_at(kb, off));
             if constexpr (SHAPE == kVrs) wgmma_n256_rs(d128, a[ks % kA], desc_at(vb, (ks & 3) * 16 * 128));
             if constexpr (SHAPE == kVss) wgmma_n256_tb(d128, desc_at(qa, (ks & 3) * 32), desc_at(vb, (ks & 3) * 16 * 128));
@@ -83,6 +90,8 @@ __device__ void consume(uint32_t base, long long *cycles, float *sink)
     wg_wait0();
     const long long t1 = clock64();
     float s = 0.f;
+#pragma unroll
+    for (int i = 0; i < 16; ++i) s += d16[i];
 #pragma unroll
     for (int i = 0; i < 32; ++i) s += d32[i];
 #pragma unroll
@@ -163,7 +172,7 @@ int run(int producer, int sms, const uint8_t *kv, const int *idx, long long *cyc
         double c = 0.0;
         for (int b = 0; b < sms; ++b) c += static_cast<double>(hc[b * 4 + w]);
         c /= sms;
-        const double per = c / kIters, peak = (shapes[w] == kSss || shapes[w] == kSrs) ? 32.0 : 128.0;
+        const double per = c / kIters, peak = peak_cycles(shapes[w]);
         busy += peak * kIters;
         maxc = c > maxc ? c : maxc;
         std::printf(" wg%d %s %6.1f cyc/wgmma (%5.1f%% of peak alone)", w, kNames[shapes[w]], per, 100.0 * peak / per);
@@ -195,7 +204,7 @@ int main()
     CK(cudaMalloc(&cyc, sms * 4 * sizeof(long long)));
     CK(cudaMalloc(&tiles, sms * sizeof(long long)));
     CK(cudaMalloc(&sink, 4));
-    std::printf("# %d SMs, %d wgmma a warpgroup; cyc/wgmma per warpgroup; peak: m64n64k16 32, m64n256k16 128 cycles\n", sms,
+    std::printf("# %d SMs, %d wgmma a warpgroup; cyc/wgmma per warpgroup; peak: m64n32k16 16, m64n64k16 32, m64n256k16 128 cycles\n", sms,
                 kIters);
     for (int p = 0; p < 2; ++p) {
         if (run<kSss, kNone>(p, sms, kv, idx, cyc, tiles, sink)) return 1;
@@ -208,6 +217,10 @@ int main()
         if (run<kSrs, kVss>(p, sms, kv, idx, cyc, tiles, sink)) return 1;
         if (run<kSss, kVrs>(p, sms, kv, idx, cyc, tiles, sink)) return 1;
         if (run<kSrs, kVrs>(p, sms, kv, idx, cyc, tiles, sink)) return 1;
+        if (run<kS32, kNone>(p, sms, kv, idx, cyc, tiles, sink)) return 1;
+        if (run<kS32, kS32>(p, sms, kv, idx, cyc, tiles, sink)) return 1;
+        if (run<kS32, kVrs>(p, sms, kv, idx, cyc, tiles, sink)) return 1;
+        if (run<kS32, kVss>(p, sms, kv, idx, cyc, tiles, sink)) return 1;
     }
     return 0;
 }
