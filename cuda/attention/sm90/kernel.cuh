@@ -237,9 +237,8 @@ __global__ void __launch_bounds__(kThreads, 1) attn_sm90_persistent_kernel(const
 }
 
 // Launches ablation variant ABL (0: the full kernel) in the call's precision: for fp8 with two head
-// tiles the crossover kernel in clusters of 2, else the plain one (bf16 with two head tiles and no split: in
-// clusters of 2 too, for the L2). The shared-memory attribute of
-// each is set once per device.
+// tiles the crossover kernel in clusters of 2, else the plain one (bf16 with two head tiles and no top-k
+// split: in clusters of 2 too, for the L2). The shared-memory attribute of each is set once per device.
 template <bool FP8, int ABL, bool FAST>
 int launch_variant(Args &a, int64_t grid, cudaStream_t s, int dev, smla_status *st)
 {
@@ -280,8 +279,9 @@ int launch_variant(Args &a, int64_t grid, cudaStream_t s, int dev, smla_status *
     }
     // a fused split decode needs its whole grid resident (a cooperative launch), else the combine kernel merges
     if (a.fused && !(kFuses && resident[xo ? 1 : 0].fits(dev, grid))) a.fused = 0;
-    // bf16 with two head tiles: a row's two CTAs as a cluster, co-scheduled only (SMLA_SM90_BF16_CLUSTER, plan.cuh)
-    const bool pair_ctas = xo || (kBf16Cluster && !FP8 && a.n_ht == 2 && a.n_splits == 1 && !a.fused);
+    // bf16 with two head tiles: a row's two CTAs as a cluster, co-scheduled only (SMLA_SM90_BF16_CLUSTER,
+    // plan.cuh); with one split the grid is (row, head tile) and never fused (that needs 8 splits, launch.cu)
+    const bool pair_ctas = xo || (kBf16Cluster && !FP8 && a.n_ht == 2 && a.n_splits == 1);
     smla_launch_ex((a.fused ? fused : plain)[xo ? 1 : 0], dim3(static_cast<unsigned>(grid)), dim3(kThreads), Smem::bytes,
                    s, pair_ctas ? 2 : 1, a.fused != 0, a);
     SMLA_CUDA_LAUNCH_CHECK(st);
