@@ -3,13 +3,14 @@ wide kernel) or per pair of tiles (the pair kernel): the stage timestamps of cud
 recorded by the first 16 CTAs of one call (h=128, s_q=4096, s_kv=32768, top-k 2048 random, the
 benchmark's case), printed as mean intervals in SM cycles over the steady-state steps. --kernel sm90d:
 the dims kernel's fp8 decode instead (h=16, s_q=1, b=128, 32K tokens a request: the decode benchmark's
-case), per tile of each group of warps (sm90/dims_kernel.cuh, DimsEv). Nsight Compute's
+case), per tile of each group of warps (sm90/dims_kernel.cuh, DimsEv); --kernel sm90n: the narrow kernel's
+prefill (--h 16 or 32), per tile of its consumer and two of its producer warps. Nsight Compute's
 stall samples say which instruction waits; this says what the other warpgroup and the producer were
 doing meanwhile (hand-off latencies, how long a K region takes to land after its copies were issued).
 Needs a profiling build (SMLA_PROFILE_BUILD=1: the timestamps are compiled in only there).
 
     SMLA_PROFILE_BUILD=1 python3 setup.py build_ext --inplace
-    PYTHONPATH=src python3 tools/trace_attn.py [--kernel sm90|sm90p|sm90d] [--precision fast|high] [--h 128]
+    PYTHONPATH=src python3 tools/trace_attn.py [--kernel sm90|sm90p|sm90d|sm90n] [--precision fast|high] [--h 128]
 """
 import argparse
 import os
@@ -88,6 +89,29 @@ DIMS += [(f"producer {p}, {par} tiles: {name}", (slot, 0, a + 3 * odd), (slot, 0
          for name, a, b in (("wait for a free stage", 0, 1), ("issue", 1, 2))]
 DIMS += [(f"producer 0, {par} tiles: stage free -> {g} saw it full", (PR0, 0, 1 + 3 * odd), (slot, 0, 1))
          for odd, par, g, slot in ((0, "even", "G0", WG0), (1, "odd", "G1", WG1))]
+# the narrow kernel (sm90/narrow_kernel.cuh): slot 0 the consumer's first warp, slots 1 and 2 the producers'
+# first and fifth warps (warps 4 and 8 of the CTA; trace.cuh's WG1 and producer slots); step = the tile.
+NPR0, NPR4 = WG1, PR0
+NARROW = [
+    ("consumer tile period (top k -> top k+1)", (WG0, 0, 0), (WG0, 1, 0)),
+    ("consumer wait for K (top -> landed)", (WG0, 0, 0), (WG0, 0, 1)),
+    ("consumer S (landed -> S done)", (WG0, 0, 1), (WG0, 0, 2)),
+    ("consumer mask, softmax, P stored", (WG0, 0, 2), (WG0, 0, 3)),
+    ("consumer P V (+ the buffer handed back)", (WG0, 0, 3), (WG0, 0, 4)),
+    ("consumer loop back (P V done -> next top)", (WG0, 0, 4), (WG0, 1, 0)),
+] + [
+    (f"producer warp {n}: {name}", (slot, 0, a), (slot, 0, b))
+    for n, slot in ((0, NPR0), (4, NPR4))
+    for name, a, b in (("wait for the buffer (top -> free)", 0, 1),
+                       ("issue (free -> issued; block release: its block waits)", 1, 2),
+                       ("landing (issued -> all its copies landed)", 2, 3))
+] + [
+    ("producer warp 0: loop back (landed -> next top)", (NPR0, 0, 3), (NPR0, 1, 0)),
+    ("tile k: producer 0 issued -> consumer saw it landed", (NPR0, 0, 2), (WG0, 0, 1)),
+    ("tile k: producer 0 landed -> consumer saw it landed", (NPR0, 0, 3), (WG0, 0, 1)),
+    ("tile k+2 issued (producer 0) after tile k's S done", (WG0, 0, 2), (NPR0, 2, 2)),
+    ("tile k+2 issued (producer 0) after tile k's P V done", (WG0, 0, 4), (NPR0, 2, 2)),
+]
 EDGES = [
     ("prologue: start -> tile scan done", (WG0, None, 0), (WG0, None, 1)),
     ("epilogue WG0", (WG0, None, 2), (WG0, None, 3)),
@@ -118,7 +142,7 @@ def summarize(t, kernel):
                 out.append(vb - va)
         return out
 
-    for label, a, b in {"sm90p": PAIR, "sm90d": DIMS}.get(kernel, WIDE):
+    for label, a, b in {"sm90p": PAIR, "sm90d": DIMS, "sm90n": NARROW}.get(kernel, WIDE):
         vals = [v for k in range(lo, hi) for v in interval(a, b, k)]
         if vals:
             m = sum(vals) / len(vals)
@@ -135,10 +159,11 @@ def summarize(t, kernel):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--kernel", default="sm90", choices=["sm90", "sm90p", "sm90d"])
+    ap.add_argument("--kernel", default="sm90", choices=["sm90", "sm90p", "sm90d", "sm90n"])
     ap.add_argument("--precision", default="fast", choices=["fast", "high"])
     ap.add_argument("--h", type=int, default=128)
     ap.add_argument("--s-kv", type=int, default=32768)
+    ap.add_argument("--ablate", type=int, default=0, help="the ablation variant traced (SMLA_ATTN_ABLATE; 0: the full kernel)")
     args = ap.parse_args()
     gpu = open_gpu("trace_attn", args.kernel)
     if gpu is None:
@@ -169,6 +194,7 @@ def main():
         def call():
             return smla.sparse_mla_prefill(q, kv, idx, softmax_scale=bp.SCALE, precision=args.precision)
 
+    os.environ["SMLA_ATTN_ABLATE"] = str(args.ablate)
     call()
     torch.cuda.synchronize()
     os.environ["SMLA_ATTN_TRACE"] = str(buf.data_ptr())
@@ -182,7 +208,7 @@ def main():
     if not lines:
         print("nothing recorded")
         return 1
-    print(f"# kernel {args.kernel}, {case}, {args.precision}; " + lines[0])
+    print(f"# kernel {args.kernel}, {case}, {args.precision}, ablation {args.ablate}; " + lines[0])
     print("\n".join(lines[1:]))
     return 0
 

@@ -30,7 +30,7 @@
 //   pairs from all CTAs' partials (attention/combine.cuh); no combine kernel follows.
 // FAST: precision="fast" (P rounded to bf16, one P V MMA per k-step).
 // ABL != 0 only in profiling builds (sm90/kernel.cuh's bits): 1 no K loads, 2 no S wgmma, 4 no P V
-// wgmma, 8 no dequant, 16 no P_lo V wgmma.
+// wgmma, 8 no dequant, 16 no P_lo V wgmma, 64 no block release (bf16).
 #pragma once
 #include "attention/combine.cuh"
 #include "attention/epilogue.cuh"
@@ -65,8 +65,10 @@ struct ConsumerKind {
 };
 
 // The consumer warpgroup: the per-head softmax state and its rules (sm90/narrow_softmax.cuh), the two
-// MMAs over the K buffers and the epilogue.
-template <class C, int ABL, bool FAST>
+// MMAs over the K buffers and the epilogue. BR: the bf16 block release (narrow_plan.cuh), each K buffer
+// handed back column block by column block: block 8 once S^T is done, block mt once O^T m-tile mt's P V
+// products are (they run m-tile by m-tile, one commit group each).
+template <class C, int ABL, bool FAST, bool BR>
 struct Consumer : HeadSoftmax<C::NH, ConsumerKind<C, ABL, FAST>::kNoLo, ConsumerKind<C, ABL, FAST>::NO> {
     using Base = HeadSoftmax<C::NH, ConsumerKind<C, ABL, FAST>::kNoLo, ConsumerKind<C, ABL, FAST>::NO>;
     using Base::o, Base::m_r, Base::l_r, Base::w, Base::g, Base::t4, Base::head;
@@ -109,9 +111,11 @@ struct Consumer : HeadSoftmax<C::NH, ConsumerKind<C, ABL, FAST>::kNoLo, Consumer
 
     // O^T += V^T P^T over the 4 k-steps of buffer kb: m-tile mt is column block mt of the tile read
     // M-major (k-step kk: token rows 16 kk ..).
-    __device__ __forceinline__ void pv(const Cta<C> &c, uint32_t kb)
+    __device__ __forceinline__ void pv(const Cta<C> &c, uint32_t kb, int b)
     {
-        if constexpr (!kNoPV) {
+        if constexpr (BR) {
+            pv_blocks(c, kb, b);
+        } else if constexpr (!kNoPV) {
             const uint32_t pd = opaque(desc_base(c.sP, 16)), vd = opaque(desc_base(kb, kBlk));
             wg_fence();
 #pragma unroll
@@ -132,6 +136,49 @@ struct Consumer : HeadSoftmax<C::NH, ConsumerKind<C, ABL, FAST>::kNoLo, Consumer
         }
     }
 
+    // BR: one warp's arrival (lane 0, once all its lanes are past their wgmma wait) on the empty barrier of
+    // column block c8 of K buffer b.
+    __device__ __forceinline__ void release_block(const Cta<C> &c, int b, int c8) const
+    {
+        __syncwarp();
+        if ((threadIdx.x & 31) == 0) mbar_arrive(c.bar_blk + 8 * (9 * b + c8));
+    }
+    // BR: m-tile MT's group done (at most 7 - MT groups pending) -> its V^T block back; then the next.
+    template <int MT>
+    __device__ __forceinline__ void release_pv(const Cta<C> &c, int b) const
+    {
+        wg_wait_n<7 - MT>();
+        release_block(c, b, MT);
+        if constexpr (MT < 7) release_pv<MT + 1>(c, b);
+    }
+    // BR: O^T += V^T P^T m-tile by m-tile (each its 4 k-steps, one commit group), every V^T block handed
+    // back as soon as its products are done.
+    __device__ __forceinline__ void pv_blocks(const Cta<C> &c, uint32_t kb, int b)
+    {
+        if constexpr (kNoPV) {
+#pragma unroll
+            for (int mt = 0; mt < 8; ++mt) release_block(c, b, mt);
+        } else {
+            const uint32_t pd = opaque(desc_base(c.sP, 16)), vd = opaque(desc_base(kb, kBlk));
+            wg_fence();
+#pragma unroll
+            for (int mt = 0; mt < 8; ++mt) {
+#pragma unroll
+                for (int kk = 0; kk < 4; ++kk) {
+                    const uint64_t dh = desc_at(pd, kk * 32);
+                    const uint64_t dl = desc_at(pd, C::kPBytes + kk * 32);
+                    const uint64_t dv = desc_at(vd, mt * kBlk + kk * 16 * 128);
+                    wgmma_ss<1>(o[mt], dv, dh, 1);  // kStack: n32, the rows of dh are P_hi^T then P_lo^T
+                    if constexpr (!kNoLo && !kStack) wgmma_ss<1>(o[mt], dv, dl, 1);
+                }
+                wg_commit();
+            }
+            release_pv<0>(c, b);
+#pragma unroll
+            for (int mt = 0; mt < 8; ++mt) fence_regs(o[mt]);
+        }
+    }
+
     __device__ __forceinline__ void run(const Cta<C> &c)
     {
 #pragma unroll 1
@@ -139,15 +186,21 @@ struct Consumer : HeadSoftmax<C::NH, ConsumerKind<C, ABL, FAST>::kNoLo, Consumer
             const int b = it & 1;
             const uint32_t kb = c.sK + b * kTileBytes;
             float s[NS], mx[NL];
+            trace(a, it, 0);
             mbar_wait(c.bar_full + 8 * b, (it >> 1) & 1);
+            trace(a, it, 1);
             scores(c, kb, s);
+            if constexpr (BR) release_block(c, b, 8);  // the rope dims: S only
+            trace(a, it, 2);
             const int tok = 16 * w + g;
             const bool ok0 = c.sValid[b * kBN + tok] != 0, ok1 = c.sValid[b * kBN + tok + 8] != 0;
             // the red parity of this tile: the other one is still being read by slower warps
             Base::tile_max(s, mx, ok0, ok1, a.scale_log2, c.sRed + (it & 1) * 4 * NH, kBarRed);
             Base::softmax(s, mx, c.sP, kBarP);
-            pv(c, kb);
-            mbar_arrive(c.bar_empty + 8 * b);
+            trace(a, it, 3);
+            pv(c, kb, b);
+            trace(a, it, 4);
+            if constexpr (!BR) mbar_arrive(c.bar_empty + 8 * b);
         }
     }
 
@@ -192,6 +245,7 @@ namespace {
 template <class C, bool FP8, int ABL, bool FAST, bool FUSED>
 __global__ void __launch_bounds__(C::kThreads, 1) attn_sm90n_kernel(const __grid_constant__ Args a)
 {
+    constexpr bool BR = !FP8 && SMLA_NARROW_BLOCK_RELEASE != 0 && (ABL & 64) == 0;
     pdl_wait();  // before any global access: the stream's previous kernel is complete (common.cuh)
     extern __shared__ uint8_t smem_raw[];
     const Cta<C> c(a, smem_raw);
@@ -202,6 +256,9 @@ __global__ void __launch_bounds__(C::kThreads, 1) attn_sm90n_kernel(const __grid
         mbar_init(c.bar_full + 8, 32 * C::kPW);
         mbar_init(c.bar_empty, 128);
         mbar_init(c.bar_empty + 8, 128);
+        if constexpr (BR) {
+            for (int i = 0; i < 18; ++i) mbar_init(c.bar_blk + 8 * i, 4);
+        }
         fence_mbarrier_init();
     }
     __syncthreads();
@@ -209,17 +266,20 @@ __global__ void __launch_bounds__(C::kThreads, 1) attn_sm90n_kernel(const __grid
     if (c.tid >= C::kP0) {
         setmaxnreg_dec<kProducerRegs>();
         if constexpr (FP8) Fp8Producer<ABL, false, C::kP0, C::kPW>(a, c, 0u, 0u).run();
-        else Bf16Producer<ABL, C::kP0, C::kPW>(a, c).run(false);
+        else Bf16Producer<ABL, C::kP0, C::kPW, BR>(a, c, c.bar_blk).run(false);
         if constexpr (FUSED) combine_grid_sync();  // every thread takes part in the grid's barrier
         return;
     }
     setmaxnreg_inc<kConsumerRegs>();
-    Consumer<C, ABL, FAST> wg(a, c);
+    Consumer<C, ABL, FAST, BR> wg(a, c);
+    trace(a, kTraceEdge, kTrStart);
     if (c.nt > 0) {
         load_q(a, c);
         wg.run(c);
     }
+    trace(a, kTraceEdge, kTrEpilogue);
     wg.epilogue(c);
+    trace(a, kTraceEdge, kTrEnd);
     if constexpr (FUSED) {  // fused split decode: WG0 merges its share of the pairs (attention/combine.cuh)
         combine_grid_sync();
         combine_share(a, blockIdx.x, gridDim.x, c.tid);

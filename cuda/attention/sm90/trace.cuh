@@ -1,4 +1,4 @@
-// Stage timestamps of the sm90 bf16 kernels (the wide and the pair kernel), profiling builds only
+// Stage timestamps of the sm90 kernels (the wide, pair, narrow and dims kernels), profiling builds only
 // (SMLA_PROFILE_BUILD=1 -> SMLA_ATTN_ABLATION): where Nsight Compute's stall samples say which
 // instruction waits, this says when, per tile, each warpgroup passes each point of its schedule, so the
 // waits of one warpgroup can be matched with what the other (or the producer) was doing meanwhile.
