@@ -89,26 +89,9 @@ DIMS += [(f"producer {p}, {par} tiles: {name}", (slot, 0, a + 3 * odd), (slot, 0
          for name, a, b in (("wait for a free stage", 0, 1), ("issue", 1, 2))]
 DIMS += [(f"producer 0, {par} tiles: stage free -> {g} saw it full", (PR0, 0, 1 + 3 * odd), (slot, 0, 1))
          for odd, par, g, slot in ((0, "even", "G0", WG0), (1, "odd", "G1", WG1))]
-# the narrow kernel (sm90/narrow_kernel.cuh), step = the tile. One consumer warpgroup (fp8, or bf16 built
-# with SMLA_NARROW_BF16_CONSUMERS=1): slot 0 the consumer's first warp, slots 1 and 2 the producers' first and
-# fifth warps (warps 4 and 8 of the CTA; trace.cuh's WG1 and producer slots). Two (bf16): slots 0 and 1 the
-# consumers' first warps (WG0: even tiles, WG1: odd), slot 2 the producer's first warp.
+# the narrow kernel (sm90/narrow_kernel.cuh): slot 0 the consumer's first warp, slots 1 and 2 the producers'
+# first and fifth warps (warps 4 and 8 of the CTA; trace.cuh's WG1 and producer slots); step = the tile.
 NPR0, NPR4 = WG1, PR0
-NARROW2 = [row for name, slot in (("WG0", WG0), ("WG1", WG1)) for row in [
-    (f"{name} period (its tile k -> its tile k+2)", (slot, 0, 0), (slot, 2, 0)),
-    (f"{name} wait for K (top -> landed)", (slot, 0, 0), (slot, 0, 1)),
-    (f"{name} S (landed -> S done)", (slot, 0, 1), (slot, 0, 2)),
-    (f"{name} mask, softmax, P stored", (slot, 0, 2), (slot, 0, 3)),
-    (f"{name} P V (+ the buffer handed back)", (slot, 0, 3), (slot, 0, 4)),
-    (f"{name} loop back (P V done -> its next top)", (slot, 0, 4), (slot, 2, 0))]] + [
-    ("WG1's tile k+1 landed after WG0's tile k landed", (WG0, 0, 1), (WG1, 1, 1)),
-    ("producer warp 0: wait for the buffer (top -> free)", (PR0, 0, 0), (PR0, 0, 1)),
-    ("producer warp 0: issue (free -> issued; its block waits)", (PR0, 0, 1), (PR0, 0, 2)),
-    ("producer warp 0: landing (issued -> all its copies landed)", (PR0, 0, 2), (PR0, 0, 3)),
-    ("producer warp 0: loop back (landed -> next top)", (PR0, 0, 3), (PR0, 1, 0)),
-    ("tile k (WG0's): producer 0 issued -> WG0 saw it landed", (PR0, 0, 2), (WG0, 0, 1)),
-    ("tile k (WG1's): producer 0 issued -> WG1 saw it landed", (PR0, 0, 2), (WG1, 0, 1)),
-]
 NARROW = [
     ("consumer tile period (top k -> top k+1)", (WG0, 0, 0), (WG0, 1, 0)),
     ("consumer wait for K (top -> landed)", (WG0, 0, 0), (WG0, 0, 1)),
@@ -159,7 +142,7 @@ def summarize(t, kernel):
                 out.append(vb - va)
         return out
 
-    for label, a, b in {"sm90p": PAIR, "sm90d": DIMS, "sm90n": NARROW, "sm90n2": NARROW2}.get(kernel, WIDE):
+    for label, a, b in {"sm90p": PAIR, "sm90d": DIMS, "sm90n": NARROW}.get(kernel, WIDE):
         vals = [v for k in range(lo, hi) for v in interval(a, b, k)]
         if vals:
             m = sum(vals) / len(vals)
@@ -180,8 +163,6 @@ def main():
     ap.add_argument("--precision", default="fast", choices=["fast", "high"])
     ap.add_argument("--h", type=int, default=128)
     ap.add_argument("--s-kv", type=int, default=32768)
-    ap.add_argument("--consumers", type=int, default=2, choices=[1, 2],
-                    help="sm90n: the build's consumer warpgroups over bf16 (SMLA_NARROW_BF16_CONSUMERS)")
     ap.add_argument("--ablate", type=int, default=0, help="the ablation variant traced (SMLA_ATTN_ABLATE; 0: the full kernel)")
     args = ap.parse_args()
     gpu = open_gpu("trace_attn", args.kernel)
@@ -223,7 +204,7 @@ def main():
     finally:
         del os.environ["SMLA_ATTN_TRACE"]
     t = buf.view(CTAS, SLOTS, STEPS, EVENTS).cpu().tolist()
-    lines = summarize(t, "sm90n2" if args.kernel == "sm90n" and args.consumers == 2 else args.kernel)
+    lines = summarize(t, args.kernel)
     if not lines:
         print("nothing recorded")
         return 1

@@ -7,26 +7,24 @@
 //   S^T [64 tokens x NH heads] = K [64 x 576] Q^T        (wgmma m64nNHk16, A = K tile K-major, B = Q)
 //   O^T [512 dims x NH heads] += V^T [512 x 64] P^T      (8 x m64nNHk16 per k-step, A = the K tile read
 //                                                          M-major, B = P^T stored by the softmax)
-// so the MMA work is proportional to h. (What bounds it, measured: benchmarks/README.md, "Small head
-// counts".)
+// so the MMA work is proportional to h. (What bounds it instead, measured: benchmarks/README.md, "Small
+// head counts": the producers' per-tile work, not yet the cache reads.)
 //
-// CTA = one query row x all heads (NH = 16 or 32, rows past h are zero) x one top-k split, 384 threads
-// (narrow_plan.cuh, Cfg): NC consumer warpgroups (NC = 2 over a bf16 cache: alternate tiles, so one's
-// softmax runs beside the other's MMAs; 1 over fp8) and the producer warps (sm90/producer.cuh: fp8, 8
-// warps, a whole tile of rows in flight in registers; bf16, 4 or 8 warps of cp.async, the block release).
-//   A consumer warpgroup, per K tile of its own:
+// CTA = one query row x all heads (NH = 16 or 32, rows past h are zero) x one top-k split, 384 threads:
+//   WG1, WG2, the producers (setmaxnreg kProducerRegs; sm90/producer.cuh with 8 warps): fill the two K
+//     buffers as in the wide kernel, a whole tile of fp8 rows in flight in registers.
+//   WG0, the consumer (setmaxnreg kConsumerRegs), per K tile:
 //     acquire : wait until the producers filled the buffer;
-//     scores  : S^T in 3 chains of 12 k-steps summed in fp32 (the wide kernel's accuracy rule); (bf16)
-//               column block 8 handed back;
+//     scores  : S^T in 3 chains of 12 k-steps summed in fp32 (the wide kernel's accuracy rule);
 //     softmax : mask and scale (log2 domain), overflow saturated, each head's tile maximum over the
-//               column's 64 tokens (in-warp shuffles, then the 4 warps through smem: bar_red), alpha,
+//               column's 64 tokens (in-warp shuffles, then the 4 warps through smem: kBarRed), alpha,
 //               P = 2^(S - m), row sums per thread in double; P^T stored as bf16 (high: P_hi and P_lo,
-//               split_bf16x2) for all 4 warps' wgmma (bar_p); O^T rescaled by alpha;
+//               split_bf16x2) for all 4 warps' wgmma (kBarP); O^T rescaled by alpha;
 //     pv      : O^T += V^T P^T (high: + V^T P_lo^T; at NH = 16 one m64n32k16 per V^T block, P_hi^T and
 //               P_lo^T stacked as its 32 B rows, so V^T is read from shared memory once: kStack);
-//     release : hand the buffer back (bf16: each V^T block as soon as its products are done).
-//   Then the epilogue: row sums across the warps (kBarE), the warpgroups' partial rows merged, O^T staged
-//   transposed in smem, and each warp writes whole head rows (finish_row, attention/epilogue.cuh).
+//     release : hand the buffer back.
+//   Then the epilogue: row sums across the warps (kBarE), O^T staged transposed in smem, and each warp
+//   writes whole head rows (finish_row, attention/epilogue.cuh).
 //   FUSED (a fused split decode, a cooperative launch; its own instantiation): then every thread meets at a
 //   grid-wide barrier (the producers too, instead of leaving), and WG0 merges its share of the (row, head)
 //   pairs from all CTAs' partials (attention/combine.cuh); no combine kernel follows.
@@ -46,14 +44,14 @@ namespace attn {
 namespace sm90 {
 namespace narrow {
 
-// Q [NH heads x 576] into its column blocks (heads past h zero), issued and waited for by the consumers.
+// Q [NH heads x 576] into its column blocks (heads past h zero), issued and waited for by the consumer.
 template <class C>
 __device__ __forceinline__ void load_q(const Args &a, const Cta<C> &c)
 {
-    issue_q<C::NH, 128 * C::NC>(a, c, 0);
+    issue_q<C::NH, 128>(a, c, 0);
     cp_async_wait_all();
     fence_async_smem();
-    named_sync(kBarQ, 128 * C::NC);
+    named_sync(kBarQ, 128);
 }
 
 // Whether the narrow consumer stacks P_hi^T and P_lo^T ("high" at NH = 16: P_hi^T and P_lo^T, rows 16..
@@ -66,13 +64,11 @@ struct ConsumerKind {
     static constexpr int NO = kStack ? C::NH : C::NH / 2;
 };
 
-// A consumer warpgroup (CW of C::NC: tiles CW, CW + NC, ..; a template argument, as everything derived
-// from a run-time warpgroup index cost the NH = 32 consumer 48 spilled registers): the per-head softmax state and its rules
-// (sm90/narrow_softmax.cuh), the two MMAs over the K buffers and the epilogue (with NC = 2 the two
-// warpgroups' partial rows merge there). BR: the bf16 block release (narrow_plan.cuh), each K buffer
+// The consumer warpgroup: the per-head softmax state and its rules (sm90/narrow_softmax.cuh), the two
+// MMAs over the K buffers and the epilogue. BR: the bf16 block release (narrow_plan.cuh), each K buffer
 // handed back column block by column block: block 8 once S^T is done, block mt once O^T m-tile mt's P V
 // products are (they run m-tile by m-tile, one commit group each).
-template <class C, int ABL, bool FAST, bool BR, int CW>
+template <class C, int ABL, bool FAST, bool BR>
 struct Consumer : HeadSoftmax<C::NH, ConsumerKind<C, ABL, FAST>::kNoLo, ConsumerKind<C, ABL, FAST>::NO> {
     using Base = HeadSoftmax<C::NH, ConsumerKind<C, ABL, FAST>::kNoLo, ConsumerKind<C, ABL, FAST>::NO>;
     using Base::o, Base::m_r, Base::l_r, Base::w, Base::g, Base::t4, Base::head;
@@ -81,12 +77,8 @@ struct Consumer : HeadSoftmax<C::NH, ConsumerKind<C, ABL, FAST>::kNoLo, Consumer
     static constexpr bool kNoLo = ConsumerKind<C, ABL, FAST>::kNoLo, kStack = ConsumerKind<C, ABL, FAST>::kStack;
 
     const Args &a;
-    static constexpr int cw = CW;  // this consumer warpgroup
 
     __device__ __forceinline__ Consumer(const Args &a_, const Cta<C> &c) : Base(c.tid), a(a_) {}
-    // Its P^T tiles (P_hi, P_lo) and its per-warp tile maxima [2][4][NH].
-    __device__ __forceinline__ static uint32_t sP(const Cta<C> &c) { return c.sP + cw * 2 * C::kPBytes; }
-    __device__ __forceinline__ static float *sRed(const Cta<C> &c) { return c.sRed + cw * 2 * 4 * NH; }
 
     // S^T of K buffer kb: k-step kk reads K columns 16 kk.. (A) and Q columns 16 kk.. (B); chains of 12
     // k-steps into t0, t1, t2, summed (t0 + t1) + t2 as the wide kernel does.
@@ -124,7 +116,7 @@ struct Consumer : HeadSoftmax<C::NH, ConsumerKind<C, ABL, FAST>::kNoLo, Consumer
         if constexpr (BR) {
             pv_blocks(c, kb, b);
         } else if constexpr (!kNoPV) {
-            const uint32_t pd = opaque(desc_base(sP(c), 16)), vd = opaque(desc_base(kb, kBlk));
+            const uint32_t pd = opaque(desc_base(c.sP, 16)), vd = opaque(desc_base(kb, kBlk));
             wg_fence();
 #pragma unroll
             for (int kk = 0; kk < 4; ++kk) {
@@ -167,7 +159,7 @@ struct Consumer : HeadSoftmax<C::NH, ConsumerKind<C, ABL, FAST>::kNoLo, Consumer
 #pragma unroll
             for (int mt = 0; mt < 8; ++mt) release_block(c, b, mt);
         } else {
-            const uint32_t pd = opaque(desc_base(sP(c), 16)), vd = opaque(desc_base(kb, kBlk));
+            const uint32_t pd = opaque(desc_base(c.sP, 16)), vd = opaque(desc_base(kb, kBlk));
             wg_fence();
 #pragma unroll
             for (int mt = 0; mt < 8; ++mt) {
@@ -187,26 +179,24 @@ struct Consumer : HeadSoftmax<C::NH, ConsumerKind<C, ABL, FAST>::kNoLo, Consumer
         }
     }
 
-    // This warpgroup's tiles (with NC = 2 tile it = CW + 2 u is always K buffer CW, its use u).
     __device__ __forceinline__ void run(const Cta<C> &c)
     {
 #pragma unroll 1
-        for (int it = cw, u = 0; it < c.nt; it += C::NC, ++u) {
-            const int b = C::NC == 1 ? it & 1 : cw;
-            const int use = C::NC == 1 ? it >> 1 : u;  // of buffer b
+        for (int it = 0; it < c.nt; ++it) {
+            const int b = it & 1;
             const uint32_t kb = c.sK + b * kTileBytes;
             float s[NS], mx[NL];
             trace(a, it, 0);
-            mbar_wait(c.bar_full + 8 * b, use & 1);
+            mbar_wait(c.bar_full + 8 * b, (it >> 1) & 1);
             trace(a, it, 1);
             scores(c, kb, s);
             if constexpr (BR) release_block(c, b, 8);  // the rope dims: S only
             trace(a, it, 2);
             const int tok = 16 * w + g;
             const bool ok0 = c.sValid[b * kBN + tok] != 0, ok1 = c.sValid[b * kBN + tok + 8] != 0;
-            // the red parity of this warpgroup's tile: the other one is still being read by slower warps
-            Base::tile_max(s, mx, ok0, ok1, a.scale_log2, sRed(c) + ((C::NC == 1 ? it : u) & 1) * 4 * NH, bar_red(cw));
-            Base::softmax(s, mx, sP(c), bar_p(cw));
+            // the red parity of this tile: the other one is still being read by slower warps
+            Base::tile_max(s, mx, ok0, ok1, a.scale_log2, c.sRed + (it & 1) * 4 * NH, kBarRed);
+            Base::softmax(s, mx, c.sP, kBarP);
             trace(a, it, 3);
             pv(c, kb, b);
             trace(a, it, 4);
@@ -214,71 +204,36 @@ struct Consumer : HeadSoftmax<C::NH, ConsumerKind<C, ABL, FAST>::kNoLo, Consumer
         }
     }
 
-    // Consumer k's weight for head hd in the merged row: 2^(m_k - m) with m the larger maximum (an empty
-    // partial, m_k = -inf, weighs 0); 1 with one consumer.
-    __device__ __forceinline__ float weight(const Cta<C> &c, int k, int hd) const
-    {
-        if constexpr (C::NC == 1) {
-            return 1.f;
-        } else {
-            const float mk = c.sM[k * NH + hd], mo = c.sM[(k ^ 1) * NH + hd];
-            return mk == -INFINITY ? 0.f : ex2(mk - fmaxf(mk, mo));
-        }
-    }
-
-    // Row sums across the threads of each head; O^T staged as O [NH][kOStride] floats (NC = 2: each
-    // warpgroup's partial weighed by weight(), warpgroup 0 writing, then 1 adding); then consumer warp
-    // 4 cw + w writes heads 4 cw + w, + 4 NC, ... (lane: columns 64 (lane >> 2) + 2 (lane & 3) + 8 i).
+    // Row sums across the threads of each head, O^T staged as O [NH][kOStride] floats, then warp w
+    // writes heads w, w + 4, ... (lane: columns 64 (lane >> 2) + 2 (lane & 3) + 8 i).
     __device__ __forceinline__ void epilogue(const Cta<C> &c)
     {
-        constexpr int NC = C::NC, NT = 128 * NC;
         Base::warp_sums();
-        named_sync(kBarE, NT);  // every warp's last wgmma is done with the K buffers the output goes to
+        named_sync(kBarE, 128);  // every warp's last wgmma is done with the K buffers the output goes to
         if (g == 0) {
 #pragma unroll
             for (int hl = 0; hl < NL; ++hl) {
-                c.sLsum[(cw * 4 + w) * NH + head(hl)] = l_r[hl];
-                if (w == 0) c.sM[cw * NH + head(hl)] = m_r[hl];
+                c.sLsum[w * NH + head(hl)] = l_r[hl];
+                if (w == 0) c.sM[head(hl)] = m_r[hl];
             }
         }
-        if constexpr (NC > 1) named_sync(kBarE, NT);  // both warpgroups' maxima
-        float f[NL];
 #pragma unroll
-        for (int hl = 0; hl < NL; ++hl) f[hl] = weight(c, cw, head(hl));
+        for (int mt = 0; mt < 8; ++mt)
 #pragma unroll
-        for (int k = 0; k < NC; ++k) {
-            if (cw == k) {
-#pragma unroll
-                for (int mt = 0; mt < 8; ++mt)
-#pragma unroll
-                    for (int i = 0; i < NS; ++i) {
-                        const int hd = 8 * (i >> 2) + 2 * t4 + (i & 1);
-                        const int dim = 64 * mt + 16 * w + g + 8 * ((i >> 1) & 1);
-                        float *dst = c.sO + hd * C::kOStride + dim;
-                        float v = kStack ? o[mt][i] + o[mt][i + NS] : o[mt][i];
-                        if constexpr (NC > 1) v *= f[2 * (i >> 2) + (i & 1)];
-                        *dst = k == 0 ? v : *dst + v;
-                    }
+            for (int i = 0; i < NS; ++i) {
+                const int hd = 8 * (i >> 2) + 2 * t4 + (i & 1);
+                const int dim = 64 * mt + 16 * w + g + 8 * ((i >> 1) & 1);
+                c.sO[hd * C::kOStride + dim] = kStack ? o[mt][i] + o[mt][i + NS] : o[mt][i];
             }
-            named_sync(kBarE, NT);
-        }
+        named_sync(kBarE, 128);
         const int lane = 4 * g + t4;
         const bool split = a.n_splits > 1;
         const int col0 = 64 * (lane >> 2) + 2 * (lane & 3);
-        for (int hd = 4 * cw + w; hd < NH && hd < c.h; hd += 4 * NC) {
-            auto lsum = [&](int k) {  // consumer k's row sum of head hd
-                const double *ls = c.sLsum + k * 4 * NH + hd;
-                return ls[0] + ls[NH] + ls[2 * NH] + ls[3 * NH];
-            };
-            double l = lsum(0);
-            float m = c.sM[hd];
-            if constexpr (NC > 1) {
-                l = static_cast<double>(weight(c, 0, hd)) * l + static_cast<double>(weight(c, 1, hd)) * lsum(1);
-                m = fmaxf(m, c.sM[NH + hd]);
-            }
+        for (int hd = w; hd < NH && hd < c.h; hd += 4) {
+            const double l = c.sLsum[hd] + c.sLsum[NH + hd] + c.sLsum[2 * NH + hd] + c.sLsum[3 * NH + hd];
             const float *orow = c.sO + hd * C::kOStride + col0;
             finish_row<8>(
-                a, c.row, c.bi, c.si, c.sp, c.h, hd, split, m, l, [&] { return col0; },
+                a, c.row, c.bi, c.si, c.sp, c.h, hd, split, c.sM[hd], l, [&] { return col0; },
                 [&] { return lane == 0; }, [&](int i) { return *reinterpret_cast<const float2 *>(orow + 8 * i); });
         }
     }
@@ -286,25 +241,6 @@ struct Consumer : HeadSoftmax<C::NH, ConsumerKind<C, ABL, FAST>::kNoLo, Consumer
 
 // Internal linkage: each instantiation file owns its kernels.
 namespace {
-
-// Consumer warpgroup CW's part of the kernel: its tiles, then the epilogue (and a fused split decode's merge).
-template <class C, int ABL, bool FAST, bool BR, bool FUSED, int CW>
-__device__ __forceinline__ void consume(const Args &a, const Cta<C> &c)
-{
-    Consumer<C, ABL, FAST, BR, CW> wg(a, c);
-    trace(a, kTraceEdge, kTrStart);
-    if (c.nt > 0) {
-        load_q(a, c);
-        wg.run(c);
-    }
-    trace(a, kTraceEdge, kTrEpilogue);
-    wg.epilogue(c);
-    trace(a, kTraceEdge, kTrEnd);
-    if constexpr (FUSED) {  // fused split decode: WG0 merges its share of the pairs (attention/combine.cuh)
-        combine_grid_sync();
-        if constexpr (CW == 0) combine_share(a, blockIdx.x, gridDim.x, c.tid);
-    }
-}
 
 template <class C, bool FP8, int ABL, bool FAST, bool FUSED>
 __global__ void __launch_bounds__(C::kThreads, 1) attn_sm90n_kernel(const __grid_constant__ Args a)
@@ -328,15 +264,26 @@ __global__ void __launch_bounds__(C::kThreads, 1) attn_sm90n_kernel(const __grid
     __syncthreads();
 
     if (c.tid >= C::kP0) {
-        setmaxnreg_dec<C::kProducerRegs>();
+        setmaxnreg_dec<kProducerRegs>();
         if constexpr (FP8) Fp8Producer<ABL, false, C::kP0, C::kPW>(a, c, 0u, 0u).run();
         else Bf16Producer<ABL, C::kP0, C::kPW, BR>(a, c, c.bar_blk).run(false);
         if constexpr (FUSED) combine_grid_sync();  // every thread takes part in the grid's barrier
         return;
     }
-    setmaxnreg_inc<C::kConsumerRegs>();
-    if (C::NC == 1 || c.tid < 128) consume<C, ABL, FAST, BR, FUSED, 0>(a, c);
-    else consume<C, ABL, FAST, BR, FUSED, C::NC - 1>(a, c);
+    setmaxnreg_inc<kConsumerRegs>();
+    Consumer<C, ABL, FAST, BR> wg(a, c);
+    trace(a, kTraceEdge, kTrStart);
+    if (c.nt > 0) {
+        load_q(a, c);
+        wg.run(c);
+    }
+    trace(a, kTraceEdge, kTrEpilogue);
+    wg.epilogue(c);
+    trace(a, kTraceEdge, kTrEnd);
+    if constexpr (FUSED) {  // fused split decode: WG0 merges its share of the pairs (attention/combine.cuh)
+        combine_grid_sync();
+        combine_share(a, blockIdx.x, gridDim.x, c.tid);
+    }
 }
 
 template <class C, bool FP8, int ABL, bool FAST>
@@ -378,7 +325,7 @@ int launch(Args &a, int64_t grid, cudaStream_t s, int dev, smla_status *st)
 template <int NH, bool FP8>
 constexpr KernelEntry entry()
 {
-    using C = Cfg<NH, FP8 ? 1 : SMLA_NARROW_BF16_CONSUMERS>;
+    using C = Cfg<NH>;
     return KernelEntry{Family::sm90n, FP8, NH, kBN, Smem<C>::bytes, 1, C::kThreads, &launch<C, FP8>, /*fuses=*/true};
 }
 
