@@ -960,6 +960,32 @@ def test_decode_dims_lazy_maximum(h, mult, precision, monkeypatch):
     check_decode(out, lse, out_ref, lse_ref, name=f"sm90d x{mult} {precision}", precision=precision, out_abs=out_abs)
 
 
+@pytest.mark.parametrize("precision", ref.PRECISIONS)
+@pytest.mark.parametrize("mult", [4.0, 32.0, 1e-3])
+@pytest.mark.parametrize("h", [3, 20, 32])
+@pytest.mark.parametrize("kind", ["prefill", "bf16", "fp8_ds_mla"])
+def test_narrow_lazy_maximum(kind, h, mult, precision, monkeypatch):
+    """The narrow kernel (sm90n) keeps a lazy maximum too (sm90/narrow_softmax.cuh): a tile within 2^8 of
+    the running maxima is taken against them, and only a larger jump (or a first tile) runs the exact step
+    with its exchange between the warps; max_logits must still be the true maximum. The softmax scales of
+    the dims test above, in prefill and in decode over both caches, against the float64 oracle."""
+    if not _is_hopper():
+        pytest.skip("the narrow kernel needs a compute capability 9.0 GPU")
+    monkeypatch.setenv("SMLA_ATTN_KERNEL", "sm90n")
+    seed = 2300 + h + int(mult)
+    name = f"sm90n {kind} h{h} x{mult} {precision}"
+    if kind == "prefill":
+        c = prefill_case(37, h, 4096, 2048, seed=seed, tl_mode="rand", sink_mode="mixed", scale=PRE_SCALE * mult)
+        out_ref, lse_ref, ml_ref, out_abs = prefill_oracle(c, return_abs=True)
+        out, lse, ml = run_prefill(c, precision=precision)
+        check_prefill(out, lse, ml, out_ref, lse_ref, ml_ref, name=name, precision=precision, out_abs=out_abs)
+    else:
+        c = decode_case(kind, 37, 2, h, 2048, 64, seed=seed, tl_mode="rand", sink_mode="mixed", scale=DEC_SCALE * mult)
+        out_ref, lse_ref, out_abs = decode_oracle(c, return_abs=True)
+        out, lse = run_decode(c, precision=precision)
+        check_decode(out, lse, out_ref, lse_ref, name=name, precision=precision, out_abs=out_abs)
+
+
 def _small_head_prefill_grid():
     cases = []
     shapes = [(62, 592, 128), (213, 8192, 2048), (5, 32, 2048), (300, 1840, 256)]

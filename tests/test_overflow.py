@@ -11,9 +11,9 @@ The kernels keep scores in fp32 (log2 domain); a valid score beyond the fp32 ran
 Never NaN. Before the fix, an upward overflow made out and lse NaN (inf - inf in the softmax), and a row
 whose every valid score was -inf gave NaN on the CPU.
 
-The CUDA tests (marker `cuda`) run the same cases through torch CUDA arrays: both kernel families
-(SMLA_ATTN_KERNEL=portable / sm90), decode with and without the split top-k (combine kernel), against
-the oracle and against the CPU ops."""
+The CUDA tests (marker `cuda`) run the same cases through torch CUDA arrays: the kernel families
+(SMLA_ATTN_KERNEL=portable / sm90 / sm90n, the narrow one for these 20 heads, with its lazy maximum),
+decode with and without the split top-k (combine kernel), against the oracle and against the CPU ops."""
 import os
 import sys
 
@@ -230,8 +230,8 @@ def test_merge_of_saturated_halves_cpu(monkeypatch):
 
 def _cuda_env(family, monkeypatch):
     torch = pytest.importorskip("torch")
-    if family == "sm90" and torch.cuda.get_device_capability() != (9, 0):
-        pytest.skip("the sm90 kernel family needs a compute capability 9.0 GPU")
+    if family.startswith("sm90") and torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the sm90 kernel families need a compute capability 9.0 GPU")
     monkeypatch.setenv("SMLA_ATTN_KERNEL", family)
     monkeypatch.setenv("SMLA_NUM_THREADS", "1")
     return torch
@@ -253,7 +253,7 @@ def _close_to_cpu(got, cpu, name):
 
 
 @pytest.mark.cuda
-@pytest.mark.parametrize("family", ["portable", "sm90"])
+@pytest.mark.parametrize("family", ["portable", "sm90", "sm90n"])
 @pytest.mark.parametrize("sink", [None, "finite", "+inf", "-inf"])
 @pytest.mark.parametrize("kind", KINDS)
 def test_prefill_cuda(kind, sink, family, monkeypatch):
@@ -272,7 +272,7 @@ def test_prefill_cuda(kind, sink, family, monkeypatch):
 
 @pytest.mark.cuda
 @pytest.mark.parametrize("split", [True, False])
-@pytest.mark.parametrize("family", ["portable", "sm90"])
+@pytest.mark.parametrize("family", ["portable", "sm90", "sm90n"])
 @pytest.mark.parametrize("cd", ["bf16", "fp8_ds_mla"])
 @pytest.mark.parametrize("kind", KINDS)
 def test_decode_cuda(kind, cd, family, split, monkeypatch):

@@ -114,9 +114,11 @@ __device__ __forceinline__ void store_out_row(const smla_attn_params &p, int64_t
 // row's lse. Split: the fp32 partial O and part_lse go into the workspace for the combine; otherwise
 // out, lse and max_logits. col() and lead() are evaluated in each branch, where the kernels computed
 // them before the epilogue was shared (so the generated code stayed the same).
+// ml: the row's largest score (log2 domain) for max_logits, where it is not m (a kernel whose sums were
+// taken against a maximum that lags behind: the narrow kernel's lazy maximum, sm90/narrow_softmax.cuh).
 template <int NP, class Col, class Lead, class Get>
 __device__ __forceinline__ void finish_row(const Args &a, int64_t row, int64_t bi, int64_t si, int sp, int h, int hr,
-                                           bool split, float m, double l, Col col, Lead lead, Get get)
+                                           bool split, float m, double l, float ml, Col col, Lead lead, Get get)
 {
     const smla_attn_params &p = a.p;
     const bool none = m == -INFINITY;  // no valid index in this range
@@ -137,9 +139,15 @@ __device__ __forceinline__ void finish_row(const Args &a, int64_t row, int64_t b
         store_out_row<2, NP, 8>(p, bi, si, hr, f, none, lse_d, col, lead, get, [&] {
             if (p.max_logits)
                 p.max_logits[bi * p.ml_stride_b + si * p.ml_stride_s + hr * p.ml_stride_h] =
-                    row_max_logit(m, a.ml_factor);
+                    row_max_logit(ml, a.ml_factor);
         });
     }
+}
+template <int NP, class Col, class Lead, class Get>
+__device__ __forceinline__ void finish_row(const Args &a, int64_t row, int64_t bi, int64_t si, int sp, int h, int hr,
+                                           bool split, float m, double l, Col col, Lead lead, Get get)
+{
+    finish_row<NP>(a, row, bi, si, sp, h, hr, split, m, l, m, col, lead, get);
 }
 
 // A row whose online softmax ran as two states (two groups of warps on alternate K tiles: the register

@@ -62,6 +62,8 @@ struct ConsumerKind {
     static constexpr bool kNoLo = FAST || (ABL & 16) != 0;
     static constexpr bool kStack = !kNoLo && C::NH == 16 && SMLA_NARROW_STACK_P != 0;
     static constexpr int NO = kStack ? C::NH : C::NH / 2;
+    static constexpr bool kLazy = SMLA_NARROW_LAZY_MAX != 0;
+    using Softmax = HeadSoftmax<C::NH, kNoLo, NO, kLazy>;
 };
 
 // The consumer warpgroup: the per-head softmax state and its rules (sm90/narrow_softmax.cuh), the two
@@ -69,12 +71,13 @@ struct ConsumerKind {
 // handed back column block by column block: block 8 once S^T is done, block mt once O^T m-tile mt's P V
 // products are (they run m-tile by m-tile, one commit group each).
 template <class C, int ABL, bool FAST, bool BR>
-struct Consumer : HeadSoftmax<C::NH, ConsumerKind<C, ABL, FAST>::kNoLo, ConsumerKind<C, ABL, FAST>::NO> {
-    using Base = HeadSoftmax<C::NH, ConsumerKind<C, ABL, FAST>::kNoLo, ConsumerKind<C, ABL, FAST>::NO>;
+struct Consumer : ConsumerKind<C, ABL, FAST>::Softmax {
+    using Base = typename ConsumerKind<C, ABL, FAST>::Softmax;
     using Base::o, Base::m_r, Base::l_r, Base::w, Base::g, Base::t4, Base::head;
     static constexpr int NH = C::NH, NJ = C::NJ, NS = C::NS, NL = 2 * C::NJ, NO = Base::NO;
     static constexpr bool kNoS = (ABL & 2) != 0, kNoPV = (ABL & 4) != 0;
     static constexpr bool kNoLo = ConsumerKind<C, ABL, FAST>::kNoLo, kStack = ConsumerKind<C, ABL, FAST>::kStack;
+    static constexpr bool kLazy = ConsumerKind<C, ABL, FAST>::kLazy;
 
     const Args &a;
 
@@ -195,8 +198,16 @@ struct Consumer : HeadSoftmax<C::NH, ConsumerKind<C, ABL, FAST>::kNoLo, Consumer
             const int tok = 16 * w + g;
             const bool ok0 = c.sValid[b * kBN + tok] != 0, ok1 = c.sValid[b * kBN + tok + 8] != 0;
             // the red parity of this tile: the other one is still being read by slower warps
-            Base::tile_max(s, mx, ok0, ok1, a.scale_log2, c.sRed + (it & 1) * 4 * NH, kBarRed);
-            Base::softmax(s, mx, c.sP, kBarP);
+            if constexpr (kLazy) {
+                Base::scale_mask(s, mx, ok0, ok1, a.scale_log2);
+                if (Base::lazy_tile(s, mx, c.sP, kBarP)) {  // a maximum moved too far: the tile exactly
+                    Base::exchange_max(s, mx, ok0, ok1, c.sRed + (it & 1) * 4 * NH, kBarRed);
+                    Base::softmax(s, mx, c.sP, kBarP);
+                }
+            } else {
+                Base::tile_max(s, mx, ok0, ok1, a.scale_log2, c.sRed + (it & 1) * 4 * NH, kBarRed);
+                Base::softmax(s, mx, c.sP, kBarP);
+            }
             trace(a, it, 3);
             pv(c, kb, b);
             trace(a, it, 4);
@@ -205,11 +216,13 @@ struct Consumer : HeadSoftmax<C::NH, ConsumerKind<C, ABL, FAST>::kNoLo, Consumer
     }
 
     // Row sums across the threads of each head, O^T staged as O [NH][kOStride] floats, then warp w
-    // writes heads w, w + 4, ... (lane: columns 64 (lane >> 2) + 2 (lane & 3) + 8 i).
+    // writes heads w, w + 4, ... (lane: columns 64 (lane >> 2) + 2 (lane & 3) + 8 i). kLazy: each head's
+    // largest score for max_logits from every warp's tmx (red) and the running maximum.
     __device__ __forceinline__ void epilogue(const Cta<C> &c)
     {
         Base::warp_sums();
         named_sync(kBarE, 128);  // every warp's last wgmma is done with the K buffers the output goes to
+        if constexpr (kLazy) Base::publish_tmx(c.sRed, kBarE);  // no warp reads red any more
         if (g == 0) {
 #pragma unroll
             for (int hl = 0; hl < NL; ++hl) {
@@ -232,8 +245,11 @@ struct Consumer : HeadSoftmax<C::NH, ConsumerKind<C, ABL, FAST>::kNoLo, Consumer
         for (int hd = w; hd < NH && hd < c.h; hd += 4) {
             const double l = c.sLsum[hd] + c.sLsum[NH + hd] + c.sLsum[2 * NH + hd] + c.sLsum[3 * NH + hd];
             const float *orow = c.sO + hd * C::kOStride + col0;
+            float ml = c.sM[hd];  // the max logit (log2 domain)
+            if constexpr (kLazy)
+                ml = fmaxf(fmaxf(ml, fmaxf(c.sRed[hd], c.sRed[NH + hd])), fmaxf(c.sRed[2 * NH + hd], c.sRed[3 * NH + hd]));
             finish_row<8>(
-                a, c.row, c.bi, c.si, c.sp, c.h, hd, split, c.sM[hd], l, [&] { return col0; },
+                a, c.row, c.bi, c.si, c.sp, c.h, hd, split, c.sM[hd], l, ml, [&] { return col0; },
                 [&] { return lane == 0; }, [&](int i) { return *reinterpret_cast<const float2 *>(orow + 8 * i); });
         }
     }

@@ -22,6 +22,9 @@
 // 1: over a bf16 cache a K buffer goes back to the producers column block by column block (Bf16Producer's BR:
 // block 8 once S is done, block mt once the P V products of O^T m-tile mt are), 0: whole, after P V.
 #define SMLA_NARROW_BLOCK_RELEASE 1
+// 1: the lazy maximum (sm90/narrow_softmax.cuh, kLazyLog2): a tile within 2^8 of the running maxima skips the
+// exchange of its maxima between the warps and the rescale of O^T; 0: every tile exact.
+#define SMLA_NARROW_LAZY_MAX 1
 
 namespace attn {
 namespace sm90 {

@@ -16,10 +16,19 @@
 namespace attn {
 namespace sm90 {
 
+// The lazy maximum (LAZY, the narrow kernel): a tile whose every valid score is within 2^kLazyLog2 of its
+// head's running maximum is taken against that maximum as it is, with no exchange of the tile's maxima
+// between the warps and no rescale of O^T (FlashAttention-4's conditional rescaling): P = 2^(s - m) <= 2^8,
+// and out = O / l and lse = m + log2(l) do not depend on which m the sums were taken against. Only
+// max_logits needs the true maximum, which each thread keeps for its own scores (tmx) and the epilogue
+// reduces (max_logit).
+constexpr float kLazyLog2 = 8.f;
+
 // NH heads (16 or 32); NO_LO: P goes to the MMA as bf16 only ("fast"), else as P_hi and P_lo (rows
 // NH.. of the P region, kPBytes on); NO: accumulator floats per O^T m-tile, NH / 2, or NH when the
-// caller stacks P_hi^T and P_lo^T into one n = 2 NH MMA (the second half holds O_lo^T).
-template <int NH_, bool NO_LO, int NO_>
+// caller stacks P_hi^T and P_lo^T into one n = 2 NH MMA (the second half holds O_lo^T); LAZY: the lazy
+// maximum above (lazy_tile, max_logit).
+template <int NH_, bool NO_LO, int NO_, bool LAZY = false>
 struct HeadSoftmax {
     static constexpr int NH = NH_, NS = NH / 2, NL = NH / 4, NO = NO_;
     static constexpr int kPBytes = NH * 128;  // one P^T tile: NH rows of 64 bf16
@@ -29,6 +38,7 @@ struct HeadSoftmax {
     float o[8][NO];  // O^T m-tile mt
     float m_r[NL];   // running maxima (log2 domain), the same in every thread holding the head
     double l_r[NL];  // this thread's share of the row sums
+    float tmx[LAZY ? NL : 1];  // LAZY: the largest of this thread's scores of each head in lazy tiles
 
     __device__ __forceinline__ HeadSoftmax(int tid) : w((tid >> 5) & 3), g((tid & 31) >> 2), t4(tid & 3)
     {
@@ -40,6 +50,7 @@ struct HeadSoftmax {
         for (int hl = 0; hl < NL; ++hl) {
             m_r[hl] = -INFINITY;
             l_r[hl] = 0.0;
+            if constexpr (LAZY) tmx[hl] = -INFINITY;
         }
     }
     __device__ __forceinline__ int head(int hl) const { return 8 * (hl >> 1) + 2 * t4 + (hl & 1); }
@@ -53,18 +64,46 @@ struct HeadSoftmax {
     {
 #pragma unroll
         for (int hl = 0; hl < NL; ++hl) {
-            const int i0 = 4 * (hl >> 1) + (hl & 1), i1 = i0 + 2;
-            s[i0] = ok0 ? s[i0] * scale_log2 : -INFINITY;
-            s[i1] = ok1 ? s[i1] * scale_log2 : -INFINITY;
-            mx[hl] = fmaxf(s[i0], s[i1]);
-            if (sat_needed(mx[hl], m_r[hl])) {
-                if (ok0) s[i0] = sat_score(s[i0]);
-                if (ok1) s[i1] = sat_score(s[i1]);
-                mx[hl] = fmaxf(s[i0], s[i1]);
-            }
-#pragma unroll
-            for (int x = 4; x < 32; x <<= 1) mx[hl] = fmaxf(mx[hl], __shfl_xor_sync(0xffffffffu, mx[hl], x));
+            scale_mask_head(s, mx, hl, ok0, ok1, scale_log2);
+            saturate_reduce_head(s, mx, hl, ok0, ok1);
         }
+        exchange_max_warps(mx, red, bar);
+    }
+    // tile_max in two halves (the lazy maximum's tiles): masked and scaled scores with each head's maximum
+    // over this thread's two; then saturation and the maxima across the warp and the warps.
+    __device__ __forceinline__ void scale_mask(float (&s)[NS], float (&mx)[NL], bool ok0, bool ok1, float scale_log2) const
+    {
+#pragma unroll
+        for (int hl = 0; hl < NL; ++hl) scale_mask_head(s, mx, hl, ok0, ok1, scale_log2);
+    }
+    __device__ __forceinline__ void exchange_max(float (&s)[NS], float (&mx)[NL], bool ok0, bool ok1, float *red,
+                                                 int bar) const
+    {
+#pragma unroll
+        for (int hl = 0; hl < NL; ++hl) saturate_reduce_head(s, mx, hl, ok0, ok1);
+        exchange_max_warps(mx, red, bar);
+    }
+    __device__ __forceinline__ void scale_mask_head(float (&s)[NS], float (&mx)[NL], int hl, bool ok0, bool ok1,
+                                                    float scale_log2) const
+    {
+        const int i0 = 4 * (hl >> 1) + (hl & 1), i1 = i0 + 2;
+        s[i0] = ok0 ? s[i0] * scale_log2 : -INFINITY;
+        s[i1] = ok1 ? s[i1] * scale_log2 : -INFINITY;
+        mx[hl] = fmaxf(s[i0], s[i1]);
+    }
+    __device__ __forceinline__ void saturate_reduce_head(float (&s)[NS], float (&mx)[NL], int hl, bool ok0, bool ok1) const
+    {
+        const int i0 = 4 * (hl >> 1) + (hl & 1), i1 = i0 + 2;
+        if (sat_needed(mx[hl], m_r[hl])) {
+            if (ok0) s[i0] = sat_score(s[i0]);
+            if (ok1) s[i1] = sat_score(s[i1]);
+            mx[hl] = fmaxf(s[i0], s[i1]);
+        }
+#pragma unroll
+        for (int x = 4; x < 32; x <<= 1) mx[hl] = fmaxf(mx[hl], __shfl_xor_sync(0xffffffffu, mx[hl], x));
+    }
+    __device__ __forceinline__ void exchange_max_warps(float (&mx)[NL], float *red, int bar) const
+    {
         if (g == 0) {
 #pragma unroll
             for (int hl = 0; hl < NL; ++hl) red[w * NH + head(hl)] = mx[hl];
@@ -74,6 +113,75 @@ struct HeadSoftmax {
         for (int hl = 0; hl < NL; ++hl) {
             const int hd = head(hl);
             mx[hl] = fmaxf(fmaxf(red[hd], red[NH + hd]), fmaxf(red[2 * NH + hd], red[3 * NH + hd]));
+        }
+    }
+
+    // LAZY: the tile against the running maxima as they are. P = 2^(s - m_r) stored, then one barrier that
+    // also tells every thread whether any of the 128 saw a head's maximum above m_r + kLazyLog2, or one that
+    // saturation may concern (sat_needed: a first tile, m_r = -inf, always does). Then (false) the row sums
+    // take the tile and tmx its maxima; or (true) nothing changed but P^T, and the caller redoes the tile
+    // exactly (exchange_max, softmax). s, mx: from scale_mask; bar: a 128-thread barrier after which P^T is
+    // written and visible to wgmma.
+    __device__ __forceinline__ bool lazy_tile(const float (&s)[NS], const float (&mx)[NL], uint32_t sP, int bar)
+    {
+        static_assert(LAZY, "lazy_tile: a LAZY HeadSoftmax");
+        bool need = false;
+        float ps[NL];
+#pragma unroll
+        for (int hl = 0; hl < NL; ++hl) {
+            need |= !(mx[hl] <= m_r[hl] + kLazyLog2) || sat_needed(mx[hl], m_r[hl]);  // NaN: the exact path
+            const int i0 = 4 * (hl >> 1) + (hl & 1), i1 = i0 + 2;
+            const float p0 = ex2(s[i0] - m_r[hl]), p1 = ex2(s[i1] - m_r[hl]);
+            ps[hl] = p0 + p1;
+            store_p(sP, hl, p0, p1);
+        }
+        fence_async_smem();
+        need = named_sync_or(bar, 128, need);
+        if (!need) {
+#pragma unroll
+            for (int hl = 0; hl < NL; ++hl) {
+                l_r[hl] += static_cast<double>(ps[hl]);
+                tmx[hl] = fmaxf(tmx[hl], mx[hl]);
+            }
+        }
+        return need;
+    }
+
+    // LAZY, in the epilogue: each head's largest score (log2 domain) for max_logits, the larger of its
+    // running maximum and every thread's tmx. red: [4][NH] floats no warp reads any more; bar: a 128-thread
+    // barrier, after which head hd's is the max of m_r and red[k * NH + hd], k < 4.
+    __device__ __forceinline__ void publish_tmx(float *red, int bar)
+    {
+        static_assert(LAZY, "publish_tmx: a LAZY HeadSoftmax");
+#pragma unroll
+        for (int hl = 0; hl < NL; ++hl) {
+            float v = tmx[hl];
+#pragma unroll
+            for (int x = 4; x < 32; x <<= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, x));
+            if (g == 0) red[w * NH + head(hl)] = v;
+        }
+        named_sync(bar, 128);
+    }
+
+    // P^T[head][tok] of this thread's head hl and tokens tok = 16 w + g and + 8 (K-major with the 128-byte
+    // swizzle: chunks tok >> 3 and + 1 of the head's 128-byte row): bf16, or (high) P_hi and P_lo.
+    __device__ __forceinline__ void store_p(uint32_t sP, int hl, float p0, float p1) const
+    {
+        const int tok = 16 * w + g;
+        const int hd = head(hl);
+        const uint32_t row = sP + hd * 128 + (tok & 7) * 2;
+        const uint32_t a0 = row + ((((tok >> 3)) ^ (hd & 7)) << 4), a1 = row + ((((tok >> 3) + 1) ^ (hd & 7)) << 4);
+        if constexpr (NO_LO) {
+            const uint32_t hi = pack_bf16x2(p0, p1);
+            st_shared_u16(a0, static_cast<uint16_t>(hi));
+            st_shared_u16(a1, static_cast<uint16_t>(hi >> 16));
+        } else {
+            uint32_t hi, lo;
+            split_bf16x2(p0, p1, hi, lo);
+            st_shared_u16(a0, static_cast<uint16_t>(hi));
+            st_shared_u16(a1, static_cast<uint16_t>(hi >> 16));
+            st_shared_u16(a0 + kPBytes, static_cast<uint16_t>(lo));
+            st_shared_u16(a1 + kPBytes, static_cast<uint16_t>(lo >> 16));
         }
     }
 
@@ -90,29 +198,12 @@ struct HeadSoftmax {
             alpha[hl] = ex2(m_r[hl] - base_[hl]);
             m_r[hl] = mn;
         }
-        const int tok = 16 * w + g;
 #pragma unroll
         for (int hl = 0; hl < NL; ++hl) {
             const int i0 = 4 * (hl >> 1) + (hl & 1), i1 = i0 + 2;
             const float p0 = ex2(s[i0] - base_[hl]), p1 = ex2(s[i1] - base_[hl]);
             l_r[hl] = l_r[hl] * static_cast<double>(alpha[hl]) + static_cast<double>(p0 + p1);
-            // P^T[head][tok], K-major with the 128-byte swizzle: tokens tok and tok + 8 are chunks
-            // tok >> 3 and + 1 of the head's 128-byte row
-            const int hd = head(hl);
-            const uint32_t row = sP + hd * 128 + (tok & 7) * 2;
-            const uint32_t a0 = row + ((((tok >> 3)) ^ (hd & 7)) << 4), a1 = row + ((((tok >> 3) + 1) ^ (hd & 7)) << 4);
-            if constexpr (NO_LO) {
-                const uint32_t hi = pack_bf16x2(p0, p1);
-                st_shared_u16(a0, static_cast<uint16_t>(hi));
-                st_shared_u16(a1, static_cast<uint16_t>(hi >> 16));
-            } else {
-                uint32_t hi, lo;
-                split_bf16x2(p0, p1, hi, lo);
-                st_shared_u16(a0, static_cast<uint16_t>(hi));
-                st_shared_u16(a1, static_cast<uint16_t>(hi >> 16));
-                st_shared_u16(a0 + kPBytes, static_cast<uint16_t>(lo));
-                st_shared_u16(a1 + kPBytes, static_cast<uint16_t>(lo >> 16));
-            }
+            store_p(sP, hl, p0, p1);
         }
         bool moved = false;
 #pragma unroll

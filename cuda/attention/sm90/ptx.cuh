@@ -88,6 +88,16 @@ __device__ __forceinline__ void named_sync(int id, int n)
 {
     asm volatile("barrier.sync %0, %1;\n" ::"r"(id), "r"(n) : "memory");
 }
+// named_sync that also ORs v over the n threads: every one of them gets the result.
+__device__ __forceinline__ bool named_sync_or(int id, int n, bool v)
+{
+    uint32_t r;
+    asm volatile("{\n.reg .pred pi, po;\nsetp.ne.u32 pi, %1, 0;\nbarrier.red.or.pred po, %2, %3, pi;\nselp.u32 %0, 1, 0, po;\n}\n"
+                 : "=r"(r)
+                 : "r"(static_cast<uint32_t>(v)), "r"(id), "r"(n)
+                 : "memory");
+    return r != 0;
+}
 // Arrive at named barrier id without waiting (a producer side; the consumer side waits with named_sync).
 __device__ __forceinline__ void named_arrive(int id, int n)
 {
