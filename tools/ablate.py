@@ -3,8 +3,7 @@ SMLA_PROFILE_BUILD=1, compiles them) at the issue shapes, next to the full kerne
 one stage out (cuda/attention/sm90/kernel.cuh, ABL bits): 1 global K loads, 2 the S = Q K^T wgmma, 4 the
 P V wgmma, 6 both MMA phases, 7 loads and both MMA phases, 8 the fp8 dequant, 16 the P_lo half of P V,
 32 everything but the copies (the dims kernel only: its consumers wait for each stage and free it; other
-kernels run whole), 64 the block release (the narrow kernel over bf16 only, --small's prefill cases: each K
-buffer handed back whole after P V).
+kernels run whole).
 Their results are wrong by design; only the times mean anything. --precision is the calls' precision=
 (default fast, the recipe compared with FlashMLA; docs/design.md section 4).
 
@@ -21,7 +20,7 @@ import bench_sparse_mla_decode as bd  # noqa: E402
 import bench_sparse_mla_prefill as bp  # noqa: E402
 from _gpu import open_gpu, time_us  # noqa: E402
 
-VARIANTS = [0, 1, 2, 4, 6, 7, 8, 16, 32, 64]  # 0 and the list of cuda/attention/sm90/variants.cuh (with_variant)
+VARIANTS = [0, 1, 2, 4, 6, 7, 8, 16, 32]  # 0 and the list of cuda/attention/sm90/variants.cuh (with_variant)
 
 
 def main():
@@ -43,8 +42,7 @@ def main():
     if gpu is None:
         return 0
     torch, smla = gpu
-    # 32 idles only the dims kernel's consumers, 64 changes only the narrow kernel's bf16 path (its prefill cases)
-    variants = [v for v in VARIANTS if (v != 32 or args.dims) and (v != 64 or args.small)]
+    variants = [v for v in VARIANTS if v != 32 or args.dims]  # 32 idles only the dims kernel's consumers
     print(f"{'case':<26} " + " ".join(f"{'abl' + str(v):>8}" for v in variants) + f"   (us per call, {prec})")
     small = args.small or args.register or args.dims
     dec = [(16, 1, 128), (32, 1, 128), (16, 2, 128)] if small else [(128, 2, 128), (64, 2, 128), (128, 1, 2)]

@@ -20,8 +20,7 @@
 // ABL != 0 only in profiling builds (SMLA_PROFILE_BUILD=1 -> SMLA_ATTN_ABLATION, tools/ablate.py):
 // leave one stage out to time it by difference. Bits: 1 no global K loads (zeros), 2 no S = Q K^T
 // wgmma, 4 no P V wgmma, 8 no fp8 dequant (raw bytes stored), 16 no P_lo V wgmma (bf16 P only), 32 (the
-// dims kernel only) consumers that only wait for each stage and free it, 64 (the narrow kernel over bf16
-// only) each K buffer handed back whole after P V, not column block by column block.
+// dims kernel only) consumers that only wait for each stage and free it.
 // Results are wrong then. run.attn_ablate (SMLA_ATTN_ABLATE) picks the variant at launch.
 #pragma once
 #include "attention/combine.cuh"

@@ -7,8 +7,8 @@
 //   S^T [64 tokens x NH heads] = K [64 x 576] Q^T        (wgmma m64nNHk16, A = K tile K-major, B = Q)
 //   O^T [512 dims x NH heads] += V^T [512 x 64] P^T      (8 x m64nNHk16 per k-step, A = the K tile read
 //                                                          M-major, B = P^T stored by the softmax)
-// so the MMA work is proportional to h. (What bounds it instead, measured: benchmarks/README.md, "Small
-// head counts": the producers' per-tile work, not yet the cache reads.)
+// so the MMA work is proportional to h. (What bounds it, measured: benchmarks/README.md, "Small head
+// counts": in prefill the consumer's chain per tile, S, softmax, P V one after the other.)
 //
 // CTA = one query row x all heads (NH = 16 or 32, rows past h are zero) x one top-k split, 384 threads:
 //   WG1, WG2, the producers (setmaxnreg kProducerRegs; sm90/producer.cuh with 8 warps): fill the two K
@@ -16,10 +16,12 @@
 //   WG0, the consumer (setmaxnreg kConsumerRegs), per K tile:
 //     acquire : wait until the producers filled the buffer;
 //     scores  : S^T in 3 chains of 12 k-steps summed in fp32 (the wide kernel's accuracy rule);
-//     softmax : mask and scale (log2 domain), overflow saturated, each head's tile maximum over the
-//               column's 64 tokens (in-warp shuffles, then the 4 warps through smem: kBarRed), alpha,
-//               P = 2^(S - m), row sums per thread in double; P^T stored as bf16 (high: P_hi and P_lo,
-//               split_bf16x2) for all 4 warps' wgmma (kBarP); O^T rescaled by alpha;
+//     softmax : mask and scale (log2 domain); the lazy maximum (sm90/narrow_softmax.cuh): within 2^8 of
+//               the running maxima, P = 2^(S - m) against them, stored, and one barrier that also ORs
+//               the threads' verdicts (kBarP); else exactly: overflow saturated, each head's tile maximum
+//               over the column's 64 tokens (in-warp shuffles, then the 4 warps through smem: kBarRed),
+//               alpha, P = 2^(S - m), O^T rescaled by alpha. Row sums per thread in double; P^T stored as
+//               bf16 (high: P_hi and P_lo, split_bf16x2) for all 4 warps' wgmma (kBarP);
 //     pv      : O^T += V^T P^T (high: + V^T P_lo^T; at NH = 16 one m64n32k16 per V^T block, P_hi^T and
 //               P_lo^T stacked as its 32 B rows, so V^T is read from shared memory once: kStack);
 //     release : hand the buffer back.
@@ -30,7 +32,7 @@
 //   pairs from all CTAs' partials (attention/combine.cuh); no combine kernel follows.
 // FAST: precision="fast" (P rounded to bf16, one P V MMA per k-step).
 // ABL != 0 only in profiling builds (sm90/kernel.cuh's bits): 1 no K loads, 2 no S wgmma, 4 no P V
-// wgmma, 8 no dequant, 16 no P_lo V wgmma, 64 no block release (bf16).
+// wgmma, 8 no dequant, 16 no P_lo V wgmma.
 #pragma once
 #include "attention/combine.cuh"
 #include "attention/epilogue.cuh"
@@ -67,31 +69,27 @@ struct ConsumerKind {
 };
 
 // The consumer warpgroup: the per-head softmax state and its rules (sm90/narrow_softmax.cuh), the two
-// MMAs over the K buffers and the epilogue. BR: the bf16 block release (narrow_plan.cuh), each K buffer
-// handed back column block by column block: block 8 once S^T is done, block mt once O^T m-tile mt's P V
-// products are (they run m-tile by m-tile, one commit group each).
-template <class C, int ABL, bool FAST, bool BR>
+// MMAs over the K buffers and the epilogue.
+template <class C, int ABL, bool FAST>
 struct Consumer : ConsumerKind<C, ABL, FAST>::Softmax {
     using Base = typename ConsumerKind<C, ABL, FAST>::Softmax;
     using Base::o, Base::m_r, Base::l_r, Base::w, Base::g, Base::t4, Base::head;
     static constexpr int NH = C::NH, NJ = C::NJ, NS = C::NS, NL = 2 * C::NJ, NO = Base::NO;
     static constexpr bool kNoS = (ABL & 2) != 0, kNoPV = (ABL & 4) != 0;
     static constexpr bool kNoLo = ConsumerKind<C, ABL, FAST>::kNoLo, kStack = ConsumerKind<C, ABL, FAST>::kStack;
-    static constexpr bool kLazy = ConsumerKind<C, ABL, FAST>::kLazy;
+    static constexpr bool kLazy = ConsumerKind<C, ABL, FAST>::kLazy, kQueueS = SMLA_NARROW_QUEUE_S != 0 && NH == 16;
 
     const Args &a;
 
     __device__ __forceinline__ Consumer(const Args &a_, const Cta<C> &c) : Base(c.tid), a(a_) {}
 
-    // S^T of K buffer kb: k-step kk reads K columns 16 kk.. (A) and Q columns 16 kk.. (B); chains of 12
-    // k-steps into t0, t1, t2, summed (t0 + t1) + t2 as the wide kernel does.
-    __device__ __forceinline__ void scores(const Cta<C> &c, uint32_t kb, float (&s)[NS]) const
+    // S^T of K buffer kb, issued (one commit group): k-step kk reads K columns 16 kk.. (A) and Q columns
+    // 16 kk.. (B); chains of 12 k-steps into t0, t1, t2, which scores_sum adds (t0 + t1) + t2 as the wide
+    // kernel does.
+    __device__ __forceinline__ void scores_issue(const Cta<C> &c, uint32_t kb, float (&t0)[NS], float (&t1)[NS],
+                                                 float (&t2)[NS]) const
     {
-        if constexpr (kNoS) {
-#pragma unroll
-            for (int i = 0; i < NS; ++i) s[i] = 0.f;
-        } else {
-            float t0[NS], t1[NS], t2[NS];
+        if constexpr (!kNoS) {
             const uint32_t kd = opaque(desc_base(kb, 16)), qd = opaque(desc_base(c.sQ, 16));
             wg_fence();
 #pragma unroll
@@ -103,7 +101,15 @@ struct Consumer : ConsumerKind<C, ABL, FAST>::Softmax {
                 else wgmma_ss<0>(t2, da, db, kk > 24);
             }
             wg_commit();
-            wg_wait0();
+        }
+    }
+    // Once the S^T group is done: the scores.
+    __device__ __forceinline__ void scores_sum(float (&t0)[NS], float (&t1)[NS], float (&t2)[NS], float (&s)[NS]) const
+    {
+        if constexpr (kNoS) {
+#pragma unroll
+            for (int i = 0; i < NS; ++i) s[i] = 0.f;
+        } else {
             fence_regs(t0);
             fence_regs(t1);
             fence_regs(t2);
@@ -112,13 +118,11 @@ struct Consumer : ConsumerKind<C, ABL, FAST>::Softmax {
         }
     }
 
-    // O^T += V^T P^T over the 4 k-steps of buffer kb: m-tile mt is column block mt of the tile read
-    // M-major (k-step kk: token rows 16 kk ..).
-    __device__ __forceinline__ void pv(const Cta<C> &c, uint32_t kb, int b)
+    // O^T += V^T P^T over the 4 k-steps of buffer kb, issued (one commit group): m-tile mt is column block
+    // mt of the tile read M-major (k-step kk: token rows 16 kk ..).
+    __device__ __forceinline__ void pv_issue(const Cta<C> &c, uint32_t kb)
     {
-        if constexpr (BR) {
-            pv_blocks(c, kb, b);
-        } else if constexpr (!kNoPV) {
+        if constexpr (!kNoPV) {
             const uint32_t pd = opaque(desc_base(c.sP, 16)), vd = opaque(desc_base(kb, kBlk));
             wg_fence();
 #pragma unroll
@@ -133,85 +137,70 @@ struct Consumer : ConsumerKind<C, ABL, FAST>::Softmax {
                 }
             }
             wg_commit();
-            wg_wait0();
-#pragma unroll
-            for (int mt = 0; mt < 8; ++mt) fence_regs(o[mt]);
         }
     }
+    __device__ __forceinline__ void fence_o()
+    {
+#pragma unroll
+        for (int mt = 0; mt < 8; ++mt) fence_regs(o[mt]);
+    }
 
-    // BR: one warp's arrival (lane 0, once all its lanes are past their wgmma wait) on the empty barrier of
-    // column block c8 of K buffer b.
-    __device__ __forceinline__ void release_block(const Cta<C> &c, int b, int c8) const
+    // The tile's softmax over its scores s (K buffer b's row flags; red parity it & 1: the other one may
+    // still be read by slower warps): P^T stored and visible to wgmma, the row state updated.
+    __device__ __forceinline__ void softmax_tile(const Cta<C> &c, int it, int b, float (&s)[NS])
     {
-        __syncwarp();
-        if ((threadIdx.x & 31) == 0) mbar_arrive(c.bar_blk + 8 * (9 * b + c8));
-    }
-    // BR: m-tile MT's group done (at most 7 - MT groups pending) -> its V^T block back; then the next.
-    template <int MT>
-    __device__ __forceinline__ void release_pv(const Cta<C> &c, int b) const
-    {
-        wg_wait_n<7 - MT>();
-        release_block(c, b, MT);
-        if constexpr (MT < 7) release_pv<MT + 1>(c, b);
-    }
-    // BR: O^T += V^T P^T m-tile by m-tile (each its 4 k-steps, one commit group), every V^T block handed
-    // back as soon as its products are done.
-    __device__ __forceinline__ void pv_blocks(const Cta<C> &c, uint32_t kb, int b)
-    {
-        if constexpr (kNoPV) {
-#pragma unroll
-            for (int mt = 0; mt < 8; ++mt) release_block(c, b, mt);
-        } else {
-            const uint32_t pd = opaque(desc_base(c.sP, 16)), vd = opaque(desc_base(kb, kBlk));
-            wg_fence();
-#pragma unroll
-            for (int mt = 0; mt < 8; ++mt) {
-#pragma unroll
-                for (int kk = 0; kk < 4; ++kk) {
-                    const uint64_t dh = desc_at(pd, kk * 32);
-                    const uint64_t dl = desc_at(pd, C::kPBytes + kk * 32);
-                    const uint64_t dv = desc_at(vd, mt * kBlk + kk * 16 * 128);
-                    wgmma_ss<1>(o[mt], dv, dh, 1);  // kStack: n32, the rows of dh are P_hi^T then P_lo^T
-                    if constexpr (!kNoLo && !kStack) wgmma_ss<1>(o[mt], dv, dl, 1);
-                }
-                wg_commit();
+        float mx[NL];
+        const int tok = 16 * w + g;
+        const bool ok0 = c.sValid[b * kBN + tok] != 0, ok1 = c.sValid[b * kBN + tok + 8] != 0;
+        if constexpr (kLazy) {
+            Base::scale_mask(s, mx, ok0, ok1, a.scale_log2);
+            if (Base::lazy_tile(s, mx, c.sP, kBarP)) {  // a maximum moved too far: the tile exactly
+                Base::exchange_max(s, mx, ok0, ok1, c.sRed + (it & 1) * 4 * NH, kBarRed);
+                Base::softmax(s, mx, c.sP, kBarP);
             }
-            release_pv<0>(c, b);
-#pragma unroll
-            for (int mt = 0; mt < 8; ++mt) fence_regs(o[mt]);
+        } else {
+            Base::tile_max(s, mx, ok0, ok1, a.scale_log2, c.sRed + (it & 1) * 4 * NH, kBarRed);
+            Base::softmax(s, mx, c.sP, kBarP);
         }
     }
 
+    // The tiles, each: acquire, S^T, softmax, P V, release. kQueueS: S^T of tile it + 1 is issued right
+    // behind P V of tile it (the tensor cores run them back to back; tile it's buffer goes back once its
+    // P V is done, tile it + 1's must have landed before), else one tile after the other.
     __device__ __forceinline__ void run(const Cta<C> &c)
     {
+        float t0[NS], t1[NS], t2[NS];
+        if constexpr (kQueueS) {
+            mbar_wait(c.bar_full, 0);
+            scores_issue(c, c.sK, t0, t1, t2);
+        }
 #pragma unroll 1
         for (int it = 0; it < c.nt; ++it) {
             const int b = it & 1;
             const uint32_t kb = c.sK + b * kTileBytes;
-            float s[NS], mx[NL];
+            float s[NS];
             trace(a, it, 0);
-            mbar_wait(c.bar_full + 8 * b, (it >> 1) & 1);
-            trace(a, it, 1);
-            scores(c, kb, s);
-            if constexpr (BR) release_block(c, b, 8);  // the rope dims: S only
-            trace(a, it, 2);
-            const int tok = 16 * w + g;
-            const bool ok0 = c.sValid[b * kBN + tok] != 0, ok1 = c.sValid[b * kBN + tok + 8] != 0;
-            // the red parity of this tile: the other one is still being read by slower warps
-            if constexpr (kLazy) {
-                Base::scale_mask(s, mx, ok0, ok1, a.scale_log2);
-                if (Base::lazy_tile(s, mx, c.sP, kBarP)) {  // a maximum moved too far: the tile exactly
-                    Base::exchange_max(s, mx, ok0, ok1, c.sRed + (it & 1) * 4 * NH, kBarRed);
-                    Base::softmax(s, mx, c.sP, kBarP);
-                }
-            } else {
-                Base::tile_max(s, mx, ok0, ok1, a.scale_log2, c.sRed + (it & 1) * 4 * NH, kBarRed);
-                Base::softmax(s, mx, c.sP, kBarP);
+            if constexpr (!kQueueS) {
+                mbar_wait(c.bar_full + 8 * b, (it >> 1) & 1);
+                scores_issue(c, kb, t0, t1, t2);
             }
+            trace(a, it, 1);
+            wg_wait0();  // S^T of tile it (and P V of tile it - 1)
+            scores_sum(t0, t1, t2, s);
+            trace(a, it, 2);
+            softmax_tile(c, it, b, s);
             trace(a, it, 3);
-            pv(c, kb, b);
+            pv_issue(c, kb);
+            if (kQueueS && it + 1 < c.nt) {
+                mbar_wait(c.bar_full + 8 * (b ^ 1), ((it + 1) >> 1) & 1);
+                scores_issue(c, c.sK + (b ^ 1) * kTileBytes, t0, t1, t2);
+                wg_wait1();  // P V of tile it
+            } else {
+                wg_wait0();
+            }
+            fence_o();
             trace(a, it, 4);
-            if constexpr (!BR) mbar_arrive(c.bar_empty + 8 * b);
+            mbar_arrive(c.bar_empty + 8 * b);
         }
     }
 
@@ -261,7 +250,6 @@ namespace {
 template <class C, bool FP8, int ABL, bool FAST, bool FUSED>
 __global__ void __launch_bounds__(C::kThreads, 1) attn_sm90n_kernel(const __grid_constant__ Args a)
 {
-    constexpr bool BR = !FP8 && SMLA_NARROW_BLOCK_RELEASE != 0 && (ABL & 64) == 0;
     pdl_wait();  // before any global access: the stream's previous kernel is complete (common.cuh)
     extern __shared__ uint8_t smem_raw[];
     const Cta<C> c(a, smem_raw);
@@ -272,9 +260,6 @@ __global__ void __launch_bounds__(C::kThreads, 1) attn_sm90n_kernel(const __grid
         mbar_init(c.bar_full + 8, 32 * C::kPW);
         mbar_init(c.bar_empty, 128);
         mbar_init(c.bar_empty + 8, 128);
-        if constexpr (BR) {
-            for (int i = 0; i < 18; ++i) mbar_init(c.bar_blk + 8 * i, 4);
-        }
         fence_mbarrier_init();
     }
     __syncthreads();
@@ -282,12 +267,12 @@ __global__ void __launch_bounds__(C::kThreads, 1) attn_sm90n_kernel(const __grid
     if (c.tid >= C::kP0) {
         setmaxnreg_dec<kProducerRegs>();
         if constexpr (FP8) Fp8Producer<ABL, false, C::kP0, C::kPW>(a, c, 0u, 0u).run();
-        else Bf16Producer<ABL, C::kP0, C::kPW, BR>(a, c, c.bar_blk).run(false);
+        else Bf16Producer<ABL, C::kP0, C::kPW>(a, c).run(false);
         if constexpr (FUSED) combine_grid_sync();  // every thread takes part in the grid's barrier
         return;
     }
     setmaxnreg_inc<kConsumerRegs>();
-    Consumer<C, ABL, FAST, BR> wg(a, c);
+    Consumer<C, ABL, FAST> wg(a, c);
     trace(a, kTraceEdge, kTrStart);
     if (c.nt > 0) {
         load_q(a, c);

@@ -10,8 +10,7 @@
 //           no cluster, so no rr);
 //   valid : int [2][64], row valid per K buffer;
 //   red   : float [2][4][NH], each consumer warp's per-head maxima of a tile (parity of the tile);
-//   lsum  : double [4][NH], each consumer warp's row sums (epilogue), m: float [NH], the row maxima;
-//   blk   : mbarriers empty[2][9] per column block (4 consumer-warp arrivals; the bf16 block release).
+//   lsum  : double [4][NH], each consumer warp's row sums (epilogue), m: float [NH], the row maxima.
 // The epilogue stages O as float [NH][kOStride] over the K buffers (dead by then).
 #pragma once
 
@@ -19,12 +18,12 @@
 
 // 1: "high" at NH = 16 runs P_hi and P_lo through one n32 wgmma per V^T block (Consumer::kStack), 0: two n16.
 #define SMLA_NARROW_STACK_P 1
-// 1: over a bf16 cache a K buffer goes back to the producers column block by column block (Bf16Producer's BR:
-// block 8 once S is done, block mt once the P V products of O^T m-tile mt are), 0: whole, after P V.
-#define SMLA_NARROW_BLOCK_RELEASE 1
 // 1: the lazy maximum (sm90/narrow_softmax.cuh, kLazyLog2): a tile within 2^8 of the running maxima skips the
 // exchange of its maxima between the warps and the rescale of O^T; 0: every tile exact.
 #define SMLA_NARROW_LAZY_MAX 1
+// 1: at NH = 16 S^T of the next tile queued right behind P V of this one (Consumer::run; at NH = 32 it spills),
+// 0: one tile after the other.
+#define SMLA_NARROW_QUEUE_S 0
 
 namespace attn {
 namespace sm90 {
@@ -61,11 +60,10 @@ struct Smem {
     static constexpr Region red = region_after(valid, 2 * 4 * C::NH * 4);
     static constexpr Region lsum = region_after(red, 4 * C::NH * 8);
     static constexpr Region m = region_after(lsum, C::NH * 4);
-    static constexpr Region blk = region_after(m, 2 * 9 * 8);
-    static constexpr int used = blk.end();
+    static constexpr int used = m.end();
     static constexpr int bytes = used + 1024;  // slack to align the base to 1024 B
     static_assert(q.off % 1024 == 0 && k.off % 1024 == 0 && p.off % 1024 == 0, "swizzled tiles");
-    static_assert(bar.off % 8 == 0 && blk.off % 8 == 0 && lsum.off % 8 == 0, "mbarriers and row sums are 8-byte");
+    static_assert(bar.off % 8 == 0 && lsum.off % 8 == 0, "mbarriers and row sums are 8-byte");
     static_assert(C::NH * C::kOStride * 4 <= k.bytes, "the staged output fits in the K buffers");
     static_assert(bytes <= 227 * 1024, "sm_90 opt-in shared memory per block");
 };
@@ -74,7 +72,7 @@ struct Smem {
 template <class C>
 struct Cta : CtaCommon {
     using S = Smem<C>;
-    uint32_t sP, bar_blk;
+    uint32_t sP;
     float *sRed, *sM, *sO;
     double *sLsum;
 
@@ -82,7 +80,6 @@ struct Cta : CtaCommon {
         : CtaCommon(a, smem_raw, grid_pos(a), S::q.off, S::k.off, S::bar.off, S::valid.off)
     {
         sP = base + S::p.off;
-        bar_blk = base + S::blk.off;
         sRed = reinterpret_cast<float *>(smem + S::red.off);
         sLsum = reinterpret_cast<double *>(smem + S::lsum.off);
         sM = reinterpret_cast<float *>(smem + S::m.off);

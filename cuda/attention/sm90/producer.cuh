@@ -112,12 +112,7 @@ __device__ __forceinline__ void skip_empty_tiles(const Args &a, CtaCommon &c, ui
 // speculate(): the wide kernel issues the slice's tile 0 into buffer 0 before its tile scan (a causal
 // row's tile 0 always runs, and almost every row's does), so the scan's round trip overlaps the first
 // copies; run(true) then keeps them when the scan marked tile 0, else lets them land and reloads.
-//
-// BR ("block release", the narrow kernel's bf16 path): a buffer is handed back column block by column block
-// (empty barriers blk_empty + 8 (9 b + c8), one arrival per consumer warp: block 8, the rope dims, once S
-// is done; block c8 < 8 once the P V products that read it are), and the producers refill each block as soon
-// as it is free, so a tile's copies are mostly in flight before its buffer's last block returns.
-template <int ABL, int P0 = 256, int PW = 4, bool BR = false>
+template <int ABL, int P0 = 256, int PW = 4>
 struct Bf16Producer {
     static constexpr bool kNoLoad = (ABL & 1) != 0;
     static constexpr int kRows = kBN / PW, kNi = kRows / 4;  // rows per warp, 4-row steps
@@ -127,11 +122,10 @@ struct Bf16Producer {
     const KvSource kv;
     const int pw, sub, cl;
     const uint64_t pol;
-    const uint32_t blk_empty;  // BR: the per-block empty barriers [2][9]
 
-    __device__ __forceinline__ Bf16Producer(const Args &a_, const CtaCommon &cta, uint32_t blk_empty_ = 0)
+    __device__ __forceinline__ Bf16Producer(const Args &a_, const CtaCommon &cta)
         : a(a_), c(cta), kv(a_), pw((cta.tid - P0) >> 5), sub(cta.lane >> 3), cl(cta.lane & 7),
-          pol(a_.evict_last ? policy_evict_last() : 0), blk_empty(blk_empty_)
+          pol(a_.evict_last ? policy_evict_last() : 0)
     {
     }
 
@@ -145,13 +139,9 @@ struct Bf16Producer {
         }
     }
 
-    // The rows of indices idx into K buffer b, one cp.async group, and their row flags (BR: issue_blocks).
-    __device__ __forceinline__ void issue(int b, const int (&idx)[kNi], int use = 0) const
+    // The rows of indices idx into K buffer b, one cp.async group, and their row flags.
+    __device__ __forceinline__ void issue(int b, const int (&idx)[kNi]) const
     {
-        if constexpr (BR) {
-            issue_blocks(b, idx, use);
-            return;
-        }
         const uint32_t kb = c.sK + b * kTileBytes;
 #pragma unroll
         for (int i = 0; i < kNi; ++i) {
@@ -167,39 +157,6 @@ struct Bf16Producer {
             }
             if (cl == 0) c.sValid[b * kBN + r] = ok ? 1 : 0;
         }
-        cp_async_commit();
-    }
-
-    // BR: the same block by block (8, then 0 .. 7), each once it is handed back (use: the buffer's earlier
-    // uses); the row flags with block 7, after the consumers' mask has read them.
-    __device__ __forceinline__ void issue_blocks(int b, const int (&idx)[kNi], int use) const
-    {
-        const uint32_t kb = c.sK + b * kTileBytes;
-        const uint8_t *src[kNi];
-        uint32_t dst[kNi];
-        int nb[kNi];
-        bool ok[kNi];
-#pragma unroll
-        for (int i = 0; i < kNi; ++i) {
-            const int r = kRows * pw + 4 * i + sub;
-            ok[i] = kv.valid(idx[i]);  // -1 past L
-            src[i] = kv.row(idx[i], ok[i]) + cl * 16;
-            nb[i] = (ok[i] && !kNoLoad) ? 16 : 0;
-            dst[i] = kb + r * 128 + ((cl ^ (r & 7)) << 4);
-        }
-#pragma unroll
-        for (int k = 0; k < 9; ++k) {
-            const int c8 = (k + 8) % 9;
-            if (use > 0) mbar_wait(blk_empty + 8 * (9 * b + c8), (use - 1) & 1);
-#pragma unroll
-            for (int i = 0; i < kNi; ++i) {
-                if (a.evict_last) cp_async16_hint(dst[i] + c8 * kBlk, src[i] + c8 * 128, nb[i], pol);
-                else cp_async16(dst[i] + c8 * kBlk, src[i] + c8 * 128, nb[i]);
-            }
-        }
-#pragma unroll
-        for (int i = 0; i < kNi; ++i)
-            if (cl == 0) c.sValid[b * kBN + kRows * pw + 4 * i + sub] = ok[i] ? 1 : 0;
         cp_async_commit();
     }
 
@@ -233,9 +190,9 @@ struct Bf16Producer {
             trace(a, it, 0);
             t_nxt = c.next_tile(t_nxt + 1);
             fetch_idx(t_nxt, idx_nxt);
-            if (!BR && use > 0) mbar_wait(c.bar_empty + 8 * b, (use - 1) & 1);
+            if (use > 0) mbar_wait(c.bar_empty + 8 * b, (use - 1) & 1);
             trace(a, it, 1);
-            if (it > 0 || !have0) issue(b, idx_cur, use);
+            if (it > 0 || !have0) issue(b, idx_cur);
             trace(a, it, 2);
 #pragma unroll
             for (int i = 0; i < kNi; ++i) idx_cur[i] = idx_nxt[i];

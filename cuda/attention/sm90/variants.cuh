@@ -33,7 +33,7 @@ template <class F>
 int with_variant(const Args &a, F &&f)
 {
 #if defined(SMLA_ATTN_ABLATION)
-    return with_ablation<F, 1, 2, 4, 6, 7, 8, 16, 32, 64>(a, static_cast<F &&>(f));
+    return with_ablation<F, 1, 2, 4, 6, 7, 8, 16, 32>(a, static_cast<F &&>(f));
 #else
     return with_precision<0>(a, f);
 #endif
