@@ -97,13 +97,13 @@ NARROW = [
     ("consumer wait for K (top -> landed)", (WG0, 0, 0), (WG0, 0, 1)),
     ("consumer S (landed -> S done)", (WG0, 0, 1), (WG0, 0, 2)),
     ("consumer mask, softmax, P stored", (WG0, 0, 2), (WG0, 0, 3)),
-    ("consumer P V (+ the buffer handed back)", (WG0, 0, 3), (WG0, 0, 4)),
+    ("consumer P V (issued -> done)", (WG0, 0, 3), (WG0, 0, 4)),
     ("consumer loop back (P V done -> next top)", (WG0, 0, 4), (WG0, 1, 0)),
 ] + [
     (f"producer warp {n}: {name}", (slot, 0, a), (slot, 0, b))
     for n, slot in ((0, NPR0), (4, NPR4))
     for name, a, b in (("wait for the buffer (top -> free)", 0, 1),
-                       ("issue (free -> issued; block release: its block waits)", 1, 2),
+                       ("issue (free -> issued)", 1, 2),
                        ("landing (issued -> all its copies landed)", 2, 3))
 ] + [
     ("producer warp 0: loop back (landed -> next top)", (NPR0, 0, 3), (NPR0, 1, 0)),

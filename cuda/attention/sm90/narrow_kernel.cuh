@@ -59,25 +59,24 @@ __device__ __forceinline__ void load_q(const Args &a, const Cta<C> &c)
 // Whether the narrow consumer stacks P_hi^T and P_lo^T ("high" at NH = 16: P_hi^T and P_lo^T, rows 16..
 // of the P region, as one 32-row B operand, so each m64n32k16 reads its V^T block from shared memory
 // once; O_hi^T and O_lo^T are added in the epilogue), and so its O^T m-tile width.
-template <class C, int ABL, bool FAST>
+template <class C, int ABL, bool FAST, bool LAZY>
 struct ConsumerKind {
     static constexpr bool kNoLo = FAST || (ABL & 16) != 0;
     static constexpr bool kStack = !kNoLo && C::NH == 16 && SMLA_NARROW_STACK_P != 0;
     static constexpr int NO = kStack ? C::NH : C::NH / 2;
-    static constexpr bool kLazy = SMLA_NARROW_LAZY_MAX != 0;
-    using Softmax = HeadSoftmax<C::NH, kNoLo, NO, kLazy>;
+    using Softmax = HeadSoftmax<C::NH, kNoLo, NO, LAZY>;
 };
 
 // The consumer warpgroup: the per-head softmax state and its rules (sm90/narrow_softmax.cuh), the two
 // MMAs over the K buffers and the epilogue.
-template <class C, int ABL, bool FAST>
-struct Consumer : ConsumerKind<C, ABL, FAST>::Softmax {
-    using Base = typename ConsumerKind<C, ABL, FAST>::Softmax;
+template <class C, int ABL, bool FAST, bool LAZY>
+struct Consumer : ConsumerKind<C, ABL, FAST, LAZY>::Softmax {
+    using Base = typename ConsumerKind<C, ABL, FAST, LAZY>::Softmax;
     using Base::o, Base::m_r, Base::l_r, Base::w, Base::g, Base::t4, Base::head;
     static constexpr int NH = C::NH, NJ = C::NJ, NS = C::NS, NL = 2 * C::NJ, NO = Base::NO;
     static constexpr bool kNoS = (ABL & 2) != 0, kNoPV = (ABL & 4) != 0;
-    static constexpr bool kNoLo = ConsumerKind<C, ABL, FAST>::kNoLo, kStack = ConsumerKind<C, ABL, FAST>::kStack;
-    static constexpr bool kLazy = ConsumerKind<C, ABL, FAST>::kLazy, kQueueS = SMLA_NARROW_QUEUE_S != 0 && NH == 16;
+    static constexpr bool kNoLo = ConsumerKind<C, ABL, FAST, LAZY>::kNoLo, kStack = ConsumerKind<C, ABL, FAST, LAZY>::kStack;
+    static constexpr bool kLazy = LAZY;
 
     const Args &a;
 
@@ -164,40 +163,27 @@ struct Consumer : ConsumerKind<C, ABL, FAST>::Softmax {
         }
     }
 
-    // The tiles, each: acquire, S^T, softmax, P V, release. kQueueS: S^T of tile it + 1 is issued right
-    // behind P V of tile it (the tensor cores run them back to back; tile it's buffer goes back once its
-    // P V is done, tile it + 1's must have landed before), else one tile after the other.
+    // The tiles, each: acquire, S^T, softmax, P V, release. (S^T of the next tile queued behind P V was
+    // measured slower: benchmarks/README.md.)
     __device__ __forceinline__ void run(const Cta<C> &c)
     {
         float t0[NS], t1[NS], t2[NS];
-        if constexpr (kQueueS) {
-            mbar_wait(c.bar_full, 0);
-            scores_issue(c, c.sK, t0, t1, t2);
-        }
 #pragma unroll 1
         for (int it = 0; it < c.nt; ++it) {
             const int b = it & 1;
             const uint32_t kb = c.sK + b * kTileBytes;
             float s[NS];
             trace(a, it, 0);
-            if constexpr (!kQueueS) {
-                mbar_wait(c.bar_full + 8 * b, (it >> 1) & 1);
-                scores_issue(c, kb, t0, t1, t2);
-            }
+            mbar_wait(c.bar_full + 8 * b, (it >> 1) & 1);
             trace(a, it, 1);
-            wg_wait0();  // S^T of tile it (and P V of tile it - 1)
+            scores_issue(c, kb, t0, t1, t2);
+            wg_wait0();
             scores_sum(t0, t1, t2, s);
             trace(a, it, 2);
             softmax_tile(c, it, b, s);
             trace(a, it, 3);
             pv_issue(c, kb);
-            if (kQueueS && it + 1 < c.nt) {
-                mbar_wait(c.bar_full + 8 * (b ^ 1), ((it + 1) >> 1) & 1);
-                scores_issue(c, c.sK + (b ^ 1) * kTileBytes, t0, t1, t2);
-                wg_wait1();  // P V of tile it
-            } else {
-                wg_wait0();
-            }
+            wg_wait0();
             fence_o();
             trace(a, it, 4);
             mbar_arrive(c.bar_empty + 8 * b);
@@ -272,7 +258,8 @@ __global__ void __launch_bounds__(C::kThreads, 1) attn_sm90n_kernel(const __grid
         return;
     }
     setmaxnreg_inc<kConsumerRegs>();
-    Consumer<C, ABL, FAST> wg(a, c);
+    constexpr bool kLazy = SMLA_NARROW_LAZY_MAX == 2 || (SMLA_NARROW_LAZY_MAX == 1 && !FP8);
+    Consumer<C, ABL, FAST, kLazy> wg(a, c);
     trace(a, kTraceEdge, kTrStart);
     if (c.nt > 0) {
         load_q(a, c);
