@@ -92,24 +92,19 @@ DIMS += [(f"producer 0, {par} tiles: stage free -> {g} saw it full", (PR0, 0, 1 
 # the narrow kernel (sm90/narrow_kernel.cuh): slot 0 the consumer's first warp, slots 1 and 2 the producers'
 # first and fifth warps (warps 4 and 8 of the CTA; trace.cuh's WG1 and producer slots); step = the tile.
 NPR0, NPR4 = WG1, PR0
-NARROW = [
-    ("consumer tile period (top k -> top k+1)", (WG0, 0, 0), (WG0, 1, 0)),
-    ("consumer wait for K (top -> landed)", (WG0, 0, 0), (WG0, 0, 1)),
-    ("consumer S (landed -> S done)", (WG0, 0, 1), (WG0, 0, 2)),
-    ("consumer mask, softmax, P stored", (WG0, 0, 2), (WG0, 0, 3)),
-    ("consumer P V (issued -> done)", (WG0, 0, 3), (WG0, 0, 4)),
-    ("consumer loop back (P V done -> next top)", (WG0, 0, 4), (WG0, 1, 0)),
-] + [
-    (f"producer warp {n}: {name}", (slot, 0, a), (slot, 0, b))
-    for n, slot in ((0, NPR0), (4, NPR4))
-    for name, a, b in (("wait for the buffer (top -> free)", 0, 1),
-                       ("issue (free -> issued)", 1, 2),
-                       ("landing (issued -> all its copies landed)", 2, 3))
-] + [
+NARROW_STAGES = [("wait for K (top -> landed)", 0, 1), ("S (landed -> S done)", 1, 2),
+                 ("mask, softmax, P stored", 2, 3), ("P V (issued -> done)", 3, 4)]
+NARROW = ([("consumer tile period (top k -> top k+1)", (WG0, 0, 0), (WG0, 1, 0))] +
+          [(f"consumer {name}", (WG0, 0, a), (WG0, 0, b)) for name, a, b in NARROW_STAGES] +
+          [("consumer loop back (P V done -> next top)", (WG0, 0, 4), (WG0, 1, 0))])
+NARROW += [(f"producer warp {n}: {name}", (slot, 0, a), (slot, 0, b))
+           for n, slot in ((0, NPR0), (4, NPR4))
+           for name, a, b in (("wait for the buffer (top -> free)", 0, 1), ("issue (free -> issued)", 1, 2),
+                              ("landing (issued -> all its copies landed)", 2, 3))]
+NARROW += [
     ("producer warp 0: loop back (landed -> next top)", (NPR0, 0, 3), (NPR0, 1, 0)),
     ("tile k: producer 0 issued -> consumer saw it landed", (NPR0, 0, 2), (WG0, 0, 1)),
     ("tile k: producer 0 landed -> consumer saw it landed", (NPR0, 0, 3), (WG0, 0, 1)),
-    ("tile k+2 issued (producer 0) after tile k's S done", (WG0, 0, 2), (NPR0, 2, 2)),
     ("tile k+2 issued (producer 0) after tile k's P V done", (WG0, 0, 4), (NPR0, 2, 2)),
 ]
 EDGES = [

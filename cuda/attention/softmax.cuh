@@ -32,6 +32,12 @@ __device__ __forceinline__ bool sat_needed(float mx, float m)
     return mx == INFINITY || (mx <= -kFltMax && m <= -kFltMax);
 }
 
+// The lazy maximum's slack (log2 domain), one rule for the Hopper kernels that keep one (the wide kernel's
+// reference max, the dims and narrow kernels' lazy maximum): a tile whose maxima stay within kLazySlack of the
+// maximum its probabilities are taken against keeps it, so P <= 2^8 and O and l need no rescale; lse =
+// m + log2(l) holds for any such reference, and max_logits comes from the true maximum kept beside it.
+constexpr float kLazySlack = 8.f;
+
 // p = hi + lo with hi = bf16_rne(p) and lo = bf16_rne(p - hi) (p - hi is exact in fp32): P V is done
 // as P_hi V + P_lo V, so the probabilities carry ~16 significant bits instead of bf16's 8 (a bf16 P
 // alone gives errors of ~2^-9 |V| per dominant token: up to ~1e-2 on outputs whose V entries reach

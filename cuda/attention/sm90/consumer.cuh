@@ -134,10 +134,9 @@ struct ScoreWarpgroup : ConsumerBase<ABL, XO, FAST, SPLIT, 0> {
     float m_t[2] = {-INFINITY, -INFINITY};  // the true row max (max_logits)
     double l_r[2] = {0.0, 0.0};  // row sums in double (see sm80/tile.cuh)
     // kLazyMax (plan.cuh): the reference max moves only when a tile's max exceeds it by more than
-    // kMaxSlack (log2 units), so P <= 2^8 and O, l and WG1's O are rescaled rarely (the max of random
+    // kLazySlack (log2 units, attention/softmax.cuh), so P <= 2^8 and O, l and WG1's O are rescaled rarely (the max of random
     // scores keeps creeping up in most tiles). lse = m_r + log2(l) holds for any reference; m_t gives
     // max_logits. Otherwise m_r is the running max itself.
-    static constexpr float kMaxSlack = 8.f;
 
     __device__ __forceinline__ ScoreWarpgroup(const Args &a_, const Cta<XO> &cta, uint32_t peer_base_)
         : B(a_, cta, peer_base_)
@@ -202,7 +201,7 @@ struct ScoreWarpgroup : ConsumerBase<ABL, XO, FAST, SPLIT, 0> {
 #pragma unroll
         for (int i = 0; i < 2; ++i) {
             m_t[i] = fmaxf(m_t[i], mx[i]);
-            const float mn = kLazyMax ? (mx[i] > m_r[i] + kMaxSlack ? mx[i] : m_r[i])  // NaN keeps m_r
+            const float mn = kLazyMax ? (mx[i] > m_r[i] + kLazySlack ? mx[i] : m_r[i])  // NaN keeps m_r
                                       : fmaxf(m_r[i], mx[i]);
             base_[i] = mn == -INFINITY ? 0.f : mn;
             alpha[i] = ex2(m_r[i] - base_[i]);

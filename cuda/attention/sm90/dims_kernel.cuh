@@ -85,7 +85,6 @@ static_assert(kStages % kGroups == 0 && kRowsPerWarp == 8, "stages per group; a 
 static_assert(SMLA_FP8_TILE == 128 && SMLA_FP8_NUM_TILES == kWarps, "warp w owns scale tile w");
 constexpr int kBarGroup = 1;                  // + group: the group's named barrier (128 threads)
 constexpr int kBarAll = 3;                    // the two groups (kConsumers threads; the epilogue)
-constexpr float kLazy = 8.f;                  // the lazy reference maximum's slack (log2; split_softmax)
 
 // Trace events (profiling builds, sm90/trace.cuh): a group's first warp at step k (its k-th tile), the
 // producer's first and third warps at step i / 2 (tile i; events + 3 for odd tiles).
@@ -313,7 +312,7 @@ struct Warp {
     //   partials : every warp's 4 blocks into red; barrier; warp w sums block w's 4 partials (warp order);
     //   block    : mask, scale, saturation, the block's per-head maxima (in-warp shuffles), P = 2^(S - m_r)
     //              against the running (reference) maximum, P's fragments and the maxima into smem; barrier;
-    //   verdict  : the tile's maxima from all 4 warps; if every head's is within kLazy of m_r (the same
+    //   verdict  : the tile's maxima from all 4 warps; if every head's is within kLazySlack of m_r (the same
     //              verdict in every warp: all read the same maxima), P stands and nothing is rescaled; else
     //              (a new maximum, the first tile, saturation) the exact step: m_r moves to the tile's
     //              maximum, P again, O and the row sums rescaled by alpha, P rewritten; barrier;
@@ -394,8 +393,8 @@ struct Warp {
             const float4 q = *reinterpret_cast<const float4 *>(smx + (g + 8 * hf) * kWarps);
             tm[hf] = fmaxf(fmaxf(q.x, q.y), fmaxf(q.z, q.w));
         }
-        const bool lazy = m_r[0] != -INFINITY && m_r[1] != -INFINITY && tm[0] <= m_r[0] + kLazy &&
-                          tm[1] <= m_r[1] + kLazy;
+        const bool lazy = m_r[0] != -INFINITY && m_r[1] != -INFINITY && tm[0] <= m_r[0] + kLazySlack &&
+                          tm[1] <= m_r[1] + kLazySlack;
         if (__all_sync(0xffffffffu, lazy)) {
             l_r[0] += static_cast<double>(p[0] + p[1]);
             l_r[1] += static_cast<double>(p[2] + p[3]);

@@ -18,7 +18,7 @@
 
 // 1: "high" at NH = 16 runs P_hi and P_lo through one n32 wgmma per V^T block (Consumer::kStack), 0: two n16.
 #define SMLA_NARROW_STACK_P 1
-// The lazy maximum (sm90/narrow_softmax.cuh, kLazyLog2): a tile within 2^8 of the running maxima skips the
+// The lazy maximum (sm90/narrow_softmax.cuh, kLazySlack): a tile within 2^8 of the running maxima skips the
 // exchange of its maxima between the warps and the rescale of O^T. 2: over both caches, 1: over bf16 only
 // (prefill), 0: every tile exact.
 #define SMLA_NARROW_LAZY_MAX 2

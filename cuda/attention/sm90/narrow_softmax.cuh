@@ -16,18 +16,16 @@
 namespace attn {
 namespace sm90 {
 
-// The lazy maximum (LAZY, the narrow kernel): a tile whose every valid score is within 2^kLazyLog2 of its
-// head's running maximum is taken against that maximum as it is, with no exchange of the tile's maxima
-// between the warps and no rescale of O^T (FlashAttention-4's conditional rescaling): P = 2^(s - m) <= 2^8,
-// and out = O / l and lse = m + log2(l) do not depend on which m the sums were taken against. Only
-// max_logits needs the true maximum, which each thread keeps for its own scores (tmx) and the epilogue
-// reduces (max_logit).
-constexpr float kLazyLog2 = 8.f;
+// The lazy maximum (LAZY, the narrow kernel): a tile whose every valid score is within 2^kLazySlack
+// (attention/softmax.cuh) of its head's running maximum is taken against that maximum as it is, with no
+// exchange of the tile's maxima between the warps and no rescale of O^T (FlashAttention-4's conditional
+// rescaling). Only max_logits needs the true maximum, which each thread keeps for its own scores (tmx) and
+// the epilogue reduces (publish_tmx).
 
 // NH heads (16 or 32); NO_LO: P goes to the MMA as bf16 only ("fast"), else as P_hi and P_lo (rows
 // NH.. of the P region, kPBytes on); NO: accumulator floats per O^T m-tile, NH / 2, or NH when the
 // caller stacks P_hi^T and P_lo^T into one n = 2 NH MMA (the second half holds O_lo^T); LAZY: the lazy
-// maximum above (lazy_tile, max_logit).
+// maximum above (lazy_tile, publish_tmx).
 template <int NH_, bool NO_LO, int NO_, bool LAZY = false>
 struct HeadSoftmax {
     static constexpr int NH = NH_, NS = NH / 2, NL = NH / 4, NO = NO_;
@@ -117,7 +115,7 @@ struct HeadSoftmax {
     }
 
     // LAZY: the tile against the running maxima as they are. P = 2^(s - m_r) stored, then one barrier that
-    // also tells every thread whether any of the 128 saw a head's maximum above m_r + kLazyLog2, or one that
+    // also tells every thread whether any of the 128 saw a head's maximum above m_r + kLazySlack, or one that
     // saturation may concern (sat_needed: a first tile, m_r = -inf, always does). Then (false) the row sums
     // take the tile and tmx its maxima; or (true) nothing changed but P^T, and the caller redoes the tile
     // exactly (exchange_max, softmax). s, mx: from scale_mask; bar: a 128-thread barrier after which P^T is
@@ -129,7 +127,7 @@ struct HeadSoftmax {
         float ps[NL];
 #pragma unroll
         for (int hl = 0; hl < NL; ++hl) {
-            need |= !(mx[hl] <= m_r[hl] + kLazyLog2) || sat_needed(mx[hl], m_r[hl]);  // NaN: the exact path
+            need |= !(mx[hl] <= m_r[hl] + kLazySlack) || sat_needed(mx[hl], m_r[hl]);  // NaN: the exact path
             const int i0 = 4 * (hl >> 1) + (hl & 1), i1 = i0 + 2;
             const float p0 = ex2(s[i0] - m_r[hl]), p1 = ex2(s[i1] - m_r[hl]);
             ps[hl] = p0 + p1;
