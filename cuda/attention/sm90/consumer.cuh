@@ -347,6 +347,10 @@ struct ScoreWarpgroup : ConsumerBase<ABL, XO, FAST, SPLIT, 0> {
     }
 
     // --- kHalves (the bf16 kernel, plan.cuh): the ring of four 32-token slots -------------------------------
+    // Trace events per half-tile u (tools/trace_attn.py --kernel sm90h): WG0 0 start, 1 slot u + 1 landed, 2 S(u + 1)
+    // issued and its P V of u - 1 done, 3 softmax done, 4 P published, 5 P V issued and S(u + 1) done, 6 (last u)
+    // all done; WG1 0 start, 1 P received, 2 its P V done; producer (per tile) 0 start, 1 and 2 slot 2 b + 0 / + 1
+    // free.
     // Half-tile u (tokens 32 (u & 1) .. of slice tile u >> 1 that runs) is in slot u & 3, its use u >> 2.
     // Per u (half_step): acquire slot u + 1 and issue its S; wait for S(u) and this warpgroup's P V of u - 1 (the
     // older commit groups), free slot u - 1; mask and softmax of u while the tensor cores run S(u + 1); once WG1
@@ -407,6 +411,7 @@ struct ScoreWarpgroup : ConsumerBase<ABL, XO, FAST, SPLIT, 0> {
         }
         fence_regs(o);
         fence_regs(p);
+        trace(a, u, 2);
         if (u > 0) B::release_slot(c, (u - 1) & 3);
         float s[16];
 #pragma unroll
@@ -418,7 +423,7 @@ struct ScoreWarpgroup : ConsumerBase<ABL, XO, FAST, SPLIT, 0> {
         float mx[2], alpha[2];
         sm90::mask_scores(c.sValid + ((u >> 1) & 1) * kBN + kHalfRows * (u & 1), a.scale_log2, t4, m_r, s, mx);
         softmax(s, mx, alpha, reinterpret_cast<uint32_t(&)[8]>(p[0]), reinterpret_cast<uint32_t(&)[8]>(p[8]));
-        trace(a, u, 2);
+        trace(a, u, 3);
         if (u > 0) named_sync(kBarFree, 256);  // WG1's P V of u - 1 is done: the P block is free
         store_p_frags<B::kNoLo ? 2 : 4>(c.sPlo, r0, B::lane, p);
         if (t4 == 0) {
@@ -427,7 +432,7 @@ struct ScoreWarpgroup : ConsumerBase<ABL, XO, FAST, SPLIT, 0> {
         }
         fence_async_smem();
         named_arrive(kBarP + (u & 1), 256);
-        trace(a, u, 3);
+        trace(a, u, 4);
         B::rescale(alpha);
         issue_half_pv(c, u, p);
         if constexpr (NEXT) {
@@ -441,7 +446,7 @@ struct ScoreWarpgroup : ConsumerBase<ABL, XO, FAST, SPLIT, 0> {
 #pragma unroll
             for (int ch = 0; ch < kSChains; ++ch) fence_regs(nxt[ch]);
         }
-        trace(a, u, 4);
+        trace(a, u, 5);
     }
 
     __device__ __forceinline__ void run_halves(const Cta<XO> &c)
@@ -468,7 +473,7 @@ struct ScoreWarpgroup : ConsumerBase<ABL, XO, FAST, SPLIT, 0> {
         wg_wait0();
         fence_regs(o);
         fence_regs(p);
-        trace(a, n - 1, 5);
+        trace(a, n - 1, 6);
         B::release_slot(c, (n - 1) & 3);
     }
 
