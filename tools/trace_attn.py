@@ -10,7 +10,7 @@ doing meanwhile (hand-off latencies, how long a K region takes to land after its
 Needs a profiling build (SMLA_PROFILE_BUILD=1: the timestamps are compiled in only there).
 
     SMLA_PROFILE_BUILD=1 python3 setup.py build_ext --inplace
-    PYTHONPATH=src python3 tools/trace_attn.py [--kernel sm90|sm90h|sm90p|sm90d|sm90n] [--precision fast|high] [--h 128]
+    PYTHONPATH=src python3 tools/trace_attn.py [--kernel sm90|sm90p|sm90d|sm90n] [--precision fast|high] [--h 128]
 """
 import argparse
 import os
@@ -43,24 +43,6 @@ WIDE = [
     ("producer issue (free -> issued)", (PR0, 0, 1), (PR0, 0, 2)),
     ("producer copies landing (issued -> landed, one thread)", (PR0, 0, 2), (PR0, 0, 3)),
     ("K tile: issued -> WG0 saw it landed", (PR0, 0, 2), (WG0, 0, 1)),
-]
-# The wide kernel with the four-slot ring (SMLA_SM90_HALVES, sm90/consumer.cuh run_halves): steps are half-tiles
-# (32 tokens) for the consumers, tiles (64) for the producer.
-HALVES = [
-    ("WG0 half-tile period (start u -> start u+1)", (WG0, 0, 0), (WG0, 1, 0)),
-    ("WG0 wait for slot u+1 (start -> landed)", (WG0, 0, 0), (WG0, 0, 1)),
-    ("WG0 issue S(u+1), wait its P V(u-1)", (WG0, 0, 1), (WG0, 0, 2)),
-    ("WG0 mask + softmax", (WG0, 0, 2), (WG0, 0, 3)),
-    ("WG0 wait P block free + publish P", (WG0, 0, 3), (WG0, 0, 4)),
-    ("WG0 issue its P V, wait S(u+1)", (WG0, 0, 4), (WG0, 0, 5)),
-    ("WG0 loop (-> next start)", (WG0, 0, 5), (WG0, 1, 0)),
-    ("WG1 half-tile period", (WG1, 0, 0), (WG1, 1, 0)),
-    ("WG1 wait for P (start -> P received)", (WG1, 0, 0), (WG1, 0, 1)),
-    ("WG1 hand-off (WG0 published -> WG1 received)", (WG0, 0, 4), (WG1, 0, 1)),
-    ("WG1 its P V (received -> done)", (WG1, 0, 1), (WG1, 0, 2)),
-    ("producer tile period (64 tokens)", (PR0, 0, 0), (PR0, 1, 0)),
-    ("producer wait for slot 2b free", (PR0, 0, 0), (PR0, 0, 1)),
-    ("producer issue 2b, wait slot 2b+1 free", (PR0, 0, 1), (PR0, 0, 2)),
 ]
 PAIR = [
     ("WG0 pair period (start k -> start k+1)", (WG0, 0, 0), (WG0, 1, 0)),
@@ -155,7 +137,7 @@ def summarize(t, kernel):
                 out.append(vb - va)
         return out
 
-    for label, a, b in {"sm90p": PAIR, "sm90d": DIMS, "sm90n": NARROW, "sm90h": HALVES}.get(kernel, WIDE):
+    for label, a, b in {"sm90p": PAIR, "sm90d": DIMS, "sm90n": NARROW}.get(kernel, WIDE):
         vals = [v for k in range(lo, hi) for v in interval(a, b, k)]
         if vals:
             m = sum(vals) / len(vals)
@@ -172,14 +154,13 @@ def summarize(t, kernel):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--kernel", default="sm90", choices=["sm90", "sm90h", "sm90p", "sm90d", "sm90n"],
-                    help="sm90h: the wide kernel built with its four-slot ring (SMLA_SM90_HALVES=1), per half-tile")
+    ap.add_argument("--kernel", default="sm90", choices=["sm90", "sm90p", "sm90d", "sm90n"])
     ap.add_argument("--precision", default="fast", choices=["fast", "high"])
     ap.add_argument("--h", type=int, default=128)
     ap.add_argument("--s-kv", type=int, default=32768)
     ap.add_argument("--ablate", type=int, default=0, help="the ablation variant traced (SMLA_ATTN_ABLATE; 0: the full kernel)")
     args = ap.parse_args()
-    gpu = open_gpu("trace_attn", "sm90" if args.kernel == "sm90h" else args.kernel)
+    gpu = open_gpu("trace_attn", args.kernel)
     if gpu is None:
         return 0
     torch, smla = gpu

@@ -102,15 +102,6 @@ struct ConsumerBase {
         }
     }
 
-    // kHalves: slot s of the ring (plan.cuh) for its use-th half-tile; the producer's copies land through
-    // cp.async, read by wgmma (the async proxy) once this thread saw the phase complete.
-    __device__ __forceinline__ void acquire_slot(const Cta<XO> &c, int s, int use) const
-    {
-        mbar_wait(slot_full(c, s), use & 1);
-        fence_async_smem();
-    }
-    __device__ __forceinline__ void release_slot(const Cta<XO> &c, int s) const { mbar_arrive(slot_empty(c, s)); }
-
     __device__ __forceinline__ void rescale(const float (&alpha)[2]) { rescale_rows(o, alpha); }
 
     // V = the K buffer's (descriptor base vd = desc_base(kb, kBlk)) columns 256 wg .. + 255 (the even
@@ -201,12 +192,10 @@ struct ScoreWarpgroup : ConsumerBase<ABL, XO, FAST, SPLIT, 0> {
         sm90::mask_scores(c.sValid + b * kBN, a.scale_log2, t4, m_r, s, mx);
     }
 
-    // New row maxima, alpha (the factor O is rescaled by), P = 2^(S - m) as the A fragments of the N / 8
-    // k-steps of P V (hi: bf16_rne(p); lo: the rest, high only), row sums. N = 32: a 64-token tile; 16: a
-    // kHalves slot's 32 tokens.
-    template <int N>
-    __device__ __forceinline__ void softmax(const float (&s)[N], const float (&mx)[2], float (&alpha)[2],
-                                            uint32_t (&hi)[N / 2], uint32_t (&lo)[N / 2])
+    // New row maxima, alpha (the factor O is rescaled by), P = 2^(S - m) as the A fragments of the 4
+    // k-steps of P V (hi: bf16_rne(p); lo: the rest, high only), row sums.
+    __device__ __forceinline__ void softmax(const float (&s)[32], const float (&mx)[2], float (&alpha)[2],
+                                            uint32_t (&hi)[16], uint32_t (&lo)[16])
     {
         float base_[2];
 #pragma unroll
@@ -222,7 +211,7 @@ struct ScoreWarpgroup : ConsumerBase<ABL, XO, FAST, SPLIT, 0> {
         // accumulator column block jn (tokens 8 jn + 2 t4, + 1) is half jn & 1 of k-step jn >> 1:
         // A fragment registers 4 (jn >> 1) + 2 (jn & 1) + {0: row r0, 1: row r0 + 8}
 #pragma unroll
-        for (int jn = 0; jn < N / 4; ++jn) {
+        for (int jn = 0; jn < 8; ++jn) {
             const float p0 = ex2(s[4 * jn + 0] - base_[0]), p1 = ex2(s[4 * jn + 1] - base_[0]);
             const float p2 = ex2(s[4 * jn + 2] - base_[1]), p3 = ex2(s[4 * jn + 3] - base_[1]);
             rs[0] += p0 + p1;
@@ -346,137 +335,6 @@ struct ScoreWarpgroup : ConsumerBase<ABL, XO, FAST, SPLIT, 0> {
         }
     }
 
-    // --- kHalves (the bf16 kernel, plan.cuh): the ring of four 32-token slots -------------------------------
-    // Trace events per half-tile u (tools/trace_attn.py --kernel sm90h): WG0 0 start, 1 slot u + 1 landed, 2 S(u + 1)
-    // issued and its P V of u - 1 done, 3 softmax done, 4 P published, 5 P V issued and S(u + 1) done, 6 (last u)
-    // all done; WG1 0 start, 1 P received, 2 its P V done; producer (per tile) 0 start, 1 and 2 slot 2 b + 0 / + 1
-    // free.
-    // Half-tile u (tokens 32 (u & 1) .. of slice tile u >> 1 that runs) is in slot u & 3, its use u >> 2.
-    // Per u (half_step): acquire slot u + 1 and issue its S; wait for S(u) and this warpgroup's P V of u - 1 (the
-    // older commit groups), free slot u - 1; mask and softmax of u while the tensor cores run S(u + 1); once WG1
-    // is done with the P block (kBarFree), P(u) into it (P_hi at k-steps 0, 1, P_lo at 2, 3: store_p_frags'
-    // [64 x 64] layout) and alpha into sAlpha[u & 1] (kBarP + (u & 1)); O rescaled; issue P V(u). The S
-    // accumulators alternate between two register sets (u even / odd), so nothing in flight is copied.
-    static constexpr int kHalfChainSteps = 36 / kSChains;
-    using HalfS = float[kSChains][16];
-
-    // S of half-tile u (m64n32k16 x 36 from smem, kSChains chains into sc), one commit group.
-    __device__ __forceinline__ void issue_half_s(const Cta<XO> &c, int u, HalfS &sc) const
-    {
-        if constexpr (!B::kNoS) {
-            const uint32_t qd = opaque(desc_base(c.sQ, 16)), kd = opaque(desc_base(slot_addr(c, u & 3), 16));
-            wg_fence();
-#pragma unroll
-            for (int ch = 0; ch < kSChains; ++ch) {
-#pragma unroll
-                for (int kk = ch * kHalfChainSteps; kk < (ch + 1) * kHalfChainSteps; ++kk) {
-                    const uint32_t off = (kk >> 2) * kBlk + (kk & 3) * 32;
-                    wgmma_n32(sc[ch], desc_at(qd, off), desc_at(kd, off), kk > ch * kHalfChainSteps);
-                }
-            }
-        }
-        wg_commit();
-    }
-    // O[:, 0:128] += P V over half-tile u, P from registers (p: hi in 0..7, lo in 8..15), one commit group.
-    __device__ __forceinline__ void issue_half_pv(const Cta<XO> &c, int u, const uint32_t (&p)[16])
-    {
-        static_assert(SPLIT == 128, "the slot ring is written for WG0's 128 columns");
-        if constexpr (!B::kNoPV) {
-            const uint32_t vd = opaque(desc_base(slot_addr(c, u & 3), kBlk));
-            wg_fence();
-#pragma unroll
-            for (int kk = 0; kk < 2; ++kk) {
-                const uint64_t dv = B::v_desc_at(vd, kk, 0);
-                wgmma_n128_rs(o, reinterpret_cast<const uint32_t(&)[4]>(p[4 * kk]), dv);
-                if constexpr (!B::kNoLo) wgmma_n128_rs(o, reinterpret_cast<const uint32_t(&)[4]>(p[8 + 4 * kk]), dv);
-            }
-        }
-        wg_commit();
-    }
-
-    // Half-tile u, its S complete in cur; NEXT: issues S(u + 1) into nxt first and returns once it is complete,
-    // with this warpgroup's P V of u still running unless DRAIN (a product in flight across the loop's back edge
-    // makes ptxas serialise every wgmma, C7514).
-    template <bool NEXT, bool DRAIN = false>
-    __device__ __forceinline__ void half_step(const Cta<XO> &c, int u, HalfS &cur, HalfS &nxt, uint32_t (&p)[16])
-    {
-        trace(a, u, 0);
-        if constexpr (NEXT) {
-            B::acquire_slot(c, (u + 1) & 3, (u + 1) >> 2);
-            trace(a, u, 1);
-            issue_half_s(c, u + 1, nxt);
-            wg_wait1();  // this warpgroup's P V of u - 1
-        } else {
-            wg_wait0();
-        }
-        fence_regs(o);
-        fence_regs(p);
-        trace(a, u, 2);
-        if (u > 0) B::release_slot(c, (u - 1) & 3);
-        float s[16];
-#pragma unroll
-        for (int i = 0; i < 16; ++i) {
-            s[i] = B::kNoS ? 0.f : cur[0][i];
-#pragma unroll
-            for (int ch = 1; ch < kSChains; ++ch) s[i] += B::kNoS ? 0.f : cur[ch][i];
-        }
-        float mx[2], alpha[2];
-        sm90::mask_scores(c.sValid + ((u >> 1) & 1) * kBN + kHalfRows * (u & 1), a.scale_log2, t4, m_r, s, mx);
-        softmax(s, mx, alpha, reinterpret_cast<uint32_t(&)[8]>(p[0]), reinterpret_cast<uint32_t(&)[8]>(p[8]));
-        trace(a, u, 3);
-        if (u > 0) named_sync(kBarFree, 256);  // WG1's P V of u - 1 is done: the P block is free
-        store_p_frags<B::kNoLo ? 2 : 4>(c.sPlo, r0, B::lane, p);
-        if (t4 == 0) {
-            c.sAlpha[(u & 1) * kHT + r0] = alpha[0];
-            c.sAlpha[(u & 1) * kHT + r0 + 8] = alpha[1];
-        }
-        fence_async_smem();
-        named_arrive(kBarP + (u & 1), 256);
-        trace(a, u, 4);
-        B::rescale(alpha);
-        issue_half_pv(c, u, p);
-        if constexpr (NEXT) {
-            if constexpr (DRAIN) {
-                wg_wait0();
-                fence_regs(o);
-                fence_regs(p);
-            } else {
-                wg_wait1();  // S(u + 1)
-            }
-#pragma unroll
-            for (int ch = 0; ch < kSChains; ++ch) fence_regs(nxt[ch]);
-        }
-        trace(a, u, 5);
-    }
-
-    __device__ __forceinline__ void run_halves(const Cta<XO> &c)
-    {
-        const int n = 2 * c.nt;
-        if (n == 0) return;
-        HalfS sa, sb;
-        uint32_t p[16];
-        fence_regs(o);  // O's zeros are defined before the first wgmma (not sunk into its pipeline stage)
-        B::acquire_slot(c, 0, 0);
-        issue_half_s(c, 0, sa);
-        wg_wait0();
-#pragma unroll
-        for (int ch = 0; ch < kSChains; ++ch) fence_regs(sa[ch]);
-        // the last half-tile has no next S: its own instantiation (a branch around a wgmma would make the
-        // compiler serialise every wgmma of the kernel); n is even
-#pragma unroll 1
-        for (int u = 0; u + 2 < n; u += 2) {
-            half_step<true>(c, u, sa, sb, p);
-            half_step<true, true>(c, u + 1, sb, sa, p);
-        }
-        half_step<true>(c, n - 2, sa, sb, p);
-        half_step<false>(c, n - 1, sb, sa, p);
-        wg_wait0();
-        fence_regs(o);
-        fence_regs(p);
-        trace(a, n - 1, 6);
-        B::release_slot(c, (n - 1) & 3);
-    }
-
     // The row statistics for both warpgroups, then this warpgroup's columns.
     __device__ __forceinline__ void epilogue(const Cta<XO> &c)
     {
@@ -555,42 +413,6 @@ struct ValueWarpgroup : ConsumerBase<ABL, XO, FAST, 512 - SPLIT, SPLIT> {
             if (it + 1 < nt) named_arrive(kBarFree, 256);  // P_lo may be rewritten
         }
         B::release(c, b);
-    }
-
-    // kHalves: half-tile u of n (ScoreWarpgroup::run_halves), P from the P block (P_hi at k-steps 0, 1, P_lo at
-    // 2, 3); the P block is WG0's again (kBarFree) once this product is done.
-    __device__ __forceinline__ void half(const Cta<XO> &c, int u, int n)
-    {
-        static_assert(SPLIT == 128, "the slot ring is written for WG1's 384 columns");
-        const int sl = u & 3;
-        trace(B::a, u, 0);
-        named_sync(kBarP + (u & 1), 256);
-        trace(B::a, u, 1);
-        B::acquire_slot(c, sl, u >> 2);
-        const float alpha[2] = {c.sAlpha[(u & 1) * kHT + r0], c.sAlpha[(u & 1) * kHT + r0 + 8]};
-        B::rescale(alpha);
-        if constexpr (!B::kNoPV) {
-            const uint32_t vd = opaque(desc_base(slot_addr(c, sl), kBlk)), pd = opaque(desc_base(c.sPlo, 16));
-            auto &oa = reinterpret_cast<float(&)[128]>(o[0]);
-            auto &ob = reinterpret_cast<float(&)[64]>(o[128]);
-            wg_fence();
-#pragma unroll
-            for (int kk = 0; kk < 2; ++kk) {
-                const uint64_t da = B::v_desc_at(vd, kk, 2), db = B::v_desc_at(vd, kk, 6);
-                wgmma_n256_tb(oa, desc_at(pd, kk * 32), da);
-                wgmma_n128_tb(ob, desc_at(pd, kk * 32), db);
-                if constexpr (!B::kNoLo) {
-                    wgmma_n256_tb(oa, desc_at(pd, 64 + kk * 32), da);
-                    wgmma_n128_tb(ob, desc_at(pd, 64 + kk * 32), db);
-                }
-            }
-            wg_commit();
-            wg_wait0();
-            fence_regs(o);
-        }
-        trace(B::a, u, 2);
-        if (u + 1 < n) named_arrive(kBarFree, 256);
-        B::release_slot(c, sl);
     }
 
     __device__ __forceinline__ void epilogue(const Cta<XO> &c)

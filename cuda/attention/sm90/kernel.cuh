@@ -35,18 +35,8 @@ namespace sm90 {
 // The mbarriers (thread 0): full[b] counts the 128 producer threads, empty[b] the 256 consumer
 // threads (XO: one arrival per consumer warp of both CTAs), rr[b] (XO) the peer's bytes.
 template <bool XO>
-__device__ __forceinline__ void init_barriers(const Cta<XO> &c, bool halves = false)
+__device__ __forceinline__ void init_barriers(const Cta<XO> &c)
 {
-    if (halves) {  // the slot ring (plan.cuh, kHalves): full[s] counts the 128 producer threads' cp.async
-        if (c.tid == 0) {  // arrivals and the 16 row-flag writers' plain ones, empty[s] the 256 consumer threads
-            for (int s = 0; s < 4; ++s) {
-                mbar_init(slot_full(c, s), 128 + 16);
-                mbar_init(slot_empty(c, s), 256);
-            }
-            fence_mbarrier_init();
-        }
-        return;
-    }
     if (c.tid == 0) {
         mbar_init(c.bar_full, 128);
         mbar_init(c.bar_full + 8, 128);
@@ -83,8 +73,7 @@ __global__ void __launch_bounds__(kThreads, 1) attn_sm90_kernel(const __grid_con
 
     trace(a, kTraceEdge, kTrStart);
     pdl_launch_dependents();  // the combine (split mode) may be scheduled; it waits for this grid
-    constexpr bool kRing4 = !FP8 && kHalves;  // the four-slot K ring (plan.cuh)
-    init_barriers(c, kRing4);
+    init_barriers(c);
     if (c.nt > 0 && c.tid < 256) load_q(a, c);
     if (!FP8 && c.tid < kMaskWords) mask[c.tid] = 0u;
     if constexpr (XO) cluster_sync();  // both CTAs' barriers initialised
@@ -96,7 +85,7 @@ __global__ void __launch_bounds__(kThreads, 1) attn_sm90_kernel(const __grid_con
     // (the producers issue the slice's tile 0 first: the scan's round trip overlaps its copies)
     if constexpr (!FP8) {
         skip_empty_tiles<256, 4, kThreads>(a, c, mask, kBarStart, [&] {
-            if (kSpeculate && c.nt_all > 0) Bf16Producer<ABL, 256, 4, kRing4>(a, c).speculate();
+            if (kSpeculate && c.nt_all > 0) Bf16Producer<ABL>(a, c).speculate();
         });
         trace(a, kTraceEdge, kTrScanned);
     }
@@ -106,7 +95,7 @@ __global__ void __launch_bounds__(kThreads, 1) attn_sm90_kernel(const __grid_con
     if (c.tid >= 256) {
         setmaxnreg_to<Regs::producer>();
         if constexpr (FP8) Fp8Producer<ABL, XO, 256, 4, /*SPREAD=*/!XO>(a, c, peer, peer_base).run();
-        else Bf16Producer<ABL, 256, 4, kRing4>(a, c).run(kSpeculate && c.nt_all > 0);
+        else Bf16Producer<ABL>(a, c).run(kSpeculate && c.nt_all > 0);
         if constexpr (FUSED) {  // every thread takes part in the consumers' cluster barrier and the grid's
             if constexpr (XO) cluster_sync();
             combine_grid_sync();
@@ -121,8 +110,7 @@ __global__ void __launch_bounds__(kThreads, 1) attn_sm90_kernel(const __grid_con
         setmaxnreg_to<Regs::score>();
         wait_q();
         ScoreWarpgroup<ABL, XO, FAST, SPLIT> wg0(a, c, peer_base);
-        if constexpr (kRing4) wg0.run_halves(c);
-        else wg0.run(c);
+        wg0.run(c);
         if constexpr (XO) cluster_sync();
         trace(a, kTraceEdge, kTrEpilogue);
         wg0.epilogue(c);
@@ -135,11 +123,7 @@ __global__ void __launch_bounds__(kThreads, 1) attn_sm90_kernel(const __grid_con
         setmaxnreg_to<Regs::value>();
         wait_q();
         ValueWarpgroup<ABL, XO, FAST, SPLIT> wg1(a, c, peer_base);
-        if constexpr (kRing4) {
-            for (int u = 0; u < 2 * c.nt; ++u) wg1.half(c, u, 2 * c.nt);
-        } else {
-            for (int it = 0; it < c.nt; ++it) wg1.tile(c, it, c.nt);
-        }
+        for (int it = 0; it < c.nt; ++it) wg1.tile(c, it, c.nt);
         if constexpr (XO) cluster_sync();
         trace(a, kTraceEdge, kTrEpilogue);
         wg1.epilogue(c);

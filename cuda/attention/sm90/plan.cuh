@@ -43,19 +43,10 @@ namespace sm90 {
 #define SMLA_SM90_BF16_CLUSTER 1
 #endif
 constexpr bool kBf16Cluster = SMLA_SM90_BF16_CLUSTER != 0;
-// The bf16 wide kernel's K ring as four 32-token slots instead of two 64-token buffers (issue 16, twenty-first
-// session): slot s is half s & 1 (rows 32 (s & 1) ..) of K buffer s >> 1, each with its own full / empty
-// mbarriers, so the score warpgroup issues the next slot's S before the softmax of this one and the tensor
-// cores run it while the softmax runs (sm90/consumer.cuh, ScoreWarpgroup::run_halves). 0: 64-token tiles.
-#ifndef SMLA_SM90_HALVES
-#define SMLA_SM90_HALVES 1
-#endif
-constexpr bool kHalves = SMLA_SM90_HALVES != 0;
 constexpr bool kSpeculate = SMLA_SM90_SPECULATE != 0, kStagedOut = SMLA_SM90_STAGED_OUT != 0;
 constexpr bool kLazyMax = SMLA_SM90_LAZY_MAX != 0, kPersistent = SMLA_SM90_PERSISTENT != 0;
 static_assert(!kLazyMax || kStagedOut, "the lazy max writes max_logits from the true max (finish_half_direct)");
 static_assert(!kPersistent || !kStagedOut, "a persistent CTA loads the next item's Q where the staged output goes");
-static_assert(!kPersistent || !kHalves, "the persistent kernel runs the 64-token ring");
 
 constexpr int kHT = 64, kBN = 64;              // heads per CTA, tokens per K tile
 constexpr int kThreads = 384;                  // WG0, WG1: consumers; WG2: producer
@@ -63,7 +54,6 @@ constexpr int kMaskWords = 32, kMaskTiles = 32 * kMaskWords;  // the non-empty t
                                                               // past kMaskTiles always run
 constexpr int kBlk = 64 * 128;                 // one column block: 64 rows x 128 B
 constexpr int kTileBytes = 9 * kBlk;           // 73,728 B: Q or one K buffer
-constexpr int kHalfRows = 32, kHalfBytes = kHalfRows * 128;  // a kHalves slot: rows 32 h .. of every column block
 static_assert(kDqk == 36 * 16, "S is written as 36 k-steps of 16 dims (kSChains chains, score_tile.cuh)");
 static_assert(kRowChunks == 9 * 8, "a row is 9 column blocks of 8 chunks");
 // Registers per thread after setmaxnreg: WG0 holds half of O (128), S with its second chain (64) and P
@@ -112,7 +102,7 @@ struct Smem {
     static constexpr Region q = first_region(kTileBytes);
     static constexpr Region k = region_after(q, 2 * kTileBytes);    // two K buffers
     static constexpr Region plo = region_after(k, kBlk);            // P_lo [64 heads x 64 tokens] bf16
-    static constexpr Region bar = region_after(plo, 64);            // mbarriers: full[2], empty[2], rr[2] (kHalves: full[4], empty[4])
+    static constexpr Region bar = region_after(plo, 64);            // mbarriers: full[2], empty[2], rr[2]
     static constexpr Region valid = region_after(bar, 2 * kBN * 4);  // int [2][64]: row valid, per K buffer
     static constexpr Region alpha = region_after(valid, 2 * kHT * 4);  // float [2][64]: O's rescale, per K buffer
     static constexpr Region row_l = region_after(alpha, kHT * 8);       // double [64]: final row sums (epilogue)
@@ -188,16 +178,6 @@ struct CtaCommon {
         sValid = reinterpret_cast<int *>(smem + valid_off);
     }
 };
-
-// kHalves (the bf16 wide kernel): slot s of the K ring (half s & 1 of K buffer s >> 1; a swizzled [32 rows x 128 B]
-// part of each column block, which keeps the block stride kBlk) and its mbarriers, full[4] then empty[4] (the
-// bar region's 64 bytes).
-__device__ __forceinline__ uint32_t slot_addr(const CtaCommon &c, int s)
-{
-    return c.sK + (s >> 1) * kTileBytes + (s & 1) * kHalfBytes;
-}
-__device__ __forceinline__ uint32_t slot_full(const CtaCommon &c, int s) { return c.bar_full + 8 * s; }
-__device__ __forceinline__ uint32_t slot_empty(const CtaCommon &c, int s) { return c.bar_full + 32 + 8 * s; }
 
 // Q rows h0 .. h0 + ROWS - 1 of the CTA's query row into 9 column blocks of [ROWS x 128 B] at c.sQ, in
 // blk_addr's swizzled layout (block size ROWS * 128; ROWS = 64 is blk_addr itself), rows past h zero;

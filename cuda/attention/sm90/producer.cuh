@@ -112,17 +112,11 @@ __device__ __forceinline__ void skip_empty_tiles(const Args &a, CtaCommon &c, ui
 // speculate(): the wide kernel issues the slice's tile 0 into buffer 0 before its tile scan (a causal
 // row's tile 0 always runs, and almost every row's does), so the scan's round trip overlaps the first
 // copies; run(true) then keeps them when the scan marked tile 0, else lets them land and reloads.
-// HALVES (the wide kernel with kHalves, plan.cuh): the ring of four 32-token slots. Every warp then copies rows of
-// both halves of a tile (step i: row 32 (i >> 1) + 8 pw + 4 (i & 1) + s), so all four warps load a slot at
-// once, slot after slot in the consumers' order; each thread arrives on the slot's full barrier when its
-// copies landed (cp.async.mbarrier.arrive.noinc) and the row-flag writers once more (release), so the
-// producer never waits for a copy (run_halves).
-template <int ABL, int P0 = 256, int PW = 4, bool HALVES = false>
+template <int ABL, int P0 = 256, int PW = 4>
 struct Bf16Producer {
     static constexpr bool kNoLoad = (ABL & 1) != 0;
     static constexpr int kRows = kBN / PW, kNi = kRows / 4;  // rows per warp, 4-row steps
     static_assert(kRows % 4 == 0, "4 rows per warp step");
-    static_assert(!HALVES || PW == 4, "the slot ring is written for one producer warpgroup");
     const Args &a;
     const CtaCommon &c;
     const KvSource kv;
@@ -135,29 +129,23 @@ struct Bf16Producer {
     {
     }
 
-    // This lane's row of step i of a tile.
-    __device__ __forceinline__ int row_of(int i) const
-    {
-        return HALVES ? kHalfRows * (i >> 1) + 8 * pw + 4 * (i & 1) + sub : kRows * pw + 4 * i + sub;
-    }
-
     // The indices of this lane's rows of slice tile t (nt_all: none, all -1).
     __device__ __forceinline__ void fetch_idx(int t, int (&v)[kNi]) const
     {
 #pragma unroll
         for (int i = 0; i < kNi; ++i) {
-            const int pos = (c.j0 + t) * kBN + row_of(i);
+            const int pos = (c.j0 + t) * kBN + kRows * pw + 4 * i + sub;
             v[i] = (t < c.nt_all && pos < c.L) ? __ldg(c.idx_row + pos) : -1;
         }
     }
 
-    // The rows of steps i0 .. i1 - 1 of indices idx into K buffer b and their row flags.
-    __device__ __forceinline__ void copy_rows(int b, const int (&idx)[kNi], int i0, int i1) const
+    // The rows of indices idx into K buffer b, one cp.async group, and their row flags.
+    __device__ __forceinline__ void issue(int b, const int (&idx)[kNi]) const
     {
         const uint32_t kb = c.sK + b * kTileBytes;
 #pragma unroll
-        for (int i = i0; i < i1; ++i) {
-            const int r = row_of(i);
+        for (int i = 0; i < kNi; ++i) {
+            const int r = kRows * pw + 4 * i + sub;
             const bool ok = kv.valid(idx[i]);  // -1 past L
             const uint8_t *src = kv.row(idx[i], ok) + cl * 16;
             const int nb = (ok && !kNoLoad) ? 16 : 0;
@@ -169,11 +157,6 @@ struct Bf16Producer {
             }
             if (cl == 0) c.sValid[b * kBN + r] = ok ? 1 : 0;
         }
-    }
-    // The whole tile into K buffer b, one cp.async group.
-    __device__ __forceinline__ void issue(int b, const int (&idx)[kNi]) const
-    {
-        copy_rows(b, idx, 0, kNi);
         cp_async_commit();
     }
 
@@ -185,45 +168,12 @@ struct Bf16Producer {
         issue(0, idx);
     }
 
-    // Every tile that runs, through the two buffers (HALVES: the four slots); speculated: speculate() ran.
-    __device__ __forceinline__ void run(bool speculated) const
-    {
-        if constexpr (HALVES) run_halves(speculated);
-        else loop<false>(speculated, 0);
-    }
+    // Every tile that runs, through the two buffers; speculated: speculate() ran.
+    __device__ __forceinline__ void run(bool speculated) const { loop<false>(speculated, 0); }
     // The same for one item of a persistent CTA: g0, the buffers' uses so far (the ring runs on across items).
     __device__ __forceinline__ void run_ring(int g0) const { loop<true>(false, g0); }
 
   private:
-    // HALVES: tile it's half h into slot 2 (it & 1) + h once the consumers freed it; speculate() issued tile 0
-    // without arrivals (a wasted guess must not complete a phase), so its arrivals come here.
-    __device__ __forceinline__ void run_halves(bool speculated) const
-    {
-        int idx_cur[kNi], idx_nxt[kNi];
-        int t_nxt = c.next_tile(0);
-        const bool have0 = speculated && c.nt > 0 && t_nxt == 0;
-        if (speculated && !have0) cp_async_wait_all();  // a wasted guess lands before buffer 0 is rewritten
-        fetch_idx(t_nxt, idx_cur);
-        for (int it = 0; it < c.nt; ++it) {
-            const int b = it & 1, use = it >> 1;
-            trace(a, it, 0);
-            t_nxt = c.next_tile(t_nxt + 1);
-            fetch_idx(t_nxt, idx_nxt);
-#pragma unroll
-            for (int h = 0; h < 2; ++h) {
-                const int s = 2 * b + h;
-                if (use > 0) mbar_wait(slot_empty(c, s), (use - 1) & 1);
-                trace(a, it, 1 + h);
-                if (it > 0 || !have0) copy_rows(b, idx_cur, 2 * h, 2 * h + 2);
-                if (cl == 0) mbar_arrive(slot_full(c, s));  // the row flags
-                cp_async_mbar_arrive_noinc(slot_full(c, s));
-            }
-#pragma unroll
-            for (int i = 0; i < kNi; ++i) idx_cur[i] = idx_nxt[i];
-        }
-        cp_async_wait_all();
-    }
-
     // RING = false keeps the single-item loop's code as it was measured (with g0 + it the compiler
     // schedules it differently), so the default build stays the validated SASS.
     template <bool RING>

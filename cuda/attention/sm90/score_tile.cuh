@@ -22,17 +22,16 @@ namespace sm90 {
 constexpr int kSChains = SMLA_S_CHAINS;
 static_assert(kSChains >= 1 && kSChains <= 3, "S as 1, 2 or 3 chains");
 
-// Mask (valid: the tile's row flags, 64, or 32 for the m64n32 accumulator of a kHalves slot: N = 16), scale to the log2 domain, saturate overflow where the
+// Mask (valid: the tile's 64 row flags), scale to the log2 domain, saturate overflow where the
 // thread's maxima and the rows' running maxima m say it matters (attention/softmax.cuh); mx: this
 // thread's row maxima (mask_scale_thread), then reduced over the quad, which holds all 64 tokens of rows
 // r0, r0 + 8 (mask_scores).
-template <int N>
 __device__ __forceinline__ void mask_scale_thread(const int *valid, float scale_log2, int t4, const float (&m)[2],
-                                                  float (&s)[N], float (&mx)[2])
+                                                  float (&s)[32], float (&mx)[2])
 {
     mx[0] = mx[1] = -INFINITY;
 #pragma unroll
-    for (int jn = 0; jn < N / 4; ++jn) {
+    for (int jn = 0; jn < 8; ++jn) {
         const int tok = 8 * jn + 2 * t4;
         const bool ok0 = valid[tok] != 0, ok1 = valid[tok + 1] != 0;
         s[4 * jn + 0] = ok0 ? s[4 * jn + 0] * scale_log2 : -INFINITY;
@@ -46,7 +45,7 @@ __device__ __forceinline__ void mask_scale_thread(const int *valid, float scale_
     if (sat_needed(mx[0], m[0]) || sat_needed(mx[1], m[1])) {
         mx[0] = mx[1] = -INFINITY;
 #pragma unroll
-        for (int jn = 0; jn < N / 4; ++jn) {
+        for (int jn = 0; jn < 8; ++jn) {
             const int tok = 8 * jn + 2 * t4;
             if (valid[tok] != 0) {
                 s[4 * jn + 0] = sat_score(s[4 * jn + 0]);
@@ -69,9 +68,8 @@ __device__ __forceinline__ void quad_max(float (&mx)[2])
         mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 2));
     }
 }
-template <int N>
 __device__ __forceinline__ void mask_scores(const int *valid, float scale_log2, int t4, const float (&m)[2],
-                                            float (&s)[N], float (&mx)[2])
+                                            float (&s)[32], float (&mx)[2])
 {
     mask_scale_thread(valid, scale_log2, t4, m, s, mx);
     quad_max(mx);
@@ -81,13 +79,11 @@ __device__ __forceinline__ void mask_scores(const int *valid, float scale_log2, 
 // 2 t4, + 1) into a swizzled [64 rows x 128 B] block (blk_addr), the A operand of a wgmma from shared
 // memory: per k-step kk one stmatrix x4 whose matrix m holds rows + 8 (m & 1) and tokens 16 kk + 8 (m >> 1)
 // of the warp's 16 rows, the fragment registers' own order.
-// KK < 4: only k-steps 0 .. KK - 1 (the rest of p unused).
-template <int KK = 4>
 __device__ __forceinline__ void store_p_frags(uint32_t blk, int r0, int lane, const uint32_t (&p)[16])
 {
     const int m = lane >> 3, row = (r0 & ~15) + 8 * (m & 1) + (lane & 7);
 #pragma unroll
-    for (int kk = 0; kk < KK; ++kk)
+    for (int kk = 0; kk < 4; ++kk)
         stsm_x4(blk_addr(blk, row, 2 * kk + (m >> 1)), p[4 * kk], p[4 * kk + 1], p[4 * kk + 2], p[4 * kk + 3]);
 }
 
