@@ -14,13 +14,9 @@
 //                after WG1 freed it, kBarFree), alpha into sAlpha[b]; arrive kBarP + b;
 //     pv       : O[:, 0:SPLIT] = O * alpha + P V with P from registers (register A: m64n128k16 for the
 //                bf16 kernel's default SPLIT = 128, m64n256k16 for 256, plan.cuh);
-//                with kPParts = 2 (plan.cuh) the probabilities, publish and pv run per half of the tile's
-//                tokens (32), the second half's barrier kBarP2 + b, so WG1's first product overlaps the
-//                second half's softmax;
 //     release  : hand the buffer back to the producer(s).
 //   WG1, ValueWarpgroup (setmaxnreg WgRegs::value), per K tile: wait kBarP + b, O[:, SPLIT:512] = O * alpha + P V
-//     with P from smem (kPParts = 2: over the first half of the tokens, then kBarP2 + b and the second), free
-//     P_lo (kBarFree), release.
+//     with P from smem, free P_lo (kBarFree), release.
 // Then the epilogue: WG0 publishes the final row maxima and sums (kBarL) and each warpgroup writes its
 // columns (finish_o_cols, sm90/score_tile.cuh). Register budgets per split: WgRegs (plan.cuh).
 // Trace events per tile (profiling builds, sm90/trace.cuh): WG0 0 start, 1 K landed, 2 S done, 3 softmax
@@ -196,9 +192,12 @@ struct ScoreWarpgroup : ConsumerBase<ABL, XO, FAST, SPLIT, 0> {
         sm90::mask_scores(c.sValid + b * kBN, a.scale_log2, t4, m_r, s, mx);
     }
 
-    // New row maxima from the tile's mx: alpha (the factor O and l are rescaled by) and the exponent base of P.
-    __device__ __forceinline__ void softmax_max(const float (&mx)[2], float (&alpha)[2], float (&base_)[2])
+    // New row maxima, alpha (the factor O is rescaled by), P = 2^(S - m) as the A fragments of the 4
+    // k-steps of P V (hi: bf16_rne(p); lo: the rest, high only), row sums.
+    __device__ __forceinline__ void softmax(const float (&s)[32], const float (&mx)[2], float (&alpha)[2],
+                                            uint32_t (&hi)[16], uint32_t (&lo)[16])
     {
+        float base_[2];
 #pragma unroll
         for (int i = 0; i < 2; ++i) {
             m_t[i] = fmaxf(m_t[i], mx[i]);
@@ -208,17 +207,11 @@ struct ScoreWarpgroup : ConsumerBase<ABL, XO, FAST, SPLIT, 0> {
             alpha[i] = ex2(m_r[i] - base_[i]);
             m_r[i] = mn;
         }
-    }
-    // P = 2^(S - base) over the tokens of k-steps K0 .. K1 - 1 of P V as their A fragments (hi: bf16_rne(p);
-    // lo: the rest, high only), their row sums added to rs.
-    template <int K0, int K1>
-    __device__ __forceinline__ void probs(const float (&s)[32], const float (&base_)[2], uint32_t (&hi)[16],
-                                          uint32_t (&lo)[16], float (&rs)[2]) const
-    {
+        float rs[2] = {0.f, 0.f};
         // accumulator column block jn (tokens 8 jn + 2 t4, + 1) is half jn & 1 of k-step jn >> 1:
         // A fragment registers 4 (jn >> 1) + 2 (jn & 1) + {0: row r0, 1: row r0 + 8}
 #pragma unroll
-        for (int jn = 2 * K0; jn < 2 * K1; ++jn) {
+        for (int jn = 0; jn < 8; ++jn) {
             const float p0 = ex2(s[4 * jn + 0] - base_[0]), p1 = ex2(s[4 * jn + 1] - base_[0]);
             const float p2 = ex2(s[4 * jn + 2] - base_[1]), p3 = ex2(s[4 * jn + 3] - base_[1]);
             rs[0] += p0 + p1;
@@ -232,43 +225,45 @@ struct ScoreWarpgroup : ConsumerBase<ABL, XO, FAST, SPLIT, 0> {
                 split_bf16x2(p2, p3, hi[f + 1], lo[f + 1]);
             }
         }
+        l_r[0] = l_r[0] * static_cast<double>(alpha[0]) + static_cast<double>(rs[0]);
+        l_r[1] = l_r[1] * static_cast<double>(alpha[1]) + static_cast<double>(rs[1]);
     }
 
-    // Part PART of kPParts of P for WG1 (the k-steps of P V kstep0<PART> ..): P_hi into the RoPE block of K buffer kb,
-    // which only S read; P_lo (high) into its block once WG1 is done with the previous one; with part 0 alpha; then
-    // its barrier, kBarP + b (part 0) or kBarP2 + b.
-    template <int PART>
-    __device__ __forceinline__ static constexpr int kstep0() { return 4 * PART / kPParts; }
-    template <int PART>
+    // One A fragment set [64 x 64] into a swizzled [64 rows x 128 B] block (WG1's smem A operand).
+    __device__ __forceinline__ void store_p(uint32_t blk, const uint32_t (&p)[16]) const
+    {
+        store_p_frags(blk, r0, B::lane, p);
+    }
+
+    // P and alpha for WG1 (P_hi into the RoPE block of K buffer kb, which only S read; P_lo into its
+    // block once WG1 is done with the previous one), then kBarP.
     __device__ __forceinline__ void publish(const Cta<XO> &c, int it, int b, uint32_t kb, const float (&alpha)[2],
                                             const uint32_t (&hi)[16], const uint32_t (&lo)[16]) const
     {
-        constexpr int K0 = kstep0<PART>(), K1 = kstep0<PART + 1>();
-        store_p_frags<K0, K1>(kb + 8 * kBlk, r0, B::lane, hi);
+        store_p(kb + 8 * kBlk, hi);
         if constexpr (!FAST) {
-            if (PART == 0 && it > 0) named_sync(kBarFree, 256);
-            store_p_frags<K0, K1>(c.sPlo, r0, B::lane, lo);
+            if (it > 0) named_sync(kBarFree, 256);
+            store_p(c.sPlo, lo);
         }
-        if (PART == 0 && t4 == 0) {
+        if (t4 == 0) {
             c.sAlpha[b * kHT + r0] = alpha[0];
             c.sAlpha[b * kHT + r0 + 8] = alpha[1];
         }
         fence_async_smem();
-        named_arrive((PART == 0 ? kBarP : kBarP2) + b, 256);
+        named_arrive(kBarP + b, 256);
     }
 
-    // O[:, 0:SPLIT] += P V with P from registers over k-steps K0 .. K1 - 1 (of 4), one commit group; pv_wait
-    // returns once every product completed. (Queuing the next tile's S chain 0 behind it was measured on the
-    // H200 and lost: 224 registers spill then, and decode h = 128 s_q = 2 b = 128 took 610 instead of 488 us
-    // in "fast"; benchmarks/README.md.)
-    template <int K0, int K1>
+    // O[:, 0:SPLIT] += P V with P from registers, one commit group (pv_issue); pv_phase returns once it
+    // completed. (Queuing the next tile's S
+    // chain 0 behind it was measured on the H200 and lost: 224 registers spill then, and decode h = 128
+    // s_q = 2 b = 128 took 610 instead of 488 us in "fast"; benchmarks/README.md.)
     __device__ __forceinline__ void pv_issue(uint32_t kb, uint32_t (&hi)[16], uint32_t (&lo)[16])
     {
         if constexpr (!B::kNoPV) {
             const uint32_t vd = opaque(desc_base(kb, kBlk));
             wg_fence();
 #pragma unroll
-            for (int kk = K0; kk < K1; ++kk) {
+            for (int kk = 0; kk < 4; ++kk) {
                 const auto &ah = reinterpret_cast<const uint32_t(&)[4]>(hi[4 * kk]);
                 const auto &al = reinterpret_cast<const uint32_t(&)[4]>(lo[4 * kk]);
                 if constexpr (SPLIT == 256) {
@@ -292,37 +287,27 @@ struct ScoreWarpgroup : ConsumerBase<ABL, XO, FAST, SPLIT, 0> {
         fence_regs(hi);
         if constexpr (!B::kNoLo) fence_regs(lo);
     }
-
-    // Tile it's S (complete, in s) through the mask and softmax to P (hi, lo), published for WG1 in kPParts parts,
-    // each followed by the issue of this warpgroup's P V over it (O rescaled first); returns with the products in
-    // flight (pv_wait). With two parts WG1's first product runs while the second part's P is computed.
-    __device__ __forceinline__ void softmax_pv(const Cta<XO> &c, int it, int b, uint32_t kb, float (&s)[32],
-                                               uint32_t (&hi)[16], uint32_t (&lo)[16])
-    {
-        float mx[2], alpha[2], base_[2], rs[2] = {0.f, 0.f};
-        constexpr int K1 = kstep0<1>();
-        mask_scores(c, b, s, mx);
-        softmax_max(mx, alpha, base_);
-        probs<0, K1>(s, base_, hi, lo, rs);
-        trace(a, it, 3);
-        publish<0>(c, it, b, kb, alpha, hi, lo);
-        trace(a, it, 4);
-        B::rescale(alpha);
-        pv_issue<0, K1>(kb, hi, lo);
-        if constexpr (kPParts == 2) {
-            probs<K1, 4>(s, base_, hi, lo, rs);
-            publish<1>(c, it, b, kb, alpha, hi, lo);
-            pv_issue<K1, 4>(kb, hi, lo);
-        }
-        l_r[0] = l_r[0] * static_cast<double>(alpha[0]) + static_cast<double>(rs[0]);
-        l_r[1] = l_r[1] * static_cast<double>(alpha[1]) + static_cast<double>(rs[1]);
-    }
-    __device__ __forceinline__ void pv_wait(uint32_t (&hi)[16], uint32_t (&lo)[16])
+    __device__ __forceinline__ void pv_phase(uint32_t kb, uint32_t (&hi)[16], uint32_t (&lo)[16])
     {
         if constexpr (!B::kNoPV) {
+            pv_issue(kb, hi, lo);
             wg_wait0();
             pv_fence(hi, lo);
         }
+    }
+
+    // Tile it's S (complete, in s) through the mask and softmax to P (hi, lo) published for WG1, and this
+    // warpgroup's O rescaled for the tile's P V.
+    __device__ __forceinline__ void softmax_publish(const Cta<XO> &c, int it, int b, uint32_t kb, float (&s)[32],
+                                                    uint32_t (&hi)[16], uint32_t (&lo)[16])
+    {
+        float mx[2], alpha[2];
+        mask_scores(c, b, s, mx);
+        softmax(s, mx, alpha, hi, lo);
+        trace(a, it, 3);
+        publish(c, it, b, kb, alpha, hi, lo);
+        trace(a, it, 4);
+        B::rescale(alpha);
     }
 
     // All K tiles; WG1's P V of tile it overlaps this warpgroup's S of tile it + 1. g0: the buffers' uses
@@ -343,8 +328,8 @@ struct ScoreWarpgroup : ConsumerBase<ABL, XO, FAST, SPLIT, 0> {
             s_phase(c, kb, s);
             trace(a, it, 2);
             if (q_empty && it == c.nt - 1) mbar_arrive(q_empty);  // Q may be reloaded
-            softmax_pv(c, it, b, kb, s, hi, lo);
-            pv_wait(hi, lo);
+            softmax_publish(c, it, b, kb, s, hi, lo);
+            pv_phase(kb, hi, lo);
             trace(a, it, 5);
             B::release(c, b);
         }
@@ -379,16 +364,14 @@ struct ValueWarpgroup : ConsumerBase<ABL, XO, FAST, 512 - SPLIT, SPLIT> {
     {
     }
 
-    // O[:, SPLIT:512] += P V over k-steps K0 .. K1 - 1 (of 4) with P from smem, one commit group.
-    template <int K0, int K1>
-    __device__ __forceinline__ void pv_issue(const Cta<XO> &c, uint32_t kb)
+    __device__ __forceinline__ void pv_phase(const Cta<XO> &c, uint32_t kb)
     {
         if constexpr (!B::kNoPV) {
             const uint32_t vd = opaque(desc_base(kb, kBlk)), pd = opaque(desc_base(kb + 8 * kBlk, 16));
             const uint32_t ld = desc_base(c.sPlo, 16);
             wg_fence();
 #pragma unroll
-            for (int kk = K0; kk < K1; ++kk) {
+            for (int kk = 0; kk < 4; ++kk) {
                 if constexpr (SPLIT == 256) {
                     const uint64_t dv = B::v_desc(vd, kk);
                     wgmma_n256_tb(o, desc_at(pd, kk * 32), dv);
@@ -406,6 +389,8 @@ struct ValueWarpgroup : ConsumerBase<ABL, XO, FAST, 512 - SPLIT, SPLIT> {
                 }
             }
             wg_commit();
+            wg_wait0();
+            fence_regs(o);
         }
     }
 
@@ -422,16 +407,7 @@ struct ValueWarpgroup : ConsumerBase<ABL, XO, FAST, 512 - SPLIT, SPLIT> {
         B::acquire(c, b, use);
         const float alpha[2] = {c.sAlpha[b * kHT + r0], c.sAlpha[b * kHT + r0 + 8]};
         B::rescale(alpha);
-        constexpr int K1 = 4 / kPParts;
-        pv_issue<0, K1>(c, kb);
-        if constexpr (kPParts == 2) {  // the second half of P (ScoreWarpgroup::publish<1>)
-            named_sync(kBarP2 + b, 256);
-            pv_issue<K1, 4>(c, kb);
-        }
-        if constexpr (!B::kNoPV) {
-            wg_wait0();
-            fence_regs(o);
-        }
+        pv_phase(c, kb);
         trace(B::a, it, 2);
         if constexpr (!FAST) {
             if (it + 1 < nt) named_arrive(kBarFree, 256);  // P_lo may be rewritten

@@ -43,13 +43,6 @@ namespace sm90 {
 #define SMLA_SM90_BF16_CLUSTER 1
 #endif
 constexpr bool kBf16Cluster = SMLA_SM90_BF16_CLUSTER != 0;
-// WG0 of the wide kernel publishes P in two halves (tokens 0..31, then 32..63), each with its P V issued, so
-// that WG1's P V of the first half runs while WG0 still computes the second half's probabilities (issue 16,
-// twenty-first session). 0: one publication of the whole tile.
-#ifndef SMLA_SM90_EARLY_P
-#define SMLA_SM90_EARLY_P 1
-#endif
-constexpr int kPParts = SMLA_SM90_EARLY_P != 0 ? 2 : 1;
 constexpr bool kSpeculate = SMLA_SM90_SPECULATE != 0, kStagedOut = SMLA_SM90_STAGED_OUT != 0;
 constexpr bool kLazyMax = SMLA_SM90_LAZY_MAX != 0, kPersistent = SMLA_SM90_PERSISTENT != 0;
 static_assert(!kLazyMax || kStagedOut, "the lazy max writes max_logits from the true max (finish_half_direct)");
@@ -103,8 +96,7 @@ __device__ __forceinline__ void setmaxnreg_to()
 // the buffer back), P_lo free (WG1 arrives, WG0 waits; high precision only), the epilogue's row
 // statistics, Q landed; bf16: the producers' tile scan done (all 384 threads); each warpgroup's staged
 // output written (kBarOut + warpgroup, 128 threads); the persistent kernel's producer warpgroup (128).
-// kEarlyP: the second half of P (tokens 32..63) of K buffer b has its own barrier, kBarP2 + b.
-constexpr int kBarP = 1, kBarFree = 3, kBarL = 4, kBarQ = 5, kBarStart = 6, kBarOut = 7, kBarProd = 9, kBarP2 = 10;
+constexpr int kBarP = 1, kBarFree = 3, kBarL = 4, kBarQ = 5, kBarStart = 6, kBarOut = 7, kBarProd = 9;
 
 struct Smem {
     static constexpr Region q = first_region(kTileBytes);

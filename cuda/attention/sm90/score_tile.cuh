@@ -79,13 +79,11 @@ __device__ __forceinline__ void mask_scores(const int *valid, float scale_log2, 
 // 2 t4, + 1) into a swizzled [64 rows x 128 B] block (blk_addr), the A operand of a wgmma from shared
 // memory: per k-step kk one stmatrix x4 whose matrix m holds rows + 8 (m & 1) and tokens 16 kk + 8 (m >> 1)
 // of the warp's 16 rows, the fragment registers' own order.
-// K0, K1: only k-steps K0 .. K1 - 1.
-template <int K0 = 0, int K1 = 4>
 __device__ __forceinline__ void store_p_frags(uint32_t blk, int r0, int lane, const uint32_t (&p)[16])
 {
     const int m = lane >> 3, row = (r0 & ~15) + 8 * (m & 1) + (lane & 7);
 #pragma unroll
-    for (int kk = K0; kk < K1; ++kk)
+    for (int kk = 0; kk < 4; ++kk)
         stsm_x4(blk_addr(blk, row, 2 * kk + (m >> 1)), p[4 * kk], p[4 * kk + 1], p[4 * kk + 2], p[4 * kk + 3]);
 }
 
