@@ -311,10 +311,9 @@ struct ScoreWarpgroup : ConsumerBase<ABL, XO, FAST, SPLIT, 0> {
     }
 
     // All K tiles; WG1's P V of tile it overlaps this warpgroup's S of tile it + 1. g0: the buffers' uses
-    // so far; q_empty (a persistent CTA, sm90/kernel.cuh): arrived on once this item's last S is done.
-    __device__ __forceinline__ void run(const Cta<XO> &c, int g0 = 0, uint32_t q_empty = 0)
+    // so far (a persistent CTA, sm90/kernel.cuh).
+    __device__ __forceinline__ void run(const Cta<XO> &c, int g0 = 0)
     {
-        if (q_empty && c.nt == 0) mbar_arrive(q_empty);
 #pragma unroll 1
         for (int it = 0; it < c.nt; ++it) {
             const int b = (g0 + it) & 1;
@@ -327,7 +326,6 @@ struct ScoreWarpgroup : ConsumerBase<ABL, XO, FAST, SPLIT, 0> {
             issue_s0(c, kb, s);
             s_phase(c, kb, s);
             trace(a, it, 2);
-            if (q_empty && it == c.nt - 1) mbar_arrive(q_empty);  // Q may be reloaded
             softmax_publish(c, it, b, kb, s, hi, lo);
             pv_phase(kb, hi, lo);
             trace(a, it, 5);

@@ -141,12 +141,13 @@ __global__ void __launch_bounds__(kThreads, 1) attn_sm90_kernel(const __grid_con
 // item's last tiles and epilogue instead of running alone. The K ring (full / empty) runs on across
 // items (g: its uses so far). Per item k, besides it (mbarriers in Smem::pers):
 //   the producers scan into their own mask (kBarProd: their 128 threads), publish the tile count in
-//     nt[k & 1] (scan_full[k & 1], one arrival; nt_free[k & 1]: the 8 consumer warps have read it), wait
-//     until WG0's last S of item k - 1 is done (q_empty), load Q (q_full: their 128 cp.async arrivals),
-//     then the tiles;
-//   WG0 waits for Q (q_full), runs the item, arrives on q_empty after its last S (at once for no tile);
-//   WG1 runs the item; both write their columns, then meet (kBarL) so that WG1 has read the row
-//     statistics before WG0 writes the next item's.
+//     nt[k & 1] (scan_full[k & 1], one arrival; nt_free[k & 1]: the 8 consumer warps have read it), issue
+//     the item's first tile, wait until item k - 1's output has left Q's region (q_empty: both consumer
+//     warpgroups, after their staged output), load Q (q_full: their 128 cp.async arrivals), then the
+//     other tiles;
+//   WG0 waits for Q (q_full), runs the item; WG1 runs the item; both write their columns (staged through Q's
+//     region), arrive on q_empty, then meet (kBarL) so that WG1 has read the row statistics before WG0
+//     writes the next item's.
 template <int ABL, bool FAST>
 __global__ void __launch_bounds__(kThreads, 1) attn_sm90_persistent_kernel(const __grid_constant__ Args a)
 {
@@ -163,7 +164,7 @@ __global__ void __launch_bounds__(kThreads, 1) attn_sm90_persistent_kernel(const
     init_barriers(c0);
     if (c0.tid == 0) {
         mbar_init(q_full, 128);
-        mbar_init(q_empty, 128);
+        mbar_init(q_empty, 256);  // both consumer warpgroups, once their output left Q's region (kStagedOut)
         for (int i = 0; i < 2; ++i) {
             mbar_init(scan_full + 8 * i, 1);
             mbar_init(nt_free + 8 * i, 8);
@@ -189,10 +190,13 @@ __global__ void __launch_bounds__(kThreads, 1) attn_sm90_persistent_kernel(const
                 nt_s[k & 1] = c.nt;
                 mbar_arrive(scan_full + 8 * (k & 1));
             }
-            if (k > 0) mbar_wait(q_empty, (k - 1) & 1);
-            issue_q<kHT, 128>(a, c, c.h0, c.tid - 256);
-            cp_async_mbar_arrive_noinc(q_full);
-            Bf16Producer<ABL>(a, c).run_ring(g);
+            // the item's first K tile goes out first (its buffer is free once the last item's tile before last
+            // is done), then Q, once the last item's output left Q's region
+            Bf16Producer<ABL>(a, c).run_ring(g, [&] {
+                if (k > 0) mbar_wait(q_empty, (k - 1) & 1);
+                issue_q<kHT, 128>(a, c, c.h0, c.tid - 256);
+                cp_async_mbar_arrive_noinc(q_full);
+            });
             g += c.nt;
         }
         cp_async_wait_all();
@@ -216,8 +220,9 @@ __global__ void __launch_bounds__(kThreads, 1) attn_sm90_persistent_kernel(const
             mbar_wait(q_full, k & 1);
             fence_async_smem();  // the producers' cp.async data, read by wgmma
             ScoreWarpgroup<ABL, false, FAST, kSplit> wg0(a, c, 0u);
-            wg0.run(c, g, q_empty);
+            wg0.run(c, g);
             wg0.epilogue(c);
+            mbar_arrive(q_empty);    // this warpgroup's staged output left Q's region
             named_sync(kBarL, 256);  // WG1 has read the row statistics
             g += c.nt;
         }
@@ -230,6 +235,7 @@ __global__ void __launch_bounds__(kThreads, 1) attn_sm90_persistent_kernel(const
             ValueWarpgroup<ABL, false, FAST, kSplit> wg1(a, c, 0u);
             for (int it = 0; it < c.nt; ++it) wg1.tile(c, it, c.nt, g);
             wg1.epilogue(c);
+            mbar_arrive(q_empty);
             named_sync(kBarL, 256);
             g += c.nt;
         }

@@ -28,8 +28,9 @@ namespace sm90 {
 #define SMLA_SM90_LAZY_MAX 1  // the wide kernel's reference max moves only by more than 8 (log2)
 #endif
 // The bf16 wide kernel as persistent CTAs (sm90/kernel.cuh): correct on the H200 but slower (h=128 32K
-// fast 4976-5047 vs 4743-4752 us, benchmarks/README.md "Issue 16, seventh session"), so off; it needs the
-// staged output and the lazy max off (static_asserts below).
+// fast 4976-5047 vs 4743-4752 us, benchmarks/README.md "Issue 16, seventh session", built then without the
+// staged output and the lazy max), so off. With the staged output a CTA reloads Q once both consumer
+// warpgroups have written the previous item's output through it (twenty-first session).
 #ifndef SMLA_SM90_PERSISTENT
 #define SMLA_SM90_PERSISTENT 0
 #endif
@@ -46,7 +47,6 @@ constexpr bool kBf16Cluster = SMLA_SM90_BF16_CLUSTER != 0;
 constexpr bool kSpeculate = SMLA_SM90_SPECULATE != 0, kStagedOut = SMLA_SM90_STAGED_OUT != 0;
 constexpr bool kLazyMax = SMLA_SM90_LAZY_MAX != 0, kPersistent = SMLA_SM90_PERSISTENT != 0;
 static_assert(!kLazyMax || kStagedOut, "the lazy max writes max_logits from the true max (finish_half_direct)");
-static_assert(!kPersistent || !kStagedOut, "a persistent CTA loads the next item's Q where the staged output goes");
 
 constexpr int kHT = 64, kBN = 64;              // heads per CTA, tokens per K tile
 constexpr int kThreads = 384;                  // WG0, WG1: consumers; WG2: producer

@@ -170,14 +170,20 @@ struct Bf16Producer {
 
     // Every tile that runs, through the two buffers; speculated: speculate() ran.
     __device__ __forceinline__ void run(bool speculated) const { loop<false>(speculated, 0); }
-    // The same for one item of a persistent CTA: g0, the buffers' uses so far (the ring runs on across items).
-    __device__ __forceinline__ void run_ring(int g0) const { loop<true>(false, g0); }
+    // The same for one item of a persistent CTA: g0, the buffers' uses so far (the ring runs on across items);
+    // after_first() runs once the item's first tile is issued (or at once when it has none).
+    template <class After>
+    __device__ __forceinline__ void run_ring(int g0, After after_first) const
+    {
+        if (c.nt == 0) after_first();
+        loop<true>(false, g0, after_first);
+    }
 
   private:
     // RING = false keeps the single-item loop's code as it was measured (with g0 + it the compiler
     // schedules it differently), so the default build stays the validated SASS.
-    template <bool RING>
-    __device__ __forceinline__ void loop(bool speculated, int g0) const
+    template <bool RING, class After = void (*)()>
+    __device__ __forceinline__ void loop(bool speculated, int g0, After after_first = nullptr) const
     {
         int idx_cur[kNi], idx_nxt[kNi];
         int t_nxt = c.next_tile(0);
@@ -193,6 +199,9 @@ struct Bf16Producer {
             if (use > 0) mbar_wait(c.bar_empty + 8 * b, (use - 1) & 1);
             trace(a, it, 1);
             if (it > 0 || !have0) issue(b, idx_cur);
+            if constexpr (RING) {
+                if (it == 0) after_first();
+            }
             trace(a, it, 2);
 #pragma unroll
             for (int i = 0; i < kNi; ++i) idx_cur[i] = idx_nxt[i];
