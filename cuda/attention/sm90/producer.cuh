@@ -213,6 +213,97 @@ struct Bf16Producer {
     }
 };
 
+// bf16 crossover (kBf16Xo, plan.cuh; the two head-tile CTAs of a row as a cluster of 2, XO kernels): this CTA
+// gathers rows 32 rank .. 32 rank + 31 of each tile (producer warp pw: rows 32 rank + 8 pw + 4 i + s, lanes as
+// Bf16Producer's) into its K buffer, waits for its own copies, and then one thread forwards that half into the
+// peer's buffer at the same offsets with one bulk copy per column block (rows 32 rank .. of a [64 x 128 B] block
+// are 4 KB in a row, and the 128-byte swizzle depends on the row alone, so the bytes keep their places), plus
+// the half's 32 row flags; the peer's rr[b] counts those bytes (its own producer expects them). empty[b] counts
+// the consumer warps of both CTAs (ConsumerBase::release), so a buffer is written only when both are done.
+template <int ABL>
+struct Bf16XoProducer {
+    static constexpr bool kNoLoad = (ABL & 1) != 0;
+    static constexpr int kNi = 2;  // 4-row steps per warp: 4 warps x 2 x 4 = 32 rows
+    static constexpr uint32_t kHalf = 32 * 128;  // bytes of a half tile in one column block
+    static constexpr uint32_t kRemoteBytes = 9 * kHalf + 32 * 4;
+    const Args &a;
+    const CtaCommon &c;
+    const KvSource kv;
+    const int pw, sub, cl, r0;  // r0: this CTA's first row of a tile
+    const uint32_t peer_base;
+    const uint64_t pol;
+
+    __device__ __forceinline__ Bf16XoProducer(const Args &a_, const CtaCommon &cta, uint32_t peer, uint32_t peer_base_)
+        : a(a_), c(cta), kv(a_), pw((cta.tid - 256) >> 5), sub(cta.lane >> 3), cl(cta.lane & 7),
+          r0(32 * static_cast<int>(peer ^ 1u)), peer_base(peer_base_), pol(a_.evict_last ? policy_evict_last() : 0)
+    {
+    }
+
+    __device__ __forceinline__ int row_of(int i) const { return r0 + 8 * pw + 4 * i + sub; }
+    __device__ __forceinline__ void fetch_idx(int t, int (&v)[kNi]) const
+    {
+#pragma unroll
+        for (int i = 0; i < kNi; ++i) {
+            const int pos = (c.j0 + t) * kBN + row_of(i);
+            v[i] = (t < c.nt_all && pos < c.L) ? __ldg(c.idx_row + pos) : -1;
+        }
+    }
+    __device__ __forceinline__ uint32_t to_peer(uint32_t local) const { return peer_base + (local - c.base); }
+
+    __device__ __forceinline__ void run() const
+    {
+        int idx_cur[kNi], idx_nxt[kNi];
+        int t_nxt = c.next_tile(0);
+        fetch_idx(t_nxt, idx_cur);
+        for (int it = 0; it < c.nt; ++it) {
+            const int b = it & 1, use = it >> 1;
+            const uint32_t kb = c.sK + b * kTileBytes;
+            trace(a, it, 0);
+            t_nxt = c.next_tile(t_nxt + 1);
+            fetch_idx(t_nxt, idx_nxt);
+            if (use > 0) mbar_wait(c.bar_empty + 8 * b, (use - 1) & 1);  // both CTAs' consumers are done with b
+            trace(a, it, 1);
+            // our rr[b] expects the peer's half of this tile (its phase for tile it - 2 is over: our consumers
+            // waited for it before releasing buffer b)
+            if (c.tid == 256) mbar_arrive_expect_tx(c.bar_rr + 8 * b, kRemoteBytes);
+#pragma unroll
+            for (int i = 0; i < kNi; ++i) {
+                const int r = row_of(i);
+                const bool ok = kv.valid(idx_cur[i]);
+                const uint8_t *src = kv.row(idx_cur[i], ok) + cl * 16;
+                const int nb = (ok && !kNoLoad) ? 16 : 0;
+                const uint32_t dst = kb + r * 128 + ((cl ^ (r & 7)) << 4);
+#pragma unroll
+                for (int c8 = 0; c8 < 9; ++c8) {
+                    if (a.evict_last) cp_async16_hint(dst + c8 * kBlk, src + c8 * 128, nb, pol);
+                    else cp_async16(dst + c8 * kBlk, src + c8 * 128, nb);
+                }
+                if (cl == 0) c.sValid[b * kBN + r] = ok ? 1 : 0;
+            }
+            cp_async_commit();
+#pragma unroll
+            for (int i = 0; i < kNi; ++i) idx_cur[i] = idx_nxt[i];
+            trace(a, it, 2);
+            cp_async_wait_all();
+            fence_async_smem();  // our rows (and flags) visible to the async proxy: wgmma and the bulk copies
+            mbar_arrive(c.bar_full + 8 * b);
+            named_sync(kBarProd, 128);  // every producer thread's rows landed
+            trace(a, it, 3);
+            if (c.tid == 256) {
+                const uint32_t rbar = to_peer(c.bar_rr + 8 * b);
+#pragma unroll
+                for (int c8 = 0; c8 < 9; ++c8) {
+                    const uint32_t at = kb + c8 * kBlk + r0 * 128;
+                    bulk_copy_to_peer(to_peer(at), at, kHalf, rbar);
+                }
+                const uint32_t fl = smem_u32(c.sValid + b * kBN + r0);
+                bulk_copy_to_peer(to_peer(fl), fl, 32 * 4, rbar);
+            }
+        }
+        cp_async_wait_all();
+    }
+};
+
 // One batch of a warp: 4 rows (r = pw + PW * (4 * batch + k)); lane l holds latent
 // values 16l..16l+15 (scale tile l/8) and bytes 4l..4l+3 of the row's k_pe.
 struct Fp8Batch {
