@@ -66,10 +66,9 @@ template <bool FP8, int ABL, bool XO, bool FAST, bool FUSED>
 __global__ void __launch_bounds__(kThreads, 1) attn_sm90_kernel(const __grid_constant__ Args a)
 {
     pdl_wait();  // before any global access: the stream's previous kernel is complete (common.cuh)
-    static_assert(FP8 || !XO || kBf16Xo, "the bf16 crossover is switched off (plan.cuh)");
+    static_assert(FP8 || !XO, "the crossover is written for the fp8 producer");
     extern __shared__ uint8_t smem_raw[];
-    // the bf16 clusters keep the plain grid order (a row's two head tiles are neighbours when there is no split)
-    Cta<XO> c(a, smem_raw, FP8 ? Cta<XO>::place(a) : grid_pos(a));
+    Cta<XO> c(a, smem_raw);
     uint32_t *const mask = reinterpret_cast<uint32_t *>(c.smem + Smem::mask.off);
 
     trace(a, kTraceEdge, kTrStart);
@@ -86,7 +85,7 @@ __global__ void __launch_bounds__(kThreads, 1) attn_sm90_kernel(const __grid_con
     // (the producers issue the slice's tile 0 first: the scan's round trip overlaps its copies)
     if constexpr (!FP8) {
         skip_empty_tiles<256, 4, kThreads>(a, c, mask, kBarStart, [&] {
-            if (!XO && kSpeculate && c.nt_all > 0) Bf16Producer<ABL>(a, c).speculate();
+            if (kSpeculate && c.nt_all > 0) Bf16Producer<ABL>(a, c).speculate();
         });
         trace(a, kTraceEdge, kTrScanned);
     }
@@ -96,7 +95,6 @@ __global__ void __launch_bounds__(kThreads, 1) attn_sm90_kernel(const __grid_con
     if (c.tid >= 256) {
         setmaxnreg_to<Regs::producer>();
         if constexpr (FP8) Fp8Producer<ABL, XO, 256, 4, /*SPREAD=*/!XO>(a, c, peer, peer_base).run();
-        else if constexpr (XO) Bf16XoProducer<ABL>(a, c, peer, peer_base).run();
         else Bf16Producer<ABL>(a, c).run(kSpeculate && c.nt_all > 0);
         if constexpr (FUSED) {  // every thread takes part in the consumers' cluster barrier and the grid's
             if constexpr (XO) cluster_sync();
@@ -263,23 +261,21 @@ int launch_variant(Args &a, int64_t grid, cudaStream_t s, int dev, smla_status *
         SMLA_CUDA_LAUNCH_CHECK(st);
         return SMLA_OK;
     }
-    // fp8 with two head tiles: clusters of the two (the crossover; sm90/producer.cuh); bf16 too without a top-k
-    // split (kBf16Xo)
-    constexpr bool kXo = FP8 || kBf16Xo;
-    const bool xo = kXo && a.n_ht == 2 && (FP8 || a.n_splits == 1);
+    // fp8 with two head tiles: clusters of the two (the crossover; sm90/producer.cuh)
+    const bool xo = FP8 && a.n_ht == 2;
     static_assert(SMLA_MAX_HEADS <= 2 * kHT, "more than two head tiles would need another producer split");
     // the fused split decode: the full kernel only (the profiling variants keep the combine kernel)
     constexpr bool kFuses = ABL == 0;
     using Kern = void (*)(Args);
     constexpr Kern plain[2] = {attn_sm90_kernel<FP8, ABL, false, FAST, false>,
-                               attn_sm90_kernel<FP8, ABL, kXo, FAST, false>};
+                               attn_sm90_kernel<FP8, ABL, FP8, FAST, false>};
     constexpr Kern fused[2] = {attn_sm90_kernel<FP8, ABL, false, FAST, kFuses>,
-                               attn_sm90_kernel<FP8, ABL, FP8, FAST, kFuses>};  // bf16: never a crossover (a split)
+                               attn_sm90_kernel<FP8, ABL, FP8, FAST, kFuses>};
     static ResidentCtas resident[2];  // of the fused kernels: plain, clusters of 2
     if (configured.needed(dev)) {
-        for (int x = 0; x < (kXo ? 2 : 1); ++x) {
+        for (int x = 0; x < (FP8 ? 2 : 1); ++x) {
             SMLA_CUDA_CHECK(st, cudaFuncSetAttribute(plain[x], cudaFuncAttributeMaxDynamicSharedMemorySize, Smem::bytes));
-            if (kFuses && (FP8 || x == 0)) {
+            if (kFuses) {
                 SMLA_CUDA_CHECK(st, cudaFuncSetAttribute(fused[x], cudaFuncAttributeMaxDynamicSharedMemorySize,
                                                          Smem::bytes));
                 resident[x].set(dev, smla_resident_ctas(fused[x], kThreads, Smem::bytes, x ? 2 : 1, a.n_sms));

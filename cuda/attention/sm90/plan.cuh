@@ -44,14 +44,6 @@ namespace sm90 {
 #define SMLA_SM90_BF16_CLUSTER 1
 #endif
 constexpr bool kBf16Cluster = SMLA_SM90_BF16_CLUSTER != 0;
-// The bf16 crossover (issue 16, twenty-first session; sm90/producer.cuh, Bf16XoProducer): in those clusters of 2
-// each CTA gathers half of every K tile's rows and forwards them into the peer's buffer with nine bulk
-// shared::cluster copies, so each K row is read from L2 once per query row instead of twice. 0: each CTA
-// gathers the whole tile (the clusters only co-schedule).
-#ifndef SMLA_SM90_BF16_XO
-#define SMLA_SM90_BF16_XO 1
-#endif
-constexpr bool kBf16Xo = kBf16Cluster && SMLA_SM90_BF16_XO != 0;
 constexpr bool kSpeculate = SMLA_SM90_SPECULATE != 0, kStagedOut = SMLA_SM90_STAGED_OUT != 0;
 constexpr bool kLazyMax = SMLA_SM90_LAZY_MAX != 0, kPersistent = SMLA_SM90_PERSISTENT != 0;
 static_assert(!kLazyMax || kStagedOut, "the lazy max writes max_logits from the true max (finish_half_direct)");
@@ -233,7 +225,8 @@ struct Cta : CtaCommon {
         sM = reinterpret_cast<float *>(smem + Smem::row_m.off);
     }
 
-    // XO (fp8): blockIdx.x = (row * n_splits + split) * 2 + head tile; head tile = cluster rank
+  private:
+    // XO: blockIdx.x = (row * n_splits + split) * 2 + head tile; head tile = cluster rank
     __device__ __forceinline__ static GridPos place(const Args &a)
     {
         if constexpr (!XO) {
