@@ -27,10 +27,11 @@ namespace sm90 {
 #ifndef SMLA_SM90_LAZY_MAX
 #define SMLA_SM90_LAZY_MAX 1  // the wide kernel's reference max moves only by more than 8 (log2)
 #endif
-// The bf16 wide kernel as persistent CTAs (sm90/kernel.cuh): correct on the H200 but slower (h=128 32K
-// fast 4976-5047 vs 4743-4752 us, benchmarks/README.md "Issue 16, seventh session", built then without the
-// staged output and the lazy max), so off. With the staged output a CTA reloads Q once both consumer
-// warpgroups have written the previous item's output through it (twenty-first session).
+// The bf16 wide kernel as persistent CTAs (sm90/kernel.cuh), off: correct, but on the H200 slower (h=128 32K
+// fast 4976-5047 vs 4743-4752 us, seventh session, built then without the staged output and the lazy max),
+// and with both (a CTA reloads Q once both consumer warpgroups have written the previous item's output
+// through it) on an H100 3-7% slower in "fast" and within the spread in "high" (twenty-first session;
+// benchmarks/README.md).
 #ifndef SMLA_SM90_PERSISTENT
 #define SMLA_SM90_PERSISTENT 0
 #endif
