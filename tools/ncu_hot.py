@@ -6,9 +6,12 @@ address: which full / empty barrier the warps wait on) and per instruction class
 instructions are ranked instead by the first per-instruction metric column whose name contains every
 word of TEXT (case aside; e.g. "wavefronts shared", where the report has such a column: names vary with
 the Nsight Compute version), after a list of the columns whose names contain its first word, which shows
-what the report has.
+what the report has. With --wide, the samples of the wide kernel's score warpgroup (sm90/consumer.cuh,
+ScoreWarpgroup::run) split by the stage of its tile loop, found by landmark instructions (its wait for K,
+the S wgmma and their wait, the publication's BAR.ARV, its P V and their wait): per stage the samples, their
+main stall reasons and the instructions, then the stage "softmax + publish"'s hottest instructions.
 
-    python tools/ncu_hot.py decode_sass.csv[.gz] [N] [--rank TEXT]
+    python tools/ncu_hot.py decode_sass.csv[.gz] [N] [--rank TEXT | --wide]
 """
 import collections
 import csv
@@ -32,9 +35,41 @@ def rank(hdr, data, col, text, top):
               f"{r[col['Source']].strip()[:70]}")
 
 
+def wide(hdr, data, col, top):
+    """The wide kernel's score warpgroup: stall samples per stage of its tile loop (see the docstring)."""
+    src = [r[col["Source"]].strip() for r in data]
+    reasons = [n for n in hdr if n.startswith("stall_") and "Not Issued" not in n]
+    num = lambda i, c: int(data[i][col[c]] or 0)  # noqa: E731
+    samples = "Warp Stall Sampling (All Samples)"
+    total = sum(num(i, samples) for i in range(len(data))) or 1
+    after = lambda i, text: next(j for j in range(i, len(src)) if text in src[j])  # noqa: E731
+    s0 = after(0, "HGMMA.64x64x16")
+    tw = max(i for i in range(s0) if "TRYWAIT" in src[i])  # the wait for K before the loop's first S
+    head = max(i for i in range(tw) if re.search(r"\bBRA\b|BAR\.|SYNCS", src[i])) + 1  # after the instruction before
+    s_wait = after(max(i for i, t in enumerate(src) if "HGMMA.64x64x16" in t), "WARPGROUP.DEPBAR")
+    pub = after(s_wait, "BAR.ARV")
+    pv_wait = after(after(pub, "HGMMA.64x128x16"), "WARPGROUP.DEPBAR")
+    back = after(pv_wait, "BRA")
+    stages = [("wait for K", head, s0), ("S issue + wait", s0, s_wait + 1), ("softmax + publish", s_wait + 1, pub + 1),
+              ("its P V issue + wait", pub + 1, pv_wait + 1), ("release + loop", pv_wait + 1, back + 1)]
+    print(f"{total} stall samples in the kernel; the score warpgroup's tile loop, instructions {head}..{back}:")
+    for name, a, b in stages:
+        n = sum(num(i, samples) for i in range(a, b)) or 0
+        why = collections.Counter({r[6:]: sum(num(i, r) for i in range(a, b)) for r in reasons}).most_common(3)
+        print(f"  {name:<22} {100 * n / total:5.1f}%  {b - a:4d} instructions  " + ", ".join(f"{k} {v}" for k, v in why))
+    a, b = stages[2][1], stages[2][2]
+    print("softmax + publish, hottest:")
+    for i in sorted(range(a, b), key=lambda i: -num(i, samples))[:top]:
+        why = sorted(((num(i, r), r[6:]) for r in reasons), reverse=True)[0]
+        print(f"  {i - a:4d} {num(i, samples):7d}  {src[i][:58]:<58} {why[1]}:{why[0]}")
+
+
 def main():
     args = sys.argv[1:]
     by = None
+    wide_loop = "--wide" in args
+    if wide_loop:
+        args.remove("--wide")
     if "--rank" in args:
         k = args.index("--rank")
         by = args[k + 1]
@@ -47,6 +82,9 @@ def main():
     col = {n: i for i, n in enumerate(hdr)}
     if by:
         rank(hdr, data, col, by, top)
+        return
+    if wide_loop:
+        wide(hdr, data, col, top)
         return
     samples = col["Warp Stall Sampling (All Samples)"]
     reasons = [n for n in hdr if n.startswith("stall_") and "Not Issued" not in n]
