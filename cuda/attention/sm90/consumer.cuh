@@ -46,10 +46,7 @@ __device__ __forceinline__ void wait_q()
 // What both consumer warpgroups share: the thread's place (rows r0, r0 + 8 of the 64 heads, column
 // pairs 2 t4 + 8 jn of its warpgroup's accumulator), the buffer hand-off and its share of O: NC columns
 // from C0 (256 each by default; SMLA_SM90_SPLIT = 128, bf16 only: WG0 128, WG1 384, plan.cuh).
-// SK: the tile's two parts (kSplitArrive, plan.cuh): acquire waits for the first (blocks 0..4), acquire_rest for
-// the second (blocks 5..8 and the row flags), each completed by cp.async arrivals, so each wait is followed by
-// a proxy fence.
-template <int ABL, bool XO, bool FAST, int NC = 256, int C0 = 0, bool SK = false>
+template <int ABL, bool XO, bool FAST, int NC = 256, int C0 = 0>
 struct ConsumerBase {
     static constexpr bool kNoS = (ABL & 2) != 0, kNoPV = (ABL & 4) != 0, kNoLo = FAST || (ABL & 16) != 0;
 
@@ -75,18 +72,8 @@ struct ConsumerBase {
     __device__ __forceinline__ void acquire(const Cta<XO> &c, int b, int use) const
     {
         mbar_wait(c.bar_full + 8 * b, use & 1);
-        if constexpr (SK) fence_async_smem();
         if constexpr (XO) {
             mbar_wait(c.bar_rr + 8 * b, use & 1);  // the peer's half of the tile
-            fence_async_smem();
-        }
-    }
-
-    __device__ __forceinline__ void acquire_rest(const Cta<XO> &c, int b, int use) const
-    {
-        if constexpr (SK) {
-            static_assert(!XO, "the two-part tile is the bf16 kernel's");
-            mbar_wait(c.bar_rr + 8 * b, use & 1);
             fence_async_smem();
         }
     }
@@ -139,9 +126,9 @@ struct ConsumerBase {
 };
 
 // WG0: S, softmax, P for both warpgroups, and P V for output columns 0 .. SPLIT - 1 (256 or 128).
-template <int ABL, bool XO, bool FAST, int SPLIT = 256, bool SK = false>
-struct ScoreWarpgroup : ConsumerBase<ABL, XO, FAST, SPLIT, 0, SK> {
-    using B = ConsumerBase<ABL, XO, FAST, SPLIT, 0, SK>;
+template <int ABL, bool XO, bool FAST, int SPLIT = 256>
+struct ScoreWarpgroup : ConsumerBase<ABL, XO, FAST, SPLIT, 0> {
+    using B = ConsumerBase<ABL, XO, FAST, SPLIT, 0>;
     using B::a, B::g, B::t4, B::r0, B::o;
     float m_r[2] = {-INFINITY, -INFINITY};  // the reference max of P = 2^(S - m_r) (see softmax)
     float m_t[2] = {-INFINITY, -INFINITY};  // the true row max (max_logits)
@@ -173,7 +160,6 @@ struct ScoreWarpgroup : ConsumerBase<ABL, XO, FAST, SPLIT, 0, SK> {
     // S[64 heads x 64 tokens] as kSChains chains of 36 / kSChains k-steps (the accuracy rule,
     // sm90/score_tile.cuh). Chain 0 (into s) is issued by issue_s0 right after the buffer is acquired.
     static constexpr int kChainSteps = 36 / kSChains;
-    static_assert(!SK || (kSChains > 1 && kChainSteps <= 20), "SK: chain 0 reads column blocks 0..4 only");
     __device__ __forceinline__ void issue_s0(const Cta<XO> &c, uint32_t kb, float (&s)[32]) const
     {
         if constexpr (!B::kNoS) s_chain(c, s, 0, kChainSteps, kb, false);
@@ -337,8 +323,7 @@ struct ScoreWarpgroup : ConsumerBase<ABL, XO, FAST, SPLIT, 0, SK> {
             trace(a, it, 0);
             B::acquire(c, b, (g0 + it) >> 1);
             trace(a, it, 1);
-            issue_s0(c, kb, s);  // k-steps 0 .. 17: column blocks 0..4
-            B::acquire_rest(c, b, (g0 + it) >> 1);
+            issue_s0(c, kb, s);
             s_phase(c, kb, s);
             trace(a, it, 2);
             softmax_publish(c, it, b, kb, s, hi, lo);
@@ -367,9 +352,9 @@ struct ScoreWarpgroup : ConsumerBase<ABL, XO, FAST, SPLIT, 0, SK> {
 };
 
 // WG1: P V for output columns SPLIT..511 (256 or 384 of them) with P from smem.
-template <int ABL, bool XO, bool FAST, int SPLIT = 256, bool SK = false>
-struct ValueWarpgroup : ConsumerBase<ABL, XO, FAST, 512 - SPLIT, SPLIT, SK> {
-    using B = ConsumerBase<ABL, XO, FAST, 512 - SPLIT, SPLIT, SK>;
+template <int ABL, bool XO, bool FAST, int SPLIT = 256>
+struct ValueWarpgroup : ConsumerBase<ABL, XO, FAST, 512 - SPLIT, SPLIT> {
+    using B = ConsumerBase<ABL, XO, FAST, 512 - SPLIT, SPLIT>;
     using B::r0, B::o;
 
     __device__ __forceinline__ ValueWarpgroup(const Args &a_, const Cta<XO> &cta, uint32_t peer_base_)
@@ -418,7 +403,6 @@ struct ValueWarpgroup : ConsumerBase<ABL, XO, FAST, 512 - SPLIT, SPLIT, SK> {
         named_sync(kBarP + b, 256);
         trace(B::a, it, 1);
         B::acquire(c, b, use);
-        B::acquire_rest(c, b, use);
         const float alpha[2] = {c.sAlpha[b * kHT + r0], c.sAlpha[b * kHT + r0 + 8]};
         B::rescale(alpha);
         pv_phase(c, kb);

@@ -45,14 +45,6 @@ namespace sm90 {
 #define SMLA_SM90_BF16_CLUSTER 1
 #endif
 constexpr bool kBf16Cluster = SMLA_SM90_BF16_CLUSTER != 0;
-// The bf16 wide kernel's K tile in two parts, each completing its own full barrier by cp.async arrivals
-// (column blocks 0..4, then 5..8 with the row flags: bar_full[b], bar_rr[b]), so WG0's first S chain (k-steps
-// 0..17, blocks 0..4) starts once the first part landed and the producers never wait for their copies
-// (issue 16, twenty-first session). 0: one part, the producers wait for their copies before arriving.
-#ifndef SMLA_SM90_SPLIT_ARRIVE
-#define SMLA_SM90_SPLIT_ARRIVE 1
-#endif
-constexpr bool kSplitArrive = SMLA_SM90_SPLIT_ARRIVE != 0;
 constexpr bool kSpeculate = SMLA_SM90_SPECULATE != 0, kStagedOut = SMLA_SM90_STAGED_OUT != 0;
 constexpr bool kLazyMax = SMLA_SM90_LAZY_MAX != 0, kPersistent = SMLA_SM90_PERSISTENT != 0;
 static_assert(!kLazyMax || kStagedOut, "the lazy max writes max_logits from the true max (finish_half_direct)");

@@ -112,10 +112,7 @@ __device__ __forceinline__ void skip_empty_tiles(const Args &a, CtaCommon &c, ui
 // speculate(): the wide kernel issues the slice's tile 0 into buffer 0 before its tile scan (a causal
 // row's tile 0 always runs, and almost every row's does), so the scan's round trip overlaps the first
 // copies; run(true) then keeps them when the scan marked tile 0, else lets them land and reloads.
-// SPLIT (the wide kernel with kSplitArrive, plan.cuh): each tile in two parts, blocks 0..4 of every row then
-// blocks 5..8 and the row flags, each part's full barrier (bar_full[b], bar_rr[b]) completed by the threads'
-// cp.async arrivals (and, for the flags, the flag writers' plain ones); no wait for the copies.
-template <int ABL, int P0 = 256, int PW = 4, bool SPLIT = false>
+template <int ABL, int P0 = 256, int PW = 4>
 struct Bf16Producer {
     static constexpr bool kNoLoad = (ABL & 1) != 0;
     static constexpr int kRows = kBN / PW, kNi = kRows / 4;  // rows per warp, 4-row steps
@@ -142,9 +139,8 @@ struct Bf16Producer {
         }
     }
 
-    // Column blocks [C0, C1) of the rows of indices idx into K buffer b (FLAGS: and their row flags).
-    template <int C0, int C1, bool FLAGS>
-    __device__ __forceinline__ void copy(int b, const int (&idx)[kNi]) const
+    // The rows of indices idx into K buffer b, one cp.async group, and their row flags.
+    __device__ __forceinline__ void issue(int b, const int (&idx)[kNi]) const
     {
         const uint32_t kb = c.sK + b * kTileBytes;
 #pragma unroll
@@ -155,17 +151,12 @@ struct Bf16Producer {
             const int nb = (ok && !kNoLoad) ? 16 : 0;
             const uint32_t dst = kb + r * 128 + ((cl ^ (r & 7)) << 4);
 #pragma unroll
-            for (int c8 = C0; c8 < C1; ++c8) {
+            for (int c8 = 0; c8 < 9; ++c8) {
                 if (a.evict_last) cp_async16_hint(dst + c8 * kBlk, src + c8 * 128, nb, pol);
                 else cp_async16(dst + c8 * kBlk, src + c8 * 128, nb);
             }
-            if (FLAGS && cl == 0) c.sValid[b * kBN + r] = ok ? 1 : 0;
+            if (cl == 0) c.sValid[b * kBN + r] = ok ? 1 : 0;
         }
-    }
-    // The rows of indices idx into K buffer b, one cp.async group, and their row flags.
-    __device__ __forceinline__ void issue(int b, const int (&idx)[kNi]) const
-    {
-        copy<0, 9, true>(b, idx);
         cp_async_commit();
     }
 
@@ -207,30 +198,18 @@ struct Bf16Producer {
             fetch_idx(t_nxt, idx_nxt);
             if (use > 0) mbar_wait(c.bar_empty + 8 * b, (use - 1) & 1);
             trace(a, it, 1);
-            if constexpr (SPLIT) {  // the consumers fence for the async proxy (ConsumerBase::acquire)
-                const bool copies = it > 0 || !have0;
-                if (copies) copy<0, 5, false>(b, idx_cur);
-                cp_async_mbar_arrive_noinc(c.bar_full + 8 * b);
-                if (copies) copy<5, 9, true>(b, idx_cur);
-                if (cl == 0) mbar_arrive(c.bar_rr + 8 * b);  // the row flags
-                cp_async_mbar_arrive_noinc(c.bar_rr + 8 * b);
-            } else if (it > 0 || !have0) {
-                issue(b, idx_cur);
-            }
+            if (it > 0 || !have0) issue(b, idx_cur);
             if constexpr (RING) {
                 if (it == 0) after_first();
             }
             trace(a, it, 2);
 #pragma unroll
             for (int i = 0; i < kNi; ++i) idx_cur[i] = idx_nxt[i];
-            if constexpr (!SPLIT) {
-                cp_async_wait_all();
-                trace(a, it, 3);
-                fence_async_smem();
-                mbar_arrive(c.bar_full + 8 * b);
-            }
+            cp_async_wait_all();
+            trace(a, it, 3);
+            fence_async_smem();
+            mbar_arrive(c.bar_full + 8 * b);
         }
-        if constexpr (SPLIT) cp_async_wait_all();
     }
 };
 
