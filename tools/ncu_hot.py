@@ -35,10 +35,15 @@ def rank(hdr, data, col, text, top):
               f"{r[col['Source']].strip()[:70]}")
 
 
+def stall_columns(hdr):
+    """The report's per-reason stall sample columns (all samples, not the not-issued ones)."""
+    return [n for n in hdr if n.startswith("stall_") and "Not Issued" not in n]
+
+
 def wide(hdr, data, col, top):
     """The wide kernel's score warpgroup: stall samples per stage of its tile loop (see the docstring)."""
     src = [r[col["Source"]].strip() for r in data]
-    reasons = [n for n in hdr if n.startswith("stall_") and "Not Issued" not in n]
+    reasons = stall_columns(hdr)
     num = lambda i, c: int(data[i][col[c]] or 0)  # noqa: E731
     samples = "Warp Stall Sampling (All Samples)"
     total = sum(num(i, samples) for i in range(len(data))) or 1
@@ -54,7 +59,7 @@ def wide(hdr, data, col, top):
               ("its P V issue + wait", pub + 1, pv_wait + 1), ("release + loop", pv_wait + 1, back + 1)]
     print(f"{total} stall samples in the kernel; the score warpgroup's tile loop, instructions {head}..{back}:")
     for name, a, b in stages:
-        n = sum(num(i, samples) for i in range(a, b)) or 0
+        n = sum(num(i, samples) for i in range(a, b))
         why = collections.Counter({r[6:]: sum(num(i, r) for i in range(a, b)) for r in reasons}).most_common(3)
         print(f"  {name:<22} {100 * n / total:5.1f}%  {b - a:4d} instructions  " + ", ".join(f"{k} {v}" for k, v in why))
     a, b = stages[2][1], stages[2][2]
@@ -87,7 +92,7 @@ def main():
         wide(hdr, data, col, top)
         return
     samples = col["Warp Stall Sampling (All Samples)"]
-    reasons = [n for n in hdr if n.startswith("stall_") and "Not Issued" not in n]
+    reasons = stall_columns(hdr)
     num = lambda r, c: int(r[col[c]] or 0) if isinstance(c, str) else int(r[c] or 0)  # noqa: E731
     total = sum(num(r, samples) for r in data) or 1
     print(f"{total} stall samples over {len(data)} instructions")
