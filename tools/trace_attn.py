@@ -4,7 +4,8 @@ recorded by the first 16 CTAs of one call (h=128, s_q=4096, s_kv=32768, top-k 20
 benchmark's case), printed as mean intervals in SM cycles over the steady-state steps. --kernel sm90d:
 the dims kernel's fp8 decode instead (h=16, s_q=1, b=128, 32K tokens a request: the decode benchmark's
 case), per tile of each group of warps (sm90/dims_kernel.cuh, DimsEv); --kernel sm90n: the narrow kernel's
-prefill (--h 16 or 32), per tile of its consumer and two of its producer warps. Nsight Compute's
+prefill (--h 16 or 32), per tile of its consumer and two of its producer warps (--consumers 2: of its two consumer
+warpgroups and two producer warps). Nsight Compute's
 stall samples say which instruction waits; this says what the other warpgroup and the producer were
 doing meanwhile (hand-off latencies, how long a K region takes to land after its copies were issued).
 Needs a profiling build (SMLA_PROFILE_BUILD=1: the timestamps are compiled in only there).
@@ -107,6 +108,21 @@ NARROW += [
     ("tile k: producer 0 landed -> consumer saw it landed", (NPR0, 0, 3), (WG0, 0, 1)),
     ("tile k+2 issued (producer 0) after tile k's P V done", (WG0, 0, 4), (NPR0, 2, 2)),
 ]
+# the bf16 narrow kernel with two consumer warpgroups (sm90/narrow_kernel.cuh, SplitConsumer; --consumers 2):
+# slots 0 and 1 the two consumer warpgroups' first warps, 2 and 3 the producers' first and third warps
+NARROW2 = [row for wg, slot in (("consumer 0", WG0), ("consumer 1", WG1)) for row in
+           [(f"{wg} tile period (top k -> top k+1)", (slot, 0, 0), (slot, 1, 0))] +
+           [(f"{wg} {name}".replace(" S (", " S + hand-over ("), (slot, 0, a), (slot, 0, b))
+            for name, a, b in NARROW_STAGES] +
+           [(f"{wg} loop back (P V done -> next top)", (slot, 0, 4), (slot, 1, 0))]]
+NARROW2 += [(f"producer warp {n}: {name}", (slot, 0, a), (slot, 0, b))
+            for n, slot in ((0, PR0), (2, PR1))
+            for name, a, b in (("wait for the buffer (top -> free)", 0, 1), ("issue (free -> issued)", 1, 2),
+                               ("landing (issued -> all its copies landed)", 2, 3))]
+NARROW2 += [
+    ("tile k: producer 0 landed -> consumer 0 saw it landed", (PR0, 0, 3), (WG0, 0, 1)),
+    ("tile k+2 issued (producer 0) after consumer 0's P V done", (WG0, 0, 4), (PR0, 2, 2)),
+]
 EDGES = [
     ("prologue: start -> tile scan done", (WG0, None, 0), (WG0, None, 1)),
     ("epilogue WG0", (WG0, None, 2), (WG0, None, 3)),
@@ -137,7 +153,7 @@ def summarize(t, kernel):
                 out.append(vb - va)
         return out
 
-    for label, a, b in {"sm90p": PAIR, "sm90d": DIMS, "sm90n": NARROW}.get(kernel, WIDE):
+    for label, a, b in {"sm90p": PAIR, "sm90d": DIMS, "sm90n": NARROW, "sm90n2": NARROW2}.get(kernel, WIDE):
         vals = [v for k in range(lo, hi) for v in interval(a, b, k)]
         if vals:
             m = sum(vals) / len(vals)
@@ -158,6 +174,8 @@ def main():
     ap.add_argument("--precision", default="fast", choices=["fast", "high"])
     ap.add_argument("--h", type=int, default=128)
     ap.add_argument("--s-kv", type=int, default=32768)
+    ap.add_argument("--consumers", type=int, default=1, choices=[1, 2],
+                    help="sm90n over bf16: the kernel's consumer warpgroups (sm90/narrow_plan.cuh, SMLA_NARROW_BF16_CW)")
     ap.add_argument("--ablate", type=int, default=0, help="the ablation variant traced (SMLA_ATTN_ABLATE; 0: the full kernel)")
     args = ap.parse_args()
     gpu = open_gpu("trace_attn", args.kernel)
@@ -199,7 +217,7 @@ def main():
     finally:
         del os.environ["SMLA_ATTN_TRACE"]
     t = buf.view(CTAS, SLOTS, STEPS, EVENTS).cpu().tolist()
-    lines = summarize(t, args.kernel)
+    lines = summarize(t, "sm90n2" if args.kernel == "sm90n" and args.consumers == 2 else args.kernel)
     if not lines:
         print("nothing recorded")
         return 1

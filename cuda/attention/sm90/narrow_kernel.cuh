@@ -46,14 +46,34 @@ namespace attn {
 namespace sm90 {
 namespace narrow {
 
-// Q [NH heads x 576] into its column blocks (heads past h zero), issued and waited for by the consumer.
+// Q [NH heads x 576] into its column blocks (heads past h zero), issued and waited for by the consumers.
 template <class C>
 __device__ __forceinline__ void load_q(const Args &a, const Cta<C> &c)
 {
-    issue_q<C::NH, 128>(a, c, 0);
+    issue_q<C::NH, 128 * C::CW>(a, c, 0);
     cp_async_wait_all();
     fence_async_smem();
-    named_sync(kBarQ, 128);
+    named_sync(kBarQ, 128 * C::CW);
+}
+
+// The epilogue's last stage: warp wq of nw writes head rows wq, wq + nw, ... of the output from the staged
+// O (sO), the warps' row sums (sLsum) and maxima (sM; LAZY: the max logit from red as well).
+template <class C, bool LAZY>
+__device__ __forceinline__ void write_rows(const Args &a, const Cta<C> &c, int wq, int nw, int lane)
+{
+    constexpr int NH = C::NH;
+    const bool split = a.n_splits > 1;
+    const int col0 = 64 * (lane >> 2) + 2 * (lane & 3);
+    for (int hd = wq; hd < NH && hd < c.h; hd += nw) {
+        const double l = c.sLsum[hd] + c.sLsum[NH + hd] + c.sLsum[2 * NH + hd] + c.sLsum[3 * NH + hd];
+        const float *orow = c.sO + hd * C::kOStride + col0;
+        float ml = c.sM[hd];  // the max logit (log2 domain)
+        if constexpr (LAZY)
+            ml = fmaxf(fmaxf(ml, fmaxf(c.sRed[hd], c.sRed[NH + hd])), fmaxf(c.sRed[2 * NH + hd], c.sRed[3 * NH + hd]));
+        finish_row<8>(
+            a, c.row, c.bi, c.si, c.sp, c.h, hd, split, c.sM[hd], l, ml, [&] { return col0; },
+            [&] { return lane == 0; }, [&](int i) { return *reinterpret_cast<const float2 *>(orow + 8 * i); });
+    }
 }
 
 // Whether the narrow consumer stacks P_hi^T and P_lo^T ("high" at NH = 16: P_hi^T and P_lo^T, rows 16..
@@ -214,24 +234,200 @@ struct Consumer : ConsumerKind<C, ABL, FAST, LAZY>::Softmax {
                 c.sO[hd * C::kOStride + dim] = kStack ? o[mt][i] + o[mt][i + NS] : o[mt][i];
             }
         named_sync(kBarE, 128);
-        const int lane = 4 * g + t4;
-        const bool split = a.n_splits > 1;
-        const int col0 = 64 * (lane >> 2) + 2 * (lane & 3);
-        for (int hd = w; hd < NH && hd < c.h; hd += 4) {
-            const double l = c.sLsum[hd] + c.sLsum[NH + hd] + c.sLsum[2 * NH + hd] + c.sLsum[3 * NH + hd];
-            const float *orow = c.sO + hd * C::kOStride + col0;
-            float ml = c.sM[hd];  // the max logit (log2 domain)
-            if constexpr (kLazy)
-                ml = fmaxf(fmaxf(ml, fmaxf(c.sRed[hd], c.sRed[NH + hd])), fmaxf(c.sRed[2 * NH + hd], c.sRed[3 * NH + hd]));
-            finish_row<8>(
-                a, c.row, c.bi, c.si, c.sp, c.h, hd, split, c.sM[hd], l, ml, [&] { return col0; },
-                [&] { return lane == 0; }, [&](int i) { return *reinterpret_cast<const float2 *>(orow + 8 * i); });
+        write_rows<C, kLazy>(a, c, w, 4, 4 * g + t4);
+    }
+};
+
+
+// Two consumer warpgroups on every tile (CW = 2, the bf16 cache: cp.async producers leave them the
+// registers). Warpgroup CWI (a template parameter: a run-time index spilled) runs, of each tile:
+//   scores  : S^T's k-steps 18 CWI .. 18 CWI + 17 (kk < 12 and the rest, two chains: (k-steps 0..11 +
+//             12..17) + (18..23 + 24..35), the one-warpgroup kernel's three chains of 12 regrouped), then
+//             hands the other warpgroup its partial of that one's heads' columns through xs (kBarX) and adds
+//             the other's partial of its own: S^T of its half of the heads (HeadSoftmax's NWG = 2);
+//   softmax : its heads' softmax, the verdict of the lazy maximum ORed over both warpgroups with P^T's
+//             barrier (kBarP, 256 threads), an exact tile's alphas through shared memory (HeadSoftmax);
+//   pv      : O^T's m-tiles 4 CWI .. 4 CWI + 3 (dims 256 CWI ..) for every head; "high" with P_hi^T and
+//             P_lo^T stacked as one n = 2 NH B operand (so V^T is read from shared memory once);
+//   release : its own arrival on the buffer's empty barrier (256 arrivals).
+// So each warpgroup reads half of the tile from shared memory, and the softmax runs on 256 threads.
+template <class C, int ABL, bool FAST, bool LAZY, int CWI>
+struct SplitKind {
+    static constexpr bool kNoLo = FAST || (ABL & 16) != 0;
+    static constexpr int NO = kNoLo ? C::NH / 2 : C::NH;  // high: O_hi^T and O_lo^T
+    using Softmax = HeadSoftmax<C::NH, kNoLo, NO, LAZY, 4, 2, CWI>;
+};
+
+template <class C, int ABL, bool FAST, bool LAZY, int CWI>
+struct SplitConsumer : SplitKind<C, ABL, FAST, LAZY, CWI>::Softmax {
+    using Base = typename SplitKind<C, ABL, FAST, LAZY, CWI>::Softmax;
+    using Base::o, Base::m_r, Base::l_r, Base::w, Base::g, Base::t4, Base::head;
+    static constexpr int NH = C::NH, NS = C::NS, NSO = Base::NSO, NLO = Base::NLO;
+    static constexpr bool kNoS = (ABL & 2) != 0, kNoPV = (ABL & 4) != 0;
+    static constexpr bool kStack = !SplitKind<C, ABL, FAST, LAZY, CWI>::kNoLo;
+    static constexpr int kK0 = 18 * CWI, kM0 = 4 * CWI;  // its first S^T k-step and O^T m-tile
+    static_assert(C::CW == 2, "the split consumer: two warpgroups");
+
+    const Args &a;
+    const int t;  // thread of the warpgroup
+
+    __device__ __forceinline__ SplitConsumer(const Args &a_, const Cta<C> &c) : Base(c.tid), a(a_), t(c.tid & 127) {}
+
+    // This warpgroup's S^T k-steps of K buffer kb, issued (one commit group): chain t0 its first
+    // 12 - 6 CWI k-steps, t1 the rest.
+    __device__ __forceinline__ void scores_issue(const Cta<C> &c, uint32_t kb, float (&t0)[NS], float (&t1)[NS]) const
+    {
+        if constexpr (!kNoS) {
+            constexpr int kSplitAt = CWI == 0 ? 12 : 6;
+            const uint32_t kd = opaque(desc_base(kb, 16)), qd = opaque(desc_base(c.sQ, 16));
+            wg_fence();
+#pragma unroll
+            for (int kk = 0; kk < 18; ++kk) {
+                const int k = kK0 + kk;
+                const uint64_t da = desc_at(kd, (k >> 2) * kBlk + (k & 3) * 32);
+                const uint64_t db = desc_at(qd, (k >> 2) * C::kQBlk + (k & 3) * 32);
+                if (kk < kSplitAt) wgmma_ss<0>(t0, da, db, kk > 0);
+                else wgmma_ss<0>(t1, da, db, kk > kSplitAt);
+            }
+            wg_commit();
         }
+    }
+    // Once the group is done: the partial t0 + t1; the other warpgroup's heads' columns of it handed over,
+    // its own ones' from the other added: s, S^T of this warpgroup's heads.
+    __device__ __forceinline__ void scores_exchange(const Cta<C> &c, float (&t0)[NS], float (&t1)[NS], float (&s)[NSO]) const
+    {
+        float p[NS];
+        if constexpr (kNoS) {
+#pragma unroll
+            for (int i = 0; i < NS; ++i) p[i] = 0.f;
+        } else {
+            fence_regs(t0);
+            fence_regs(t1);
+#pragma unroll
+            for (int i = 0; i < NS; ++i) p[i] = t0[i] + t1[i];
+        }
+        float4 *out = reinterpret_cast<float4 *>(c.sXs + ((1 - CWI) * 128 + t) * NSO);
+#pragma unroll
+        for (int v = 0; v < NSO / 4; ++v) {
+            const int i = (1 - CWI) * NSO + 4 * v;
+            out[v] = make_float4(p[i], p[i + 1], p[i + 2], p[i + 3]);
+        }
+        named_sync(kBarX, 256);
+        const float4 *in = reinterpret_cast<const float4 *>(c.sXs + (CWI * 128 + t) * NSO);
+#pragma unroll
+        for (int v = 0; v < NSO / 4; ++v) {
+            const float4 q = in[v];
+            const int i = CWI * NSO + 4 * v;
+            s[4 * v] = p[i] + q.x, s[4 * v + 1] = p[i + 1] + q.y, s[4 * v + 2] = p[i + 2] + q.z, s[4 * v + 3] = p[i + 3] + q.w;
+        }
+    }
+
+    // O^T m-tiles kM0 .. kM0 + 3 += V^T P^T over the 4 k-steps of buffer kb, issued (one commit group);
+    // kStack: n = 2 NH, the B rows P_hi^T then P_lo^T.
+    __device__ __forceinline__ void pv_issue(const Cta<C> &c, uint32_t kb)
+    {
+        if constexpr (!kNoPV) {
+            const uint32_t pd = opaque(desc_base(c.sP, 16)), vd = opaque(desc_base(kb, kBlk));
+            wg_fence();
+#pragma unroll
+            for (int kk = 0; kk < 4; ++kk) {
+                const uint64_t dp = desc_at(pd, kk * 32);
+#pragma unroll
+                for (int mt = 0; mt < 4; ++mt) wgmma_ss<1>(o[mt], desc_at(vd, (kM0 + mt) * kBlk + kk * 16 * 128), dp, 1);
+            }
+            wg_commit();
+        }
+    }
+
+    // The tile's softmax of this warpgroup's heads (the narrow Consumer's, with both warpgroups' barriers).
+    __device__ __forceinline__ void softmax_tile(const Cta<C> &c, int it, int b, float (&s)[NSO])
+    {
+        float mx[NLO];
+        const int tok = 16 * w + g;
+        const bool ok0 = c.sValid[b * kBN + tok] != 0, ok1 = c.sValid[b * kBN + tok + 8] != 0;
+        float *const red = c.sRed + (it & 1) * 4 * NH;
+        constexpr int kRed = CWI == 0 ? kBarRed : kBarRed1;
+        if constexpr (LAZY) {
+            Base::scale_mask(s, mx, ok0, ok1, a.scale_log2);
+            if (Base::lazy_tile(s, mx, c.sP, kBarP)) {
+                Base::exchange_max(s, mx, ok0, ok1, red, kRed);
+                Base::softmax(s, mx, c.sP, kBarP, c.sAlpha);
+            }
+        } else {
+            Base::tile_max(s, mx, ok0, ok1, a.scale_log2, red, kRed);
+            Base::softmax(s, mx, c.sP, kBarP, c.sAlpha);
+        }
+    }
+
+    __device__ __forceinline__ void run(const Cta<C> &c)
+    {
+        float t0[NS], t1[NS];
+#pragma unroll 1
+        for (int it = 0; it < c.nt; ++it) {
+            const int b = it & 1;
+            const uint32_t kb = c.sK + b * kTileBytes;
+            float s[NSO];
+            trace(a, it, 0);
+            mbar_wait(c.bar_full + 8 * b, (it >> 1) & 1);
+            trace(a, it, 1);
+            scores_issue(c, kb, t0, t1);
+            wg_wait0();
+            scores_exchange(c, t0, t1, s);
+            trace(a, it, 2);
+            softmax_tile(c, it, b, s);
+            trace(a, it, 3);
+            pv_issue(c, kb);
+            wg_wait0();
+#pragma unroll
+            for (int mt = 0; mt < 4; ++mt) fence_regs(o[mt]);
+            trace(a, it, 4);
+            mbar_arrive(c.bar_empty + 8 * b);
+        }
+    }
+
+    // As the narrow Consumer's: row sums and maxima of its own heads, its m-tiles of O^T staged, then the
+    // 8 warps of both warpgroups write the head rows (warp 4 CWI + w: heads 4 CWI + w, + 8, ...).
+    __device__ __forceinline__ void epilogue(const Cta<C> &c)
+    {
+        Base::warp_sums();
+        named_sync(kBarE, 256);  // both warpgroups' last wgmma is done with the K buffers the output goes to
+        if constexpr (LAZY) Base::publish_tmx(c.sRed, kBarE);  // no warp reads red any more
+        if (g == 0) {
+#pragma unroll
+            for (int hl = 0; hl < NLO; ++hl) {
+                c.sLsum[w * NH + head(hl)] = l_r[hl];
+                if (w == 0) c.sM[head(hl)] = m_r[hl];
+            }
+        }
+#pragma unroll
+        for (int mt = 0; mt < 4; ++mt)
+#pragma unroll
+            for (int i = 0; i < NS; ++i) {
+                const int hd = 8 * (i >> 2) + 2 * t4 + (i & 1);
+                const int dim = 64 * (kM0 + mt) + 16 * w + g + 8 * ((i >> 1) & 1);
+                c.sO[hd * C::kOStride + dim] = kStack ? o[mt][i] + o[mt][i + NS] : o[mt][i];
+            }
+        named_sync(kBarE, 256);
+        write_rows<C, LAZY>(a, c, 4 * CWI + w, 8, 4 * g + t4);
     }
 };
 
 // Internal linkage: each instantiation file owns its kernels.
 namespace {
+
+// A consumer warpgroup's part of the kernel: Q, the tiles, the epilogue.
+template <class C, class W>
+__device__ __forceinline__ void consume(const Args &a, const Cta<C> &c, W &&wg)
+{
+    trace(a, kTraceEdge, kTrStart);
+    if (c.nt > 0) {
+        load_q(a, c);
+        wg.run(c);
+    }
+    trace(a, kTraceEdge, kTrEpilogue);
+    wg.epilogue(c);
+    trace(a, kTraceEdge, kTrEnd);
+}
 
 template <class C, bool FP8, int ABL, bool FAST, bool FUSED>
 __global__ void __launch_bounds__(C::kThreads, 1) attn_sm90n_kernel(const __grid_constant__ Args a)
@@ -244,33 +440,32 @@ __global__ void __launch_bounds__(C::kThreads, 1) attn_sm90n_kernel(const __grid
     if (c.tid == 0) {
         mbar_init(c.bar_full, 32 * C::kPW);
         mbar_init(c.bar_full + 8, 32 * C::kPW);
-        mbar_init(c.bar_empty, 128);
-        mbar_init(c.bar_empty + 8, 128);
+        mbar_init(c.bar_empty, 128 * C::CW);
+        mbar_init(c.bar_empty + 8, 128 * C::CW);
         fence_mbarrier_init();
     }
     __syncthreads();
 
     if (c.tid >= C::kP0) {
-        setmaxnreg_dec<kProducerRegs>();
+        setmaxnreg_dec<C::Regs::producer>();
         if constexpr (FP8) Fp8Producer<ABL, false, C::kP0, C::kPW>(a, c, 0u, 0u).run();
         else Bf16Producer<ABL, C::kP0, C::kPW>(a, c).run(false);
         if constexpr (FUSED) combine_grid_sync();  // every thread takes part in the grid's barrier
         return;
     }
-    setmaxnreg_inc<kConsumerRegs>();
+    setmaxnreg_inc<C::Regs::consumer>();
     constexpr bool kLazy = SMLA_NARROW_LAZY_MAX == 2 || (SMLA_NARROW_LAZY_MAX == 1 && !FP8);
-    Consumer<C, ABL, FAST, kLazy> wg(a, c);
-    trace(a, kTraceEdge, kTrStart);
-    if (c.nt > 0) {
-        load_q(a, c);
-        wg.run(c);
+    if constexpr (C::CW == 1) {
+        consume(a, c, Consumer<C, ABL, FAST, kLazy>(a, c));
+    } else {
+        static_assert(!FP8, "two consumer warpgroups: the bf16 kernel (its producers hold no data)");
+        if (c.tid < 128) consume(a, c, SplitConsumer<C, ABL, FAST, kLazy, 0>(a, c));
+        else consume(a, c, SplitConsumer<C, ABL, FAST, kLazy, 1>(a, c));
     }
-    trace(a, kTraceEdge, kTrEpilogue);
-    wg.epilogue(c);
-    trace(a, kTraceEdge, kTrEnd);
-    if constexpr (FUSED) {  // fused split decode: WG0 merges its share of the pairs (attention/combine.cuh)
-        combine_grid_sync();
-        combine_share(a, blockIdx.x, gridDim.x, c.tid);
+    if constexpr (FUSED) {  // fused split decode: each consumer warpgroup merges its share of the pairs
+        combine_grid_sync();  // (attention/combine.cuh)
+        if constexpr (C::CW == 1) combine_share(a, blockIdx.x, gridDim.x, c.tid);
+        else combine_share(a, 2 * static_cast<int64_t>(blockIdx.x) + c.tid / 128, 2 * static_cast<int64_t>(gridDim.x), c.tid & 127);
     }
 }
 
@@ -313,7 +508,7 @@ int launch(Args &a, int64_t grid, cudaStream_t s, int dev, smla_status *st)
 template <int NH, bool FP8>
 constexpr KernelEntry entry()
 {
-    using C = Cfg<NH>;
+    using C = Cfg<NH, FP8 ? 1 : SMLA_NARROW_BF16_CW>;
     return KernelEntry{Family::sm90n, FP8, NH, kBN, Smem<C>::bytes, 1, C::kThreads, &launch<C, FP8>, /*fuses=*/true};
 }
 

@@ -10,7 +10,10 @@
 //           no cluster, so no rr);
 //   valid : int [2][64], row valid per K buffer;
 //   red   : float [2][4][NH], each consumer warp's per-head maxima of a tile (parity of the tile);
-//   lsum  : double [4][NH], each consumer warp's row sums (epilogue), m: float [NH], the row maxima.
+//   lsum  : double [4][NH], each consumer warp's row sums (epilogue), m: float [NH], the row maxima;
+//   CW = 2 only: xs, float [2][128][NS / 2], the partial S^T each consumer warpgroup hands the other (its
+//           half of the heads' columns; xs[cw] is what warpgroup cw reads), and alpha, float [NH], the
+//           rescale factors of an exact tile (each warpgroup's own heads, read by both).
 // The epilogue stages O as float [NH][kOStride] over the K buffers (dead by then).
 #pragma once
 
@@ -22,31 +25,52 @@
 // exchange of its maxima between the warps and the rescale of O^T. 2: over both caches, 1: over bf16 only
 // (prefill), 0: every tile exact.
 #define SMLA_NARROW_LAZY_MAX 2
+// The bf16 narrow kernel's consumers (sm90/narrow_kernel.cuh, SplitConsumer): 2, two warpgroups that split
+// each tile's work by dimension (S^T's k-steps, O^T's m-tiles) and the softmax by head; 1, one warpgroup
+// that runs the whole tile (the fp8 kernel always: its producers need the registers).
+#ifndef SMLA_NARROW_BF16_CW
+#define SMLA_NARROW_BF16_CW 2
+#endif
 
 namespace attn {
 namespace sm90 {
 namespace narrow {
 
-template <int NH_>
+// Registers after setmaxnreg. CW = 1: the consumer holds O^T (4 NH floats; 8 NH with the stacked P^T at
+// NH = 16), three S^T chains (1.5 NH) and the per-head state; the producers their two batches; the three
+// sum to the launch allocation, 3 x 168. (Four batches in flight at 200 / 152 were measured slower:
+// benchmarks/README.md.) CW = 2 (bf16 only: cp.async producers hold no data): each consumer holds half of
+// O^T (at most 4 m-tiles x 2 NH floats) and two S^T chains; 2 x 208 + 2 x 48 = 4 x 128, the launch
+// allocation of 512 threads.
+template <int CW>
+struct NarrowRegs {
+    static constexpr int launch = CW == 1 ? 168 : 128;
+    static constexpr int consumer = CW == 1 ? 240 : 208;
+    static constexpr int producer = CW == 1 ? 128 : 48;
+    static_assert(CW * consumer + 2 * producer <= (CW + 2) * launch && consumer % 8 == 0 && producer % 8 == 0,
+                  "setmaxnreg: multiples of 8 within the launch allocation");
+};
+
+template <int NH_, int CW_ = 1>
 struct Cfg {
     static constexpr int NH = NH_;           // heads per CTA: the wgmma N
+    static constexpr int CW = CW_;           // consumer warpgroups
     static constexpr int NJ = NH / 8;        // n8 column blocks of an accumulator
     static constexpr int NS = NH / 2;        // accumulator floats per thread of one [64 x NH] tile
-    static constexpr int kThreads = 384;     // WG0: consumer; WG1, WG2: producers
-    static constexpr int kP0 = 128, kPW = 8; // producers: 8 warps from thread 128
+    static constexpr int kP0 = 128 * CW, kPW = 8;  // producers: 8 warps after the consumers
+    static constexpr int kThreads = kP0 + 256;
     static constexpr int kQBlk = NH * 128;   // one Q column block
     static constexpr int kPBytes = NH * 128; // one P^T tile
     static constexpr int kOStride = kDv + 4; // floats per staged output row: rows 2 apart land 8 banks apart
+    using Regs = NarrowRegs<CW>;
     static_assert(NH == 16 || NH == 32, "wgmma n16 / n32");
+    static_assert(CW == 1 || CW == 2, "one or two consumer warpgroups");
 };
 
-// Registers after setmaxnreg: the consumer holds O^T (4 NH floats; 8 NH with the stacked P^T at NH = 16),
-// three S^T chains (1.5 NH) and the per-head state; the producers their two batches. The three sum to the
-// launch allocation, 3 x 168. (Four batches in flight at 200 / 152 were measured slower: benchmarks/README.md.)
-constexpr int kConsumerRegs = 240, kProducerRegs = 128;
-static_assert(kConsumerRegs + 2 * kProducerRegs <= 3 * 168, "the launch allocation: 64K / 384 -> 168");
-// Named barriers of the 128 consumer threads.
-constexpr int kBarQ = 1, kBarRed = 2, kBarP = 3, kBarE = 4;
+// Named barriers of the consumer threads: Q landed, warpgroup 0's exchange of tile maxima, P^T stored (all
+// consumers), the epilogue (all consumers); CW = 2: warpgroup 1's exchange of tile maxima, the partial S^T
+// handed over.
+constexpr int kBarQ = 1, kBarRed = 2, kBarP = 3, kBarE = 4, kBarRed1 = 5, kBarX = 6;
 
 template <class C>
 struct Smem {
@@ -58,10 +82,12 @@ struct Smem {
     static constexpr Region red = region_after(valid, 2 * 4 * C::NH * 4);
     static constexpr Region lsum = region_after(red, 4 * C::NH * 8);
     static constexpr Region m = region_after(lsum, C::NH * 4);
-    static constexpr int used = m.end();
+    static constexpr Region xs = region_after(m, C::CW == 2 ? 2 * 128 * (C::NS / 2) * 4 : 0);
+    static constexpr Region alpha = region_after(xs, C::CW == 2 ? C::NH * 4 : 0);
+    static constexpr int used = alpha.end();
     static constexpr int bytes = used + 1024;  // slack to align the base to 1024 B
     static_assert(q.off % 1024 == 0 && k.off % 1024 == 0 && p.off % 1024 == 0, "swizzled tiles");
-    static_assert(bar.off % 8 == 0 && lsum.off % 8 == 0, "mbarriers and row sums are 8-byte");
+    static_assert(bar.off % 8 == 0 && lsum.off % 8 == 0 && xs.off % 16 == 0, "mbarriers and row sums are 8-byte, xs 16");
     static_assert(C::NH * C::kOStride * 4 <= k.bytes, "the staged output fits in the K buffers");
     static_assert(bytes <= 227 * 1024, "sm_90 opt-in shared memory per block");
 };
@@ -71,7 +97,7 @@ template <class C>
 struct Cta : CtaCommon {
     using S = Smem<C>;
     uint32_t sP;
-    float *sRed, *sM, *sO;
+    float *sRed, *sM, *sO, *sXs, *sAlpha;
     double *sLsum;
 
     __device__ __forceinline__ Cta(const Args &a, uint8_t *smem_raw)
@@ -82,6 +108,8 @@ struct Cta : CtaCommon {
         sLsum = reinterpret_cast<double *>(smem + S::lsum.off);
         sM = reinterpret_cast<float *>(smem + S::m.off);
         sO = reinterpret_cast<float *>(smem + S::k.off);
+        sXs = reinterpret_cast<float *>(smem + S::xs.off);
+        sAlpha = reinterpret_cast<float *>(smem + S::alpha.off);
     }
 };
 

@@ -25,43 +25,54 @@ namespace sm90 {
 // NH heads (16 or 32); NO_LO: P goes to the MMA as bf16 only ("fast"), else as P_hi and P_lo (rows
 // NH.. of the P region, kPBytes on); NO: accumulator floats per O^T m-tile, NH / 2, or NH when the
 // caller stacks P_hi^T and P_lo^T into one n = 2 NH MMA (the second half holds O_lo^T); LAZY: the lazy
-// maximum above (lazy_tile, publish_tmx).
-template <int NH_, bool NO_LO, int NO_, bool LAZY = false>
+// maximum above (lazy_tile, publish_tmx). Two consumer warpgroups that split a tile (NWG = 2, the
+// narrow kernel's SplitConsumer; CW: this one): each holds NMT = 4 of O^T's m-tiles with every head's
+// columns, but runs the softmax of its own half of the heads only (heads CW NH / 2 ..: the accumulator's
+// column blocks jn of that half), so its scores s are NS / 2 floats and its state NL / 2 heads; an exact
+// tile's alphas go through shared memory to the other warpgroup's O^T. Barriers over both warpgroups
+// (kJoint threads): P^T stored, the verdict, publish_tmx; exchange_max's stays within one warpgroup.
+template <int NH_, bool NO_LO, int NO_, bool LAZY = false, int NMT = 8, int NWG = 1, int CW = 0>
 struct HeadSoftmax {
     static constexpr int NH = NH_, NS = NH / 2, NL = NH / 4, NO = NO_;
+    static constexpr int NSO = NS / NWG, NLO = NL / NWG;  // this warpgroup's scores and heads per thread
+    static constexpr int kJoint = 128 * NWG;
     static constexpr int kPBytes = NH * 128;  // one P^T tile: NH rows of 64 bf16
     static_assert(NO == NS || NO == 2 * NS, "an O^T m-tile holds NH / 2 floats, or twice that stacked");
+    static_assert((NWG == 1 && NMT == 8 && CW == 0) || (NWG == 2 && NMT == 4 && CW < 2), "one or two warpgroups");
 
     const int w, g, t4;
-    float o[8][NO];  // O^T m-tile mt
-    float m_r[NL];   // running maxima (log2 domain), the same in every thread holding the head
-    double l_r[NL];  // this thread's share of the row sums
-    float tmx[LAZY ? NL : 1];  // LAZY: the largest of this thread's scores of each head in lazy tiles
+    float o[NMT][NO];  // O^T m-tile mt (NWG = 2: m-tile 4 CW + mt)
+    float m_r[NLO];    // running maxima (log2 domain), the same in every thread holding the head
+    double l_r[NLO];   // this thread's share of the row sums
+    float tmx[LAZY ? NLO : 1];  // LAZY: the largest of this thread's scores of each head in lazy tiles
 
     __device__ __forceinline__ HeadSoftmax(int tid) : w((tid >> 5) & 3), g((tid & 31) >> 2), t4(tid & 3)
     {
 #pragma unroll
-        for (int mt = 0; mt < 8; ++mt)
+        for (int mt = 0; mt < NMT; ++mt)
 #pragma unroll
             for (int i = 0; i < NO; ++i) o[mt][i] = 0.f;
 #pragma unroll
-        for (int hl = 0; hl < NL; ++hl) {
+        for (int hl = 0; hl < NLO; ++hl) {
             m_r[hl] = -INFINITY;
             l_r[hl] = 0.0;
             if constexpr (LAZY) tmx[hl] = -INFINITY;
         }
     }
-    __device__ __forceinline__ int head(int hl) const { return 8 * (hl >> 1) + 2 * t4 + (hl & 1); }
+    // The head of this thread's own head hl (NWG = 2: of its warpgroup's half), and of column hl of all its
+    // accumulator's columns (O^T's: every head).
+    __device__ __forceinline__ int head(int hl) const { return 8 * (hl >> 1) + 2 * t4 + (hl & 1) + CW * (NH / NWG); }
+    __device__ __forceinline__ int head_all(int hl) const { return 8 * (hl >> 1) + 2 * t4 + (hl & 1); }
 
     // Mask (ok0 / ok1: this thread's tokens 16 w + g and + 8 are valid) and scale (log2 domain) this
     // thread's scores, saturate overflow where it matters (attention/softmax.cuh), and each head's
     // maximum over the tile's 64 tokens, which all 128 threads then agree on. red: [4][NH] floats of this
     // tile's parity (the other parity may still be read by slower warps); bar: a 128-thread barrier.
-    __device__ __forceinline__ void tile_max(float (&s)[NS], float (&mx)[NL], bool ok0, bool ok1, float scale_log2,
+    __device__ __forceinline__ void tile_max(float (&s)[NSO], float (&mx)[NLO], bool ok0, bool ok1, float scale_log2,
                                              float *red, int bar) const
     {
 #pragma unroll
-        for (int hl = 0; hl < NL; ++hl) {
+        for (int hl = 0; hl < NLO; ++hl) {
             scale_mask_head(s, mx, hl, ok0, ok1, scale_log2);
             saturate_reduce_head(s, mx, hl, ok0, ok1);
         }
@@ -69,19 +80,19 @@ struct HeadSoftmax {
     }
     // tile_max in two halves (the lazy maximum's tiles): masked and scaled scores with each head's maximum
     // over this thread's two; then saturation and the maxima across the warp and the warps.
-    __device__ __forceinline__ void scale_mask(float (&s)[NS], float (&mx)[NL], bool ok0, bool ok1, float scale_log2) const
+    __device__ __forceinline__ void scale_mask(float (&s)[NSO], float (&mx)[NLO], bool ok0, bool ok1, float scale_log2) const
     {
 #pragma unroll
-        for (int hl = 0; hl < NL; ++hl) scale_mask_head(s, mx, hl, ok0, ok1, scale_log2);
+        for (int hl = 0; hl < NLO; ++hl) scale_mask_head(s, mx, hl, ok0, ok1, scale_log2);
     }
-    __device__ __forceinline__ void exchange_max(float (&s)[NS], float (&mx)[NL], bool ok0, bool ok1, float *red,
+    __device__ __forceinline__ void exchange_max(float (&s)[NSO], float (&mx)[NLO], bool ok0, bool ok1, float *red,
                                                  int bar) const
     {
 #pragma unroll
-        for (int hl = 0; hl < NL; ++hl) saturate_reduce_head(s, mx, hl, ok0, ok1);
+        for (int hl = 0; hl < NLO; ++hl) saturate_reduce_head(s, mx, hl, ok0, ok1);
         exchange_max_warps(mx, red, bar);
     }
-    __device__ __forceinline__ void scale_mask_head(float (&s)[NS], float (&mx)[NL], int hl, bool ok0, bool ok1,
+    __device__ __forceinline__ void scale_mask_head(float (&s)[NSO], float (&mx)[NLO], int hl, bool ok0, bool ok1,
                                                     float scale_log2) const
     {
         const int i0 = 4 * (hl >> 1) + (hl & 1), i1 = i0 + 2;
@@ -89,7 +100,7 @@ struct HeadSoftmax {
         s[i1] = ok1 ? s[i1] * scale_log2 : -INFINITY;
         mx[hl] = fmaxf(s[i0], s[i1]);
     }
-    __device__ __forceinline__ void saturate_reduce_head(float (&s)[NS], float (&mx)[NL], int hl, bool ok0, bool ok1) const
+    __device__ __forceinline__ void saturate_reduce_head(float (&s)[NSO], float (&mx)[NLO], int hl, bool ok0, bool ok1) const
     {
         const int i0 = 4 * (hl >> 1) + (hl & 1), i1 = i0 + 2;
         if (sat_needed(mx[hl], m_r[hl])) {
@@ -100,15 +111,15 @@ struct HeadSoftmax {
 #pragma unroll
         for (int x = 4; x < 32; x <<= 1) mx[hl] = fmaxf(mx[hl], __shfl_xor_sync(0xffffffffu, mx[hl], x));
     }
-    __device__ __forceinline__ void exchange_max_warps(float (&mx)[NL], float *red, int bar) const
+    __device__ __forceinline__ void exchange_max_warps(float (&mx)[NLO], float *red, int bar) const
     {
         if (g == 0) {
 #pragma unroll
-            for (int hl = 0; hl < NL; ++hl) red[w * NH + head(hl)] = mx[hl];
+            for (int hl = 0; hl < NLO; ++hl) red[w * NH + head(hl)] = mx[hl];
         }
         named_sync(bar, 128);
 #pragma unroll
-        for (int hl = 0; hl < NL; ++hl) {
+        for (int hl = 0; hl < NLO; ++hl) {
             const int hd = head(hl);
             mx[hl] = fmaxf(fmaxf(red[hd], red[NH + hd]), fmaxf(red[2 * NH + hd], red[3 * NH + hd]));
         }
@@ -120,13 +131,13 @@ struct HeadSoftmax {
     // take the tile and tmx its maxima; or (true) nothing changed but P^T, and the caller redoes the tile
     // exactly (exchange_max, softmax). s, mx: from scale_mask; bar: a 128-thread barrier after which P^T is
     // written and visible to wgmma.
-    __device__ __forceinline__ bool lazy_tile(const float (&s)[NS], const float (&mx)[NL], uint32_t sP, int bar)
+    __device__ __forceinline__ bool lazy_tile(const float (&s)[NSO], const float (&mx)[NLO], uint32_t sP, int bar)
     {
         static_assert(LAZY, "lazy_tile: a LAZY HeadSoftmax");
         bool need = false;
-        float ps[NL];
+        float ps[NLO];
 #pragma unroll
-        for (int hl = 0; hl < NL; ++hl) {
+        for (int hl = 0; hl < NLO; ++hl) {
             need |= !(mx[hl] <= m_r[hl] + kLazySlack) || sat_needed(mx[hl], m_r[hl]);  // NaN: the exact path
             const int i0 = 4 * (hl >> 1) + (hl & 1), i1 = i0 + 2;
             const float p0 = ex2(s[i0] - m_r[hl]), p1 = ex2(s[i1] - m_r[hl]);
@@ -134,10 +145,10 @@ struct HeadSoftmax {
             store_p(sP, hl, p0, p1);
         }
         fence_async_smem();
-        need = named_sync_or(bar, 128, need);
+        need = named_sync_or(bar, kJoint, need);
         if (!need) {
 #pragma unroll
-            for (int hl = 0; hl < NL; ++hl) {
+            for (int hl = 0; hl < NLO; ++hl) {
                 l_r[hl] += static_cast<double>(ps[hl]);
                 tmx[hl] = fmaxf(tmx[hl], mx[hl]);
             }
@@ -146,19 +157,19 @@ struct HeadSoftmax {
     }
 
     // LAZY, in the epilogue: each head's largest score (log2 domain) for max_logits, the larger of its
-    // running maximum and every thread's tmx. red: [4][NH] floats no warp reads any more; bar: a 128-thread
-    // barrier, after which head hd's is the max of m_r and red[k * NH + hd], k < 4.
+    // running maximum and every thread's tmx. red: [4][NH] floats no warp reads any more; bar: a barrier of
+    // all consumers, after which head hd's is the max of m_r and red[k * NH + hd], k < 4.
     __device__ __forceinline__ void publish_tmx(float *red, int bar)
     {
         static_assert(LAZY, "publish_tmx: a LAZY HeadSoftmax");
 #pragma unroll
-        for (int hl = 0; hl < NL; ++hl) {
+        for (int hl = 0; hl < NLO; ++hl) {
             float v = tmx[hl];
 #pragma unroll
             for (int x = 4; x < 32; x <<= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, x));
             if (g == 0) red[w * NH + head(hl)] = v;
         }
-        named_sync(bar, 128);
+        named_sync(bar, kJoint);
     }
 
     // P^T[head][tok] of this thread's head hl and tokens tok = 16 w + g and + 8 (K-major with the 128-byte
@@ -184,51 +195,75 @@ struct HeadSoftmax {
     }
 
     // New maxima, alpha, P = 2^(S - m) into P^T at sP (bf16, K-major, 128-byte swizzle; high: P_hi, and
-    // P_lo kPBytes on), row sums; O^T rescaled by alpha. bar: a 128-thread barrier after which P^T is
-    // written and visible to wgmma.
-    __device__ __forceinline__ void softmax(const float (&s)[NS], const float (&mx)[NL], uint32_t sP, int bar)
+    // P_lo kPBytes on), row sums; O^T rescaled by alpha. bar: a barrier of all consumers after which P^T is
+    // written and visible to wgmma. NWG = 2: sAlpha, float [NH], where each warpgroup's own heads' alphas
+    // meet (published before bar, read after it: the next tile's are written after the next partial S
+    // hand-over, which needs both warpgroups past this read).
+    __device__ __forceinline__ void softmax(const float (&s)[NSO], const float (&mx)[NLO], uint32_t sP, int bar,
+                                            float *sAlpha = nullptr)
     {
-        float base_[NL], alpha[NL];
+        float base_[NLO], alpha[NLO];
 #pragma unroll
-        for (int hl = 0; hl < NL; ++hl) {
+        for (int hl = 0; hl < NLO; ++hl) {
             const float mn = fmaxf(m_r[hl], mx[hl]);
             base_[hl] = mn == -INFINITY ? 0.f : mn;
             alpha[hl] = ex2(m_r[hl] - base_[hl]);
             m_r[hl] = mn;
         }
 #pragma unroll
-        for (int hl = 0; hl < NL; ++hl) {
+        for (int hl = 0; hl < NLO; ++hl) {
             const int i0 = 4 * (hl >> 1) + (hl & 1), i1 = i0 + 2;
             const float p0 = ex2(s[i0] - base_[hl]), p1 = ex2(s[i1] - base_[hl]);
             l_r[hl] = l_r[hl] * static_cast<double>(alpha[hl]) + static_cast<double>(p0 + p1);
             store_p(sP, hl, p0, p1);
         }
+        if constexpr (NWG == 2) {
+            if (w == 0 && g == 0) {
+#pragma unroll
+                for (int hl = 0; hl < NLO; ++hl) sAlpha[head(hl)] = alpha[hl];
+            }
+            fence_async_smem();
+            named_sync(bar, kJoint);  // all of P^T written (and visible to wgmma), every alpha published
+            float al[NL];
+            bool moved = false;
+#pragma unroll
+            for (int hl = 0; hl < NL; ++hl) {
+                al[hl] = sAlpha[head_all(hl)];
+                moved |= al[hl] != 1.f;
+            }
+            if (__any_sync(0xffffffffu, moved)) rescale_o<NL>(al);
+            return;
+        }
         bool moved = false;
 #pragma unroll
-        for (int hl = 0; hl < NL; ++hl) moved |= alpha[hl] != 1.f;
-        if (__any_sync(0xffffffffu, moved)) {
-#pragma unroll
-            for (int mt = 0; mt < 8; ++mt)
-#pragma unroll
-                for (int hl = 0; hl < NL; ++hl) {
-                    const int i0 = 4 * (hl >> 1) + (hl & 1);
-                    o[mt][i0] *= alpha[hl];
-                    o[mt][i0 + 2] *= alpha[hl];
-                    if constexpr (NO == 2 * NS) {
-                        o[mt][i0 + NS] *= alpha[hl];
-                        o[mt][i0 + NS + 2] *= alpha[hl];
-                    }
-                }
-        }
+        for (int hl = 0; hl < NLO; ++hl) moved |= alpha[hl] != 1.f;
+        if (__any_sync(0xffffffffu, moved)) rescale_o<NLO>(alpha);
         fence_async_smem();
         named_sync(bar, 128);  // all of P^T written (and visible to wgmma)
+    }
+    // O^T's columns of the first N of this thread's heads (column hl: head_all(hl)) times alpha.
+    template <int N>
+    __device__ __forceinline__ void rescale_o(const float (&alpha)[N])
+    {
+#pragma unroll
+        for (int mt = 0; mt < NMT; ++mt)
+#pragma unroll
+            for (int hl = 0; hl < N; ++hl) {
+                const int i0 = 4 * (hl >> 1) + (hl & 1);
+                o[mt][i0] *= alpha[hl];
+                o[mt][i0 + 2] *= alpha[hl];
+                if constexpr (NO == 2 * NS) {
+                    o[mt][i0 + NS] *= alpha[hl];
+                    o[mt][i0 + NS + 2] *= alpha[hl];
+                }
+            }
     }
 
     // The row sums of this thread's heads over the warp (each then holds the warp's share).
     __device__ __forceinline__ void warp_sums()
     {
 #pragma unroll
-        for (int hl = 0; hl < NL; ++hl) {
+        for (int hl = 0; hl < NLO; ++hl) {
 #pragma unroll
             for (int x = 4; x < 32; x <<= 1) l_r[hl] += __shfl_xor_sync(0xffffffffu, l_r[hl], x);
         }

@@ -257,7 +257,7 @@ __device__ __forceinline__ void cp_async_mbar_arrive_noinc(uint32_t bar)
 
 // The narrow kernel's products (sm90/narrow_kernel.cuh), tokens on M: D[64 x N] (+)= A[64 x 16] B[16 x N]
 // with both operands in smem, B K-major; A K-major (TA = 0: S^T = K Q^T) or M-major (TA = 1: O^T = V^T P^T,
-// V^T read from the K tile as stored).
+// V^T read from the K tile as stored); N = 16, 32 or 64 (the split consumer's stacked P^T at 32 heads).
 template <int TA>
 __device__ __forceinline__ void wgmma_ss(float (&d)[8], uint64_t da, uint64_t db, int accumulate)
 {
@@ -274,6 +274,16 @@ __device__ __forceinline__ void wgmma_ss(float (&d)[16], uint64_t da, uint64_t d
                  "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 "
                  "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, %16, %17, p, 1, 1, %19, 0;\n}\n"
                  : SMLA_F8(0), SMLA_F8(8)
+                 : "l"(da), "l"(db), "r"(accumulate), "n"(TA));
+}
+template <int TA>
+__device__ __forceinline__ void wgmma_ss(float (&d)[32], uint64_t da, uint64_t db, int accumulate)
+{
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
+                 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, "
+                 "%21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, p, 1, 1, %35, 0;\n}\n"
+                 : SMLA_F8(0), SMLA_F8(8), SMLA_F8(16), SMLA_F8(24)
                  : "l"(da), "l"(db), "r"(accumulate), "n"(TA));
 }
 // The register kernel's products (sm90/reg_kernel.cuh): D[64 x N] (+)= A[64 x 16] B[16 x N], N = 16 or 32,
