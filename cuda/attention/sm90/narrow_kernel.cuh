@@ -349,7 +349,7 @@ struct SplitConsumer : SplitKind<C, ABL, FAST, LAZY, CWI>::Softmax {
         constexpr int kRed = CWI == 0 ? kBarRed : kBarRed1;
         if constexpr (LAZY) {
             Base::scale_mask(s, mx, ok0, ok1, a.scale_log2);
-            if (Base::lazy_tile(s, mx, c.sP, kBarP)) {
+            if (Base::lazy_tile(s, mx, c.sP, kBarP, c.sFlags)) {
                 Base::exchange_max(s, mx, ok0, ok1, red, kRed);
                 Base::softmax(s, mx, c.sP, kBarP, c.sAlpha);
             }

@@ -13,7 +13,8 @@
 //   lsum  : double [4][NH], each consumer warp's row sums (epilogue), m: float [NH], the row maxima;
 //   CW = 2 only: xs, float [2][128][NS / 2], the partial S^T each consumer warpgroup hands the other (its
 //           half of the heads' columns; xs[cw] is what warpgroup cw reads), and alpha, float [NH], the
-//           rescale factors of an exact tile (each warpgroup's own heads, read by both).
+//           rescale factors of an exact tile (each warpgroup's own heads, read by both), and flags, int [8],
+//           each consumer warp's verdict of the lazy maximum.
 // The epilogue stages O as float [NH][kOStride] over the K buffers (dead by then).
 #pragma once
 
@@ -84,10 +85,12 @@ struct Smem {
     static constexpr Region m = region_after(lsum, C::NH * 4);
     static constexpr Region xs = region_after(m, C::CW == 2 ? 2 * 128 * (C::NS / 2) * 4 : 0);
     static constexpr Region alpha = region_after(xs, C::CW == 2 ? C::NH * 4 : 0);
-    static constexpr int used = alpha.end();
+    static constexpr Region flags = region_after(alpha, C::CW == 2 ? 8 * 4 : 0);
+    static constexpr int used = flags.end();
     static constexpr int bytes = used + 1024;  // slack to align the base to 1024 B
     static_assert(q.off % 1024 == 0 && k.off % 1024 == 0 && p.off % 1024 == 0, "swizzled tiles");
-    static_assert(bar.off % 8 == 0 && lsum.off % 8 == 0 && xs.off % 16 == 0, "mbarriers and row sums are 8-byte, xs 16");
+    static_assert(bar.off % 8 == 0 && lsum.off % 8 == 0 && xs.off % 16 == 0 && flags.off % 16 == 0,
+                  "mbarriers and row sums are 8-byte, xs and flags 16");
     static_assert(C::NH * C::kOStride * 4 <= k.bytes, "the staged output fits in the K buffers");
     static_assert(bytes <= 227 * 1024, "sm_90 opt-in shared memory per block");
 };
@@ -98,6 +101,7 @@ struct Cta : CtaCommon {
     using S = Smem<C>;
     uint32_t sP;
     float *sRed, *sM, *sO, *sXs, *sAlpha;
+    int *sFlags;
     double *sLsum;
 
     __device__ __forceinline__ Cta(const Args &a, uint8_t *smem_raw)
@@ -110,6 +114,7 @@ struct Cta : CtaCommon {
         sO = reinterpret_cast<float *>(smem + S::k.off);
         sXs = reinterpret_cast<float *>(smem + S::xs.off);
         sAlpha = reinterpret_cast<float *>(smem + S::alpha.off);
+        sFlags = reinterpret_cast<int *>(smem + S::flags.off);
     }
 };
 

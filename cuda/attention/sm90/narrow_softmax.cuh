@@ -129,9 +129,13 @@ struct HeadSoftmax {
     // also tells every thread whether any of the 128 saw a head's maximum above m_r + kLazySlack, or one that
     // saturation may concern (sat_needed: a first tile, m_r = -inf, always does). Then (false) the row sums
     // take the tile and tmx its maxima; or (true) nothing changed but P^T, and the caller redoes the tile
-    // exactly (exchange_max, softmax). s, mx: from scale_mask; bar: a 128-thread barrier after which P^T is
-    // written and visible to wgmma.
-    __device__ __forceinline__ bool lazy_tile(const float (&s)[NSO], const float (&mx)[NLO], uint32_t sP, int bar)
+    // exactly (exchange_max, softmax). s, mx: from scale_mask; bar: a barrier of all consumers after which
+    // P^T is written and visible to wgmma. NWG = 2: the verdict goes through flags, int [8], one per warp of
+    // both warpgroups, and a plain barrier (barrier.red from the two warpgroups' own code, two instructions
+    // for one barrier, is what compute-sanitizer synccheck reports as divergent threads); the next tile's
+    // flags are written after the next partial S hand-over, which needs every warp past this read.
+    __device__ __forceinline__ bool lazy_tile(const float (&s)[NSO], const float (&mx)[NLO], uint32_t sP, int bar,
+                                              int *flags = nullptr)
     {
         static_assert(LAZY, "lazy_tile: a LAZY HeadSoftmax");
         bool need = false;
@@ -145,7 +149,15 @@ struct HeadSoftmax {
             store_p(sP, hl, p0, p1);
         }
         fence_async_smem();
-        need = named_sync_or(bar, kJoint, need);
+        if constexpr (NWG == 1) {
+            need = named_sync_or(bar, 128, need);
+        } else {
+            need = __any_sync(0xffffffffu, need);
+            if (g == 0 && t4 == 0) flags[4 * CW + w] = need ? 1 : 0;
+            named_sync(bar, kJoint);
+            const int4 f0 = reinterpret_cast<const int4 *>(flags)[0], f1 = reinterpret_cast<const int4 *>(flags)[1];
+            need = (f0.x | f0.y | f0.z | f0.w | f1.x | f1.y | f1.z | f1.w) != 0;
+        }
         if (!need) {
 #pragma unroll
             for (int hl = 0; hl < NLO; ++hl) {
