@@ -240,32 +240,32 @@ struct Consumer : ConsumerKind<C, ABL, FAST, LAZY>::Softmax {
 
 
 // Two consumer warpgroups on every tile (CW = 2, the bf16 cache: cp.async producers leave them the
-// registers). Warpgroup CWI (a template parameter: a run-time index spilled) runs, of each tile:
-//   scores  : S^T's k-steps 18 CWI .. 18 CWI + 17 (kk < 12 and the rest, two chains: (k-steps 0..11 +
-//             12..17) + (18..23 + 24..35), the one-warpgroup kernel's three chains of 12 regrouped), then
-//             hands the other warpgroup its partial of that one's heads' columns through xs (kBarX) and adds
-//             the other's partial of its own: S^T of its half of the heads (HeadSoftmax's NWG = 2);
-//   softmax : its heads' softmax, the verdict of the lazy maximum ORed over both warpgroups with P^T's
-//             barrier (kBarP, 256 threads), an exact tile's alphas through shared memory (HeadSoftmax);
-//   pv      : O^T's m-tiles 4 CWI .. 4 CWI + 3 (dims 256 CWI ..) for every head; "high" with P_hi^T and
+// registers). Both run the same code (a template on the warpgroup doubled the loop's instructions, and a
+// barrier reached from two copies of the code is not one instruction); warpgroup cw, of each tile:
+//   scores  : S^T's k-steps 2 kk + cw (every other 16 dims: the same descriptors, 32 bytes on for cw = 1),
+//             two chains of 9 (the one-warpgroup kernel's three chains of 12 regrouped), then hands the
+//             other warpgroup its partial of that one's heads' columns through xs (kBarX) and adds the
+//             other's partial of its own: S^T of its half of the heads (HeadSoftmax's NWG = 2);
+//   softmax : its heads' softmax, the verdict of the lazy maximum over both warpgroups through per-warp flags
+//             and P^T's barrier (kBarP, 256 threads), an exact tile's alphas through shared memory;
+//   pv      : O^T's m-tiles 4 cw .. 4 cw + 3 (dims 256 cw ..) for every head; "high" with P_hi^T and
 //             P_lo^T stacked as one n = 2 NH B operand (so V^T is read from shared memory once);
 //   release : its own arrival on the buffer's empty barrier (256 arrivals).
 // So each warpgroup reads half of the tile from shared memory, and the softmax runs on 256 threads.
-template <class C, int ABL, bool FAST, bool LAZY, int CWI>
+template <class C, int ABL, bool FAST, bool LAZY>
 struct SplitKind {
     static constexpr bool kNoLo = FAST || (ABL & 16) != 0;
     static constexpr int NO = kNoLo ? C::NH / 2 : C::NH;  // high: O_hi^T and O_lo^T
-    using Softmax = HeadSoftmax<C::NH, kNoLo, NO, LAZY, 4, 2, CWI>;
+    using Softmax = HeadSoftmax<C::NH, kNoLo, NO, LAZY, 4, 2>;
 };
 
-template <class C, int ABL, bool FAST, bool LAZY, int CWI>
-struct SplitConsumer : SplitKind<C, ABL, FAST, LAZY, CWI>::Softmax {
-    using Base = typename SplitKind<C, ABL, FAST, LAZY, CWI>::Softmax;
-    using Base::o, Base::m_r, Base::l_r, Base::w, Base::g, Base::t4, Base::head;
+template <class C, int ABL, bool FAST, bool LAZY>
+struct SplitConsumer : SplitKind<C, ABL, FAST, LAZY>::Softmax {
+    using Base = typename SplitKind<C, ABL, FAST, LAZY>::Softmax;
+    using Base::o, Base::m_r, Base::l_r, Base::w, Base::g, Base::t4, Base::cw, Base::head;
     static constexpr int NH = C::NH, NS = C::NS, NSO = Base::NSO, NLO = Base::NLO;
     static constexpr bool kNoS = (ABL & 2) != 0, kNoPV = (ABL & 4) != 0;
-    static constexpr bool kStack = !SplitKind<C, ABL, FAST, LAZY, CWI>::kNoLo;
-    static constexpr int kK0 = 18 * CWI, kM0 = 4 * CWI;  // its first S^T k-step and O^T m-tile
+    static constexpr bool kStack = !SplitKind<C, ABL, FAST, LAZY>::kNoLo;
     static_assert(C::CW == 2, "the split consumer: two warpgroups");
 
     const Args &a;
@@ -273,21 +273,19 @@ struct SplitConsumer : SplitKind<C, ABL, FAST, LAZY, CWI>::Softmax {
 
     __device__ __forceinline__ SplitConsumer(const Args &a_, const Cta<C> &c) : Base(c.tid), a(a_), t(c.tid & 127) {}
 
-    // This warpgroup's S^T k-steps of K buffer kb, issued (one commit group): chain t0 its first
-    // 12 - 6 CWI k-steps, t1 the rest.
+    // This warpgroup's S^T k-steps of K buffer kb, issued (one commit group): k-step 2 kk + cw reads K and Q
+    // columns 16 (2 kk + cw) ..; chain t0 kk < 9, t1 the rest.
     __device__ __forceinline__ void scores_issue(const Cta<C> &c, uint32_t kb, float (&t0)[NS], float (&t1)[NS]) const
     {
         if constexpr (!kNoS) {
-            constexpr int kSplitAt = CWI == 0 ? 12 : 6;
-            const uint32_t kd = opaque(desc_base(kb, 16)), qd = opaque(desc_base(c.sQ, 16));
+            const uint32_t kd = opaque(desc_base(kb + 32 * cw, 16)), qd = opaque(desc_base(c.sQ + 32 * cw, 16));
             wg_fence();
 #pragma unroll
             for (int kk = 0; kk < 18; ++kk) {
-                const int k = kK0 + kk;
-                const uint64_t da = desc_at(kd, (k >> 2) * kBlk + (k & 3) * 32);
-                const uint64_t db = desc_at(qd, (k >> 2) * C::kQBlk + (k & 3) * 32);
-                if (kk < kSplitAt) wgmma_ss<0>(t0, da, db, kk > 0);
-                else wgmma_ss<0>(t1, da, db, kk > kSplitAt);
+                const uint64_t da = desc_at(kd, (kk >> 1) * kBlk + (kk & 1) * 64);
+                const uint64_t db = desc_at(qd, (kk >> 1) * C::kQBlk + (kk & 1) * 64);
+                if (kk < 9) wgmma_ss<0>(t0, da, db, kk > 0);
+                else wgmma_ss<0>(t1, da, db, kk > 9);
             }
             wg_commit();
         }
@@ -296,44 +294,45 @@ struct SplitConsumer : SplitKind<C, ABL, FAST, LAZY, CWI>::Softmax {
     // its own ones' from the other added: s, S^T of this warpgroup's heads.
     __device__ __forceinline__ void scores_exchange(const Cta<C> &c, float (&t0)[NS], float (&t1)[NS], float (&s)[NSO]) const
     {
-        float p[NS];
+        float mine[NSO], other[NSO];
         if constexpr (kNoS) {
 #pragma unroll
-            for (int i = 0; i < NS; ++i) p[i] = 0.f;
+            for (int i = 0; i < NSO; ++i) mine[i] = other[i] = 0.f;
         } else {
             fence_regs(t0);
             fence_regs(t1);
 #pragma unroll
-            for (int i = 0; i < NS; ++i) p[i] = t0[i] + t1[i];
+            for (int i = 0; i < NSO; ++i) {  // columns cw NSO .. are this warpgroup's heads
+                const float lo = t0[i] + t1[i], hi = t0[NSO + i] + t1[NSO + i];
+                mine[i] = cw ? hi : lo;
+                other[i] = cw ? lo : hi;
+            }
         }
-        float4 *out = reinterpret_cast<float4 *>(c.sXs + ((1 - CWI) * 128 + t) * NSO);
+        float4 *out = reinterpret_cast<float4 *>(c.sXs + ((1 - cw) * 128 + t) * NSO);
 #pragma unroll
-        for (int v = 0; v < NSO / 4; ++v) {
-            const int i = (1 - CWI) * NSO + 4 * v;
-            out[v] = make_float4(p[i], p[i + 1], p[i + 2], p[i + 3]);
-        }
+        for (int v = 0; v < NSO / 4; ++v) out[v] = make_float4(other[4 * v], other[4 * v + 1], other[4 * v + 2], other[4 * v + 3]);
         named_sync(kBarX, 256);
-        const float4 *in = reinterpret_cast<const float4 *>(c.sXs + (CWI * 128 + t) * NSO);
+        const float4 *in = reinterpret_cast<const float4 *>(c.sXs + (cw * 128 + t) * NSO);
 #pragma unroll
         for (int v = 0; v < NSO / 4; ++v) {
             const float4 q = in[v];
-            const int i = CWI * NSO + 4 * v;
-            s[4 * v] = p[i] + q.x, s[4 * v + 1] = p[i + 1] + q.y, s[4 * v + 2] = p[i + 2] + q.z, s[4 * v + 3] = p[i + 3] + q.w;
+            s[4 * v] = mine[4 * v] + q.x, s[4 * v + 1] = mine[4 * v + 1] + q.y;
+            s[4 * v + 2] = mine[4 * v + 2] + q.z, s[4 * v + 3] = mine[4 * v + 3] + q.w;
         }
     }
 
-    // O^T m-tiles kM0 .. kM0 + 3 += V^T P^T over the 4 k-steps of buffer kb, issued (one commit group);
+    // O^T m-tiles 4 cw .. 4 cw + 3 += V^T P^T over the 4 k-steps of buffer kb, issued (one commit group);
     // kStack: n = 2 NH, the B rows P_hi^T then P_lo^T.
     __device__ __forceinline__ void pv_issue(const Cta<C> &c, uint32_t kb)
     {
         if constexpr (!kNoPV) {
-            const uint32_t pd = opaque(desc_base(c.sP, 16)), vd = opaque(desc_base(kb, kBlk));
+            const uint32_t pd = opaque(desc_base(c.sP, 16)), vd = opaque(desc_base(kb + 4 * kBlk * cw, kBlk));
             wg_fence();
 #pragma unroll
             for (int kk = 0; kk < 4; ++kk) {
                 const uint64_t dp = desc_at(pd, kk * 32);
 #pragma unroll
-                for (int mt = 0; mt < 4; ++mt) wgmma_ss<1>(o[mt], desc_at(vd, (kM0 + mt) * kBlk + kk * 16 * 128), dp, 1);
+                for (int mt = 0; mt < 4; ++mt) wgmma_ss<1>(o[mt], desc_at(vd, mt * kBlk + kk * 16 * 128), dp, 1);
             }
             wg_commit();
         }
@@ -346,15 +345,15 @@ struct SplitConsumer : SplitKind<C, ABL, FAST, LAZY, CWI>::Softmax {
         const int tok = 16 * w + g;
         const bool ok0 = c.sValid[b * kBN + tok] != 0, ok1 = c.sValid[b * kBN + tok + 8] != 0;
         float *const red = c.sRed + (it & 1) * 4 * NH;
-        constexpr int kRed = CWI == 0 ? kBarRed : kBarRed1;
+        const int bar_red = cw ? kBarRed1 : kBarRed;
         if constexpr (LAZY) {
             Base::scale_mask(s, mx, ok0, ok1, a.scale_log2);
             if (Base::lazy_tile(s, mx, c.sP, kBarP, c.sFlags)) {
-                Base::exchange_max(s, mx, ok0, ok1, red, kRed);
+                Base::exchange_max(s, mx, ok0, ok1, red, bar_red);
                 Base::softmax(s, mx, c.sP, kBarP, c.sAlpha);
             }
         } else {
-            Base::tile_max(s, mx, ok0, ok1, a.scale_log2, red, kRed);
+            Base::tile_max(s, mx, ok0, ok1, a.scale_log2, red, bar_red);
             Base::softmax(s, mx, c.sP, kBarP, c.sAlpha);
         }
     }
@@ -386,7 +385,7 @@ struct SplitConsumer : SplitKind<C, ABL, FAST, LAZY, CWI>::Softmax {
     }
 
     // As the narrow Consumer's: row sums and maxima of its own heads, its m-tiles of O^T staged, then the
-    // 8 warps of both warpgroups write the head rows (warp 4 CWI + w: heads 4 CWI + w, + 8, ...).
+    // 8 warps of both warpgroups write the head rows (warp 4 cw + w: heads 4 cw + w, + 8, ...).
     __device__ __forceinline__ void epilogue(const Cta<C> &c)
     {
         Base::warp_sums();
@@ -404,11 +403,11 @@ struct SplitConsumer : SplitKind<C, ABL, FAST, LAZY, CWI>::Softmax {
 #pragma unroll
             for (int i = 0; i < NS; ++i) {
                 const int hd = 8 * (i >> 2) + 2 * t4 + (i & 1);
-                const int dim = 64 * (kM0 + mt) + 16 * w + g + 8 * ((i >> 1) & 1);
+                const int dim = 64 * (4 * cw + mt) + 16 * w + g + 8 * ((i >> 1) & 1);
                 c.sO[hd * C::kOStride + dim] = kStack ? o[mt][i] + o[mt][i + NS] : o[mt][i];
             }
         named_sync(kBarE, 256);
-        write_rows<C, LAZY>(a, c, 4 * CWI + w, 8, 4 * g + t4);
+        write_rows<C, LAZY>(a, c, 4 * cw + w, 8, 4 * g + t4);
     }
 };
 
@@ -459,8 +458,7 @@ __global__ void __launch_bounds__(C::kThreads, 1) attn_sm90n_kernel(const __grid
         consume(a, c, Consumer<C, ABL, FAST, kLazy>(a, c));
     } else {
         static_assert(!FP8, "two consumer warpgroups: the bf16 kernel (its producers hold no data)");
-        if (c.tid < 128) consume(a, c, SplitConsumer<C, ABL, FAST, kLazy, 0>(a, c));
-        else consume(a, c, SplitConsumer<C, ABL, FAST, kLazy, 1>(a, c));
+        consume(a, c, SplitConsumer<C, ABL, FAST, kLazy>(a, c));
     }
     if constexpr (FUSED) {  // fused split decode: each consumer warpgroup merges its share of the pairs
         combine_grid_sync();  // (attention/combine.cuh)

@@ -26,27 +26,30 @@ namespace sm90 {
 // NH.. of the P region, kPBytes on); NO: accumulator floats per O^T m-tile, NH / 2, or NH when the
 // caller stacks P_hi^T and P_lo^T into one n = 2 NH MMA (the second half holds O_lo^T); LAZY: the lazy
 // maximum above (lazy_tile, publish_tmx). Two consumer warpgroups that split a tile (NWG = 2, the
-// narrow kernel's SplitConsumer; CW: this one): each holds NMT = 4 of O^T's m-tiles with every head's
-// columns, but runs the softmax of its own half of the heads only (heads CW NH / 2 ..: the accumulator's
-// column blocks jn of that half), so its scores s are NS / 2 floats and its state NL / 2 heads; an exact
-// tile's alphas go through shared memory to the other warpgroup's O^T. Barriers over both warpgroups
-// (kJoint threads): P^T stored, the verdict, publish_tmx; exchange_max's stays within one warpgroup.
-template <int NH_, bool NO_LO, int NO_, bool LAZY = false, int NMT = 8, int NWG = 1, int CW = 0>
+// narrow kernel's SplitConsumer; cw, this one, from the thread index: both run the same code): each holds
+// NMT = 4 of O^T's m-tiles with every head's columns, but runs the softmax of its own half of the heads
+// only (heads cw NH / 2 ..: the accumulator's column blocks jn of that half), so its scores s are NS / 2
+// floats and its state NL / 2 heads; an exact tile's alphas go through shared memory to the other
+// warpgroup's O^T. Barriers over both warpgroups (kJoint threads): P^T stored, the verdict, publish_tmx;
+// exchange_max's stays within one warpgroup.
+template <int NH_, bool NO_LO, int NO_, bool LAZY = false, int NMT = 8, int NWG = 1>
 struct HeadSoftmax {
     static constexpr int NH = NH_, NS = NH / 2, NL = NH / 4, NO = NO_;
     static constexpr int NSO = NS / NWG, NLO = NL / NWG;  // this warpgroup's scores and heads per thread
     static constexpr int kJoint = 128 * NWG;
     static constexpr int kPBytes = NH * 128;  // one P^T tile: NH rows of 64 bf16
     static_assert(NO == NS || NO == 2 * NS, "an O^T m-tile holds NH / 2 floats, or twice that stacked");
-    static_assert((NWG == 1 && NMT == 8 && CW == 0) || (NWG == 2 && NMT == 4 && CW < 2), "one or two warpgroups");
+    static_assert((NWG == 1 && NMT == 8) || (NWG == 2 && NMT == 4), "one or two warpgroups");
 
     const int w, g, t4;
-    float o[NMT][NO];  // O^T m-tile mt (NWG = 2: m-tile 4 CW + mt)
+    const int cw;  // NWG = 2: this warpgroup (0 or 1)
+    float o[NMT][NO];  // O^T m-tile mt (NWG = 2: m-tile 4 cw + mt)
     float m_r[NLO];    // running maxima (log2 domain), the same in every thread holding the head
     double l_r[NLO];   // this thread's share of the row sums
     float tmx[LAZY ? NLO : 1];  // LAZY: the largest of this thread's scores of each head in lazy tiles
 
-    __device__ __forceinline__ HeadSoftmax(int tid) : w((tid >> 5) & 3), g((tid & 31) >> 2), t4(tid & 3)
+    __device__ __forceinline__ HeadSoftmax(int tid)
+        : w((tid >> 5) & 3), g((tid & 31) >> 2), t4(tid & 3), cw(NWG == 1 ? 0 : (tid >> 7) & 1)
     {
 #pragma unroll
         for (int mt = 0; mt < NMT; ++mt)
@@ -61,7 +64,11 @@ struct HeadSoftmax {
     }
     // The head of this thread's own head hl (NWG = 2: of its warpgroup's half), and of column hl of all its
     // accumulator's columns (O^T's: every head).
-    __device__ __forceinline__ int head(int hl) const { return 8 * (hl >> 1) + 2 * t4 + (hl & 1) + CW * (NH / NWG); }
+    __device__ __forceinline__ int head(int hl) const
+    {
+        if constexpr (NWG == 1) return head_all(hl);
+        else return head_all(hl) + cw * (NH / NWG);
+    }
     __device__ __forceinline__ int head_all(int hl) const { return 8 * (hl >> 1) + 2 * t4 + (hl & 1); }
 
     // Mask (ok0 / ok1: this thread's tokens 16 w + g and + 8 are valid) and scale (log2 domain) this
@@ -153,7 +160,7 @@ struct HeadSoftmax {
             need = named_sync_or(bar, 128, need);
         } else {
             need = __any_sync(0xffffffffu, need);
-            if (g == 0 && t4 == 0) flags[4 * CW + w] = need ? 1 : 0;
+            if (g == 0 && t4 == 0) flags[4 * cw + w] = need ? 1 : 0;
             named_sync(bar, kJoint);
             const int4 f0 = reinterpret_cast<const int4 *>(flags)[0], f1 = reinterpret_cast<const int4 *>(flags)[1];
             need = (f0.x | f0.y | f0.z | f0.w | f1.x | f1.y | f1.z | f1.w) != 0;
