@@ -562,8 +562,24 @@ def test_decode_fused_combine_matches_the_combine_kernel(monkeypatch, cd, h, pre
     (the H200) two query rows of 128 heads fuse (128 CTAs: 8 or more splits, at most 2 (row, head) pairs a CTA,
     at least 7/8 of the SMs; launch.cu); two rows of 64 heads or fewer (64 CTAs) and three rows of 128 heads
     (more pairs than that) take the combine kernel either way."""
+    _check_fused_combine(monkeypatch, cd, h, precision, ((2, 1), (1, 2), (3, 1)),
+                         lambda b, s_q: b * s_q == 2 and h == 128)
+
+
+@pytest.mark.parametrize("precision", ref.PRECISIONS)
+@pytest.mark.parametrize("cd", CACHE_DTYPES)
+def test_decode_fused_combine_narrow(monkeypatch, cd, precision):
+    """The narrow kernel's fused split decode: eight rows of 20 heads split 16 ways (128 CTAs) fuse on a
+    132-SM GPU, over the bf16 cache in "high" with two consumer warpgroups, each merging its own share of the
+    (row, head) pairs (sm90/narrow_kernel.cuh), else with one."""
+    _check_fused_combine(monkeypatch, cd, 20, precision, ((8, 1),), lambda b, s_q: True)
+
+
+def _check_fused_combine(monkeypatch, cd, h, precision, shapes, fuses):
+    """Each shape (b, s_q) with SMLA_ATTN_COMBINE=kernel and =auto: the same bits, the oracle's results, the
+    same again on a repeated call; on a 132-SM GPU auto launches the combine kernel unless fuses(b, s_q)."""
     sms = torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
-    for b, s_q in ((2, 1), (1, 2), (3, 1)):
+    for b, s_q in shapes:
         c = decode_case(cd, b, s_q, h, 2048, 64, seed=100 + b * 10 + s_q + h, tl_mode="rand", sink_mode="mixed")
         ws_bytes = smla.sparse_mla_decode_workspace_size(b, s_q, h, 2048, cd)
         assert ws_bytes > 0, "this shape splits the top-k"
@@ -577,7 +593,7 @@ def test_decode_fused_combine_matches_the_combine_kernel(monkeypatch, cd, h, pre
                 if mode == "kernel":
                     assert combines == 1, (mode, names)
                 elif sms == 132:
-                    assert combines == (0 if b * s_q == 2 and h == 128 else 1), (mode, names)
+                    assert combines == (0 if fuses(b, s_q) else 1), (mode, names)
         (o1, l1), (o2, l2) = res["kernel"], res["auto"]
         name = f"b={b} s_q={s_q} h={h}"
         assert torch.equal(o1.view(torch.int16), o2.view(torch.int16)), name

@@ -492,22 +492,31 @@ int launch_variant(Args &a, int64_t grid, cudaStream_t s, int dev, smla_status *
 }
 
 // The variant the call asks for (sm90/variants.cuh).
-template <class C, bool FP8>
+// The configuration a call runs: NH heads, and the consumer warpgroups of its cache and precision.
+template <int NH, bool FP8, bool FAST>
+using CfgFor = Cfg<NH, FP8 ? 1 : bf16_consumers(NH, FAST)>;
+
+template <int NH, bool FP8>
 int launch(Args &a, int64_t grid, cudaStream_t s, int dev, smla_status *st)
 {
     return with_variant(a, [&](auto abl, auto fast) {
-        return launch_variant<C, FP8, decltype(abl)::value, decltype(fast)::value>(a, grid, s, dev, st);
+        constexpr bool kFast = decltype(fast)::value;
+        return launch_variant<CfgFor<NH, FP8, kFast>, FP8, decltype(abl)::value, kFast>(a, grid, s, dev, st);
     });
 }
 
 }  // namespace
 
-// The table entry of the narrow kernel with NH heads for one cache format.
+// The table entry of the narrow kernel with NH heads for one cache format (shared memory and threads: the
+// larger of its two precisions' configurations).
 template <int NH, bool FP8>
 constexpr KernelEntry entry()
 {
-    using C = Cfg<NH, FP8 ? 1 : SMLA_NARROW_BF16_CW>;
-    return KernelEntry{Family::sm90n, FP8, NH, kBN, Smem<C>::bytes, 1, C::kThreads, &launch<C, FP8>, /*fuses=*/true};
+    using F = CfgFor<NH, FP8, true>;
+    using H = CfgFor<NH, FP8, false>;
+    constexpr int smem = Smem<F>::bytes > Smem<H>::bytes ? Smem<F>::bytes : Smem<H>::bytes;
+    constexpr int threads = F::kThreads > H::kThreads ? F::kThreads : H::kThreads;
+    return KernelEntry{Family::sm90n, FP8, NH, kBN, smem, 1, threads, &launch<NH, FP8>, /*fuses=*/true};
 }
 
 }  // namespace narrow

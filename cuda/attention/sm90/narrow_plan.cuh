@@ -26,11 +26,14 @@
 // exchange of its maxima between the warps and the rescale of O^T. 2: over both caches, 1: over bf16 only
 // (prefill), 0: every tile exact.
 #define SMLA_NARROW_LAZY_MAX 2
-// The bf16 narrow kernel's consumers (sm90/narrow_kernel.cuh, SplitConsumer): 2, two warpgroups that split
-// each tile's work by dimension (S^T's k-steps, O^T's m-tiles) and the softmax by head; 1, one warpgroup
-// that runs the whole tile (the fp8 kernel always: its producers need the registers).
+// The bf16 narrow kernel's consumers (sm90/narrow_kernel.cuh): two warpgroups that split each tile's work by
+// dimension (S^T's k-steps, O^T's m-tiles) and the softmax by head (SplitConsumer), or one that runs the
+// whole tile (Consumer; the fp8 kernel always: its producers need the registers). 0: two where they were
+// measured faster, 32 heads in "high" (P_hi^T and P_lo^T then go to one n64 MMA per V^T block; one
+// warpgroup cannot hold that accumulator), else one (benchmarks/README.md, issue 17, twenty-second
+// session); 1: always one; 2: always two.
 #ifndef SMLA_NARROW_BF16_CW
-#define SMLA_NARROW_BF16_CW 2
+#define SMLA_NARROW_BF16_CW 0
 #endif
 
 namespace attn {
@@ -51,6 +54,11 @@ struct NarrowRegs {
     static_assert(CW * consumer + 2 * producer <= (CW + 2) * launch && consumer % 8 == 0 && producer % 8 == 0,
                   "setmaxnreg: multiples of 8 within the launch allocation");
 };
+
+constexpr int bf16_consumers(int nh, bool fast)
+{
+    return SMLA_NARROW_BF16_CW != 0 ? SMLA_NARROW_BF16_CW : (nh == 32 && !fast ? 2 : 1);
+}
 
 template <int NH_, int CW_ = 1>
 struct Cfg {
