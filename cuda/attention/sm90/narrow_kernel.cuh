@@ -10,10 +10,11 @@
 // so the MMA work is proportional to h. (What bounds it, measured: benchmarks/README.md, "Small head
 // counts": in prefill the consumer's chain per tile, S, softmax, P V one after the other.)
 //
-// CTA = one query row x all heads (NH = 16 or 32, rows past h are zero) x one top-k split, 384 threads:
-//   WG1, WG2, the producers (setmaxnreg kProducerRegs; sm90/producer.cuh with 8 warps): fill the two K
-//     buffers as in the wide kernel, a whole tile of fp8 rows in flight in registers.
-//   WG0, the consumer (setmaxnreg kConsumerRegs), per K tile:
+// CTA = one query row x all heads (NH = 16 or 32, rows past h are zero) x one top-k split, 384 threads
+// (Cfg::CW = 1 consumer warpgroup; 512 with two, the bf16 cache at 32 heads in "high": SplitConsumer below):
+//   the last two warpgroups, the producers (setmaxnreg Cfg::Regs; sm90/producer.cuh with 8 warps): fill
+//     the two K buffers as in the wide kernel, a whole tile of fp8 rows in flight in registers.
+//   WG0, the consumer (setmaxnreg Cfg::Regs), per K tile:
 //     acquire : wait until the producers filled the buffer;
 //     scores  : S^T in 3 chains of 12 k-steps summed in fp32 (the wide kernel's accuracy rule);
 //     softmax : mask and scale (log2 domain); the lazy maximum (sm90/narrow_softmax.cuh): within 2^8 of
@@ -28,8 +29,8 @@
 //   Then the epilogue: row sums across the warps (kBarE), O^T staged transposed in smem, and each warp
 //   writes whole head rows (finish_row, attention/epilogue.cuh).
 //   FUSED (a fused split decode, a cooperative launch; its own instantiation): then every thread meets at a
-//   grid-wide barrier (the producers too, instead of leaving), and WG0 merges its share of the (row, head)
-//   pairs from all CTAs' partials (attention/combine.cuh); no combine kernel follows.
+//   grid-wide barrier (the producers too, instead of leaving), and each consumer warpgroup merges its share
+//   of the (row, head) pairs from all CTAs' partials (attention/combine.cuh); no combine kernel follows.
 // FAST: precision="fast" (P rounded to bf16, one P V MMA per k-step).
 // ABL != 0 only in profiling builds (sm90/kernel.cuh's bits): 1 no K loads, 2 no S wgmma, 4 no P V
 // wgmma, 8 no dequant, 16 no P_lo V wgmma.
