@@ -95,31 +95,31 @@ DIMS += [(f"producer 0, {par} tiles: stage free -> {g} saw it full", (PR0, 0, 1 
 NPR0, NPR4 = WG1, PR0
 NARROW_STAGES = [("wait for K (top -> landed)", 0, 1), ("S (landed -> S done)", 1, 2),
                  ("mask, softmax, P stored", 2, 3), ("P V (issued -> done)", 3, 4)]
-NARROW = ([("consumer tile period (top k -> top k+1)", (WG0, 0, 0), (WG0, 1, 0))] +
-          [(f"consumer {name}", (WG0, 0, a), (WG0, 0, b)) for name, a, b in NARROW_STAGES] +
-          [("consumer loop back (P V done -> next top)", (WG0, 0, 4), (WG0, 1, 0))])
-NARROW += [(f"producer warp {n}: {name}", (slot, 0, a), (slot, 0, b))
-           for n, slot in ((0, NPR0), (4, NPR4))
-           for name, a, b in (("wait for the buffer (top -> free)", 0, 1), ("issue (free -> issued)", 1, 2),
-                              ("landing (issued -> all its copies landed)", 2, 3))]
-NARROW += [
+
+
+def narrow_rows(consumers, producers):
+    """The narrow kernel's rows: per consumer (label, slot) its tile period and stages, per producer warp
+    (number, slot) its wait, issue and landing."""
+    rows = [row for wg, slot in consumers for row in
+            [(f"{wg} tile period (top k -> top k+1)", (slot, 0, 0), (slot, 1, 0))] +
+            [(f"{wg} {name}", (slot, 0, a), (slot, 0, b)) for name, a, b in NARROW_STAGES] +
+            [(f"{wg} loop back (P V done -> next top)", (slot, 0, 4), (slot, 1, 0))]]
+    return rows + [(f"producer warp {n}: {name}", (slot, 0, a), (slot, 0, b))
+                   for n, slot in producers
+                   for name, a, b in (("wait for the buffer (top -> free)", 0, 1), ("issue (free -> issued)", 1, 2),
+                                      ("landing (issued -> all its copies landed)", 2, 3))]
+
+
+NARROW = narrow_rows((("consumer", WG0),), ((0, NPR0), (4, NPR4))) + [
     ("producer warp 0: loop back (landed -> next top)", (NPR0, 0, 3), (NPR0, 1, 0)),
     ("tile k: producer 0 issued -> consumer saw it landed", (NPR0, 0, 2), (WG0, 0, 1)),
     ("tile k: producer 0 landed -> consumer saw it landed", (NPR0, 0, 3), (WG0, 0, 1)),
     ("tile k+2 issued (producer 0) after tile k's P V done", (WG0, 0, 4), (NPR0, 2, 2)),
 ]
 # the bf16 narrow kernel with two consumer warpgroups (sm90/narrow_kernel.cuh, SplitConsumer; --consumers 2):
-# slots 0 and 1 the two consumer warpgroups' first warps, 2 and 3 the producers' first and third warps
-NARROW2 = [row for wg, slot in (("consumer 0", WG0), ("consumer 1", WG1)) for row in
-           [(f"{wg} tile period (top k -> top k+1)", (slot, 0, 0), (slot, 1, 0))] +
-           [(f"{wg} {name}".replace(" S (", " S + hand-over ("), (slot, 0, a), (slot, 0, b))
-            for name, a, b in NARROW_STAGES] +
-           [(f"{wg} loop back (P V done -> next top)", (slot, 0, 4), (slot, 1, 0))]]
-NARROW2 += [(f"producer warp {n}: {name}", (slot, 0, a), (slot, 0, b))
-            for n, slot in ((0, PR0), (2, PR1))
-            for name, a, b in (("wait for the buffer (top -> free)", 0, 1), ("issue (free -> issued)", 1, 2),
-                               ("landing (issued -> all its copies landed)", 2, 3))]
-NARROW2 += [
+# slots 0 and 1 the two consumer warpgroups' first warps, 2 and 3 the producers' first and third warps; their
+# stage "S" includes the partial S^T's hand-over
+NARROW2 = narrow_rows((("consumer 0", WG0), ("consumer 1", WG1)), ((0, PR0), (2, PR1))) + [
     ("tile k: producer 0 landed -> consumer 0 saw it landed", (PR0, 0, 3), (WG0, 0, 1)),
     ("tile k+2 issued (producer 0) after consumer 0's P V done", (WG0, 0, 4), (PR0, 2, 2)),
 ]
@@ -175,7 +175,8 @@ def main():
     ap.add_argument("--h", type=int, default=128)
     ap.add_argument("--s-kv", type=int, default=32768)
     ap.add_argument("--consumers", type=int, default=1, choices=[1, 2],
-                    help="sm90n over bf16: the kernel's consumer warpgroups (sm90/narrow_plan.cuh, SMLA_NARROW_BF16_CW)")
+                    help="sm90n over bf16: the kernel's consumer warpgroups (sm90/narrow_plan.cuh, bf16_consumers: two "
+                         "at --h 32 --precision high, or in a build with SMLA_NARROW_BF16_CW=2)")
     ap.add_argument("--ablate", type=int, default=0, help="the ablation variant traced (SMLA_ATTN_ABLATE; 0: the full kernel)")
     args = ap.parse_args()
     gpu = open_gpu("trace_attn", args.kernel)

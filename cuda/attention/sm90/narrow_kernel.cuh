@@ -77,6 +77,31 @@ __device__ __forceinline__ void write_rows(const Args &a, const Cta<C> &c, int w
     }
 }
 
+// A consumer warpgroup's loop over the CTA's tiles, each: acquire K buffer b, wg.scores (S^T issued, waited
+// for, summed: this warpgroup's scores), wg.softmax_tile, wg.pv (P V issued and waited for), release. The
+// S^T chains (W::Chains) live across the loop, as the accumulators of wgmma do.
+template <class C, class W>
+__device__ __forceinline__ void tile_loop(const Args &a, const Cta<C> &c, W &wg)
+{
+    typename W::Chains t;
+#pragma unroll 1
+    for (int it = 0; it < c.nt; ++it) {
+        const int b = it & 1;
+        const uint32_t kb = c.sK + b * kTileBytes;
+        float s[W::kScores];
+        trace(a, it, 0);
+        mbar_wait(c.bar_full + 8 * b, (it >> 1) & 1);
+        trace(a, it, 1);
+        wg.scores(c, kb, t, s);
+        trace(a, it, 2);
+        wg.softmax_tile(c, it, b, s);
+        trace(a, it, 3);
+        wg.pv(c, kb);
+        trace(a, it, 4);
+        mbar_arrive(c.bar_empty + 8 * b);
+    }
+}
+
 // Whether the narrow consumer stacks P_hi^T and P_lo^T ("high" at NH = 16: P_hi^T and P_lo^T, rows 16..
 // of the P region, as one 32-row B operand, so each m64n32k16 reads its V^T block from shared memory
 // once; O_hi^T and O_lo^T are added in the epilogue), and so its O^T m-tile width.
@@ -169,72 +194,37 @@ struct Consumer : ConsumerKind<C, ABL, FAST, LAZY>::Softmax {
     // still be read by slower warps): P^T stored and visible to wgmma, the row state updated.
     __device__ __forceinline__ void softmax_tile(const Cta<C> &c, int it, int b, float (&s)[NS])
     {
-        float mx[NL];
         const int tok = 16 * w + g;
         const bool ok0 = c.sValid[b * kBN + tok] != 0, ok1 = c.sValid[b * kBN + tok + 8] != 0;
-        if constexpr (kLazy) {
-            Base::scale_mask(s, mx, ok0, ok1, a.scale_log2);
-            if (Base::lazy_tile(s, mx, c.sP, kBarP)) {  // a maximum moved too far: the tile exactly
-                Base::exchange_max(s, mx, ok0, ok1, c.sRed + (it & 1) * 4 * NH, kBarRed);
-                Base::softmax(s, mx, c.sP, kBarP);
-            }
-        } else {
-            Base::tile_max(s, mx, ok0, ok1, a.scale_log2, c.sRed + (it & 1) * 4 * NH, kBarRed);
-            Base::softmax(s, mx, c.sP, kBarP);
-        }
+        Base::tile(s, ok0, ok1, a.scale_log2, c.sP, c.sRed, it, kBarRed, kBarP);
     }
 
     // The tiles, each: acquire, S^T, softmax, P V, release. (S^T of the next tile queued behind P V was
     // measured slower: benchmarks/README.md.)
-    __device__ __forceinline__ void run(const Cta<C> &c)
-    {
+    struct Chains {
         float t0[NS], t1[NS], t2[NS];
-#pragma unroll 1
-        for (int it = 0; it < c.nt; ++it) {
-            const int b = it & 1;
-            const uint32_t kb = c.sK + b * kTileBytes;
-            float s[NS];
-            trace(a, it, 0);
-            mbar_wait(c.bar_full + 8 * b, (it >> 1) & 1);
-            trace(a, it, 1);
-            scores_issue(c, kb, t0, t1, t2);
-            wg_wait0();
-            scores_sum(t0, t1, t2, s);
-            trace(a, it, 2);
-            softmax_tile(c, it, b, s);
-            trace(a, it, 3);
-            pv_issue(c, kb);
-            wg_wait0();
-            fence_o();
-            trace(a, it, 4);
-            mbar_arrive(c.bar_empty + 8 * b);
-        }
+    };
+    static constexpr int kScores = NS;
+    __device__ __forceinline__ void scores(const Cta<C> &c, uint32_t kb, Chains &t, float (&s)[NS]) const
+    {
+        scores_issue(c, kb, t.t0, t.t1, t.t2);
+        wg_wait0();
+        scores_sum(t.t0, t.t1, t.t2, s);
     }
+    __device__ __forceinline__ void pv(const Cta<C> &c, uint32_t kb)
+    {
+        pv_issue(c, kb);
+        wg_wait0();
+        fence_o();
+    }
+    __device__ __forceinline__ void run(const Cta<C> &c) { tile_loop(a, c, *this); }
 
     // Row sums across the threads of each head, O^T staged as O [NH][kOStride] floats, then warp w
     // writes heads w, w + 4, ... (lane: columns 64 (lane >> 2) + 2 (lane & 3) + 8 i). kLazy: each head's
     // largest score for max_logits from every warp's tmx (red) and the running maximum.
     __device__ __forceinline__ void epilogue(const Cta<C> &c)
     {
-        Base::warp_sums();
-        named_sync(kBarE, 128);  // every warp's last wgmma is done with the K buffers the output goes to
-        if constexpr (kLazy) Base::publish_tmx(c.sRed, kBarE);  // no warp reads red any more
-        if (g == 0) {
-#pragma unroll
-            for (int hl = 0; hl < NL; ++hl) {
-                c.sLsum[w * NH + head(hl)] = l_r[hl];
-                if (w == 0) c.sM[head(hl)] = m_r[hl];
-            }
-        }
-#pragma unroll
-        for (int mt = 0; mt < 8; ++mt)
-#pragma unroll
-            for (int i = 0; i < NS; ++i) {
-                const int hd = 8 * (i >> 2) + 2 * t4 + (i & 1);
-                const int dim = 64 * mt + 16 * w + g + 8 * ((i >> 1) & 1);
-                c.sO[hd * C::kOStride + dim] = kStack ? o[mt][i] + o[mt][i + NS] : o[mt][i];
-            }
-        named_sync(kBarE, 128);
+        Base::template stage_out<C::kOStride>(c.sLsum, c.sM, c.sO, c.sRed, kBarE);
         write_rows<C, kLazy>(a, c, w, 4, 4 * g + t4);
     }
 };
@@ -342,72 +332,35 @@ struct SplitConsumer : SplitKind<C, ABL, FAST, LAZY>::Softmax {
     // The tile's softmax of this warpgroup's heads (the narrow Consumer's, with both warpgroups' barriers).
     __device__ __forceinline__ void softmax_tile(const Cta<C> &c, int it, int b, float (&s)[NSO])
     {
-        float mx[NLO];
         const int tok = 16 * w + g;
         const bool ok0 = c.sValid[b * kBN + tok] != 0, ok1 = c.sValid[b * kBN + tok + 8] != 0;
-        float *const red = c.sRed + (it & 1) * 4 * NH;
-        const int bar_red = cw ? kBarRed1 : kBarRed;
-        if constexpr (LAZY) {
-            Base::scale_mask(s, mx, ok0, ok1, a.scale_log2);
-            if (Base::lazy_tile(s, mx, c.sP, kBarP, c.sFlags)) {
-                Base::exchange_max(s, mx, ok0, ok1, red, bar_red);
-                Base::softmax(s, mx, c.sP, kBarP, c.sAlpha);
-            }
-        } else {
-            Base::tile_max(s, mx, ok0, ok1, a.scale_log2, red, bar_red);
-            Base::softmax(s, mx, c.sP, kBarP, c.sAlpha);
-        }
+        Base::tile(s, ok0, ok1, a.scale_log2, c.sP, c.sRed, it, cw ? kBarRed1 : kBarRed, kBarP, c.sFlags, c.sAlpha);
     }
 
-    __device__ __forceinline__ void run(const Cta<C> &c)
-    {
+    struct Chains {
         float t0[NS], t1[NS];
-#pragma unroll 1
-        for (int it = 0; it < c.nt; ++it) {
-            const int b = it & 1;
-            const uint32_t kb = c.sK + b * kTileBytes;
-            float s[NSO];
-            trace(a, it, 0);
-            mbar_wait(c.bar_full + 8 * b, (it >> 1) & 1);
-            trace(a, it, 1);
-            scores_issue(c, kb, t0, t1);
-            wg_wait0();
-            scores_exchange(c, t0, t1, s);
-            trace(a, it, 2);
-            softmax_tile(c, it, b, s);
-            trace(a, it, 3);
-            pv_issue(c, kb);
-            wg_wait0();
-#pragma unroll
-            for (int mt = 0; mt < 4; ++mt) fence_regs(o[mt]);
-            trace(a, it, 4);
-            mbar_arrive(c.bar_empty + 8 * b);
-        }
+    };
+    static constexpr int kScores = NSO;
+    __device__ __forceinline__ void scores(const Cta<C> &c, uint32_t kb, Chains &t, float (&s)[NSO]) const
+    {
+        scores_issue(c, kb, t.t0, t.t1);
+        wg_wait0();
+        scores_exchange(c, t.t0, t.t1, s);
     }
+    __device__ __forceinline__ void pv(const Cta<C> &c, uint32_t kb)
+    {
+        pv_issue(c, kb);
+        wg_wait0();
+#pragma unroll
+        for (int mt = 0; mt < 4; ++mt) fence_regs(o[mt]);
+    }
+    __device__ __forceinline__ void run(const Cta<C> &c) { tile_loop(a, c, *this); }
 
     // As the narrow Consumer's: row sums and maxima of its own heads, its m-tiles of O^T staged, then the
     // 8 warps of both warpgroups write the head rows (warp 4 cw + w: heads 4 cw + w, + 8, ...).
     __device__ __forceinline__ void epilogue(const Cta<C> &c)
     {
-        Base::warp_sums();
-        named_sync(kBarE, 256);  // both warpgroups' last wgmma is done with the K buffers the output goes to
-        if constexpr (LAZY) Base::publish_tmx(c.sRed, kBarE);  // no warp reads red any more
-        if (g == 0) {
-#pragma unroll
-            for (int hl = 0; hl < NLO; ++hl) {
-                c.sLsum[w * NH + head(hl)] = l_r[hl];
-                if (w == 0) c.sM[head(hl)] = m_r[hl];
-            }
-        }
-#pragma unroll
-        for (int mt = 0; mt < 4; ++mt)
-#pragma unroll
-            for (int i = 0; i < NS; ++i) {
-                const int hd = 8 * (i >> 2) + 2 * t4 + (i & 1);
-                const int dim = 64 * (4 * cw + mt) + 16 * w + g + 8 * ((i >> 1) & 1);
-                c.sO[hd * C::kOStride + dim] = kStack ? o[mt][i] + o[mt][i + NS] : o[mt][i];
-            }
-        named_sync(kBarE, 256);
+        Base::template stage_out<C::kOStride>(c.sLsum, c.sM, c.sO, c.sRed, kBarE);
         write_rows<C, LAZY>(a, c, 4 * cw + w, 8, 4 * g + t4);
     }
 };

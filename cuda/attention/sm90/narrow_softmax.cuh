@@ -138,9 +138,10 @@ struct HeadSoftmax {
     // take the tile and tmx its maxima; or (true) nothing changed but P^T, and the caller redoes the tile
     // exactly (exchange_max, softmax). s, mx: from scale_mask; bar: a barrier of all consumers after which
     // P^T is written and visible to wgmma. NWG = 2: the verdict goes through flags, int [8], one per warp of
-    // both warpgroups, and a plain barrier (barrier.red from the two warpgroups' own code, two instructions
-    // for one barrier, is what compute-sanitizer synccheck reports as divergent threads); the next tile's
-    // flags are written after the next partial S hand-over, which needs every warp past this read.
+    // both warpgroups, and a plain barrier (the first version, a copy of the code per warpgroup, reached one
+    // barrier.red from two instructions, which compute-sanitizer synccheck reports as divergent threads; the
+    // flags stayed when both warpgroups came to share one code path, and were validated so); the next
+    // tile's flags are written after the next partial S hand-over, which needs every warp past this read.
     __device__ __forceinline__ bool lazy_tile(const float (&s)[NSO], const float (&mx)[NLO], uint32_t sP, int bar,
                                               int *flags = nullptr)
     {
@@ -276,6 +277,54 @@ struct HeadSoftmax {
                     o[mt][i0 + NS + 2] *= alpha[hl];
                 }
             }
+    }
+
+    // Tile it's softmax over this thread's scores s (ok0 / ok1: its tokens are valid): LAZY, the lazy tile,
+    // redone exactly where a maximum moved too far; else exactly. red: tile_max's [2][4][NH] floats (the
+    // tile's parity: the other may still be read by slower warps), bar_red its warpgroup's barrier; bar_p,
+    // flags, sAlpha: lazy_tile's and softmax's.
+    __device__ __forceinline__ void tile(float (&s)[NSO], bool ok0, bool ok1, float scale_log2, uint32_t sP, float *red,
+                                         int it, int bar_red, int bar_p, int *flags = nullptr, float *sAlpha = nullptr)
+    {
+        float mx[NLO];
+        if constexpr (LAZY) {
+            scale_mask(s, mx, ok0, ok1, scale_log2);
+            if (lazy_tile(s, mx, sP, bar_p, flags)) {  // a maximum moved too far: the tile exactly
+                exchange_max(s, mx, ok0, ok1, red + (it & 1) * 4 * NH, bar_red);
+                softmax(s, mx, sP, bar_p, sAlpha);
+            }
+        } else {
+            tile_max(s, mx, ok0, ok1, scale_log2, red + (it & 1) * 4 * NH, bar_red);
+            softmax(s, mx, sP, bar_p, sAlpha);
+        }
+    }
+
+    // The epilogue's shared-memory part, after the last P V: each head's row sum per warp (lsum [4][NH]) and
+    // running maximum (m [NH]) of this warpgroup's heads, LAZY publish_tmx into red, and O^T's m-tiles
+    // (m-tile NMT cw + mt) staged as O [NH][OSTRIDE] floats (stacked: O_hi + O_lo), between two barriers bar
+    // of all consumers (the first: every warp's last wgmma is done with the K buffers the output goes to).
+    template <int OSTRIDE>
+    __device__ __forceinline__ void stage_out(double *lsum, float *m, float *out, float *red, int bar)
+    {
+        warp_sums();
+        named_sync(bar, kJoint);
+        if constexpr (LAZY) publish_tmx(red, bar);  // no warp reads red any more
+        if (g == 0) {
+#pragma unroll
+            for (int hl = 0; hl < NLO; ++hl) {
+                lsum[w * NH + head(hl)] = l_r[hl];
+                if (w == 0) m[head(hl)] = m_r[hl];
+            }
+        }
+#pragma unroll
+        for (int mt = 0; mt < NMT; ++mt)
+#pragma unroll
+            for (int i = 0; i < NS; ++i) {
+                const int hd = 8 * (i >> 2) + 2 * t4 + (i & 1);
+                const int dim = 64 * (NMT * cw + mt) + 16 * w + g + 8 * ((i >> 1) & 1);
+                out[hd * OSTRIDE + dim] = NO == 2 * NS ? o[mt][i] + o[mt][i + NS] : o[mt][i];
+            }
+        named_sync(bar, kJoint);
     }
 
     // The row sums of this thread's heads over the warp (each then holds the warp's share).

@@ -188,16 +188,6 @@ __device__ __forceinline__ void wgmma_n256_tb(float (&d)[128], uint64_t da, uint
           SMLA_F8(64), SMLA_F8(72), SMLA_F8(80), SMLA_F8(88), SMLA_F8(96), SMLA_F8(104), SMLA_F8(112), SMLA_F8(120)
         : "l"(da), "l"(db), "r"(1));
 }
-// S[64 x 64] (+)= A[64 x 16] B[64 x 16]^T, both K-major in smem.
-__device__ __forceinline__ void wgmma_n64(float (&d)[32], uint64_t da, uint64_t db, int accumulate)
-{
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
-                 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, "
-                 "%21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, p, 1, 1, 0, 0;\n}\n"
-                 : SMLA_F8(0), SMLA_F8(8), SMLA_F8(16), SMLA_F8(24)
-                 : "l"(da), "l"(db), "r"(accumulate));
-}
 
 // O[64 x 256] += A[64 x 16] B[16 x 256], A in registers (the m64k16 A fragment: a[0] row g, k 2t..2t+1;
 // a[1] row g + 8; a[2], a[3] the same at k + 8), B N-major in smem.
@@ -285,6 +275,11 @@ __device__ __forceinline__ void wgmma_ss(float (&d)[32], uint64_t da, uint64_t d
                  "%21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, p, 1, 1, %35, 0;\n}\n"
                  : SMLA_F8(0), SMLA_F8(8), SMLA_F8(16), SMLA_F8(24)
                  : "l"(da), "l"(db), "r"(accumulate), "n"(TA));
+}
+// S[64 x 64] (+)= A[64 x 16] B[64 x 16]^T, both K-major in smem (the wide and pair kernels' S).
+__device__ __forceinline__ void wgmma_n64(float (&d)[32], uint64_t da, uint64_t db, int accumulate)
+{
+    wgmma_ss<0>(d, da, db, accumulate);
 }
 // The register kernel's products (sm90/reg_kernel.cuh): D[64 x N] (+)= A[64 x 16] B[16 x N], N = 16 or 32,
 // A from registers (wgmma_n256_rs's fragment), B K-major in smem.
