@@ -174,9 +174,9 @@ def main():
     ap.add_argument("--precision", default="fast", choices=["fast", "high"])
     ap.add_argument("--h", type=int, default=128)
     ap.add_argument("--s-kv", type=int, default=32768)
-    ap.add_argument("--consumers", type=int, default=1, choices=[1, 2],
-                    help="sm90n over bf16: the kernel's consumer warpgroups (sm90/narrow_plan.cuh, bf16_consumers: two "
-                         "at --h 32 --precision high, or in a build with SMLA_NARROW_BF16_CW=2)")
+    ap.add_argument("--consumers", type=int, choices=[1, 2],
+                    help="sm90n: the kernel's consumer warpgroups, by default its rule (sm90/narrow_plan.cuh, "
+                         "bf16_consumers: two at h 17-32 in \"high\"); 2 for a build with SMLA_NARROW_BF16_CW=2")
     ap.add_argument("--ablate", type=int, default=0, help="the ablation variant traced (SMLA_ATTN_ABLATE; 0: the full kernel)")
     args = ap.parse_args()
     gpu = open_gpu("trace_attn", args.kernel)
@@ -218,7 +218,8 @@ def main():
     finally:
         del os.environ["SMLA_ATTN_TRACE"]
     t = buf.view(CTAS, SLOTS, STEPS, EVENTS).cpu().tolist()
-    lines = summarize(t, "sm90n2" if args.kernel == "sm90n" and args.consumers == 2 else args.kernel)
+    consumers = args.consumers or (2 if 16 < h <= 32 and args.precision == "high" else 1)
+    lines = summarize(t, "sm90n2" if args.kernel == "sm90n" and consumers == 2 else args.kernel)
     if not lines:
         print("nothing recorded")
         return 1

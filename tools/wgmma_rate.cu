@@ -78,8 +78,8 @@ __device__ void consume(uint32_t base, long long *cycles, float *sink)
 #pragma unroll
         for (int ks = 0; ks < kG; ++ks) {
             const uint32_t off = (ks >> 2) * kBlk + (ks & 3) * 32;
-            if constexpr (SHAPE == kSss) wgmma_n64(d32, desc_at(qa, off), desc_at(kb, off), 1);
-            if constexpr (SHAPE == kS32) wgmma_n32(d16, desc_at(qa, off), desc_at(kb, off), 1);
+            if constexpr (SHAPE == kSss) wgmma_ss<0>(d32, desc_at(qa, off), desc_at(kb, off), 1);
+            if constexpr (SHAPE == kS32) wgmma_ss<0>(d16, desc_at(qa, off), desc_at(kb, off), 1);
             if constexpr (SHAPE == kSrs) wgmma_n64_rs(d32, a[ks % kA], desc_at(kb, off));
             if constexpr (SHAPE == kVrs) wgmma_n256_rs(d128, a[ks % kA], desc_at(vb, (ks & 3) * 16 * 128));
             if constexpr (SHAPE == kVss) wgmma_n256_tb(d128, desc_at(qa, (ks & 3) * 32), desc_at(vb, (ks & 3) * 16 * 128));

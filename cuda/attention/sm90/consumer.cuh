@@ -134,8 +134,8 @@ struct ScoreWarpgroup : ConsumerBase<ABL, XO, FAST, SPLIT, 0> {
     float m_t[2] = {-INFINITY, -INFINITY};  // the true row max (max_logits)
     double l_r[2] = {0.0, 0.0};  // row sums in double (see sm80/tile.cuh)
     // kLazyMax (plan.cuh): the reference max moves only when a tile's max exceeds it by more than
-    // kLazySlack (log2 units, attention/softmax.cuh), so P <= 2^8 and O, l and WG1's O are rescaled rarely (the max of random
-    // scores keeps creeping up in most tiles). lse = m_r + log2(l) holds for any reference; m_t gives
+    // kLazySlack (log2 units, attention/softmax.cuh), so P <= 2^8 and O, l and WG1's O are rescaled
+    // rarely (the max of random scores keeps creeping up in most tiles). lse = m_r + log2(l) holds for any reference; m_t gives
     // max_logits. Otherwise m_r is the running max itself.
 
     __device__ __forceinline__ ScoreWarpgroup(const Args &a_, const Cta<XO> &cta, uint32_t peer_base_)
@@ -152,7 +152,7 @@ struct ScoreWarpgroup : ConsumerBase<ABL, XO, FAST, SPLIT, 0> {
 #pragma unroll
         for (int kk = k0; kk < k1; ++kk) {
             const uint32_t off = (kk >> 2) * kBlk + (kk & 3) * 32;
-            wgmma_n64(d, desc_at(qd, off), desc_at(kd, off), add || kk > k0);
+            wgmma_ss<0>(d, desc_at(qd, off), desc_at(kd, off), add || kk > k0);
         }
         wg_commit();
     }

@@ -78,8 +78,8 @@ __device__ __forceinline__ void write_rows(const Args &a, const Cta<C> &c, int w
 }
 
 // A consumer warpgroup's loop over the CTA's tiles, each: acquire K buffer b, wg.scores (S^T issued, waited
-// for, summed: this warpgroup's scores), wg.softmax_tile, wg.pv (P V issued and waited for), release. The
-// S^T chains (W::Chains) live across the loop, as the accumulators of wgmma do.
+// for, summed: this warpgroup's scores), wg.softmax_tile, P V (wg.pv_issue, waited for), release. The S^T
+// chains (W::Chains) live across the loop, as the accumulators of wgmma do.
 template <class C, class W>
 __device__ __forceinline__ void tile_loop(const Args &a, const Cta<C> &c, W &wg)
 {
@@ -96,21 +96,25 @@ __device__ __forceinline__ void tile_loop(const Args &a, const Cta<C> &c, W &wg)
         trace(a, it, 2);
         wg.softmax_tile(c, it, b, s);
         trace(a, it, 3);
-        wg.pv(c, kb);
+        wg.pv_issue(c, kb);
+        wg_wait0();
+        wg.fence_o();
         trace(a, it, 4);
         mbar_arrive(c.bar_empty + 8 * b);
     }
 }
 
-// Whether the narrow consumer stacks P_hi^T and P_lo^T ("high" at NH = 16: P_hi^T and P_lo^T, rows 16..
-// of the P region, as one 32-row B operand, so each m64n32k16 reads its V^T block from shared memory
-// once; O_hi^T and O_lo^T are added in the epilogue), and so its O^T m-tile width.
+// Whether a narrow consumer stacks P_hi^T and P_lo^T ("high": P_hi^T and P_lo^T, rows NH.. of the P
+// region, as one 2 NH-row B operand, so each m64nk16 reads its V^T block from shared memory once; O_hi^T
+// and O_lo^T are added in the epilogue): the one-warpgroup consumer at NH = 16 (at 32 its n64 accumulator
+// would not fit), the split consumer always; so its O^T m-tile width, and its softmax state (one warpgroup:
+// all 8 m-tiles, or two: 4 each).
 template <class C, int ABL, bool FAST, bool LAZY>
 struct ConsumerKind {
     static constexpr bool kNoLo = FAST || (ABL & 16) != 0;
-    static constexpr bool kStack = !kNoLo && C::NH == 16 && SMLA_NARROW_STACK_P != 0;
+    static constexpr bool kStack = !kNoLo && (C::CW == 2 || (C::NH == 16 && SMLA_NARROW_STACK_P != 0));
     static constexpr int NO = kStack ? C::NH : C::NH / 2;
-    using Softmax = HeadSoftmax<C::NH, kNoLo, NO, LAZY>;
+    using Softmax = HeadSoftmax<C::NH, kNoLo, NO, LAZY, 8 / C::CW, C::CW>;
 };
 
 // The consumer warpgroup: the per-head softmax state and its rules (sm90/narrow_softmax.cuh), the two
@@ -184,12 +188,6 @@ struct Consumer : ConsumerKind<C, ABL, FAST, LAZY>::Softmax {
             wg_commit();
         }
     }
-    __device__ __forceinline__ void fence_o()
-    {
-#pragma unroll
-        for (int mt = 0; mt < 8; ++mt) fence_regs(o[mt]);
-    }
-
     // The tile's softmax over its scores s (K buffer b's row flags; red parity it & 1: the other one may
     // still be read by slower warps): P^T stored and visible to wgmma, the row state updated.
     __device__ __forceinline__ void softmax_tile(const Cta<C> &c, int it, int b, float (&s)[NS])
@@ -199,8 +197,8 @@ struct Consumer : ConsumerKind<C, ABL, FAST, LAZY>::Softmax {
         Base::tile(s, ok0, ok1, a.scale_log2, c.sP, c.sRed, it, kBarRed, kBarP);
     }
 
-    // The tiles, each: acquire, S^T, softmax, P V, release. (S^T of the next tile queued behind P V was
-    // measured slower: benchmarks/README.md.)
+    // The stages tile_loop runs on each tile (S^T of the next tile queued behind P V was measured slower:
+    // benchmarks/README.md).
     struct Chains {
         float t0[NS], t1[NS], t2[NS];
     };
@@ -211,24 +209,8 @@ struct Consumer : ConsumerKind<C, ABL, FAST, LAZY>::Softmax {
         wg_wait0();
         scores_sum(t.t0, t.t1, t.t2, s);
     }
-    __device__ __forceinline__ void pv(const Cta<C> &c, uint32_t kb)
-    {
-        pv_issue(c, kb);
-        wg_wait0();
-        fence_o();
-    }
-    __device__ __forceinline__ void run(const Cta<C> &c) { tile_loop(a, c, *this); }
 
-    // Row sums across the threads of each head, O^T staged as O [NH][kOStride] floats, then warp w
-    // writes heads w, w + 4, ... (lane: columns 64 (lane >> 2) + 2 (lane & 3) + 8 i). kLazy: each head's
-    // largest score for max_logits from every warp's tmx (red) and the running maximum.
-    __device__ __forceinline__ void epilogue(const Cta<C> &c)
-    {
-        Base::template stage_out<C::kOStride>(c.sLsum, c.sM, c.sO, c.sRed, kBarE);
-        write_rows<C, kLazy>(a, c, w, 4, 4 * g + t4);
-    }
 };
-
 
 // Two consumer warpgroups on every tile (CW = 2, the bf16 cache: cp.async producers leave them the
 // registers). Both run the same code (a template on the warpgroup doubled the loop's instructions, and a
@@ -244,19 +226,11 @@ struct Consumer : ConsumerKind<C, ABL, FAST, LAZY>::Softmax {
 //   release : its own arrival on the buffer's empty barrier (256 arrivals).
 // So each warpgroup reads half of the tile from shared memory, and the softmax runs on 256 threads.
 template <class C, int ABL, bool FAST, bool LAZY>
-struct SplitKind {
-    static constexpr bool kNoLo = FAST || (ABL & 16) != 0;
-    static constexpr int NO = kNoLo ? C::NH / 2 : C::NH;  // high: O_hi^T and O_lo^T
-    using Softmax = HeadSoftmax<C::NH, kNoLo, NO, LAZY, 4, 2>;
-};
-
-template <class C, int ABL, bool FAST, bool LAZY>
-struct SplitConsumer : SplitKind<C, ABL, FAST, LAZY>::Softmax {
-    using Base = typename SplitKind<C, ABL, FAST, LAZY>::Softmax;
+struct SplitConsumer : ConsumerKind<C, ABL, FAST, LAZY>::Softmax {
+    using Base = typename ConsumerKind<C, ABL, FAST, LAZY>::Softmax;
     using Base::o, Base::m_r, Base::l_r, Base::w, Base::g, Base::t4, Base::cw, Base::head;
     static constexpr int NH = C::NH, NS = C::NS, NSO = Base::NSO, NLO = Base::NLO;
-    static constexpr bool kNoS = (ABL & 2) != 0, kNoPV = (ABL & 4) != 0;
-    static constexpr bool kStack = !SplitKind<C, ABL, FAST, LAZY>::kNoLo;
+    static constexpr bool kNoS = (ABL & 2) != 0, kNoPV = (ABL & 4) != 0, kLazy = LAZY;
     static_assert(C::CW == 2, "the split consumer: two warpgroups");
 
     const Args &a;
@@ -313,7 +287,7 @@ struct SplitConsumer : SplitKind<C, ABL, FAST, LAZY>::Softmax {
     }
 
     // O^T m-tiles 4 cw .. 4 cw + 3 += V^T P^T over the 4 k-steps of buffer kb, issued (one commit group);
-    // kStack: n = 2 NH, the B rows P_hi^T then P_lo^T.
+    // "high" (ConsumerKind::kStack): n = 2 NH, the B rows P_hi^T then P_lo^T.
     __device__ __forceinline__ void pv_issue(const Cta<C> &c, uint32_t kb)
     {
         if constexpr (!kNoPV) {
@@ -347,22 +321,6 @@ struct SplitConsumer : SplitKind<C, ABL, FAST, LAZY>::Softmax {
         wg_wait0();
         scores_exchange(c, t.t0, t.t1, s);
     }
-    __device__ __forceinline__ void pv(const Cta<C> &c, uint32_t kb)
-    {
-        pv_issue(c, kb);
-        wg_wait0();
-#pragma unroll
-        for (int mt = 0; mt < 4; ++mt) fence_regs(o[mt]);
-    }
-    __device__ __forceinline__ void run(const Cta<C> &c) { tile_loop(a, c, *this); }
-
-    // As the narrow Consumer's: row sums and maxima of its own heads, its m-tiles of O^T staged, then the
-    // 8 warps of both warpgroups write the head rows (warp 4 cw + w: heads 4 cw + w, + 8, ...).
-    __device__ __forceinline__ void epilogue(const Cta<C> &c)
-    {
-        Base::template stage_out<C::kOStride>(c.sLsum, c.sM, c.sO, c.sRed, kBarE);
-        write_rows<C, LAZY>(a, c, 4 * cw + w, 8, 4 * g + t4);
-    }
 };
 
 // Internal linkage: each instantiation file owns its kernels.
@@ -375,10 +333,14 @@ __device__ __forceinline__ void consume(const Args &a, const Cta<C> &c, W &&wg)
     trace(a, kTraceEdge, kTrStart);
     if (c.nt > 0) {
         load_q(a, c);
-        wg.run(c);
+        tile_loop(a, c, wg);
     }
     trace(a, kTraceEdge, kTrEpilogue);
-    wg.epilogue(c);
+    // row sums and maxima of each warpgroup's heads and its m-tiles of O^T staged (stage_out: O as
+    // [NH][kOStride] floats), then the consumer warps (4 a warpgroup) write heads warp, warp + 4 CW, ...
+    // (lane: columns 64 (lane >> 2) + 2 (lane & 3) + 8 i; LAZY: each head's max logit from every warp's tmx)
+    wg.template stage_out<C::kOStride>(c.sLsum, c.sM, c.sO, c.sRed, kBarE);
+    write_rows<C, W::kLazy>(a, c, 4 * wg.cw + wg.w, 4 * C::CW, 4 * wg.g + wg.t4);
     trace(a, kTraceEdge, kTrEnd);
 }
 
@@ -445,11 +407,11 @@ int launch_variant(Args &a, int64_t grid, cudaStream_t s, int dev, smla_status *
     return SMLA_OK;
 }
 
-// The variant the call asks for (sm90/variants.cuh).
 // The configuration a call runs: NH heads, and the consumer warpgroups of its cache and precision.
 template <int NH, bool FP8, bool FAST>
 using CfgFor = Cfg<NH, FP8 ? 1 : bf16_consumers(NH, FAST)>;
 
+// The variant the call asks for (sm90/variants.cuh).
 template <int NH, bool FP8>
 int launch(Args &a, int64_t grid, cudaStream_t s, int dev, smla_status *st)
 {

@@ -261,6 +261,12 @@ struct HeadSoftmax {
         fence_async_smem();
         named_sync(bar, 128);  // all of P^T written (and visible to wgmma)
     }
+    // After the P V group is done: O^T's registers are the MMA's results (no use moves above the wait).
+    __device__ __forceinline__ void fence_o()
+    {
+#pragma unroll
+        for (int mt = 0; mt < NMT; ++mt) fence_regs(o[mt]);
+    }
     // O^T's columns of the first N of this thread's heads (column hl: head_all(hl)) times alpha.
     template <int N>
     __device__ __forceinline__ void rescale_o(const float (&alpha)[N])

@@ -306,7 +306,7 @@ struct PairConsumer {
         for (int i = i0; i < i1; ++i) {
             const int ks = kstep<W, FAST>(i);
             const uint32_t off = (ks >> 2) * kBlk + (ks & 3) * 32;
-            wgmma_n64(d, desc_at(qd, off), desc_at(kd, off), add || i > i0);
+            wgmma_ss<0>(d, desc_at(qd, off), desc_at(kd, off), add || i > i0);
         }
         wg_commit();
     }

@@ -156,17 +156,6 @@ __device__ __forceinline__ uint32_t opaque(uint32_t x)
     return x;
 }
 
-// S[64 x 32] (+)= A[64 x 16] B[32 x 16]^T, both K-major in smem.
-__device__ __forceinline__ void wgmma_n32(float (&d)[16], uint64_t da, uint64_t db, int accumulate)
-{
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 "
-                 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, %16, %17, p, 1, 1, 0, 0;\n}\n"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-                   "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
-                 : "l"(da), "l"(db), "r"(accumulate));
-}
-
 #define SMLA_F8(b)                                                                                           \
     "+f"(d[b + 0]), "+f"(d[b + 1]), "+f"(d[b + 2]), "+f"(d[b + 3]), "+f"(d[b + 4]), "+f"(d[b + 5]),         \
         "+f"(d[b + 6]), "+f"(d[b + 7])
@@ -247,7 +236,8 @@ __device__ __forceinline__ void cp_async_mbar_arrive_noinc(uint32_t bar)
 
 // The narrow kernel's products (sm90/narrow_kernel.cuh), tokens on M: D[64 x N] (+)= A[64 x 16] B[16 x N]
 // with both operands in smem, B K-major; A K-major (TA = 0: S^T = K Q^T) or M-major (TA = 1: O^T = V^T P^T,
-// V^T read from the K tile as stored); N = 16, 32 or 64 (the split consumer's stacked P^T at 32 heads).
+// V^T read from the K tile as stored); N = 16, 32 or 64 (the split consumer's stacked P^T at 32 heads;
+// with TA = 0 also the wide and pair kernels' S = Q K^T, m64n64k16).
 template <int TA>
 __device__ __forceinline__ void wgmma_ss(float (&d)[8], uint64_t da, uint64_t db, int accumulate)
 {
@@ -275,11 +265,6 @@ __device__ __forceinline__ void wgmma_ss(float (&d)[32], uint64_t da, uint64_t d
                  "%21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, p, 1, 1, %35, 0;\n}\n"
                  : SMLA_F8(0), SMLA_F8(8), SMLA_F8(16), SMLA_F8(24)
                  : "l"(da), "l"(db), "r"(accumulate), "n"(TA));
-}
-// S[64 x 64] (+)= A[64 x 16] B[64 x 16]^T, both K-major in smem (the wide and pair kernels' S).
-__device__ __forceinline__ void wgmma_n64(float (&d)[32], uint64_t da, uint64_t db, int accumulate)
-{
-    wgmma_ss<0>(d, da, db, accumulate);
 }
 // The register kernel's products (sm90/reg_kernel.cuh): D[64 x N] (+)= A[64 x 16] B[16 x N], N = 16 or 32,
 // A from registers (wgmma_n256_rs's fragment), B K-major in smem.
