@@ -126,7 +126,8 @@ struct ConsumerBase {
 };
 
 // WG0: S, softmax, P for both warpgroups, and P V for output columns 0 .. SPLIT - 1 (256 or 128).
-template <int ABL, bool XO, bool FAST, int SPLIT = 256>
+// TF: the producers flag the tiles whose rows are all valid (Bf16Producer's TILE_FLAG; with kSpecSoftmax).
+template <int ABL, bool XO, bool FAST, int SPLIT = 256, bool TF = false>
 struct ScoreWarpgroup : ConsumerBase<ABL, XO, FAST, SPLIT, 0> {
     using B = ConsumerBase<ABL, XO, FAST, SPLIT, 0>;
     using B::a, B::g, B::t4, B::r0, B::o;
@@ -192,28 +193,18 @@ struct ScoreWarpgroup : ConsumerBase<ABL, XO, FAST, SPLIT, 0> {
         sm90::mask_scores(c.sValid + b * kBN, a.scale_log2, t4, m_r, s, mx);
     }
 
-    // New row maxima, alpha (the factor O is rescaled by), P = 2^(S - m) as the A fragments of the 4
-    // k-steps of P V (hi: bf16_rne(p); lo: the rest, high only), row sums.
-    __device__ __forceinline__ void softmax(const float (&s)[32], const float (&mx)[2], float (&alpha)[2],
-                                            uint32_t (&hi)[16], uint32_t (&lo)[16])
+    // P = 2^(s sc + nb[row]) (nb: minus the rows' bases; sc: the scale the FFMA applies, 1 for scaled scores)
+    // as the A fragments of the 4 k-steps of P V (hi: bf16_rne(p); lo: the rest, high only), and the row sums.
+    __device__ __forceinline__ static void exps(const float (&s)[32], float sc, const float (&nb)[2],
+                                                uint32_t (&hi)[16], uint32_t (&lo)[16], float (&rs)[2])
     {
-        float base_[2];
-#pragma unroll
-        for (int i = 0; i < 2; ++i) {
-            m_t[i] = fmaxf(m_t[i], mx[i]);
-            const float mn = kLazyMax ? (mx[i] > m_r[i] + kLazySlack ? mx[i] : m_r[i])  // NaN keeps m_r
-                                      : fmaxf(m_r[i], mx[i]);
-            base_[i] = mn == -INFINITY ? 0.f : mn;
-            alpha[i] = ex2(m_r[i] - base_[i]);
-            m_r[i] = mn;
-        }
-        float rs[2] = {0.f, 0.f};
+        rs[0] = rs[1] = 0.f;
         // accumulator column block jn (tokens 8 jn + 2 t4, + 1) is half jn & 1 of k-step jn >> 1:
         // A fragment registers 4 (jn >> 1) + 2 (jn & 1) + {0: row r0, 1: row r0 + 8}
 #pragma unroll
         for (int jn = 0; jn < 8; ++jn) {
-            const float p0 = ex2(s[4 * jn + 0] - base_[0]), p1 = ex2(s[4 * jn + 1] - base_[0]);
-            const float p2 = ex2(s[4 * jn + 2] - base_[1]), p3 = ex2(s[4 * jn + 3] - base_[1]);
+            const float p0 = ex2(fmaf(s[4 * jn + 0], sc, nb[0])), p1 = ex2(fmaf(s[4 * jn + 1], sc, nb[0]));
+            const float p2 = ex2(fmaf(s[4 * jn + 2], sc, nb[1])), p3 = ex2(fmaf(s[4 * jn + 3], sc, nb[1]));
             rs[0] += p0 + p1;
             rs[1] += p2 + p3;
             const int f = 4 * (jn >> 1) + 2 * (jn & 1);
@@ -225,8 +216,69 @@ struct ScoreWarpgroup : ConsumerBase<ABL, XO, FAST, SPLIT, 0> {
                 split_bf16x2(p2, p3, hi[f + 1], lo[f + 1]);
             }
         }
+    }
+    __device__ __forceinline__ void add_row_sums(const float (&alpha)[2], const float (&rs)[2])
+    {
         l_r[0] = l_r[0] * static_cast<double>(alpha[0]) + static_cast<double>(rs[0]);
         l_r[1] = l_r[1] * static_cast<double>(alpha[1]) + static_cast<double>(rs[1]);
+    }
+    // Row i's new reference max from the tile's max mx (kLazyMax: it moves only by more than kLazySlack; NaN
+    // keeps it), alpha (the factor O is rescaled by) and nb, minus the base P is taken against; true if it moved.
+    __device__ __forceinline__ bool new_max(int i, float mx, float (&alpha)[2], float (&nb)[2])
+    {
+        m_t[i] = fmaxf(m_t[i], mx);
+        const float mn = kLazyMax ? (mx > m_r[i] + kLazySlack ? mx : m_r[i]) : fmaxf(m_r[i], mx);
+        const float base = mn == -INFINITY ? 0.f : mn;
+        alpha[i] = ex2(m_r[i] - base);
+        nb[i] = -base;
+        const bool moved = mn != m_r[i];
+        m_r[i] = mn;
+        return moved;
+    }
+
+    // New row maxima, alpha, P = 2^(S - m) (exps), row sums; s: the masked and scaled scores.
+    __device__ __forceinline__ void softmax(const float (&s)[32], const float (&mx)[2], float (&alpha)[2],
+                                            uint32_t (&hi)[16], uint32_t (&lo)[16])
+    {
+        float nb[2], rs[2];
+        new_max(0, mx[0], alpha, nb);
+        new_max(1, mx[1], alpha, nb);
+        exps(s, 1.f, nb, hi, lo, rs);
+        add_row_sums(alpha, rs);
+    }
+
+    // kSpecSoftmax (plan.cuh): the same from the raw scores (S, not masked or scaled; full: every row of the
+    // tile valid, so no mask), with the exponents taken first, against the reference max the tile keeps unless
+    // its max exceeds it by more than kLazySlack, while the maxima are reduced over the quad; a tile that moves
+    // it (a row's first, a jump) takes them again. For softmax_scale > 0 the FFMA applies the scale (the raw
+    // maxima are then the scaled ones'; one rounding of s scale - m instead of two); otherwise, or where a
+    // thread's scores may saturate, they are masked and scaled as for softmax().
+    __device__ __forceinline__ void softmax_spec(const Cta<XO> &c, int b, bool full, float (&s)[32],
+                                                 float (&alpha)[2], uint32_t (&hi)[16], uint32_t (&lo)[16])
+    {
+        const int *valid = c.sValid + b * kBN;
+        const float scale = a.scale_log2;
+        float sc = scale, mx[2];
+        bool slow = !(scale > 0.f);
+        if (!slow) {
+            if (!full) mask_raw(valid, t4, s);
+            thread_max(s, mx);
+            mx[0] *= scale;
+            mx[1] *= scale;
+            slow = sat_needed(mx[0], m_r[0]) || sat_needed(mx[1], m_r[1]);
+        }
+        if (slow) {
+            mask_scale_thread(valid, scale, t4, m_r, s, mx);
+            sc = 1.f;
+        }
+        float nb[2], rs[2];
+#pragma unroll
+        for (int i = 0; i < 2; ++i) nb[i] = m_r[i] == -INFINITY ? 0.f : -m_r[i];
+        exps(s, sc, nb, hi, lo, rs);  // against the reference max as it is
+        quad_max(mx);
+        const bool moved0 = new_max(0, mx[0], alpha, nb), moved1 = new_max(1, mx[1], alpha, nb);
+        if (moved0 || moved1) exps(s, sc, nb, hi, lo, rs);
+        add_row_sums(alpha, rs);
     }
 
     // One A fragment set [64 x 64] into a swizzled [64 rows x 128 B] block (WG1's smem A operand).
@@ -298,12 +350,18 @@ struct ScoreWarpgroup : ConsumerBase<ABL, XO, FAST, SPLIT, 0> {
 
     // Tile it's S (complete, in s) through the mask and softmax to P (hi, lo) published for WG1, and this
     // warpgroup's O rescaled for the tile's P V.
-    __device__ __forceinline__ void softmax_publish(const Cta<XO> &c, int it, int b, uint32_t kb, float (&s)[32],
-                                                    uint32_t (&hi)[16], uint32_t (&lo)[16])
+    // full: the producers flagged every row of the tile valid (TF).
+    __device__ __forceinline__ void softmax_publish(const Cta<XO> &c, int it, int b, uint32_t kb, bool full,
+                                                    float (&s)[32], uint32_t (&hi)[16], uint32_t (&lo)[16])
     {
-        float mx[2], alpha[2];
-        mask_scores(c, b, s, mx);
-        softmax(s, mx, alpha, hi, lo);
+        float alpha[2];
+        if constexpr (kSpecSoftmax) {
+            softmax_spec(c, b, full, s, alpha, hi, lo);
+        } else {
+            float mx[2];
+            mask_scores(c, b, s, mx);
+            softmax(s, mx, alpha, hi, lo);
+        }
         trace(a, it, 3);
         publish(c, it, b, kb, alpha, hi, lo);
         trace(a, it, 4);
@@ -322,11 +380,12 @@ struct ScoreWarpgroup : ConsumerBase<ABL, XO, FAST, SPLIT, 0> {
             uint32_t hi[16], lo[16];
             trace(a, it, 0);
             B::acquire(c, b, (g0 + it) >> 1);
+            const bool full = TF && *reinterpret_cast<const int *>(c.smem + Smem::full_tile.off + 4 * b) == 0x01010101;
             trace(a, it, 1);
             issue_s0(c, kb, s);
             s_phase(c, kb, s);
             trace(a, it, 2);
-            softmax_publish(c, it, b, kb, s, hi, lo);
+            softmax_publish(c, it, b, kb, full, s, hi, lo);
             pv_phase(kb, hi, lo);
             trace(a, it, 5);
             B::release(c, b);

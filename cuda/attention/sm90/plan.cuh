@@ -44,10 +44,21 @@ namespace sm90 {
 #ifndef SMLA_SM90_BF16_CLUSTER
 #define SMLA_SM90_BF16_CLUSTER 1
 #endif
+// WG0's softmax in the wide kernel (sm90/consumer.cuh, ScoreWarpgroup::softmax_spec): the exponents are taken
+// against the reference max the tile will most likely keep (the lazy max) while the row maxima are still being
+// reduced, so the maxima's shuffles and the verdict run beside them; a tile that moves the reference (a first
+// tile, a jump by more than kLazySlack) takes them again. The scale is applied by the exponent's FFMA (where
+// softmax_scale > 0: the maximum of the raw scores is then the scaled one's), and over a bf16 cache the
+// producers mark a tile whose 64 rows are all valid (Bf16Producer, TILE_FLAG), which WG0 then does not mask.
+// 0: the softmax as it was (mask and scale, maxima, then the exponents).
+#ifndef SMLA_SM90_SPEC_SOFTMAX
+#define SMLA_SM90_SPEC_SOFTMAX 1
+#endif
 constexpr bool kBf16Cluster = SMLA_SM90_BF16_CLUSTER != 0;
 constexpr bool kSpeculate = SMLA_SM90_SPECULATE != 0, kStagedOut = SMLA_SM90_STAGED_OUT != 0;
 constexpr bool kLazyMax = SMLA_SM90_LAZY_MAX != 0, kPersistent = SMLA_SM90_PERSISTENT != 0;
 static_assert(!kLazyMax || kStagedOut, "the lazy max writes max_logits from the true max (finish_half_direct)");
+constexpr bool kSpecSoftmax = SMLA_SM90_SPEC_SOFTMAX != 0 && kLazyMax;  // it speculates on the lazy max
 
 constexpr int kHT = 64, kBN = 64;              // heads per CTA, tokens per K tile
 constexpr int kThreads = 384;                  // WG0, WG1: consumers; WG2: producer
@@ -109,8 +120,10 @@ struct Smem {
     static constexpr Region row_l = region_after(alpha, kHT * 8);       // double [64]: final row sums (epilogue)
     static constexpr Region row_m = region_after(row_l, kHT * 4);       // float [64]: final row maxima (epilogue)
     static constexpr Region mask = region_after(row_m, kMaskWords * 4);  // bf16: the non-empty tiles
+    // bf16 with kSpecSoftmax: uint8 [2][4], byte w of buffer b: producer warp w's rows of the tile all valid
+    static constexpr Region full_tile = region_after(mask, 8);
     // kPersistent: mbarriers q_full, q_empty, scan_full[2], nt_free[2] and int nt[2] (sm90/kernel.cuh)
-    static constexpr Region pers = region_after(mask, kPersistent ? 56 : 0);
+    static constexpr Region pers = region_after(full_tile, kPersistent ? 56 : 0);
     static constexpr int used = pers.end();
     static constexpr int bytes = used + 1024;  // slack to align the base to 1024 B
     static_assert(q.off % 1024 == 0 && k.off % 1024 == 0 && plo.off % 1024 == 0, "swizzled tiles");

@@ -112,8 +112,11 @@ __device__ __forceinline__ void skip_empty_tiles(const Args &a, CtaCommon &c, ui
 // speculate(): the wide kernel issues the slice's tile 0 into buffer 0 before its tile scan (a causal
 // row's tile 0 always runs, and almost every row's does), so the scan's round trip overlaps the first
 // copies; run(true) then keeps them when the scan marked tile 0, else lets them land and reloads.
-template <int ABL, int P0 = 256, int PW = 4>
+// TILE_FLAG (the wide kernel with kSpecSoftmax, plan.cuh): warp pw also sets byte pw of the buffer's
+// Smem::full_tile word to whether all its rows of the tile are valid (its consumers skip the mask then).
+template <int ABL, int P0 = 256, int PW = 4, bool TILE_FLAG = false>
 struct Bf16Producer {
+    static_assert(!TILE_FLAG || (P0 == 256 && PW == 4), "the tile flag is the wide kernel's: four producer warps");
     static constexpr bool kNoLoad = (ABL & 1) != 0;
     static constexpr int kRows = kBN / PW, kNi = kRows / 4;  // rows per warp, 4-row steps
     static_assert(kRows % 4 == 0, "4 rows per warp step");
@@ -143,10 +146,12 @@ struct Bf16Producer {
     __device__ __forceinline__ void issue(int b, const int (&idx)[kNi]) const
     {
         const uint32_t kb = c.sK + b * kTileBytes;
+        bool all_ok = true;
 #pragma unroll
         for (int i = 0; i < kNi; ++i) {
             const int r = kRows * pw + 4 * i + sub;
             const bool ok = kv.valid(idx[i]);  // -1 past L
+            all_ok = all_ok && ok;
             const uint8_t *src = kv.row(idx[i], ok) + cl * 16;
             const int nb = (ok && !kNoLoad) ? 16 : 0;
             const uint32_t dst = kb + r * 128 + ((cl ^ (r & 7)) << 4);
@@ -156,6 +161,10 @@ struct Bf16Producer {
                 else cp_async16(dst + c8 * kBlk, src + c8 * 128, nb);
             }
             if (cl == 0) c.sValid[b * kBN + r] = ok ? 1 : 0;
+        }
+        if constexpr (TILE_FLAG) {
+            const bool full = __all_sync(0xffffffffu, all_ok);
+            if (c.lane == 0) c.smem[Smem::full_tile.off + 4 * b + pw] = full ? 1 : 0;
         }
         cp_async_commit();
     }

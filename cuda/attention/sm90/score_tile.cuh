@@ -60,6 +60,27 @@ __device__ __forceinline__ void mask_scale_thread(const int *valid, float scale_
         }
     }
 }
+// The wide kernel's speculative softmax (kSpecSoftmax, plan.cuh) keeps the scores raw: the invalid tokens'
+// to -inf (valid as above), and this thread's raw row maxima.
+__device__ __forceinline__ void mask_raw(const int *valid, int t4, float (&s)[32])
+{
+#pragma unroll
+    for (int jn = 0; jn < 8; ++jn) {
+        const int tok = 8 * jn + 2 * t4;
+        const bool ok0 = valid[tok] != 0, ok1 = valid[tok + 1] != 0;
+        if (!ok0) s[4 * jn + 0] = s[4 * jn + 2] = -INFINITY;
+        if (!ok1) s[4 * jn + 1] = s[4 * jn + 3] = -INFINITY;
+    }
+}
+__device__ __forceinline__ void thread_max(const float (&s)[32], float (&mx)[2])
+{
+    mx[0] = mx[1] = -INFINITY;
+#pragma unroll
+    for (int jn = 0; jn < 8; ++jn) {
+        mx[0] = fmaxf(mx[0], fmaxf(s[4 * jn + 0], s[4 * jn + 1]));
+        mx[1] = fmaxf(mx[1], fmaxf(s[4 * jn + 2], s[4 * jn + 3]));
+    }
+}
 __device__ __forceinline__ void quad_max(float (&mx)[2])
 {
 #pragma unroll
