@@ -46,12 +46,9 @@ __device__ __forceinline__ void wait_q()
 // What both consumer warpgroups share: the thread's place (rows r0, r0 + 8 of the 64 heads, column
 // pairs 2 t4 + 8 jn of its warpgroup's accumulator), the buffer hand-off and its share of O: NC columns
 // from C0 (256 each by default; SMLA_SM90_SPLIT = 128, bf16 only: WG0 128, WG1 384, plan.cuh).
-// WIDE: the bf16 kernel's consumers, whose producers flag full tiles (kSpecSoftmax) and take buffers back
-// by row group (kGroupRelease; plan.cuh).
-template <int ABL, bool XO, bool FAST, int NC = 256, int C0 = 0, bool WIDE = false>
+template <int ABL, bool XO, bool FAST, int NC = 256, int C0 = 0>
 struct ConsumerBase {
     static constexpr bool kNoS = (ABL & 2) != 0, kNoPV = (ABL & 4) != 0, kNoLo = FAST || (ABL & 16) != 0;
-    static constexpr bool kGroups = WIDE && kGroupRelease;
 
     const Args &a;
     const uint32_t peer_base;  // XO: the peer's address of our smem base
@@ -94,10 +91,7 @@ struct ConsumerBase {
     // orders them through kBarFree): ordering it cannot see, not a race (docs/design.md, section 1).
     __device__ __forceinline__ void release(const Cta<XO> &c, int b) const
     {
-        if constexpr (kGroups) {
-#pragma unroll
-            for (int g = 0; g < 4; ++g) mbar_arrive(c.group_empty(b, g));
-        } else if constexpr (XO) {
+        if constexpr (XO) {
             __syncwarp();
             if (lane == 0) {
                 mbar_arrive(c.bar_empty + 8 * b);
@@ -132,10 +126,10 @@ struct ConsumerBase {
 };
 
 // WG0: S, softmax, P for both warpgroups, and P V for output columns 0 .. SPLIT - 1 (256 or 128).
-template <int ABL, bool XO, bool FAST, int SPLIT = 256, bool WIDE = false>
-struct ScoreWarpgroup : ConsumerBase<ABL, XO, FAST, SPLIT, 0, WIDE> {
-    using B = ConsumerBase<ABL, XO, FAST, SPLIT, 0, WIDE>;
-    static constexpr bool kFullFlag = WIDE && kSpecSoftmax;  // Bf16Producer's kTileFlag
+// TF: the producers flag the tiles whose rows are all valid (Bf16Producer's TILE_FLAG; with kSpecSoftmax).
+template <int ABL, bool XO, bool FAST, int SPLIT = 256, bool TF = false>
+struct ScoreWarpgroup : ConsumerBase<ABL, XO, FAST, SPLIT, 0> {
+    using B = ConsumerBase<ABL, XO, FAST, SPLIT, 0>;
     using B::a, B::g, B::t4, B::r0, B::o;
     float m_r[2] = {-INFINITY, -INFINITY};  // the reference max of P = 2^(S - m_r) (see softmax)
     float m_t[2] = {-INFINITY, -INFINITY};  // the true row max (max_logits)
@@ -356,7 +350,7 @@ struct ScoreWarpgroup : ConsumerBase<ABL, XO, FAST, SPLIT, 0, WIDE> {
 
     // Tile it's S (complete, in s) through the mask and softmax to P (hi, lo) published for WG1, and this
     // warpgroup's O rescaled for the tile's P V.
-    // full: the producers flagged every row of the tile valid (kFullFlag).
+    // full: the producers flagged every row of the tile valid (TF).
     __device__ __forceinline__ void softmax_publish(const Cta<XO> &c, int it, int b, uint32_t kb, bool full,
                                                     float (&s)[32], uint32_t (&hi)[16], uint32_t (&lo)[16])
     {
@@ -386,7 +380,7 @@ struct ScoreWarpgroup : ConsumerBase<ABL, XO, FAST, SPLIT, 0, WIDE> {
             uint32_t hi[16], lo[16];
             trace(a, it, 0);
             B::acquire(c, b, (g0 + it) >> 1);
-            const bool full = kFullFlag && *reinterpret_cast<const int *>(c.smem + Smem::full_tile.off + 4 * b) == 0x01010101;
+            const bool full = TF && *reinterpret_cast<const int *>(c.smem + Smem::full_tile.off + 4 * b) == 0x01010101;
             trace(a, it, 1);
             issue_s0(c, kb, s);
             s_phase(c, kb, s);
@@ -417,9 +411,9 @@ struct ScoreWarpgroup : ConsumerBase<ABL, XO, FAST, SPLIT, 0, WIDE> {
 };
 
 // WG1: P V for output columns SPLIT..511 (256 or 384 of them) with P from smem.
-template <int ABL, bool XO, bool FAST, int SPLIT = 256, bool WIDE = false>
-struct ValueWarpgroup : ConsumerBase<ABL, XO, FAST, 512 - SPLIT, SPLIT, WIDE> {
-    using B = ConsumerBase<ABL, XO, FAST, 512 - SPLIT, SPLIT, WIDE>;
+template <int ABL, bool XO, bool FAST, int SPLIT = 256>
+struct ValueWarpgroup : ConsumerBase<ABL, XO, FAST, 512 - SPLIT, SPLIT> {
+    using B = ConsumerBase<ABL, XO, FAST, 512 - SPLIT, SPLIT>;
     using B::r0, B::o;
 
     __device__ __forceinline__ ValueWarpgroup(const Args &a_, const Cta<XO> &cta, uint32_t peer_base_)
@@ -427,13 +421,9 @@ struct ValueWarpgroup : ConsumerBase<ABL, XO, FAST, 512 - SPLIT, SPLIT, WIDE> {
     {
     }
 
-    // kGroups: each k-step (tokens 16 kk .., row group kk of K buffer b) is its own commit group, and row
-    // group kk goes back to the producers once it completed.
-    __device__ __forceinline__ void pv_phase(const Cta<XO> &c, uint32_t kb, int b)
+    __device__ __forceinline__ void pv_phase(const Cta<XO> &c, uint32_t kb)
     {
-        if constexpr (B::kNoPV) {
-            if constexpr (B::kGroups) B::release(c, b);
-        } else {
+        if constexpr (!B::kNoPV) {
             const uint32_t vd = opaque(desc_base(kb, kBlk)), pd = opaque(desc_base(kb + 8 * kBlk, 16));
             const uint32_t ld = desc_base(c.sPlo, 16);
             wg_fence();
@@ -454,23 +444,10 @@ struct ValueWarpgroup : ConsumerBase<ABL, XO, FAST, 512 - SPLIT, SPLIT, WIDE> {
                         wgmma_n128_tb(ob, desc_at(ld, kk * 32), db);
                     }
                 }
-                if constexpr (B::kGroups) wg_commit();
             }
-            if constexpr (B::kGroups) {
-                wg_wait<3>();
-                mbar_arrive(c.group_empty(b, 0));
-                wg_wait<2>();
-                mbar_arrive(c.group_empty(b, 1));
-                wg_wait<1>();
-                mbar_arrive(c.group_empty(b, 2));
-                wg_wait0();
-                fence_regs(o);
-                mbar_arrive(c.group_empty(b, 3));
-            } else {
-                wg_commit();
-                wg_wait0();
-                fence_regs(o);
-            }
+            wg_commit();
+            wg_wait0();
+            fence_regs(o);
         }
     }
 
@@ -487,12 +464,12 @@ struct ValueWarpgroup : ConsumerBase<ABL, XO, FAST, 512 - SPLIT, SPLIT, WIDE> {
         B::acquire(c, b, use);
         const float alpha[2] = {c.sAlpha[b * kHT + r0], c.sAlpha[b * kHT + r0 + 8]};
         B::rescale(alpha);
-        pv_phase(c, kb, b);  // kGroups: the buffer's release too
+        pv_phase(c, kb);
         trace(B::a, it, 2);
         if constexpr (!FAST) {
             if (it + 1 < nt) named_arrive(kBarFree, 256);  // P_lo may be rewritten
         }
-        if constexpr (!B::kGroups) B::release(c, b);
+        B::release(c, b);
     }
 
     __device__ __forceinline__ void epilogue(const Cta<XO> &c)

@@ -33,15 +33,15 @@ namespace attn {
 namespace sm90 {
 
 // The mbarriers (thread 0): full[b] counts the 128 producer threads, empty[b] the 256 consumer
-// threads (XO: one arrival per consumer warp of both CTAs; GR: empty[b][g] for each row group, plan.cuh),
-// rr[b] (XO) the peer's bytes.
-template <bool XO, bool GR = false>
+// threads (XO: one arrival per consumer warp of both CTAs), rr[b] (XO) the peer's bytes.
+template <bool XO>
 __device__ __forceinline__ void init_barriers(const Cta<XO> &c)
 {
     if (c.tid == 0) {
         mbar_init(c.bar_full, 128);
         mbar_init(c.bar_full + 8, 128);
-        for (int i = 0; i < (GR ? 8 : 2); ++i) mbar_init(c.bar_empty + 8 * i, XO ? 16 : 256);
+        mbar_init(c.bar_empty, XO ? 16 : 256);
+        mbar_init(c.bar_empty + 8, XO ? 16 : 256);
         if constexpr (XO) {
             mbar_init(c.bar_rr, 1);
             mbar_init(c.bar_rr + 8, 1);
@@ -73,7 +73,7 @@ __global__ void __launch_bounds__(kThreads, 1) attn_sm90_kernel(const __grid_con
 
     trace(a, kTraceEdge, kTrStart);
     pdl_launch_dependents();  // the combine (split mode) may be scheduled; it waits for this grid
-    init_barriers<XO, !FP8 && kGroupRelease>(c);
+    init_barriers(c);
     if (c.nt > 0 && c.tid < 256) load_q(a, c);
     if (!FP8 && c.tid < kMaskWords) mask[c.tid] = 0u;
     if constexpr (XO) cluster_sync();  // both CTAs' barriers initialised
@@ -85,7 +85,7 @@ __global__ void __launch_bounds__(kThreads, 1) attn_sm90_kernel(const __grid_con
     // (the producers issue the slice's tile 0 first: the scan's round trip overlaps its copies)
     if constexpr (!FP8) {
         skip_empty_tiles<256, 4, kThreads>(a, c, mask, kBarStart, [&] {
-            if (kSpeculate && c.nt_all > 0) Bf16Producer<ABL, 256, 4, true>(a, c).speculate();
+            if (kSpeculate && c.nt_all > 0) Bf16Producer<ABL, 256, 4, kSpecSoftmax>(a, c).speculate();
         });
         trace(a, kTraceEdge, kTrScanned);
     }
@@ -95,7 +95,7 @@ __global__ void __launch_bounds__(kThreads, 1) attn_sm90_kernel(const __grid_con
     if (c.tid >= 256) {
         setmaxnreg_to<Regs::producer>();
         if constexpr (FP8) Fp8Producer<ABL, XO, 256, 4, /*SPREAD=*/!XO>(a, c, peer, peer_base).run();
-        else Bf16Producer<ABL, 256, 4, true>(a, c).run(kSpeculate && c.nt_all > 0);
+        else Bf16Producer<ABL, 256, 4, kSpecSoftmax>(a, c).run(kSpeculate && c.nt_all > 0);
         if constexpr (FUSED) {  // every thread takes part in the consumers' cluster barrier and the grid's
             if constexpr (XO) cluster_sync();
             combine_grid_sync();
@@ -109,7 +109,7 @@ __global__ void __launch_bounds__(kThreads, 1) attn_sm90_kernel(const __grid_con
     if (c.tid < 128) {
         setmaxnreg_to<Regs::score>();
         wait_q();
-        ScoreWarpgroup<ABL, XO, FAST, SPLIT, !FP8> wg0(a, c, peer_base);
+        ScoreWarpgroup<ABL, XO, FAST, SPLIT, kSpecSoftmax && !FP8> wg0(a, c, peer_base);
         wg0.run(c);
         if constexpr (XO) cluster_sync();
         trace(a, kTraceEdge, kTrEpilogue);
@@ -122,7 +122,7 @@ __global__ void __launch_bounds__(kThreads, 1) attn_sm90_kernel(const __grid_con
     } else {
         setmaxnreg_to<Regs::value>();
         wait_q();
-        ValueWarpgroup<ABL, XO, FAST, SPLIT, !FP8> wg1(a, c, peer_base);
+        ValueWarpgroup<ABL, XO, FAST, SPLIT> wg1(a, c, peer_base);
         for (int it = 0; it < c.nt; ++it) wg1.tile(c, it, c.nt);
         if constexpr (XO) cluster_sync();
         trace(a, kTraceEdge, kTrEpilogue);
@@ -192,7 +192,7 @@ __global__ void __launch_bounds__(kThreads, 1) attn_sm90_persistent_kernel(const
             }
             // the item's first K tile goes out first (its buffer is free once the last item's tile before last
             // is done), then Q, once the last item's output left Q's region
-            Bf16Producer<ABL, 256, 4, true>(a, c).run_ring(g, [&] {
+            Bf16Producer<ABL, 256, 4, kSpecSoftmax>(a, c).run_ring(g, [&] {
                 if (k > 0) mbar_wait(q_empty, (k - 1) & 1);
                 issue_q<kHT, 128>(a, c, c.h0, c.tid - 256);
                 cp_async_mbar_arrive_noinc(q_full);
@@ -219,7 +219,7 @@ __global__ void __launch_bounds__(kThreads, 1) attn_sm90_persistent_kernel(const
             take(c, k);
             mbar_wait(q_full, k & 1);
             fence_async_smem();  // the producers' cp.async data, read by wgmma
-            ScoreWarpgroup<ABL, false, FAST, kSplit, true> wg0(a, c, 0u);
+            ScoreWarpgroup<ABL, false, FAST, kSplit, kSpecSoftmax> wg0(a, c, 0u);
             wg0.run(c, g);
             wg0.epilogue(c);
             mbar_arrive(q_empty);    // this warpgroup's staged output left Q's region
@@ -232,7 +232,7 @@ __global__ void __launch_bounds__(kThreads, 1) attn_sm90_persistent_kernel(const
         for (int64_t item = blockIdx.x; item < items; item += gridDim.x, ++k) {
             Cta<false> c(a, smem_raw, grid_pos_of(a, item));
             take(c, k);
-            ValueWarpgroup<ABL, false, FAST, kSplit, true> wg1(a, c, 0u);
+            ValueWarpgroup<ABL, false, FAST, kSplit> wg1(a, c, 0u);
             for (int it = 0; it < c.nt; ++it) wg1.tile(c, it, c.nt, g);
             wg1.epilogue(c);
             mbar_arrive(q_empty);

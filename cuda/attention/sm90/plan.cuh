@@ -54,21 +54,11 @@ namespace sm90 {
 #ifndef SMLA_SM90_SPEC_SOFTMAX
 #define SMLA_SM90_SPEC_SOFTMAX 1
 #endif
-// A bf16 K buffer goes back to the wide kernel's producers in four row groups (rows 16 g .. 16 g + 15, the
-// tokens of P V's k-step g, which producer warp g copies): WG1 commits its P V one k-step at a time and frees
-// group g once k-step g is done (WG0 frees all four after its P V), so the next tile's copies of the first
-// rows start while WG1 still multiplies the last. Column block 8 (the RoPE part, which holds P_hi for WG1)
-// is copied once the last group is free. 0: one release of the whole buffer.
-#ifndef SMLA_SM90_GROUP_RELEASE
-#define SMLA_SM90_GROUP_RELEASE 1
-#endif
 constexpr bool kBf16Cluster = SMLA_SM90_BF16_CLUSTER != 0;
 constexpr bool kSpeculate = SMLA_SM90_SPECULATE != 0, kStagedOut = SMLA_SM90_STAGED_OUT != 0;
 constexpr bool kLazyMax = SMLA_SM90_LAZY_MAX != 0, kPersistent = SMLA_SM90_PERSISTENT != 0;
 static_assert(!kLazyMax || kStagedOut, "the lazy max writes max_logits from the true max (finish_half_direct)");
 constexpr bool kSpecSoftmax = SMLA_SM90_SPEC_SOFTMAX != 0 && kLazyMax;  // it speculates on the lazy max
-constexpr bool kGroupRelease = SMLA_SM90_GROUP_RELEASE != 0;
-static_assert(!(kGroupRelease && kPersistent), "the persistent kernel's K ring frees whole buffers");
 
 constexpr int kHT = 64, kBN = 64;              // heads per CTA, tokens per K tile
 constexpr int kThreads = 384;                  // WG0, WG1: consumers; WG2: producer
@@ -124,8 +114,7 @@ struct Smem {
     static constexpr Region q = first_region(kTileBytes);
     static constexpr Region k = region_after(q, 2 * kTileBytes);    // two K buffers
     static constexpr Region plo = region_after(k, kBlk);            // P_lo [64 heads x 64 tokens] bf16
-    // mbarriers: full[2], then empty[2] and rr[2] (XO), or in the bf16 kernel with kGroupRelease empty[2][4]
-    static constexpr Region bar = region_after(plo, 80);
+    static constexpr Region bar = region_after(plo, 64);            // mbarriers: full[2], empty[2], rr[2]
     static constexpr Region valid = region_after(bar, 2 * kBN * 4);  // int [2][64]: row valid, per K buffer
     static constexpr Region alpha = region_after(valid, 2 * kHT * 4);  // float [2][64]: O's rescale, per K buffer
     static constexpr Region row_l = region_after(alpha, kHT * 8);       // double [64]: final row sums (epilogue)
@@ -168,9 +157,6 @@ struct CtaCommon {
     const uint32_t *tile_mask = nullptr;
     uint32_t sQ, sK, bar_full, bar_empty, bar_rr;
     int *sValid;
-
-    // kGroupRelease (the wide bf16 kernel, Smem::bar): the empty barrier of row group g of K buffer b.
-    __device__ __forceinline__ uint32_t group_empty(int b, int g) const { return bar_empty + 8 * (4 * b + g); }
 
     // The first slice tile from t on that runs (nt_all: none).
     __device__ __forceinline__ int next_tile(int t) const

@@ -112,14 +112,11 @@ __device__ __forceinline__ void skip_empty_tiles(const Args &a, CtaCommon &c, ui
 // speculate(): the wide kernel issues the slice's tile 0 into buffer 0 before its tile scan (a causal
 // row's tile 0 always runs, and almost every row's does), so the scan's round trip overlaps the first
 // copies; run(true) then keeps them when the scan marked tile 0, else lets them land and reloads.
-// WIDE (the wide kernel's producers; plan.cuh): with kSpecSoftmax warp pw also sets byte pw of the buffer's
-// Smem::full_tile word to whether all its rows of the tile are valid (its consumers skip the mask then);
-// with kGroupRelease warp pw copies column blocks 0..7 of its rows (row group pw) once that group is free,
-// then block 8 once the last group is.
-template <int ABL, int P0 = 256, int PW = 4, bool WIDE = false>
+// TILE_FLAG (the wide kernel with kSpecSoftmax, plan.cuh): warp pw also sets byte pw of the buffer's
+// Smem::full_tile word to whether all its rows of the tile are valid (its consumers skip the mask then).
+template <int ABL, int P0 = 256, int PW = 4, bool TILE_FLAG = false>
 struct Bf16Producer {
-    static constexpr bool kTileFlag = WIDE && kSpecSoftmax, kGroups = WIDE && kGroupRelease;
-    static_assert(!WIDE || (P0 == 256 && PW == 4), "the wide kernel's four producer warps: row group pw is warp pw's");
+    static_assert(!TILE_FLAG || (P0 == 256 && PW == 4), "the tile flag is the wide kernel's: four producer warps");
     static constexpr bool kNoLoad = (ABL & 1) != 0;
     static constexpr int kRows = kBN / PW, kNi = kRows / 4;  // rows per warp, 4-row steps
     static_assert(kRows % 4 == 0, "4 rows per warp step");
@@ -145,10 +142,8 @@ struct Bf16Producer {
         }
     }
 
-    // Column blocks C0 .. C1 - 1 of the rows of indices idx into K buffer b (no commit); with C0 = 0 their
-    // row flags (and the tile flag) too.
-    template <int C0, int C1>
-    __device__ __forceinline__ void issue_blocks(int b, const int (&idx)[kNi]) const
+    // The rows of indices idx into K buffer b, one cp.async group, and their row flags.
+    __device__ __forceinline__ void issue(int b, const int (&idx)[kNi]) const
     {
         const uint32_t kb = c.sK + b * kTileBytes;
         bool all_ok = true;
@@ -161,34 +156,16 @@ struct Bf16Producer {
             const int nb = (ok && !kNoLoad) ? 16 : 0;
             const uint32_t dst = kb + r * 128 + ((cl ^ (r & 7)) << 4);
 #pragma unroll
-            for (int c8 = C0; c8 < C1; ++c8) {
+            for (int c8 = 0; c8 < 9; ++c8) {
                 if (a.evict_last) cp_async16_hint(dst + c8 * kBlk, src + c8 * 128, nb, pol);
                 else cp_async16(dst + c8 * kBlk, src + c8 * 128, nb);
             }
-            if (C0 == 0 && cl == 0) c.sValid[b * kBN + r] = ok ? 1 : 0;
+            if (cl == 0) c.sValid[b * kBN + r] = ok ? 1 : 0;
         }
-        if constexpr (kTileFlag && C0 == 0) {
+        if constexpr (TILE_FLAG) {
             const bool full = __all_sync(0xffffffffu, all_ok);
             if (c.lane == 0) c.smem[Smem::full_tile.off + 4 * b + pw] = full ? 1 : 0;
         }
-    }
-    // The rows of indices idx into K buffer b, one cp.async group, and their row flags.
-    __device__ __forceinline__ void issue(int b, const int (&idx)[kNi]) const
-    {
-        issue_blocks<0, 9>(b, idx);
-        cp_async_commit();
-    }
-    // kGroups: the rows of indices idx into K buffer b, in use before (use: its uses so far, > 0), blocks 0..7
-    // once this warp's row group is free, block 8 once the last group is; one cp.async group. (it: the tile,
-    // for the trace's "buffer free" event.)
-    __device__ __forceinline__ void refill_groups(int it, int b, int use, const int (&idx)[kNi]) const
-    {
-        const uint32_t parity = (use - 1) & 1;
-        mbar_wait(c.group_empty(b, pw), parity);
-        trace(a, it, 1);
-        issue_blocks<0, 8>(b, idx);
-        if (pw != 3) mbar_wait(c.group_empty(b, 3), parity);
-        issue_blocks<8, 9>(b, idx);
         cp_async_commit();
     }
 
@@ -228,13 +205,9 @@ struct Bf16Producer {
             trace(a, it, 0);
             t_nxt = c.next_tile(t_nxt + 1);
             fetch_idx(t_nxt, idx_nxt);
-            if (kGroups && use > 0) {
-                refill_groups(it, b, use, idx_cur);
-            } else {
-                if (use > 0) mbar_wait(c.bar_empty + 8 * b, (use - 1) & 1);
-                trace(a, it, 1);
-                if (it > 0 || !have0) issue(b, idx_cur);
-            }
+            if (use > 0) mbar_wait(c.bar_empty + 8 * b, (use - 1) & 1);
+            trace(a, it, 1);
+            if (it > 0 || !have0) issue(b, idx_cur);
             if constexpr (RING) {
                 if (it == 0) after_first();
             }

@@ -116,9 +116,6 @@ __device__ __forceinline__ void setmaxnreg_dec()
 __device__ __forceinline__ void wg_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void wg_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void wg_wait0() { asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory"); }
-// Until at most N of this warpgroup's committed wgmma groups are pending.
-template <int N>
-__device__ __forceinline__ void wg_wait() { asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory"); }
 // Keeps the compiler from moving reads / writes of wgmma accumulators across the async region.
 template <int N>
 __device__ __forceinline__ void fence_regs(float (&r)[N])
