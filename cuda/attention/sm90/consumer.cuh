@@ -126,10 +126,14 @@ struct ConsumerBase {
 };
 
 // WG0: S, softmax, P for both warpgroups, and P V for output columns 0 .. SPLIT - 1 (256 or 128).
-// TF: the producers flag the tiles whose rows are all valid (Bf16Producer's TILE_FLAG; with kSpecSoftmax).
-template <int ABL, bool XO, bool FAST, int SPLIT = 256, bool TF = false>
+// WIDE: the bf16 kernel's, whose producers flag the tiles whose rows are all valid (Bf16Producer's TILE_FLAG,
+// with kSpecSoftmax) and whose register budget has room for some of Q (kQRegSteps; plan.cuh).
+template <int ABL, bool XO, bool FAST, int SPLIT = 256, bool WIDE = false>
 struct ScoreWarpgroup : ConsumerBase<ABL, XO, FAST, SPLIT, 0> {
     using B = ConsumerBase<ABL, XO, FAST, SPLIT, 0>;
+    static constexpr bool kFullFlag = WIDE && kSpecSoftmax;  // Bf16Producer's TILE_FLAG
+    static constexpr int kQr = WIDE ? kQRegSteps : 0;         // S's k-steps with Q from registers (plan.cuh)
+    uint32_t qf[kQr > 0 ? kQr : 1][4];                         // their A fragments, this warp's 16 heads
     using B::a, B::g, B::t4, B::r0, B::o;
     float m_r[2] = {-INFINITY, -INFINITY};  // the reference max of P = 2^(S - m_r) (see softmax)
     float m_t[2] = {-INFINITY, -INFINITY};  // the true row max (max_logits)
@@ -142,6 +146,10 @@ struct ScoreWarpgroup : ConsumerBase<ABL, XO, FAST, SPLIT, 0> {
     __device__ __forceinline__ ScoreWarpgroup(const Args &a_, const Cta<XO> &cta, uint32_t peer_base_)
         : B(a_, cta, peer_base_)
     {
+        // Q landed (wait_q / q_full): ldmatrix x4 per k-step, matrices (heads +0 / +8) x (dims +0 / +8)
+        const int row = (r0 & ~15) + (B::lane & 7) + 8 * ((B::lane >> 3) & 1);
+#pragma unroll
+        for (int kk = 0; kk < kQr; ++kk) ldsm_x4(qf[kk], blk_addr(cta.sQ, row, 2 * kk + (B::lane >> 4)));
     }
 
     // d (+)= Q K^T over k-steps k0 .. k1 - 1 (16 dims each), all 64 tokens.
@@ -153,7 +161,8 @@ struct ScoreWarpgroup : ConsumerBase<ABL, XO, FAST, SPLIT, 0> {
 #pragma unroll
         for (int kk = k0; kk < k1; ++kk) {
             const uint32_t off = (kk >> 2) * kBlk + (kk & 3) * 32;
-            wgmma_ss<0>(d, desc_at(qd, off), desc_at(kd, off), add || kk > k0);
+            if (kk < kQr) wgmma_rs(d, qf[kk < kQr ? kk : 0], desc_at(kd, off), add || kk > k0);
+            else wgmma_ss<0>(d, desc_at(qd, off), desc_at(kd, off), add || kk > k0);
         }
         wg_commit();
     }
@@ -355,7 +364,7 @@ struct ScoreWarpgroup : ConsumerBase<ABL, XO, FAST, SPLIT, 0> {
 
     // Tile it's S (complete, in s) through the mask and softmax to P (hi, lo) published for WG1, and this
     // warpgroup's O rescaled for the tile's P V.
-    // full: the producers flagged every row of the tile valid (TF).
+    // full: the producers flagged every row of the tile valid (kFullFlag).
     __device__ __forceinline__ void softmax_publish(const Cta<XO> &c, int it, int b, uint32_t kb, bool full,
                                                     float (&s)[32], uint32_t (&hi)[16], uint32_t (&lo)[16])
     {
@@ -385,7 +394,7 @@ struct ScoreWarpgroup : ConsumerBase<ABL, XO, FAST, SPLIT, 0> {
             uint32_t hi[16], lo[16];
             trace(a, it, 0);
             B::acquire(c, b, (g0 + it) >> 1);
-            const bool full = TF && *reinterpret_cast<const int *>(c.smem + Smem::full_tile.off + 4 * b) == 0x01010101;
+            const bool full = kFullFlag && *reinterpret_cast<const int *>(c.smem + Smem::full_tile.off + 4 * b) == 0x01010101;
             trace(a, it, 1);
             issue_s0(c, kb, s);
             s_phase(c, kb, s);

@@ -109,7 +109,7 @@ __global__ void __launch_bounds__(kThreads, 1) attn_sm90_kernel(const __grid_con
     if (c.tid < 128) {
         setmaxnreg_to<Regs::score>();
         wait_q();
-        ScoreWarpgroup<ABL, XO, FAST, SPLIT, kSpecSoftmax && !FP8> wg0(a, c, peer_base);
+        ScoreWarpgroup<ABL, XO, FAST, SPLIT, !FP8> wg0(a, c, peer_base);
         wg0.run(c);
         if constexpr (XO) cluster_sync();
         trace(a, kTraceEdge, kTrEpilogue);
@@ -219,7 +219,7 @@ __global__ void __launch_bounds__(kThreads, 1) attn_sm90_persistent_kernel(const
             take(c, k);
             mbar_wait(q_full, k & 1);
             fence_async_smem();  // the producers' cp.async data, read by wgmma
-            ScoreWarpgroup<ABL, false, FAST, kSplit, kSpecSoftmax> wg0(a, c, 0u);
+            ScoreWarpgroup<ABL, false, FAST, kSplit, true> wg0(a, c, 0u);
             wg0.run(c, g);
             wg0.epilogue(c);
             mbar_arrive(q_empty);    // this warpgroup's staged output left Q's region

@@ -54,6 +54,14 @@ namespace sm90 {
 #ifndef SMLA_SM90_SPEC_SOFTMAX
 #define SMLA_SM90_SPEC_SOFTMAX 1
 #endif
+// The first SMLA_SM90_QREG k-steps of S (Q's dims 0 .. 16 SMLA_SM90_QREG - 1) in the wide bf16 kernel take their A
+// operand from WG0's registers (loaded once per CTA), so that S reads less of shared memory, which it shares with
+// the K copies; WG0 takes the 4 registers a k-step needs from the producers' budget (WgRegs). 0: Q from smem.
+#ifndef SMLA_SM90_QREG
+#define SMLA_SM90_QREG 0
+#endif
+constexpr int kQRegSteps = SMLA_SM90_QREG;
+static_assert(kQRegSteps >= 0 && kQRegSteps <= 12 && kQRegSteps % 2 == 0, "SMLA_SM90_QREG: 0..12, even");
 constexpr bool kBf16Cluster = SMLA_SM90_BF16_CLUSTER != 0;
 constexpr bool kSpeculate = SMLA_SM90_SPECULATE != 0, kStagedOut = SMLA_SM90_STAGED_OUT != 0;
 constexpr bool kLazyMax = SMLA_SM90_LAZY_MAX != 0, kPersistent = SMLA_SM90_PERSISTENT != 0;
@@ -88,9 +96,9 @@ static_assert(kSplit == 256 || kSplit == 128, "SMLA_SM90_SPLIT: WG0 takes 256 or
 // setmaxnreg budgets of the three warpgroups for a split (their sum is the launch allocation, as above).
 template <int SPLIT>
 struct WgRegs {
-    static constexpr int score = SPLIT == 256 ? kScoreRegs : 176;
+    static constexpr int score = SPLIT == 256 ? kScoreRegs : 176 + 4 * kQRegSteps;
     static constexpr int value = SPLIT == 256 ? kValueRegs : 224;
-    static constexpr int producer = SPLIT == 256 ? kProducerRegs : 104;
+    static constexpr int producer = SPLIT == 256 ? kProducerRegs : 104 - 4 * kQRegSteps;
     static_assert(score + value + producer <= 3 * kLaunchRegs && score % 8 == 0 && value % 8 == 0 &&
                       producer % 8 == 0,
                   "setmaxnreg: multiples of 8 within the launch allocation");
