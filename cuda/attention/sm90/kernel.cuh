@@ -91,7 +91,7 @@ __global__ void __launch_bounds__(kThreads, 1) attn_sm90_kernel(const __grid_con
     }
 
     constexpr int SPLIT = FP8 ? 256 : kSplit;  // WG0's O columns (plan.cuh)
-    using Regs = WgRegs<SPLIT>;
+    using Regs = WgRegs<SPLIT, q_reg_steps(FP8, FAST)>;
     if (c.tid >= 256) {
         setmaxnreg_to<Regs::producer>();
         if constexpr (FP8) Fp8Producer<ABL, XO, 256, 4, /*SPREAD=*/!XO>(a, c, peer, peer_base).run();
@@ -173,7 +173,7 @@ __global__ void __launch_bounds__(kThreads, 1) attn_sm90_persistent_kernel(const
     }
     __syncthreads();
 
-    using Regs = WgRegs<kSplit>;
+    using Regs = WgRegs<kSplit, q_reg_steps(false, FAST)>;
     if (c0.tid >= 256) {
         setmaxnreg_to<Regs::producer>();
         int g = 0, k = 0;

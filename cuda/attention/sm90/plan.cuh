@@ -54,14 +54,18 @@ namespace sm90 {
 #ifndef SMLA_SM90_SPEC_SOFTMAX
 #define SMLA_SM90_SPEC_SOFTMAX 1
 #endif
-// The first SMLA_SM90_QREG k-steps of S (Q's dims 0 .. 16 SMLA_SM90_QREG - 1) in the wide bf16 kernel take their A
-// operand from WG0's registers (loaded once per CTA), so that S reads less of shared memory, which it shares with
-// the K copies; WG0 takes the 4 registers a k-step needs from the producers' budget (WgRegs). 0: Q from smem.
+// The first SMLA_SM90_QREG k-steps of S (Q's dims 0 .. 16 SMLA_SM90_QREG - 1) in the wide bf16 kernel's "fast"
+// variant take their A operand from WG0's registers (loaded once per CTA), so that S reads less of shared memory,
+// which it shares with the K copies; WG0 takes the 4 registers a k-step needs from the producers' budget (WgRegs).
+// 0: Q from smem.
 #ifndef SMLA_SM90_QREG
-#define SMLA_SM90_QREG 0
+#define SMLA_SM90_QREG 8
 #endif
 constexpr int kQRegSteps = SMLA_SM90_QREG;
 static_assert(kQRegSteps >= 0 && kQRegSteps <= 12 && kQRegSteps % 2 == 0, "SMLA_SM90_QREG: 0..12, even");
+// The rule: S's k-steps with Q from registers in a kernel variant (the fp8 kernel's budget has no room, and "high"
+// measured slower with them).
+constexpr int q_reg_steps(bool fp8, bool fast) { return !fp8 && fast ? kQRegSteps : 0; }
 constexpr bool kBf16Cluster = SMLA_SM90_BF16_CLUSTER != 0;
 constexpr bool kSpeculate = SMLA_SM90_SPECULATE != 0, kStagedOut = SMLA_SM90_STAGED_OUT != 0;
 constexpr bool kLazyMax = SMLA_SM90_LAZY_MAX != 0, kPersistent = SMLA_SM90_PERSISTENT != 0;
@@ -94,11 +98,13 @@ static_assert(kScoreRegs + kValueRegs + kProducerRegs <= 3 * kLaunchRegs, "the l
 constexpr int kSplit = SMLA_SM90_SPLIT;
 static_assert(kSplit == 256 || kSplit == 128, "SMLA_SM90_SPLIT: WG0 takes 256 or 128 of O's 512 columns");
 // setmaxnreg budgets of the three warpgroups for a split (their sum is the launch allocation, as above).
-template <int SPLIT>
+// QR: WG0's k-steps with Q in registers (q_reg_steps), 4 registers each, taken from the producers.
+template <int SPLIT, int QR = 0>
 struct WgRegs {
-    static constexpr int score = SPLIT == 256 ? kScoreRegs : 176 + 4 * kQRegSteps;
+    static_assert(QR == 0 || SPLIT == 128, "Q in registers: the 128-column split's budget");
+    static constexpr int score = SPLIT == 256 ? kScoreRegs : 176 + 4 * QR;
     static constexpr int value = SPLIT == 256 ? kValueRegs : 224;
-    static constexpr int producer = SPLIT == 256 ? kProducerRegs : 104 - 4 * kQRegSteps;
+    static constexpr int producer = SPLIT == 256 ? kProducerRegs : 104 - 4 * QR;
     static_assert(score + value + producer <= 3 * kLaunchRegs && score % 8 == 0 && value % 8 == 0 &&
                       producer % 8 == 0,
                   "setmaxnreg: multiples of 8 within the launch allocation");
