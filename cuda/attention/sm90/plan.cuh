@@ -59,7 +59,7 @@ namespace sm90 {
 // which it shares with the K copies; WG0 takes the 4 registers a k-step needs from the producers' budget (WgRegs).
 // 0: Q from smem.
 #ifndef SMLA_SM90_QREG
-#define SMLA_SM90_QREG 8
+#define SMLA_SM90_QREG 0
 #endif
 constexpr int kQRegSteps = SMLA_SM90_QREG;
 static_assert(kQRegSteps >= 0 && kQRegSteps <= 12 && kQRegSteps % 2 == 0, "SMLA_SM90_QREG: 0..12, even");
