@@ -749,6 +749,28 @@ def test_prefill_peaked_softmax_and_max_logits():
         check_prefill(out, lse, ml, *prefill_oracle(c), name=f"scale {scale}")
 
 
+@pytest.mark.parametrize("precision", ref.PRECISIONS)
+@pytest.mark.parametrize("scale", [PRE_SCALE, 4.0])
+@pytest.mark.parametrize("h", [128, 64])
+def test_prefill_full_and_partial_tiles(h, scale, precision):
+    """The wide kernel's softmax by 64-token tile (docs/design.md, "speculative softmax"): a tile whose rows
+    are all valid is not masked, any other is; exponents are taken against the reference max first and again
+    where a tile moves it (scale 4: often). Rows mix full tiles with tiles holding one -1, one out-of-range
+    index, a single valid index, or an invalid first / last index; unread cache rows hold NaN."""
+    c = prefill_case(6, h, 2048, 384, seed=h + int(scale), tl_mode="none", sink_mode="mixed", all_invalid_frac=0.0,
+                     scale=scale)
+    idx = c["indices"]  # row 0: six full tiles
+    idx[1, 64 + 17] = -1
+    idx[1, 192 + 40] = 2048 + 5
+    idx[2, 128:191] = -1  # tile 2: only its last index valid
+    idx[3, 0] = -1
+    idx[4, 383] = -1
+    idx[5, ::64] = -1  # one invalid index in every tile
+    out, lse, ml = run_prefill(c, precision=precision)
+    o, l, m, out_abs = prefill_oracle(c, return_abs=True)
+    check_prefill(out, lse, ml, o, l, m, name=f"h {h} scale {scale}", precision=precision, out_abs=out_abs)
+
+
 # =============================================================================================
 # every kernel family on every shape class: SMLA_ATTN_KERNEL=portable (mma.sync, any GPU), sm90 (the
 # wide wgmma kernel, Hopper; forced here also for h <= 32, which "auto" gives the narrow one) and sm90n
