@@ -4,12 +4,14 @@
 //
 //   WG0, ScoreWarpgroup (setmaxnreg WgRegs::score), per K tile:
 //     acquire  : wait until the producer filled the buffer (XO: and the peer's half arrived);
-//     s_phase  : S[64 heads x 64 tokens] = Q K^T, wgmma m64n64k16 x 36 from smem as kSChains (2) chains
-//                summed in fp32 (the accuracy rule, sm90/score_tile.cuh);
+//     s_phase  : S[64 heads x 64 tokens] = Q K^T, wgmma m64n64k16 x 36 from smem (bf16 "fast": the first
+//                kQRegSteps with Q from registers, plan.cuh) as kSChains (2) chains summed in fp32 (the
+//                accuracy rule, sm90/score_tile.cuh);
 //     softmax  : mask and scale (log2 domain), overflow saturated where it matters, row maxima within
 //                the thread's quad (no exchange: WG0 sees every token), alpha = 2^(m_old - m_new),
 //                P = 2^(S - m) packed as the bf16 A fragments of P V (high: P = P_hi + P_lo, two
-//                bf16 terms, split_bf16x2), row sums in double;
+//                bf16 terms, split_bf16x2), row sums in double; with kSpecSoftmax (softmax_spec) the
+//                exponents first, against the reference max, beside the maxima's reduction;
 //     publish  : (stmatrix) P_hi into the tile's RoPE block (dead once S is done), P_lo into its own block (high:
 //                after WG1 freed it, kBarFree), alpha into sAlpha[b]; arrive kBarP + b;
 //     pv       : O[:, 0:SPLIT] = O * alpha + P V with P from registers (register A: m64n128k16 for the
