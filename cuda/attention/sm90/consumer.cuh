@@ -396,7 +396,7 @@ struct ScoreWarpgroup : ConsumerBase<ABL, XO, FAST, SPLIT, 0> {
             uint32_t hi[16], lo[16];
             trace(a, it, 0);
             B::acquire(c, b, (g0 + it) >> 1);
-            const bool full = kFullFlag && *reinterpret_cast<const int *>(c.smem + Smem::full_tile.off + 4 * b) == 0x01010101;
+            const bool full = kFullFlag && tile_full(c.smem, b);
             trace(a, it, 1);
             issue_s0(c, kb, s);
             s_phase(c, kb, s);

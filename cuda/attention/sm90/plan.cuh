@@ -147,6 +147,17 @@ struct Smem {
     static_assert(bytes <= 227 * 1024, "sm_90 opt-in shared memory per block");
 };
 
+// The full-tile flags (Smem::full_tile; kSpecSoftmax, the bf16 wide kernel): producer warp w of 4 sets byte w
+// of K buffer b's word to whether its 16 rows of the tile are all valid; the tile is full when all four are.
+__device__ __forceinline__ void set_full_rows(uint8_t *smem, int b, int w, bool full)
+{
+    smem[Smem::full_tile.off + 4 * b + w] = full ? 1 : 0;
+}
+__device__ __forceinline__ bool tile_full(const uint8_t *smem, int b)
+{
+    return *reinterpret_cast<const int *>(smem + Smem::full_tile.off + 4 * b) == 0x01010101;
+}
+
 __device__ __forceinline__ uint32_t blk_addr(uint32_t base, int row, int chunk)
 {
     return base + static_cast<uint32_t>((chunk >> 3) * kBlk + row * 128 + (((chunk & 7) ^ (row & 7)) << 4));

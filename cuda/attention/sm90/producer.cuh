@@ -113,7 +113,8 @@ __device__ __forceinline__ void skip_empty_tiles(const Args &a, CtaCommon &c, ui
 // row's tile 0 always runs, and almost every row's does), so the scan's round trip overlaps the first
 // copies; run(true) then keeps them when the scan marked tile 0, else lets them land and reloads.
 // TILE_FLAG (the wide kernel with kSpecSoftmax, plan.cuh): warp pw also sets byte pw of the buffer's
-// Smem::full_tile word to whether all its rows of the tile are valid (its consumers skip the mask then).
+// Smem::full_tile word to whether all its rows of the tile are valid (set_full_rows, plan.cuh; its consumers
+// skip the mask then).
 template <int ABL, int P0 = 256, int PW = 4, bool TILE_FLAG = false>
 struct Bf16Producer {
     static_assert(!TILE_FLAG || (P0 == 256 && PW == 4), "the tile flag is the wide kernel's: four producer warps");
@@ -164,7 +165,7 @@ struct Bf16Producer {
         }
         if constexpr (TILE_FLAG) {
             const bool full = __all_sync(0xffffffffu, all_ok);
-            if (c.lane == 0) c.smem[Smem::full_tile.off + 4 * b + pw] = full ? 1 : 0;
+            if (c.lane == 0) set_full_rows(c.smem, b, pw, full);
         }
         cp_async_commit();
     }
