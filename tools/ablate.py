@@ -47,7 +47,7 @@ def main():
     small = args.small or args.register or args.dims
     dec = [(16, 1, 128), (32, 1, 128), (16, 2, 128)] if small else [(128, 2, 128), (64, 2, 128), (128, 1, 2)]
     if args.dims:
-        dec = [(16, 1, 128), (8, 1, 128), (16, 2, 128), (32, 1, 128)]
+        dec = [(16, 1, 128), (8, 1, 128), (16, 2, 128)]
     if args.pair:
         dec = []  # the decode cases read an fp8 cache: the wide kernel's
     cache, bt = bd.build_cache(torch, smla, max(b for _, _, b in dec), "fp8_ds_mla") if dec else (None, None)
