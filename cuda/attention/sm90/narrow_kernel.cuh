@@ -363,7 +363,7 @@ __global__ void __launch_bounds__(C::kThreads, 1) attn_sm90n_kernel(const __grid
 
     if (c.tid >= C::kP0) {
         setmaxnreg_dec<C::Regs::producer>();
-        if constexpr (FP8) Fp8Producer<ABL, false, C::kP0, C::kPW, false, SMLA_NARROW_FP8_PF>(a, c, 0u, 0u).run();
+        if constexpr (FP8) Fp8Producer<ABL, false, C::kP0, C::kPW>(a, c, 0u, 0u).run();
         else Bf16Producer<ABL, C::kP0, C::kPW>(a, c).run(false);
         if constexpr (FUSED) combine_grid_sync();  // every thread takes part in the grid's barrier
         return;

@@ -35,10 +35,6 @@
 #ifndef SMLA_NARROW_BF16_CW
 #define SMLA_NARROW_BF16_CW 0
 #endif
-// The fp8 narrow kernel's producers prefetch each row into L2 this many tiles ahead (Fp8Producer's PF; 0: none).
-#ifndef SMLA_NARROW_FP8_PF
-#define SMLA_NARROW_FP8_PF 0
-#endif
 
 namespace attn {
 namespace sm90 {

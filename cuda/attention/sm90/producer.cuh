@@ -242,12 +242,7 @@ struct Fp8Batch {
 // of a quarter warp hits eight distinct slots of the swizzled rows (one shared-memory wavefront, not two).
 // Measured (benchmarks/README.md, issue 17, tenth session): h = 64 decode (the wide kernel without the
 // crossover) 9% faster, the narrow kernel and the crossover slightly slower; so only the former sets it.
-// PF > 1: the warp also prefetches its rows of the tile PF tiles ahead into L2 (the indices are then loaded
-// PF + 1 tiles ahead), so that the loads, which keep about one tile in flight, find their rows there: four
-// lanes a row (kRows = 8), lane 4 m + p the lines at bytes 128 p and 128 p + 512 of row m (p = 2: the last
-// byte instead of 768), so each of the at most seven 128-byte lines a 656-byte entry touches is asked for
-// once. 0: none.
-template <int ABL, bool XO, int P0 = 256, int PW = 4, bool SPREAD = false, int PF = 0>
+template <int ABL, bool XO, int P0 = 256, int PW = 4, bool SPREAD = false>
 struct Fp8Producer {
     static constexpr bool kNoLoad = (ABL & 1) != 0, kNoDq = (ABL & 8) != 0;
     static constexpr int kRows = kBN / PW;                      // rows of a tile per warp
@@ -265,9 +260,6 @@ struct Fp8Producer {
     const uint8_t *ptr_cur, *ptr_nxt;  // lane m < kRows: the entry of row m of the current / next tile
     uint32_t okm_cur, okm_nxt;         // their validity bits
     int idx_nn;                        // lane m < kRows: the index of row m two tiles ahead
-    int idx_pf[PF > 1 ? PF - 1 : 1];   // PF > 1: the same 3 .. PF + 1 tiles ahead
-    static_assert(PF == 0 || PF >= 2, "the prefetch runs at least two tiles ahead (one: the loads' own distance)");
-    static_assert(PF == 0 || kRows == 8, "the prefetch: four lanes to each of the warp's 8 rows");
 
     __device__ __forceinline__ Fp8Producer(const Args &a, const CtaCommon &cta, uint32_t peer, uint32_t peer_base_)
         : c(cta), kv(a), lane(cta.lane), pw((cta.tid - P0) >> 5), bq0(XO ? kNbq * static_cast<int>(peer ^ 1u) : 0),
@@ -287,23 +279,6 @@ struct Fp8Producer {
         ptr = kv.row(idx, ok);
         okm = __ballot_sync(0xffffffffu, ok);
     }
-    // PF: the warp's rows of a tile into L2, lane m < kRows holding row m's index idx.
-    __device__ __forceinline__ void prefetch(int idx) const
-    {
-        if constexpr (!kNoLoad) {
-            const bool ok = kv.valid(idx);
-            const uint64_t pc = reinterpret_cast<uint64_t>(kv.row(idx, ok));
-            const uint32_t okm = __ballot_sync(0xffffffffu, ok);
-            const int m = lane >> 2, p = lane & 3;
-            const uint32_t lo = __shfl_sync(0xffffffffu, static_cast<uint32_t>(pc), m);
-            const uint32_t hi = __shfl_sync(0xffffffffu, static_cast<uint32_t>(pc >> 32), m);
-            const uint8_t *row = reinterpret_cast<const uint8_t *>((static_cast<uint64_t>(hi) << 32) | lo);
-            if ((okm >> m) & 1u) {
-                prefetch_l2_line(row + 128 * p);
-                if (p < 3) prefetch_l2_line(row + (p == 2 ? kFp8Entry - 1 : 128 * p + 512));
-            }
-        }
-    }
 
     // Batch q into registers (called with q = 0, 1, 2, ... in order).
     __device__ __forceinline__ void load(Fp8Batch &B, int q)
@@ -313,15 +288,7 @@ struct Fp8Producer {
             ptr_cur = ptr_nxt;
             okm_cur = okm_nxt;
             locate(idx_nn, ptr_nxt, okm_nxt);
-            if constexpr (PF > 1) {  // idx_pf[k]: tile it + 2 + k; prefetch tile it + PF, move on by one
-                prefetch(idx_pf[PF - 2]);
-                idx_nn = idx_pf[0];
-#pragma unroll
-                for (int k = 0; k + 1 < PF - 1; ++k) idx_pf[k] = idx_pf[k + 1];
-                idx_pf[PF - 2] = fetch_idx(it + PF + 1);
-            } else {
-                idx_nn = fetch_idx(it + 2);
-            }
+            idx_nn = fetch_idx(it + 2);
         }
         const uint64_t pc = reinterpret_cast<uint64_t>(ptr_cur);
 #pragma unroll
@@ -409,21 +376,9 @@ struct Fp8Producer {
 
     __device__ __forceinline__ void run()
     {
-        if constexpr (PF > 1) {  // the indices of tiles 0 .. PF + 1 at once; tiles 2 .. PF prefetched
-            const int i0 = fetch_idx(0), i1 = fetch_idx(1);
-            idx_nn = fetch_idx(2);
-#pragma unroll
-            for (int k = 0; k < PF - 1; ++k) idx_pf[k] = fetch_idx(3 + k);
-            locate(i0, ptr_cur, okm_cur);
-            locate(i1, ptr_nxt, okm_nxt);
-            prefetch(idx_nn);
-#pragma unroll
-            for (int k = 0; k + 1 < PF - 1; ++k) prefetch(idx_pf[k]);
-        } else {
-            locate(fetch_idx(0), ptr_cur, okm_cur);
-            locate(fetch_idx(1), ptr_nxt, okm_nxt);
-            idx_nn = fetch_idx(2);
-        }
+        locate(fetch_idx(0), ptr_cur, okm_cur);
+        locate(fetch_idx(1), ptr_nxt, okm_nxt);
+        idx_nn = fetch_idx(2);
         Fp8Batch A, Bn;
         if (nq > 0) load(A, 0);
 #pragma unroll 1

@@ -299,11 +299,6 @@ __device__ __forceinline__ void wgmma_rs(float (&d)[32], const uint32_t (&a)[4],
 
 // bytes (a multiple of 16) from global src to shared dst (both 16-byte aligned) by the bulk-copy engine;
 // completes that many bytes of transaction count on the mbarrier bar (the caller expected them).
-// Brings the L2 line holding p into L2 without waiting (prefetch.global.L2: per thread, no uniform operands).
-__device__ __forceinline__ void prefetch_l2_line(const void *p)
-{
-    asm volatile("prefetch.global.L2 [%0];\n" ::"l"(p) : "memory");
-}
 __device__ __forceinline__ void bulk_copy_g2s(uint32_t dst, const void *src, uint32_t bytes, uint32_t bar)
 {
     asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(dst),
