@@ -237,7 +237,8 @@ struct Fp8Batch {
 // index into the entry address (ptr) and validity bit (okm, a ballot), one tile ahead; the indices
 // themselves are loaded two tiles ahead. No address arithmetic is serialised across the warp: a
 // batch's row gets its address by two shuffles. (A bulk L2 prefetch of the entries a tile ahead was
-// measured: no gain; benchmarks/README.md.)
+// measured: no gain; in the narrow kernel, line prefetches two and four tiles ahead: slower, the more the
+// farther; benchmarks/README.md, issue 17, tenth and twenty-fourth sessions.)
 // SPREAD: in every quarter warp, lanes 4..7 store their odd latent chunk first, so that each 16-byte store
 // of a quarter warp hits eight distinct slots of the swizzled rows (one shared-memory wavefront, not two).
 // Measured (benchmarks/README.md, issue 17, tenth session): h = 64 decode (the wide kernel without the
