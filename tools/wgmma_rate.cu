@@ -35,19 +35,6 @@ constexpr int kIters = 2016;  // wgmma per warpgroup: 56 groups of 36 (S) or 504
 constexpr int kBlk = 64 * 128, kRowBytes = 1152, kKvRows = 32768;
 constexpr int kSmem = 200 * 1024;
 
-#define F8(b)                                                                                               \
-    "+f"(d[b + 0]), "+f"(d[b + 1]), "+f"(d[b + 2]), "+f"(d[b + 3]), "+f"(d[b + 4]), "+f"(d[b + 5]),         \
-        "+f"(d[b + 6]), "+f"(d[b + 7])
-__device__ __forceinline__ void wgmma_n64_rs(float (&d)[32], const uint32_t (&a)[4], uint64_t db)
-{
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
-                 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, "
-                 "%21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, {%32, %33, %34, %35}, %36, p, 1, 1, 0;\n}\n"
-                 : F8(0), F8(8), F8(16), F8(24)
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(1));
-}
-
 struct Cfg {
     int shape[3];  // per consumer warpgroup (kNone: idle)
     int producer;  // 1: a third warpgroup gathers K tiles into shared memory meanwhile
@@ -80,7 +67,7 @@ __device__ void consume(uint32_t base, long long *cycles, float *sink)
             const uint32_t off = (ks >> 2) * kBlk + (ks & 3) * 32;
             if constexpr (SHAPE == kSss) wgmma_ss<0>(d32, desc_at(qa, off), desc_at(kb, off), 1);
             if constexpr (SHAPE == kS32) wgmma_ss<0>(d16, desc_at(qa, off), desc_at(kb, off), 1);
-            if constexpr (SHAPE == kSrs) wgmma_n64_rs(d32, a[ks % kA], desc_at(kb, off));
+            if constexpr (SHAPE == kSrs) wgmma_rs(d32, a[ks % kA], desc_at(kb, off), 1);
             if constexpr (SHAPE == kVrs) wgmma_n256_rs(d128, a[ks % kA], desc_at(vb, (ks & 3) * 16 * 128));
             if constexpr (SHAPE == kVss) wgmma_n256_tb(d128, desc_at(qa, (ks & 3) * 32), desc_at(vb, (ks & 3) * 16 * 128));
         }

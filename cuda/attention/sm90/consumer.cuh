@@ -128,13 +128,13 @@ struct ConsumerBase {
 };
 
 // WG0: S, softmax, P for both warpgroups, and P V for output columns 0 .. SPLIT - 1 (256 or 128).
-// WIDE: the bf16 kernel's, whose producers flag the tiles whose rows are all valid (Bf16Producer's TILE_FLAG,
-// with kSpecSoftmax) and whose register budget has room for some of Q in "fast" (q_reg_steps; plan.cuh).
-template <int ABL, bool XO, bool FAST, int SPLIT = 256, bool WIDE = false>
+// BF16: the bf16 cache's instantiation, whose producers flag the tiles whose rows are all valid (Bf16Producer's
+// TILE_FLAG, with kSpecSoftmax) and whose register budget has room for some of Q in "fast" (q_reg_steps; plan.cuh).
+template <int ABL, bool XO, bool FAST, int SPLIT = 256, bool BF16 = false>
 struct ScoreWarpgroup : ConsumerBase<ABL, XO, FAST, SPLIT, 0> {
     using B = ConsumerBase<ABL, XO, FAST, SPLIT, 0>;
-    static constexpr bool kFullFlag = WIDE && kSpecSoftmax;  // Bf16Producer's TILE_FLAG
-    static constexpr int kQr = q_reg_steps(!WIDE, FAST);      // S's k-steps with Q from registers (plan.cuh)
+    static constexpr bool kFullFlag = BF16 && kSpecSoftmax;  // Bf16Producer's TILE_FLAG
+    static constexpr int kQr = q_reg_steps(!BF16, FAST);      // S's k-steps with Q from registers (plan.cuh)
     uint32_t qf[kQr > 0 ? kQr : 1][4];                         // their A fragments, this warp's 16 heads
     using B::a, B::g, B::t4, B::r0, B::o;
     float m_r[2] = {-INFINITY, -INFINITY};  // the reference max of P = 2^(S - m_r) (see softmax)

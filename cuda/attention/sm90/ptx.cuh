@@ -285,7 +285,8 @@ __device__ __forceinline__ void wgmma_rs(float (&d)[16], const uint32_t (&a)[4],
                  : SMLA_F8(0), SMLA_F8(8)
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(accumulate));
 }
-// The wide bf16 kernel's S with Q from registers (SMLA_SM90_QREG): m64n64k16, A the m64k16 fragment, B K-major.
+// The wide bf16 kernel's S with Q from registers (SMLA_SM90_QREG; and tools/wgmma_rate.cu): m64n64k16, A the
+// m64k16 fragment, B K-major.
 __device__ __forceinline__ void wgmma_rs(float (&d)[32], const uint32_t (&a)[4], uint64_t db, int accumulate)
 {
     asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"

@@ -60,8 +60,8 @@ __device__ __forceinline__ void mask_scale_thread(const int *valid, float scale_
         }
     }
 }
-// The wide kernel's speculative softmax (kSpecSoftmax, plan.cuh) keeps the scores raw: the invalid tokens'
-// to -inf (valid as above), and this thread's raw row maxima.
+// The wide kernel's speculative softmax (kSpecSoftmax, plan.cuh) keeps the scores raw: mask_raw sets the invalid
+// tokens' to -inf (valid as above), thread_max takes this thread's raw row maxima.
 __device__ __forceinline__ void mask_raw(const int *valid, int t4, float (&s)[32])
 {
 #pragma unroll
