@@ -125,6 +125,11 @@ NARROW2 = narrow_rows((("consumer 0", WG0), ("consumer 1", WG1)), ((0, PR0), (2,
 ]
 EDGES = [
     ("prologue: start -> tile scan done", (WG0, None, 0), (WG0, None, 1)),
+    ("prologue: start -> Q landed (WG0; wide kernel)", (WG0, None, 0), (WG0, None, 4)),
+    ("prologue: start -> tile 0 landed (producer warp 0)", (PR0, None, 0), (PR0, 0, 3)),
+    ("prologue: start -> WG0 saw tile 0 landed", (WG0, None, 0), (WG0, 0, 1)),
+    ("prologue: start -> tile 0's S done (WG0)", (WG0, None, 0), (WG0, 0, 2)),
+    ("prologue: start -> tile 1's top (WG0)", (WG0, None, 0), (WG0, 1, 0)),
     ("epilogue WG0", (WG0, None, 2), (WG0, None, 3)),
     ("epilogue WG1", (WG1, None, 2), (WG1, None, 3)),
     ("whole CTA (WG0 start -> WG1 end)", (WG0, None, 0), (WG1, None, 3)),
@@ -165,7 +170,32 @@ def summarize(t, kernel):
         if vals:
             m = sum(vals) / len(vals)
             lines.append(f"{label:<56} {m:>9.0f} cyc {m / 1800:>7.3f} us")
+    if kernel not in ("sm90", None):
+        return lines
+    # the wide kernel's last tile (each CTA's own last recorded step) into the epilogue
+    for label, (sa, ea), (sb, eb) in LAST:
+        vals = []
+        for c in t:
+            n = max([k for k in range(EDGE) if c[WG0][k][0]], default=-1)
+            if n < 0:
+                continue
+            va = c[sa][n][ea] if ea is not None else c[sa][EDGE][0]
+            vb = c[sb][EDGE][eb]
+            if va and vb:
+                vals.append(vb - va)
+        if vals:
+            m = sum(vals) / len(vals)
+            lines.append(f"{label:<56} {m:>9.0f} cyc {m / 1800:>7.3f} us")
     return lines
+
+
+# (label, (slot, event of the last tile), (slot, edge event)): the wide kernel's last tile and epilogue
+LAST = [
+    ("last tile: WG0 top -> WG0 epilogue start", (WG0, 0), (WG0, 2)),
+    ("last tile: WG0 P V done -> WG0 epilogue start", (WG0, 5), (WG0, 2)),
+    ("last tile: WG1 P V done -> WG1 epilogue start", (WG1, 2), (WG1, 2)),
+    ("last tile: WG1 P V done -> WG1 end", (WG1, 2), (WG1, 3)),
+]
 
 
 def main():

@@ -109,6 +109,7 @@ __global__ void __launch_bounds__(kThreads, 1) attn_sm90_kernel(const __grid_con
     if (c.tid < 128) {
         setmaxnreg_to<Regs::score>();
         wait_q();
+        trace(a, kTraceEdge, kTrQ);
         ScoreWarpgroup<ABL, XO, FAST, SPLIT, !FP8> wg0(a, c, peer_base);
         wg0.run(c);
         if constexpr (XO) cluster_sync();
@@ -122,6 +123,7 @@ __global__ void __launch_bounds__(kThreads, 1) attn_sm90_kernel(const __grid_con
     } else {
         setmaxnreg_to<Regs::value>();
         wait_q();
+        trace(a, kTraceEdge, kTrQ);
         ValueWarpgroup<ABL, XO, FAST, SPLIT> wg1(a, c, peer_base);
         for (int it = 0; it < c.nt; ++it) wg1.tile(c, it, c.nt);
         if constexpr (XO) cluster_sync();

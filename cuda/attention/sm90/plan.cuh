@@ -64,6 +64,15 @@ namespace sm90 {
 #define SMLA_SM90_QREG 0
 #endif
 constexpr int kQRegSteps = SMLA_SM90_QREG;
+// Experiments (issue 16, twenty-fifth session; timing only, results wrong): what the per-CTA fixed cost's parts
+// cost. SMLA_XP_Q_ZERO: Q's copies zero-fill (no global read); SMLA_XP_NO_OUT: the output rows are staged but
+// not stored.
+#ifndef SMLA_XP_Q_ZERO
+#define SMLA_XP_Q_ZERO 0
+#endif
+#ifndef SMLA_XP_NO_OUT
+#define SMLA_XP_NO_OUT 0
+#endif
 static_assert(kQRegSteps >= 0 && kQRegSteps <= 12 && kQRegSteps % 2 == 0, "SMLA_SM90_QREG: 0..12, even");
 // The rule: S's k-steps with Q from registers in a kernel variant (the fp8 kernel's budget has no room, and "high"
 // measured slower with them).
@@ -234,7 +243,7 @@ __device__ __forceinline__ void issue_q(const Args &a, const CtaCommon &c, int h
         const bool ok = h0 + r < c.h;
         const uint16_t *src = ok ? smla_q_at(&p, c.bi, c.si, h0 + r, ch * 8) : p.q;  // q or q_pe
         const uint32_t dst = c.sQ + (ch >> 3) * (ROWS * 128) + r * 128 + (((ch & 7) ^ (r & 7)) << 4);
-        cp_async16_hint(dst, src, ok ? 16 : 0, pol);
+        cp_async16_hint(dst, src, (ok && !SMLA_XP_Q_ZERO) ? 16 : 0, pol);
     }
     cp_async_commit();
 }

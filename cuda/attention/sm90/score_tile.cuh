@@ -190,6 +190,7 @@ __device__ __forceinline__ void finish_cols_direct(const Args &a, const CtaCommo
         }
     }
     named_sync(bar, 128);
+    if (SMLA_XP_NO_OUT) return;
     const int tw = c.tid & 127;
     uint16_t *const out_row = p.out + c.bi * p.out_stride_b + c.si * p.out_stride_s + col0;
 #pragma unroll 4

@@ -5,7 +5,8 @@
 // tools/trace_attn.py sets SMLA_ATTN_TRACE (run.attn_trace) to a device buffer of
 // [kTraceCtas][kTraceSlots][kTraceSteps][kTraceEvents] uint64 and prints the result.
 //
-// CTA blockIdx.x < kTraceCtas records; slot = the recording warp: 0 WG0's first warp, 1 WG1's first, 2 and
+// CTAs SMLA_TRACE_CTA0 .. + kTraceCtas - 1 record (by default the first wave's; a later wave's CTAs show the
+// steady state's prologue and epilogue, which the first wave's all-at-once Q loads do not); slot = the recording warp: 0 WG0's first warp, 1 WG1's first, 2 and
 // 3 the producers' first and third (the pair kernel: buffer 0's and buffer 1's); step = the tile (wide
 // kernel) or pair (pair kernel) index, kTraceSteps - 1 the prologue / epilogue; event = the point in the
 // schedule (the kTr* names below). Lane 0 writes clock64() (one SM: one clock for the whole CTA). In
@@ -17,21 +18,28 @@
 namespace attn {
 namespace sm90 {
 
+#ifndef SMLA_TRACE_CTA0
+#define SMLA_TRACE_CTA0 0
+#endif
 constexpr int kTraceCtas = 16, kTraceSlots = 4, kTraceSteps = 48, kTraceEvents = 16;
+constexpr int kTraceCta0 = SMLA_TRACE_CTA0;
 constexpr int kTraceEdge = kTraceSteps - 1;  // the step of the prologue / epilogue events
-// Edge events (step kTraceEdge), every slot: kernel start, the tile scan done, epilogue start and end.
-enum TraceEdge { kTrStart = 0, kTrScanned = 1, kTrEpilogue = 2, kTrEnd = 3 };
+// Edge events (step kTraceEdge), every slot: kernel start, the tile scan done, epilogue start and end; the
+// consumers' Q landed (the wide kernel).
+enum TraceEdge { kTrStart = 0, kTrScanned = 1, kTrEpilogue = 2, kTrEnd = 3, kTrQ = 4 };
 
 __device__ __forceinline__ void trace(const Args &a, int step, int ev)
 {
 #if defined(SMLA_ATTN_ABLATION)
-    if (!a.p.run.attn_trace || blockIdx.x >= kTraceCtas || (threadIdx.x & 31) != 0 || step < 0 || step >= kTraceSteps)
+    const int64_t cta = static_cast<int64_t>(blockIdx.x) - kTraceCta0;
+    if (!a.p.run.attn_trace || cta < 0 || cta >= kTraceCtas || (threadIdx.x & 31) != 0 || step < 0 ||
+        step >= kTraceSteps)
         return;
     const int w = threadIdx.x >> 5;
     const int slot = w == 0 ? 0 : (w == 4 ? 1 : (w == 8 ? 2 : (w == 10 ? 3 : -1)));
     if (slot < 0) return;
     uint64_t *const buf = reinterpret_cast<uint64_t *>(a.p.run.attn_trace);
-    buf[((static_cast<int64_t>(blockIdx.x) * kTraceSlots + slot) * kTraceSteps + step) * kTraceEvents + ev] = clock64();
+    buf[((cta * kTraceSlots + slot) * kTraceSteps + step) * kTraceEvents + ev] = clock64();
 #else
     (void)a, (void)step, (void)ev;
 #endif
