@@ -96,6 +96,9 @@ __global__ void __launch_bounds__(kThreads, 1) attn_sm90_kernel(const __grid_con
         setmaxnreg_to<Regs::producer>();
         if constexpr (FP8) Fp8Producer<ABL, XO, 256, 4, /*SPREAD=*/!XO>(a, c, peer, peer_base).run();
         else Bf16Producer<ABL, 256, 4, kSpecSoftmax>(a, c).run(kSpeculate && c.nt_all > 0);
+        if constexpr (!FP8 && !FUSED && SMLA_XP_Q_PREFETCH) {
+            if (c.tid < 288) prefetch_successor<kHT>(a, c.lane);
+        }
         if constexpr (FUSED) {  // every thread takes part in the consumers' cluster barrier and the grid's
             if constexpr (XO) cluster_sync();
             combine_grid_sync();
