@@ -5,6 +5,7 @@
 // derives (split count, log2-domain scale, workspace pointers).
 #pragma once
 
+#include <cuda.h>  // CUtensorMap (a type only: the launcher gets the encoder from the runtime)
 #include <math.h>
 
 #include "common.cuh"
@@ -39,7 +40,18 @@ struct Args {
     int fused;         // n_splits > 1 and the kernel merges the partials itself after a grid-wide barrier
                        // (a cooperative launch; attention/combine.cuh), else the combine kernel does (last: the
                        // other kernels' code does not depend on it)
+    // The bf16 wide kernel's Q tile by TMA (sm90/kernel.cuh), where the launcher could describe q (and q_pe) to
+    // the tensor-memory accelerator (launch.cu, set_q_maps): q_map / qpe_map, else 0 and the kernel loads Q by
+    // cp.async. Last, and 64-byte aligned as CUtensorMap is.
+    int q_tma;
+    CUtensorMap q_map, qpe_map;
 };
+
+// The bf16 wide kernel loads its Q tile by TMA where it can (Args::q_tma; launch.cu, set_q_maps). 0: always by
+// cp.async, as the other kernels do.
+#ifndef SMLA_Q_TMA
+#define SMLA_Q_TMA 1
+#endif
 
 // What one CTA of query row (bi, si) and top-k split sp reads: the row's indices, its top-k length L
 // (topk_length clamped to [0, topk]) and its tiles [j0, j1) of bn tokens (j1 <= j0: none).

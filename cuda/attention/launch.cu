@@ -207,6 +207,65 @@ int plan_splits(int64_t rows, int64_t n_ht, int64_t topk, const Choice &c, const
     return best;
 }
 
+// ---- Q's tensor maps (the bf16 wide kernel loads its Q tile by TMA: sm90/kernel.cuh, tma_q) ----
+typedef CUresult (*EncodeTiledFn)(CUtensorMap *, CUtensorMapDataType, cuuint32_t, void *, const cuuint64_t *,
+                                  const cuuint64_t *, const cuuint32_t *, const cuuint32_t *, CUtensorMapInterleave,
+                                  CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
+
+// The driver's cuTensorMapEncodeTiled through the runtime (no libcuda link), looked up once; null where the
+// driver has none.
+EncodeTiledFn tensor_map_encoder()
+{
+    static const EncodeTiledFn fn = [] {
+        void *f = nullptr;
+        cudaDriverEntryPointQueryResult q;
+        if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault, &q) != cudaSuccess ||
+            q != cudaDriverEntryPointSuccess) {
+            cudaGetLastError();
+            return static_cast<EncodeTiledFn>(nullptr);
+        }
+        return reinterpret_cast<EncodeTiledFn>(f);
+    }();
+    return fn;
+}
+
+// m: the bf16 array at base as [b][s_q][h][d] (strides in elements, d contiguous), boxes of 64 values x 64 heads
+// with the 128-byte swizzle of the kernels' Q / K blocks; heads past h read as zeros. False where TMA cannot take
+// it: a base or a stride that is not a multiple of 16 bytes.
+bool encode_q_map(CUtensorMap *m, const uint16_t *base, int64_t d, const smla_attn_params *p, int64_t sb, int64_t ss,
+                  int64_t sh)
+{
+    const EncodeTiledFn enc = tensor_map_encoder();
+    if (!enc) return false;
+    // a dimension of extent 1 is never stepped over: its stride is whatever keeps the strides ascending
+    if (p->h == 1) sh = d;
+    if (p->s_q == 1) ss = sh * p->h;
+    if (p->b == 1) sb = ss * p->s_q;
+    const cuuint64_t dims[4] = {static_cast<cuuint64_t>(d), static_cast<cuuint64_t>(p->h),
+                                static_cast<cuuint64_t>(p->s_q), static_cast<cuuint64_t>(p->b)};
+    const cuuint64_t strides[3] = {static_cast<cuuint64_t>(2 * sh), static_cast<cuuint64_t>(2 * ss),
+                                   static_cast<cuuint64_t>(2 * sb)};
+    if ((reinterpret_cast<uintptr_t>(base) & 15u) || sh <= 0 || ss <= 0 || sb <= 0 || (strides[0] | strides[1] | strides[2]) & 15u)
+        return false;
+    const cuuint32_t box[4] = {64, 64, 1, 1}, elem[4] = {1, 1, 1, 1};
+    return enc(m, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 4, const_cast<uint16_t *>(base), dims, strides, box, elem,
+               CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+               CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+
+// a.q_map (and a.qpe_map where q_pe is given) for the kernel that reads them: a.q_tma = 1 where both encode.
+void set_q_maps(Args &a, const KernelEntry &k)
+{
+    const smla_attn_params &p = a.p;
+    a.q_tma = 0;
+    if (!SMLA_Q_TMA || k.family != Family::sm90 || k.fp8) return;
+    const int64_t d = p.q_pe ? kDv : kDqk;
+    if (!encode_q_map(&a.q_map, p.q, d, &p, p.q_stride_b, p.q_stride_s, p.q_stride_h)) return;
+    if (p.q_pe && !encode_q_map(&a.qpe_map, p.q_pe, kDqk - kDv, &p, p.q_pe_stride_b, p.q_pe_stride_s, p.q_pe_stride_h))
+        return;
+    a.q_tma = 1;
+}
+
 // Workspace bytes per split: fp32 partial O [rows, h, 512] and lse [rows, h].
 int64_t split_bytes_per_split(int64_t rows, int64_t h)
 {
@@ -260,6 +319,7 @@ int run_attention(const smla_attn_params *p, bool is_decode, smla_status *st)
     a.n_sms = L.props.sms;
     a.o_part = nullptr;
     a.lse_part = nullptr;
+    set_q_maps(a, *L.choice.k);
 
     int ns = L.ns;
     if (ns > 1) {

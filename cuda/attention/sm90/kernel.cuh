@@ -35,9 +35,10 @@ namespace sm90 {
 // The mbarriers (thread 0): full[b] counts the 128 producer threads, empty[b] the 256 consumer
 // threads (XO: one arrival per consumer warp of both CTAs), rr[b] (XO) the peer's bytes.
 template <bool XO>
-__device__ __forceinline__ void init_barriers(const Cta<XO> &c)
+__device__ __forceinline__ void init_barriers(const Cta<XO> &c, bool q_tma = false)
 {
     if (c.tid == 0) {
+        if (q_tma) mbar_init(q_bar(c), 1);
         mbar_init(c.bar_full, 128);
         mbar_init(c.bar_full + 8, 128);
         mbar_init(c.bar_empty, XO ? 16 : 256);
@@ -48,6 +49,21 @@ __device__ __forceinline__ void init_barriers(const Cta<XO> &c)
         }
         fence_mbarrier_init();
     }
+}
+
+// The mbarrier of Q's TMA load (a.q_tma): the bar region's seventh (full[2], empty[2], rr[2] before it).
+template <bool XO>
+__device__ __forceinline__ uint32_t q_bar(const Cta<XO> &c)
+{
+    return c.bar_full + 48;
+}
+
+// The consumers' wait for Q: TMA's bytes are visible to wgmma once q_bar's phase completes.
+template <bool XO>
+__device__ __forceinline__ void wait_q(const Args &a, const Cta<XO> &c)
+{
+    if (!XO && a.q_tma && c.nt > 0) mbar_wait(q_bar(c), 0);
+    else wait_q();
 }
 
 // The Q tile, issued by the 256 consumer threads (rows past h are zero), which wait for it on their
@@ -73,11 +89,14 @@ __global__ void __launch_bounds__(kThreads, 1) attn_sm90_kernel(const __grid_con
 
     trace(a, kTraceEdge, kTrStart);
     pdl_launch_dependents();  // the combine (split mode) may be scheduled; it waits for this grid
-    init_barriers(c);
-    if (c.nt > 0 && c.tid < 256) load_q(a, c);
+    // bf16: Q by TMA where the launcher described q (a.q_tma), on the mbarrier q_bar, else by the consumers' cp.async
+    const bool q_tma = !FP8 && a.q_tma && c.nt > 0;
+    init_barriers(c, q_tma);
+    if (c.nt > 0 && c.tid < 256 && !q_tma) load_q(a, c);
     if (!FP8 && c.tid < kMaskWords) mask[c.tid] = 0u;
     if constexpr (XO) cluster_sync();  // both CTAs' barriers initialised
     else __syncthreads();              // barriers initialised
+    if (q_tma && c.tid == 0) tma_q(a, c.sQ, c.h0, static_cast<int>(c.si), static_cast<int>(c.bi), q_bar(c));
     const uint32_t peer = XO ? (cluster_rank() ^ 1u) : 0u;
     const uint32_t peer_base = XO ? mapa(c.base, peer) : 0u;  // the peer's address of our `base`
 
@@ -96,9 +115,6 @@ __global__ void __launch_bounds__(kThreads, 1) attn_sm90_kernel(const __grid_con
         setmaxnreg_to<Regs::producer>();
         if constexpr (FP8) Fp8Producer<ABL, XO, 256, 4, /*SPREAD=*/!XO>(a, c, peer, peer_base).run();
         else Bf16Producer<ABL, 256, 4, kSpecSoftmax>(a, c).run(kSpeculate && c.nt_all > 0);
-        if constexpr (!FP8 && !FUSED && SMLA_XP_Q_PREFETCH) {
-            if (c.tid < 288) prefetch_successor<kHT>(a, c.lane);
-        }
         if constexpr (FUSED) {  // every thread takes part in the consumers' cluster barrier and the grid's
             if constexpr (XO) cluster_sync();
             combine_grid_sync();
@@ -111,7 +127,7 @@ __global__ void __launch_bounds__(kThreads, 1) attn_sm90_kernel(const __grid_con
     // stores completed before the consumers' last rr wait)
     if (c.tid < 128) {
         setmaxnreg_to<Regs::score>();
-        wait_q();
+        wait_q(a, c);
         trace(a, kTraceEdge, kTrQ);
         ScoreWarpgroup<ABL, XO, FAST, SPLIT, !FP8> wg0(a, c, peer_base);
         wg0.run(c);
@@ -125,7 +141,7 @@ __global__ void __launch_bounds__(kThreads, 1) attn_sm90_kernel(const __grid_con
         }
     } else {
         setmaxnreg_to<Regs::value>();
-        wait_q();
+        wait_q(a, c);
         trace(a, kTraceEdge, kTrQ);
         ValueWarpgroup<ABL, XO, FAST, SPLIT> wg1(a, c, peer_base);
         for (int it = 0; it < c.nt; ++it) wg1.tile(c, it, c.nt);

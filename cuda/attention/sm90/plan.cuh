@@ -73,12 +73,6 @@ constexpr int kQRegSteps = SMLA_SM90_QREG;
 #ifndef SMLA_XP_NO_OUT
 #define SMLA_XP_NO_OUT 0
 #endif
-// SMLA_XP_Q_PREFETCH (experiment): once the wide bf16 kernel's producers issued their last K tile, the first
-// producer warp asks L2 for the Q rows and top-k indices of the CTA that most likely takes this SM next
-// (blockIdx.x + n_sms), so that its prologue reads them from L2 rather than DRAM.
-#ifndef SMLA_XP_Q_PREFETCH
-#define SMLA_XP_Q_PREFETCH 0
-#endif
 static_assert(kQRegSteps >= 0 && kQRegSteps <= 12 && kQRegSteps % 2 == 0, "SMLA_SM90_QREG: 0..12, even");
 // The rule: S's k-steps with Q from registers in a kernel variant (the fp8 kernel's budget has no room, and "high"
 // measured slower with them).
@@ -259,29 +253,18 @@ __device__ __forceinline__ void issue_q(const Args &a, const CtaCommon &c, int h
     issue_q<ROWS, NT>(a, c, h0, c.tid);
 }
 
-__device__ __forceinline__ void prefetch_l2(const void *src, uint32_t bytes)
+// The same tile by TMA (a.q_tma; one thread): 9 boxes of [64 values x 64 heads] of query row (bi, si) from
+// q_map (and block 8 from qpe_map where q_pe is given) to sQ, which the tensor map's 128-byte swizzle lays out as
+// issue_q does (heads past h read as zeros), completing 9 x 8 KB on the mbarrier bar. Not inlined: it runs in one
+// thread once, and inlined it made ptxas spill in the fused "high" kernel.
+__device__ __noinline__ void tma_q(const Args &a, uint32_t sQ, int h0, int si, int bi, uint32_t bar)
 {
-    if ((reinterpret_cast<uintptr_t>(src) & 15u) == 0 && bytes >= 16)
-        asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(src), "r"(bytes & ~15u) : "memory");
-}
-// SMLA_XP_Q_PREFETCH: the Q rows [ROWS heads] and the top-k indices of work item blockIdx.x + n_sms into L2, by
-// the 32 lanes of one warp.
-template <int ROWS>
-__device__ __forceinline__ void prefetch_successor(const Args &a, int lane)
-{
-    const int64_t nx = static_cast<int64_t>(blockIdx.x) + a.n_sms;
-    if (a.n_sms <= 0 || nx >= static_cast<int64_t>(gridDim.x)) return;
-    const GridPos g = grid_pos_of(a, nx);
-    const smla_attn_params &p = a.p;
-    const int h0 = g.ht * ROWS;
-    for (int r = lane; r < ROWS && h0 + r < p.h; r += 32) {
-        prefetch_l2(smla_q_at(&p, g.bi, g.si, h0 + r, 0), 2 * SMLA_D_V);
-        prefetch_l2(smla_q_at(&p, g.bi, g.si, h0 + r, SMLA_D_V), 2 * (kDqk - SMLA_D_V));
-    }
-    if (lane == 0) {
-        const RowSlice rs = row_slice(a, g.bi, g.si, g.sp, kBN);
-        const int n = min(rs.L, rs.j1 * kBN) - rs.j0 * kBN;
-        if (n > 0) prefetch_l2(rs.idx + rs.j0 * kBN, 4u * static_cast<uint32_t>(n));
+    const uint64_t pol = policy_evict_first();
+    mbar_arrive_expect_tx(bar, kDqk * 2 * 64);
+#pragma unroll 1
+    for (int j = 0; j < kDqk / 64; ++j) {
+        const bool pe = a.p.q_pe && j == kDv / 64;
+        tma_load_4d(sQ + j * kBlk, pe ? &a.qpe_map : &a.q_map, pe ? 0 : 64 * j, h0, si, bi, bar, pol);
     }
 }
 
