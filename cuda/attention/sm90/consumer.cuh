@@ -118,12 +118,14 @@ struct ConsumerBase {
     }
 
     // The epilogue of this warpgroup's NC columns, once WG0 published the row statistics (kBarL); mt:
-    // the rows' true maxima (max_logits, which only WG0, half 0, writes).
+    // the rows' true maxima (max_logits, which only WG0, half 0, writes). SPLITS: the kernel always writes
+    // split partials (the fused split decode), so the direct output's code is left out.
+    template <bool SPLITS>
     __device__ __forceinline__ void finish(const Cta<XO> &c, const float (&mt)[2])
     {
         named_sync(kBarL, 256);  // also: every S is done, so Q's region may hold the staged output
         const auto stat = [&](int hf, int rl) { return RowStat{c.sM[rl], c.sL[rl], mt[hf]}; };
-        finish_o_cols(a, c, c.h0, r0, col0(), t4, o, stat, c.sQ, kBarOut + wg);
+        finish_o_cols<SPLITS>(a, c, c.h0, r0, col0(), t4, o, stat, c.sQ, kBarOut + wg);
     }
 };
 
@@ -408,7 +410,8 @@ struct ScoreWarpgroup : ConsumerBase<ABL, XO, FAST, SPLIT, 0> {
         }
     }
 
-    // The row statistics for both warpgroups, then this warpgroup's columns.
+    // The row statistics for both warpgroups, then this warpgroup's columns (SPLITS: B::finish).
+    template <bool SPLITS = false>
     __device__ __forceinline__ void epilogue(const Cta<XO> &c)
     {
 #pragma unroll
@@ -422,7 +425,7 @@ struct ScoreWarpgroup : ConsumerBase<ABL, XO, FAST, SPLIT, 0> {
             c.sM[r0] = m_r[0];
             c.sM[r0 + 8] = m_r[1];
         }
-        B::finish(c, m_t);
+        B::template finish<SPLITS>(c, m_t);
     }
 };
 
@@ -488,10 +491,11 @@ struct ValueWarpgroup : ConsumerBase<ABL, XO, FAST, 512 - SPLIT, SPLIT> {
         B::release(c, b);
     }
 
+    template <bool SPLITS = false>
     __device__ __forceinline__ void epilogue(const Cta<XO> &c)
     {
         const float unused[2] = {-INFINITY, -INFINITY};  // half 1 writes no max_logits
-        B::finish(c, unused);
+        B::template finish<SPLITS>(c, unused);
     }
 };
 

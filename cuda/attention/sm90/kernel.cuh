@@ -58,11 +58,12 @@ __device__ __forceinline__ uint32_t q_bar(const Cta<XO> &c)
     return c.bar_full + 48;
 }
 
-// The consumers' wait for Q: TMA's bytes are visible to wgmma once q_bar's phase completes.
-template <bool XO>
+// The consumers' wait for Q (TMA: the bf16 kernel, where a.q_tma): TMA's bytes are visible to wgmma once q_bar's
+// phase completes.
+template <bool TMA, bool XO>
 __device__ __forceinline__ void wait_q(const Args &a, const Cta<XO> &c)
 {
-    if (!XO && a.q_tma && c.nt > 0) mbar_wait(q_bar(c), 0);
+    if (TMA && a.q_tma && c.nt > 0) mbar_wait(q_bar(c), 0);
     else wait_q();
 }
 
@@ -127,13 +128,13 @@ __global__ void __launch_bounds__(kThreads, 1) attn_sm90_kernel(const __grid_con
     // stores completed before the consumers' last rr wait)
     if (c.tid < 128) {
         setmaxnreg_to<Regs::score>();
-        wait_q(a, c);
+        wait_q<!FP8>(a, c);
         trace(a, kTraceEdge, kTrQ);
         ScoreWarpgroup<ABL, XO, FAST, SPLIT, !FP8> wg0(a, c, peer_base);
         wg0.run(c);
         if constexpr (XO) cluster_sync();
         trace(a, kTraceEdge, kTrEpilogue);
-        wg0.epilogue(c);
+        wg0.template epilogue<FUSED>(c);
         trace(a, kTraceEdge, kTrEnd);
         if constexpr (FUSED) {
             combine_grid_sync();
@@ -141,13 +142,13 @@ __global__ void __launch_bounds__(kThreads, 1) attn_sm90_kernel(const __grid_con
         }
     } else {
         setmaxnreg_to<Regs::value>();
-        wait_q(a, c);
+        wait_q<!FP8>(a, c);
         trace(a, kTraceEdge, kTrQ);
         ValueWarpgroup<ABL, XO, FAST, SPLIT> wg1(a, c, peer_base);
         for (int it = 0; it < c.nt; ++it) wg1.tile(c, it, c.nt);
         if constexpr (XO) cluster_sync();
         trace(a, kTraceEdge, kTrEpilogue);
-        wg1.epilogue(c);
+        wg1.template epilogue<FUSED>(c);
         trace(a, kTraceEdge, kTrEnd);
         if constexpr (FUSED) {
             combine_grid_sync();

@@ -268,6 +268,18 @@ __device__ __noinline__ void tma_q(const Args &a, uint32_t sQ, int h0, int si, i
     }
 }
 
+// Column blocks b0 .. b0 + nb - 1 of the staged output (finish_cols_direct's TMA layout at stage) to query row
+// (bi, si)'s heads h0 .. by TMA from o_map (streaming: O is not read again); returns once the blocks were read.
+// One thread.
+__device__ __forceinline__ void tma_store_o(const Args &a, uint32_t stage, int b0, int nb, int h0, int si, int bi)
+{
+    const uint64_t pol = policy_evict_first();
+#pragma unroll 1
+    for (int j = b0; j < b0 + nb; ++j) tma_store_4d(&a.o_map, stage + j * kBlk, 64 * j, h0, si, bi, pol);
+    bulk_commit();
+    bulk_wait_read0();
+}
+
 // One CTA of the wide kernel: CtaCommon with heads [h0, h0 + 64) and its own regions. XO: the CTA is one
 // of a cluster of two (the two head tiles of a row; sm90/producer.cuh), its head tile the cluster rank.
 template <bool XO>

@@ -155,12 +155,18 @@ __device__ __forceinline__ void finish_cols(const Args &a, const CtaCommon &c, i
     }
 }
 
-// A direct output (no top-k split), written through shared memory: each thread puts its
-// rows' scaled bf16 pairs into stage (64 rows x 1 KB, 16-byte chunk k of a row at chunk k ^ (row & 7),
-// so a quarter warp's eight rows hit distinct banks), the warpgroup meets at named barrier bar, and
-// each 16-byte chunk of its columns goes out in one store (a warp writes 512 contiguous bytes of a
-// row, where the direct stores wrote 16 bytes per row and instruction). The arithmetic is
+// A direct output (no top-k split), written through shared memory: each thread puts its rows' scaled bf16
+// pairs into stage as column blocks of [64 rows x 128 B] in the 128-byte swizzle of the kernels' Q / K blocks
+// (block j: columns 64 j ..; 16-byte chunk k of a row's block at k ^ (row & 7), so a quarter warp's eight rows hit
+// distinct banks) and the warpgroup meets at named barrier bar. Then, where the launcher described the output to
+// TMA (a.o_tma, the bf16 wide kernel), one thread stores its blocks by TMA (rows past h are not written) and
+// waits until they were read; else each 16-byte chunk of its columns goes out in one store (a warp writes 512
+// contiguous bytes of a row, where the direct stores wrote 16 bytes per row and instruction). The arithmetic is
 // finish_row's: row_lse, out_factor, row_max_logit.
+__device__ __forceinline__ uint32_t stage_at(uint32_t stage, int row, int k)
+{
+    return stage + (k >> 3) * (64 * 128) + row * 128 + (((k & 7) ^ (row & 7)) << 4);
+}
 template <int N, class Stat>
 __device__ __forceinline__ void finish_cols_direct(const Args &a, const CtaCommon &c, int h0, int r0, int col0, int t4,
                                                    const float (&o)[N], Stat stat, uint32_t stage, int bar)
@@ -178,10 +184,9 @@ __device__ __forceinline__ void finish_cols_direct(const Args &a, const CtaCommo
         const double lse_d = row_lse(rs.m, rs.l, a.ml_factor);
         const float f = out_factor(p, hr, none ? 0.f : static_cast<float>(1.0 / rs.l), none, lse_d);
 #pragma unroll
-        for (int jn = 0; jn < kChunks; ++jn) {
-            const uint32_t at = stage + rl * 1024 + (((k0 + jn) ^ (rl & 7)) << 4) + 4 * t4;
-            st_shared_u32(at, pack_bf16x2(o[4 * jn + 2 * hf] * f, o[4 * jn + 2 * hf + 1] * f));
-        }
+        for (int jn = 0; jn < kChunks; ++jn)
+            st_shared_u32(stage_at(stage, rl, k0 + jn) + 4 * t4,
+                          pack_bf16x2(o[4 * jn + 2 * hf] * f, o[4 * jn + 2 * hf + 1] * f));
         if (col0 == 0 && t4 == 0) {
             p.lse[c.bi * p.lse_stride_b + c.si * p.lse_stride_s + hr * p.lse_stride_h] = static_cast<float>(lse_d);
             if (p.max_logits)
@@ -189,28 +194,36 @@ __device__ __forceinline__ void finish_cols_direct(const Args &a, const CtaCommo
                     row_max_logit(rs.mt, a.ml_factor);
         }
     }
+    const bool tma = a.o_tma != 0;
+    if (tma) fence_async_smem();  // the stores above, read by the TMA (the async proxy)
     named_sync(bar, 128);
     if (SMLA_XP_NO_OUT) return;
     const int tw = c.tid & 127;
+    if (tma) {
+        if (tw == 0) tma_store_o(a, stage, k0 >> 3, kChunks >> 3, h0, static_cast<int>(c.si), static_cast<int>(c.bi));
+        return;
+    }
     uint16_t *const out_row = p.out + c.bi * p.out_stride_b + c.si * p.out_stride_s + col0;
 #pragma unroll 4
     for (int k = 0; k < kChunks / 2; ++k) {  // 64 rows x kChunks chunks over 128 threads
         const unsigned q = 128u * k + tw;  // unsigned: the division by a constant is a shift or a multiply
         const int row = static_cast<int>(q / kChunks), cc = static_cast<int>(q % kChunks);
         if (h0 + row >= c.h) break;  // rows ascend with k
-        const uint4 v = ld_shared_v4(stage + row * 1024 + (((k0 + cc) ^ (row & 7)) << 4));
+        const uint4 v = ld_shared_v4(stage_at(stage, row, k0 + cc));
         st_global_cs_v4(out_row + (h0 + row) * p.out_stride_h + 8 * cc, v);  // streaming: O is not read again
     }
 }
 
 // The writer of a warpgroup's O columns: finish_cols_direct for a direct output when kStagedOut
 // (plan.cuh), else finish_cols. stage: Q's region (dead once every S is done), bar: the warpgroup's
-// named barrier.
-template <int N, class Stat>
+// named barrier. SPLITS: a kernel that always writes split partials (no direct output's code).
+template <bool SPLITS = false, int N, class Stat>
 __device__ __forceinline__ void finish_o_cols(const Args &a, const CtaCommon &c, int h0, int r0, int col0, int t4,
                                               const float (&o)[N], Stat stat, uint32_t stage, int bar)
 {
-    if constexpr (kStagedOut) {
+    if constexpr (SPLITS) {
+        finish_cols<1>(a, c, h0, r0, col0, t4, o, stat);
+    } else if constexpr (kStagedOut) {
         if (a.n_splits > 1) finish_cols<1>(a, c, h0, r0, col0, t4, o, stat);
         else finish_cols_direct(a, c, h0, r0, col0, t4, o, stat, stage, bar);
     } else {
