@@ -257,7 +257,7 @@ __device__ __forceinline__ void issue_q(const Args &a, const CtaCommon &c, int h
 // q_map (and block 8 from qpe_map where q_pe is given) to sQ, which the tensor map's 128-byte swizzle lays out as
 // issue_q does (heads past h read as zeros), completing 9 x 8 KB on the mbarrier bar. Not inlined: it runs in one
 // thread once, and inlined it made ptxas spill in the fused "high" kernel.
-__device__ __noinline__ void tma_q(const Args &a, uint32_t sQ, int h0, int si, int bi, uint32_t bar)
+static __device__ __noinline__ void tma_q(const Args &a, uint32_t sQ, int h0, int si, int bi, uint32_t bar)
 {
     const uint64_t pol = policy_evict_first();
     mbar_arrive_expect_tx(bar, kDqk * 2 * 64);
