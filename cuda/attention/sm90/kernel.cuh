@@ -58,12 +58,20 @@ __device__ __forceinline__ uint32_t q_bar(const Cta<XO> &c)
     return c.bar_full + 48;
 }
 
-// The consumers' wait for Q (TMA: the bf16 kernel, where a.q_tma): TMA's bytes are visible to wgmma once q_bar's
-// phase completes.
+// Whether the CTA loads Q by TMA (the bf16 kernel, where a.q_tma): decided on the slice's tile count before the
+// tile scan (nt_all), which the scan does not change, so that the consumers wait for a TMA that was issued even
+// where the scan then finds every tile empty (they would stage the output over Q's region while it lands).
+template <bool XO>
+__device__ __forceinline__ bool q_by_tma(const Args &a, const Cta<XO> &c)
+{
+    return a.q_tma && c.nt_all > 0;
+}
+
+// The consumers' wait for Q (TMA: the bf16 kernel): TMA's bytes are visible to wgmma once q_bar's phase completes.
 template <bool TMA, bool XO>
 __device__ __forceinline__ void wait_q(const Args &a, const Cta<XO> &c)
 {
-    if (TMA && a.q_tma && c.nt > 0) mbar_wait(q_bar(c), 0);
+    if (TMA && q_by_tma(a, c)) mbar_wait(q_bar(c), 0);
     else wait_q();
 }
 
@@ -91,7 +99,7 @@ __global__ void __launch_bounds__(kThreads, 1) attn_sm90_kernel(const __grid_con
     trace(a, kTraceEdge, kTrStart);
     pdl_launch_dependents();  // the combine (split mode) may be scheduled; it waits for this grid
     // bf16: Q by TMA where the launcher described q (a.q_tma), on the mbarrier q_bar, else by the consumers' cp.async
-    const bool q_tma = !FP8 && a.q_tma && c.nt > 0;
+    const bool q_tma = !FP8 && q_by_tma(a, c);
     init_barriers(c, q_tma);
     if (c.nt > 0 && c.tid < 256 && !q_tma) load_q(a, c);
     if (!FP8 && c.tid < kMaskWords) mask[c.tid] = 0u;
