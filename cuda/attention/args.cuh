@@ -44,20 +44,13 @@ struct Args {
     // the tensor-memory accelerator (launch.cu, set_q_maps): q_map / qpe_map, else 0 and the kernel loads Q by
     // cp.async. Last, and 64-byte aligned as CUtensorMap is.
     int q_tma;
-    // Its direct output by TMA (sm90/score_tile.cuh, finish_cols_direct): o_map, where the launcher could describe
-    // out (one split), else 0.
-    int o_tma;
-    CUtensorMap q_map, qpe_map, o_map;
+    CUtensorMap q_map, qpe_map;
 };
 
 // The bf16 wide kernel loads its Q tile by TMA where it can (Args::q_tma; launch.cu, set_q_maps). 0: always by
 // cp.async, as the other kernels do.
 #ifndef SMLA_Q_TMA
 #define SMLA_Q_TMA 1
-#endif
-// Its direct output by TMA (Args::o_tma). 0: 16-byte stores from shared memory, as the pair kernel's.
-#ifndef SMLA_O_TMA
-#define SMLA_O_TMA 0
 #endif
 
 // What one CTA of query row (bi, si) and top-k split sp reads: the row's indices, its top-k length L

@@ -229,11 +229,11 @@ EncodeTiledFn tensor_map_encoder()
     return fn;
 }
 
-// m: the bf16 array at base as [b][s_q][h][d] (q, q_pe or out; strides in elements, d contiguous), boxes of 64
-// values x 64 heads with the 128-byte swizzle of the kernels' Q / K blocks; heads past h read as zeros (and are
-// not written). False where TMA cannot take it: a base or a stride that is not a multiple of 16 bytes.
-bool encode_rows_map(CUtensorMap *m, const uint16_t *base, int64_t d, const smla_attn_params *p, int64_t sb,
-                     int64_t ss, int64_t sh)
+// m: the bf16 array at base as [b][s_q][h][d] (q or q_pe; strides in elements, d contiguous), boxes of 64 values x
+// 64 heads with the 128-byte swizzle of the kernels' Q / K blocks; heads past h read as zeros. False where TMA
+// cannot take it: a base or a stride that is not a multiple of 16 bytes.
+bool encode_q_map(CUtensorMap *m, const uint16_t *base, int64_t d, const smla_attn_params *p, int64_t sb, int64_t ss,
+                  int64_t sh)
 {
     const EncodeTiledFn enc = tensor_map_encoder();
     if (!enc) return false;
@@ -245,7 +245,8 @@ bool encode_rows_map(CUtensorMap *m, const uint16_t *base, int64_t d, const smla
                                 static_cast<cuuint64_t>(p->s_q), static_cast<cuuint64_t>(p->b)};
     const cuuint64_t strides[3] = {static_cast<cuuint64_t>(2 * sh), static_cast<cuuint64_t>(2 * ss),
                                    static_cast<cuuint64_t>(2 * sb)};
-    if ((reinterpret_cast<uintptr_t>(base) & 15u) || sh <= 0 || ss <= 0 || sb <= 0 || (strides[0] | strides[1] | strides[2]) & 15u)
+    if ((reinterpret_cast<uintptr_t>(base) & 15u) || sh <= 0 || ss <= 0 || sb <= 0 ||
+        ((strides[0] | strides[1] | strides[2]) & 15u))
         return false;
     const cuuint32_t box[4] = {64, 64, 1, 1}, elem[4] = {1, 1, 1, 1};
     return enc(m, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 4, const_cast<uint16_t *>(base), dims, strides, box, elem,
@@ -260,19 +261,10 @@ void set_q_maps(Args &a, const KernelEntry &k)
     a.q_tma = 0;
     if (!SMLA_Q_TMA || k.family != Family::sm90 || k.fp8) return;
     const int64_t d = p.q_pe ? kDv : kDqk;
-    if (!encode_rows_map(&a.q_map, p.q, d, &p, p.q_stride_b, p.q_stride_s, p.q_stride_h)) return;
-    if (p.q_pe && !encode_rows_map(&a.qpe_map, p.q_pe, kDqk - kDv, &p, p.q_pe_stride_b, p.q_pe_stride_s, p.q_pe_stride_h))
+    if (!encode_q_map(&a.q_map, p.q, d, &p, p.q_stride_b, p.q_stride_s, p.q_stride_h)) return;
+    if (p.q_pe && !encode_q_map(&a.qpe_map, p.q_pe, kDqk - kDv, &p, p.q_pe_stride_b, p.q_pe_stride_s, p.q_pe_stride_h))
         return;
     a.q_tma = 1;
-}
-
-// a.o_map for the kernel that writes its direct output by TMA (one split): a.o_tma = 1 where it encodes.
-void set_o_map(Args &a, const KernelEntry &k)
-{
-    const smla_attn_params &p = a.p;
-    a.o_tma = 0;
-    if (!SMLA_O_TMA || k.family != Family::sm90 || k.fp8 || a.n_splits != 1) return;
-    a.o_tma = encode_rows_map(&a.o_map, p.out, kDv, &p, p.out_stride_b, p.out_stride_s, p.out_stride_h) ? 1 : 0;
 }
 
 // Workspace bytes per split: fp32 partial O [rows, h, 512] and lse [rows, h].
@@ -339,7 +331,6 @@ int run_attention(const smla_attn_params *p, bool is_decode, smla_status *st)
         if (fit < ns) ns = fit < 2 ? 1 : static_cast<int>(fit);
     }
     a.n_splits = ns;
-    set_o_map(a, *L.choice.k);
     if (ns > 1) {
         a.o_part = static_cast<float *>(p->workspace);
         a.lse_part = a.o_part + static_cast<int64_t>(ns) * L.rows * p->h * kDv;

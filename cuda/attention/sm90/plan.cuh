@@ -64,15 +64,6 @@ namespace sm90 {
 #define SMLA_SM90_QREG 0
 #endif
 constexpr int kQRegSteps = SMLA_SM90_QREG;
-// Experiments (issue 16, twenty-fifth session; timing only, results wrong): what the per-CTA fixed cost's parts
-// cost. SMLA_XP_Q_ZERO: Q's copies zero-fill (no global read); SMLA_XP_NO_OUT: the output rows are staged but
-// not stored.
-#ifndef SMLA_XP_Q_ZERO
-#define SMLA_XP_Q_ZERO 0
-#endif
-#ifndef SMLA_XP_NO_OUT
-#define SMLA_XP_NO_OUT 0
-#endif
 static_assert(kQRegSteps >= 0 && kQRegSteps <= 12 && kQRegSteps % 2 == 0, "SMLA_SM90_QREG: 0..12, even");
 // The rule: S's k-steps with Q from registers in a kernel variant (the fp8 kernel's budget has no room, and "high"
 // measured slower with them).
@@ -243,7 +234,7 @@ __device__ __forceinline__ void issue_q(const Args &a, const CtaCommon &c, int h
         const bool ok = h0 + r < c.h;
         const uint16_t *src = ok ? smla_q_at(&p, c.bi, c.si, h0 + r, ch * 8) : p.q;  // q or q_pe
         const uint32_t dst = c.sQ + (ch >> 3) * (ROWS * 128) + r * 128 + (((ch & 7) ^ (r & 7)) << 4);
-        cp_async16_hint(dst, src, (ok && !SMLA_XP_Q_ZERO) ? 16 : 0, pol);
+        cp_async16_hint(dst, src, ok ? 16 : 0, pol);
     }
     cp_async_commit();
 }
@@ -266,18 +257,6 @@ static __device__ __noinline__ void tma_q(const Args &a, uint32_t sQ, int h0, in
         const bool pe = a.p.q_pe && j == kDv / 64;
         tma_load_4d(sQ + j * kBlk, pe ? &a.qpe_map : &a.q_map, pe ? 0 : 64 * j, h0, si, bi, bar, pol);
     }
-}
-
-// Column blocks b0 .. b0 + nb - 1 of the staged output (finish_cols_direct's TMA layout at stage) to query row
-// (bi, si)'s heads h0 .. by TMA from o_map (streaming: O is not read again); returns once the blocks were read.
-// One thread.
-__device__ __forceinline__ void tma_store_o(const Args &a, uint32_t stage, int b0, int nb, int h0, int si, int bi)
-{
-    const uint64_t pol = policy_evict_first();
-#pragma unroll 1
-    for (int j = b0; j < b0 + nb; ++j) tma_store_4d(&a.o_map, stage + j * kBlk, 64 * j, h0, si, bi, pol);
-    bulk_commit();
-    bulk_wait_read0();
 }
 
 // One CTA of the wide kernel: CtaCommon with heads [h0, h0 + 64) and its own regions. XO: the CTA is one

@@ -158,11 +158,10 @@ __device__ __forceinline__ void finish_cols(const Args &a, const CtaCommon &c, i
 // A direct output (no top-k split), written through shared memory: each thread puts its rows' scaled bf16
 // pairs into stage as column blocks of [64 rows x 128 B] in the 128-byte swizzle of the kernels' Q / K blocks
 // (block j: columns 64 j ..; 16-byte chunk k of a row's block at k ^ (row & 7), so a quarter warp's eight rows hit
-// distinct banks) and the warpgroup meets at named barrier bar. Then, where the launcher described the output to
-// TMA (a.o_tma, the bf16 wide kernel), one thread stores its blocks by TMA (rows past h are not written) and
-// waits until they were read; else each 16-byte chunk of its columns goes out in one store (a warp writes 512
-// contiguous bytes of a row, where the direct stores wrote 16 bytes per row and instruction). The arithmetic is
-// finish_row's: row_lse, out_factor, row_max_logit.
+// distinct banks), the warpgroup meets at named barrier bar, and each 16-byte chunk of its columns goes out in one
+// store (a warp writes 512 contiguous bytes of a row, where the direct stores wrote 16 bytes per row and
+// instruction). (The layout is a TMA box's: storing the blocks by TMA instead measured no faster, issue 16,
+// twenty-fifth session.) The arithmetic is finish_row's: row_lse, out_factor, row_max_logit.
 __device__ __forceinline__ uint32_t stage_at(uint32_t stage, int row, int k)
 {
     return stage + (k >> 3) * (64 * 128) + row * 128 + (((k & 7) ^ (row & 7)) << 4);
@@ -194,15 +193,8 @@ __device__ __forceinline__ void finish_cols_direct(const Args &a, const CtaCommo
                     row_max_logit(rs.mt, a.ml_factor);
         }
     }
-    const bool tma = a.o_tma != 0;
-    if (tma) fence_async_smem();  // the stores above, read by the TMA (the async proxy)
     named_sync(bar, 128);
-    if (SMLA_XP_NO_OUT) return;
     const int tw = c.tid & 127;
-    if (tma) {
-        if (tw == 0) tma_store_o(a, stage, k0 >> 3, kChunks >> 3, h0, static_cast<int>(c.si), static_cast<int>(c.bi));
-        return;
-    }
     uint16_t *const out_row = p.out + c.bi * p.out_stride_b + c.si * p.out_stride_s + col0;
 #pragma unroll 4
     for (int k = 0; k < kChunks / 2; ++k) {  // 64 rows x kChunks chunks over 128 threads
