@@ -38,8 +38,7 @@ struct Args {
     int evict_last;    // L2 evict_last hint on K rows (prefill: neighbouring rows share K)
     int n_sms;         // the device's SMs (a persistent kernel's grid, sm90/kernel.cuh)
     int fused;         // n_splits > 1 and the kernel merges the partials itself after a grid-wide barrier
-                       // (a cooperative launch; attention/combine.cuh), else the combine kernel does (last: the
-                       // other kernels' code does not depend on it)
+                       // (a cooperative launch; attention/combine.cuh), else the combine kernel does
     // The bf16 wide kernel's Q tile by TMA (sm90/kernel.cuh), where the launcher could describe q (and q_pe) to
     // the tensor-memory accelerator (launch.cu, set_q_maps): q_map / qpe_map, else 0 and the kernel loads Q by
     // cp.async. Last, and 64-byte aligned as CUtensorMap is.
