@@ -1,7 +1,9 @@
 """When each warpgroup of the sm90 bf16 prefill kernels passes each point of its schedule, per tile (the
 wide kernel) or per pair of tiles (the pair kernel): the stage timestamps of cuda/attention/sm90/trace.cuh,
-recorded by the first 16 CTAs of one call (h=128, s_q=4096, s_kv=32768, top-k 2048 random, the
-benchmark's case), printed as mean intervals in SM cycles over the steady-state steps. --kernel sm90d:
+recorded by 16 CTAs of one call (h=128, s_q=4096, s_kv=32768, top-k 2048 random, the benchmark's case): the
+first wave's, or those from SMLA_TRACE_CTA0 on (sm90/trace.cuh; e.g. 3960, a mid-run wave's, whose prologue is not
+the first wave's all-at-once Q loads), printed as mean intervals in SM cycles over the steady-state steps, with
+the wide kernel's prologue (start to the scan, Q, tile 0) and its last tile into the epilogue. --kernel sm90d:
 the dims kernel's fp8 decode instead (h=16, s_q=1, b=128, 32K tokens a request: the decode benchmark's
 case), per tile of each group of warps (sm90/dims_kernel.cuh, DimsEv); --kernel sm90n: the narrow kernel's
 prefill (--h 16 or 32), per tile of its consumer and two of its producer warps (--consumers 2: of its two consumer
@@ -11,6 +13,7 @@ doing meanwhile (hand-off latencies, how long a K region takes to land after its
 Needs a profiling build (SMLA_PROFILE_BUILD=1: the timestamps are compiled in only there).
 
     SMLA_PROFILE_BUILD=1 python3 setup.py build_ext --inplace
+    (a mid-run wave: build a copy made by tools/variant_tree.sh OUT.tar.gz SMLA_TRACE_CTA0=3960)
     PYTHONPATH=src python3 tools/trace_attn.py [--kernel sm90|sm90p|sm90d|sm90n] [--precision fast|high] [--h 128]
 """
 import argparse
@@ -170,7 +173,7 @@ def summarize(t, kernel):
         if vals:
             m = sum(vals) / len(vals)
             lines.append(f"{label:<56} {m:>9.0f} cyc {m / 1800:>7.3f} us")
-    if kernel not in ("sm90", None):
+    if kernel != "sm90":
         return lines
     # the wide kernel's last tile (each CTA's own last recorded step) into the epilogue
     for label, (sa, ea), (sb, eb) in LAST:
