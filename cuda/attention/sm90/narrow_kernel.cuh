@@ -117,6 +117,23 @@ struct ConsumerKind {
     using Softmax = HeadSoftmax<C::NH, kNoLo, NO, LAZY, 8 / C::CW, C::CW>;
 };
 
+// S^T's k-steps as one commit group, over the K tile at kb and Q at sq (each at the warpgroup's first k-step):
+// N k-steps, PB of them in each 64-dim column block (k-step kk: block kk / PB, then (kk % PB) 128 / PB bytes on;
+// Q's blocks QBLK bytes apart), k-step kk into the accumulator chain(kk / CH), which starts afresh at kk % CH == 0.
+template <int N, int PB, int CH, int QBLK, class Chain>
+__device__ __forceinline__ void issue_st(uint32_t kb, uint32_t sq, Chain chain)
+{
+    const uint32_t kd = opaque(desc_base(kb, 16)), qd = opaque(desc_base(sq, 16));
+    wg_fence();
+#pragma unroll
+    for (int kk = 0; kk < N; ++kk) {
+        const uint32_t in = (kk % PB) * (128 / PB);
+        wgmma_ss<0>(chain(kk / CH), desc_at(kd, (kk / PB) * kBlk + in), desc_at(qd, (kk / PB) * QBLK + in),
+                    kk % CH != 0);
+    }
+    wg_commit();
+}
+
 // The consumer warpgroup: the per-head softmax state and its rules (sm90/narrow_softmax.cuh), the two
 // MMAs over the K buffers and the epilogue.
 template <class C, int ABL, bool FAST, bool LAZY>
@@ -138,19 +155,9 @@ struct Consumer : ConsumerKind<C, ABL, FAST, LAZY>::Softmax {
     __device__ __forceinline__ void scores_issue(const Cta<C> &c, uint32_t kb, float (&t0)[NS], float (&t1)[NS],
                                                  float (&t2)[NS]) const
     {
-        if constexpr (!kNoS) {
-            const uint32_t kd = opaque(desc_base(kb, 16)), qd = opaque(desc_base(c.sQ, 16));
-            wg_fence();
-#pragma unroll
-            for (int kk = 0; kk < 36; ++kk) {
-                const uint64_t da = desc_at(kd, (kk >> 2) * kBlk + (kk & 3) * 32);
-                const uint64_t db = desc_at(qd, (kk >> 2) * C::kQBlk + (kk & 3) * 32);
-                if (kk < 12) wgmma_ss<0>(t0, da, db, kk > 0);
-                else if (kk < 24) wgmma_ss<0>(t1, da, db, kk > 12);
-                else wgmma_ss<0>(t2, da, db, kk > 24);
-            }
-            wg_commit();
-        }
+        if constexpr (!kNoS)
+            issue_st<36, 4, 12, C::kQBlk>(kb, c.sQ,
+                                          [&](int ch) -> float (&)[NS] { return ch == 0 ? t0 : (ch == 1 ? t1 : t2); });
     }
     // Once the S^T group is done: the scores.
     __device__ __forceinline__ void scores_sum(float (&t0)[NS], float (&t1)[NS], float (&t2)[NS], float (&s)[NS]) const
@@ -242,18 +249,9 @@ struct SplitConsumer : ConsumerKind<C, ABL, FAST, LAZY>::Softmax {
     // columns 16 (2 kk + cw) ..; chain t0 kk < 9, t1 the rest.
     __device__ __forceinline__ void scores_issue(const Cta<C> &c, uint32_t kb, float (&t0)[NS], float (&t1)[NS]) const
     {
-        if constexpr (!kNoS) {
-            const uint32_t kd = opaque(desc_base(kb + 32 * cw, 16)), qd = opaque(desc_base(c.sQ + 32 * cw, 16));
-            wg_fence();
-#pragma unroll
-            for (int kk = 0; kk < 18; ++kk) {
-                const uint64_t da = desc_at(kd, (kk >> 1) * kBlk + (kk & 1) * 64);
-                const uint64_t db = desc_at(qd, (kk >> 1) * C::kQBlk + (kk & 1) * 64);
-                if (kk < 9) wgmma_ss<0>(t0, da, db, kk > 0);
-                else wgmma_ss<0>(t1, da, db, kk > 9);
-            }
-            wg_commit();
-        }
+        if constexpr (!kNoS)
+            issue_st<18, 2, 9, C::kQBlk>(kb + 32 * cw, c.sQ + 32 * cw,
+                                         [&](int ch) -> float (&)[NS] { return ch == 0 ? t0 : t1; });
     }
     // Once the group is done: the partial t0 + t1; the other warpgroup's heads' columns of it handed over,
     // its own ones' from the other added: s, S^T of this warpgroup's heads.
