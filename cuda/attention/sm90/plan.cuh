@@ -130,7 +130,7 @@ struct Smem {
     static constexpr Region q = first_region(kTileBytes);
     static constexpr Region k = region_after(q, 2 * kTileBytes);    // two K buffers
     static constexpr Region plo = region_after(k, kBlk);            // P_lo [64 heads x 64 tokens] bf16
-    static constexpr Region bar = region_after(plo, 64);            // mbarriers: full[2], empty[2], rr[2]
+    static constexpr Region bar = region_after(plo, 64);            // mbarriers: full[2], empty[2], rr[2], q (TMA)
     static constexpr Region valid = region_after(bar, 2 * kBN * 4);  // int [2][64]: row valid, per K buffer
     static constexpr Region alpha = region_after(valid, 2 * kHT * 4);  // float [2][64]: O's rescale, per K buffer
     static constexpr Region row_l = region_after(alpha, kHT * 8);       // double [64]: final row sums (epilogue)
@@ -251,7 +251,7 @@ __device__ __forceinline__ void issue_q(const Args &a, const CtaCommon &c, int h
 static __device__ __noinline__ void tma_q(const Args &a, uint32_t sQ, int h0, int si, int bi, uint32_t bar)
 {
     const uint64_t pol = policy_evict_first();
-    mbar_arrive_expect_tx(bar, kDqk * 2 * 64);
+    mbar_arrive_expect_tx(bar, (kDqk / 64) * kBlk);
 #pragma unroll 1
     for (int j = 0; j < kDqk / 64; ++j) {
         const bool pe = a.p.q_pe && j == kDv / 64;

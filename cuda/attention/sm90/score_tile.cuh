@@ -157,15 +157,11 @@ __device__ __forceinline__ void finish_cols(const Args &a, const CtaCommon &c, i
 
 // A direct output (no top-k split), written through shared memory: each thread puts its rows' scaled bf16
 // pairs into stage as column blocks of [64 rows x 128 B] in the 128-byte swizzle of the kernels' Q / K blocks
-// (block j: columns 64 j ..; 16-byte chunk k of a row's block at k ^ (row & 7), so a quarter warp's eight rows hit
+// (blk_addr; block j: columns 64 j ..; 16-byte chunk k of a row's block at k ^ (row & 7), so a quarter warp's eight rows hit
 // distinct banks), the warpgroup meets at named barrier bar, and each 16-byte chunk of its columns goes out in one
 // store (a warp writes 512 contiguous bytes of a row, where the direct stores wrote 16 bytes per row and
 // instruction). (The layout is a TMA box's: storing the blocks by TMA instead measured no faster, issue 16,
 // twenty-fifth session.) The arithmetic is finish_row's: row_lse, out_factor, row_max_logit.
-__device__ __forceinline__ uint32_t stage_at(uint32_t stage, int row, int k)
-{
-    return stage + (k >> 3) * (64 * 128) + row * 128 + (((k & 7) ^ (row & 7)) << 4);
-}
 template <int N, class Stat>
 __device__ __forceinline__ void finish_cols_direct(const Args &a, const CtaCommon &c, int h0, int r0, int col0, int t4,
                                                    const float (&o)[N], Stat stat, uint32_t stage, int bar)
@@ -184,7 +180,7 @@ __device__ __forceinline__ void finish_cols_direct(const Args &a, const CtaCommo
         const float f = out_factor(p, hr, none ? 0.f : static_cast<float>(1.0 / rs.l), none, lse_d);
 #pragma unroll
         for (int jn = 0; jn < kChunks; ++jn)
-            st_shared_u32(stage_at(stage, rl, k0 + jn) + 4 * t4,
+            st_shared_u32(blk_addr(stage, rl, k0 + jn) + 4 * t4,
                           pack_bf16x2(o[4 * jn + 2 * hf] * f, o[4 * jn + 2 * hf + 1] * f));
         if (col0 == 0 && t4 == 0) {
             p.lse[c.bi * p.lse_stride_b + c.si * p.lse_stride_s + hr * p.lse_stride_h] = static_cast<float>(lse_d);
@@ -201,7 +197,7 @@ __device__ __forceinline__ void finish_cols_direct(const Args &a, const CtaCommo
         const unsigned q = 128u * k + tw;  // unsigned: the division by a constant is a shift or a multiply
         const int row = static_cast<int>(q / kChunks), cc = static_cast<int>(q % kChunks);
         if (h0 + row >= c.h) break;  // rows ascend with k
-        const uint4 v = ld_shared_v4(stage_at(stage, row, k0 + cc));
+        const uint4 v = ld_shared_v4(blk_addr(stage, row, k0 + cc));
         st_global_cs_v4(out_row + (h0 + row) * p.out_stride_h + 8 * cc, v);  // streaming: O is not read again
     }
 }
