@@ -127,6 +127,7 @@ NARROW2 = narrow_rows((("consumer 0", WG0), ("consumer 1", WG1)), ((0, PR0), (2,
     ("tile k+2 issued (producer 0) after consumer 0's P V done", (WG0, 0, 4), (PR0, 2, 2)),
 ]
 EDGES = [
+    ("prologue: start -> tile 0 issued (producer warp 0)", (PR0, None, 0), (PR0, None, 8)),
     ("prologue: start -> tile scan done", (WG0, None, 0), (WG0, None, 1)),
     ("prologue: start -> Q landed (WG0; wide kernel)", (WG0, None, 0), (WG0, None, 4)),
     ("prologue: start -> tile 0 landed (producer warp 0)", (PR0, None, 0), (PR0, 0, 3)),
@@ -135,6 +136,11 @@ EDGES = [
     ("prologue: start -> tile 1's top (WG0)", (WG0, None, 0), (WG0, 1, 0)),
     ("epilogue WG0", (WG0, None, 2), (WG0, None, 3)),
     ("epilogue WG1", (WG1, None, 2), (WG1, None, 3)),
+] + [(f"epilogue {wg}: {name}", (slot, None, a), (slot, None, b))
+     for wg, slot in (("WG0", WG0), ("WG1", WG1))
+     for name, a, b in (("start -> row statistics met", 2, 5), ("statistics -> its rows staged", 5, 6),
+                        ("staged -> warpgroup met", 6, 7), ("met -> stores issued (end)", 7, 3))] + [
+    ("WG0 epilogue start -> WG1 epilogue start", (WG0, None, 2), (WG1, None, 2)),
     ("whole CTA (WG0 start -> WG1 end)", (WG0, None, 0), (WG1, None, 3)),
 ]
 

@@ -112,9 +112,12 @@ __global__ void __launch_bounds__(kThreads, 1) attn_sm90_kernel(const __grid_con
     // bf16: the tiles without a valid index are neither loaded nor multiplied (producer.cuh, scan_tiles)
     // (the producers issue the slice's tile 0 first: the scan's round trip overlaps its copies)
     if constexpr (!FP8) {
-        skip_empty_tiles<256, 4, kThreads>(a, c, mask, kBarStart, [&] {
+        const auto pre = [&] {
             if (kSpeculate && c.nt_all > 0) Bf16Producer<ABL, 256, 4, kSpecSoftmax>(a, c).speculate();
-        });
+            trace(a, kTraceEdge, kTrSpec);
+        };
+        if constexpr (kConsumerScan) skip_empty_tiles_by_consumers<kThreads>(a, c, mask, kBarStart, pre);
+        else skip_empty_tiles<256, 4, kThreads>(a, c, mask, kBarStart, pre);
         trace(a, kTraceEdge, kTrScanned);
     }
 

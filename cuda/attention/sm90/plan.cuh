@@ -21,6 +21,12 @@ namespace sm90 {
 #ifndef SMLA_SM90_SPECULATE
 #define SMLA_SM90_SPECULATE 1  // the wide bf16 producers issue tile 0 before the tile scan
 #endif
+// Experiment (issue 16, twenty-sixth session): the wide bf16 kernel's tile scan by the 256 consumer threads with
+// 16-byte loads (scan_tiles_vec, producer.cuh) while the producers issue tile 0, instead of by the producers after
+// it. 0: the producers scan.
+#ifndef SMLA_SM90_CONSUMER_SCAN
+#define SMLA_SM90_CONSUMER_SCAN 0
+#endif
 #ifndef SMLA_SM90_STAGED_OUT
 #define SMLA_SM90_STAGED_OUT 1  // direct output rows staged through Q's smem, 16-byte stores
 #endif
@@ -70,6 +76,7 @@ static_assert(kQRegSteps >= 0 && kQRegSteps <= 12 && kQRegSteps % 2 == 0, "SMLA_
 constexpr int q_reg_steps(bool fp8, bool fast) { return !fp8 && fast ? kQRegSteps : 0; }
 constexpr bool kBf16Cluster = SMLA_SM90_BF16_CLUSTER != 0;
 constexpr bool kSpeculate = SMLA_SM90_SPECULATE != 0, kStagedOut = SMLA_SM90_STAGED_OUT != 0;
+constexpr bool kConsumerScan = SMLA_SM90_CONSUMER_SCAN != 0;
 constexpr bool kLazyMax = SMLA_SM90_LAZY_MAX != 0, kPersistent = SMLA_SM90_PERSISTENT != 0;
 static_assert(!kLazyMax || kStagedOut, "the lazy max writes max_logits from the true max (finish_half_direct)");
 constexpr bool kSpecSoftmax = SMLA_SM90_SPEC_SOFTMAX != 0 && kLazyMax;  // it speculates on the lazy max

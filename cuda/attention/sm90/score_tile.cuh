@@ -7,6 +7,7 @@
 #include "attention/epilogue.cuh"
 #include "attention/softmax.cuh"
 #include "attention/sm90/plan.cuh"
+#include "attention/sm90/trace.cuh"
 
 namespace attn {
 namespace sm90 {
@@ -189,7 +190,9 @@ __device__ __forceinline__ void finish_cols_direct(const Args &a, const CtaCommo
                     row_max_logit(rs.mt, a.ml_factor);
         }
     }
+    trace(a, kTraceEdge, kTrStaged);
     named_sync(bar, 128);
+    trace(a, kTraceEdge, kTrStageMet);
     const int tw = c.tid & 127;
     uint16_t *const out_row = p.out + c.bi * p.out_stride_b + c.si * p.out_stride_s + col0;
 #pragma unroll 4
