@@ -27,6 +27,12 @@ namespace sm90 {
 #ifndef SMLA_SM90_CONSUMER_SCAN
 #define SMLA_SM90_CONSUMER_SCAN 0
 #endif
+// Experiment (issue 16, twenty-sixth session): the wide kernel's staged direct output stored by both consumer
+// warpgroups together (256 threads, 32 KB each) after they both staged, instead of each its own columns (WG0 16 KB,
+// WG1 48 KB). 0: each its own.
+#ifndef SMLA_SM90_OUT_ALL
+#define SMLA_SM90_OUT_ALL 0
+#endif
 #ifndef SMLA_SM90_STAGED_OUT
 #define SMLA_SM90_STAGED_OUT 1  // direct output rows staged through Q's smem, 16-byte stores
 #endif
@@ -77,6 +83,7 @@ constexpr int q_reg_steps(bool fp8, bool fast) { return !fp8 && fast ? kQRegStep
 constexpr bool kBf16Cluster = SMLA_SM90_BF16_CLUSTER != 0;
 constexpr bool kSpeculate = SMLA_SM90_SPECULATE != 0, kStagedOut = SMLA_SM90_STAGED_OUT != 0;
 constexpr bool kConsumerScan = SMLA_SM90_CONSUMER_SCAN != 0;
+constexpr bool kOutAll = SMLA_SM90_OUT_ALL != 0;
 constexpr bool kLazyMax = SMLA_SM90_LAZY_MAX != 0, kPersistent = SMLA_SM90_PERSISTENT != 0;
 static_assert(!kLazyMax || kStagedOut, "the lazy max writes max_logits from the true max (finish_half_direct)");
 constexpr bool kSpecSoftmax = SMLA_SM90_SPEC_SOFTMAX != 0 && kLazyMax;  // it speculates on the lazy max
@@ -131,7 +138,7 @@ __device__ __forceinline__ void setmaxnreg_to()
 // the buffer back), P_lo free (WG1 arrives, WG0 waits; high precision only), the epilogue's row
 // statistics, Q landed; bf16: the producers' tile scan done (all 384 threads); each warpgroup's staged
 // output written (kBarOut + warpgroup, 128 threads); the persistent kernel's producer warpgroup (128).
-constexpr int kBarP = 1, kBarFree = 3, kBarL = 4, kBarQ = 5, kBarStart = 6, kBarOut = 7, kBarProd = 9;
+constexpr int kBarP = 1, kBarFree = 3, kBarL = 4, kBarQ = 5, kBarStart = 6, kBarOut = 7, kBarProd = 9, kBarOutAll = 10;
 
 struct Smem {
     static constexpr Region q = first_region(kTileBytes);

@@ -163,9 +163,12 @@ __device__ __forceinline__ void finish_cols(const Args &a, const CtaCommon &c, i
 // store (a warp writes 512 contiguous bytes of a row, where the direct stores wrote 16 bytes per row and
 // instruction). (The layout is a TMA box's: storing the blocks by TMA instead measured no faster, issue 16,
 // twenty-fifth session.) The arithmetic is finish_row's: row_lse, out_factor, row_max_logit.
+// bar_all >= 0 (the wide kernel with kOutAll, plan.cuh): both consumer warpgroups (threads 0 .. 255) stage their
+// columns, meet at named barrier bar_all, and then store all 512 columns together.
 template <int N, class Stat>
 __device__ __forceinline__ void finish_cols_direct(const Args &a, const CtaCommon &c, int h0, int r0, int col0, int t4,
-                                                   const float (&o)[N], Stat stat, uint32_t stage, int bar)
+                                                   const float (&o)[N], Stat stat, uint32_t stage, int bar,
+                                                   int bar_all = -1)
 {
     constexpr int kChunks = N / 4;  // 16-byte chunks (8 columns) of a row
     const smla_attn_params &p = a.p;
@@ -177,13 +180,16 @@ __device__ __forceinline__ void finish_cols_direct(const Args &a, const CtaCommo
         if (hr >= c.h) continue;
         const RowStat rs = stat(hf, rl);
         const bool none = rs.m == -INFINITY;
-        const double lse_d = row_lse(rs.m, rs.l, a.ml_factor);
+        // the lse (a double log) only where it is used: by the row's lead and for attn_sink's factor (the
+        // warpgroup of the other columns skips it without a sink)
+        const bool lead = col0 == 0 && t4 == 0;
+        const double lse_d = lead || p.attn_sink ? row_lse(rs.m, rs.l, a.ml_factor) : 0.0;
         const float f = out_factor(p, hr, none ? 0.f : static_cast<float>(1.0 / rs.l), none, lse_d);
 #pragma unroll
         for (int jn = 0; jn < kChunks; ++jn)
             st_shared_u32(blk_addr(stage, rl, k0 + jn) + 4 * t4,
                           pack_bf16x2(o[4 * jn + 2 * hf] * f, o[4 * jn + 2 * hf + 1] * f));
-        if (col0 == 0 && t4 == 0) {
+        if (lead) {
             p.lse[c.bi * p.lse_stride_b + c.si * p.lse_stride_s + hr * p.lse_stride_h] = static_cast<float>(lse_d);
             if (p.max_logits)
                 p.max_logits[c.bi * p.ml_stride_b + c.si * p.ml_stride_s + hr * p.ml_stride_h] =
@@ -191,6 +197,22 @@ __device__ __forceinline__ void finish_cols_direct(const Args &a, const CtaCommo
         }
     }
     trace(a, kTraceEdge, kTrStaged);
+    if (bar_all >= 0) {
+        constexpr int kRow = kDv / 8;  // 16-byte chunks of an output row
+        named_sync(bar_all, 256);
+        trace(a, kTraceEdge, kTrStageMet);
+        const int tw = c.tid & 255;
+        uint16_t *const out0 = p.out + c.bi * p.out_stride_b + c.si * p.out_stride_s;
+#pragma unroll 4
+        for (int k = 0; k < 64 * kRow / 256; ++k) {
+            const unsigned q = 256u * k + tw;
+            const int row = static_cast<int>(q / kRow), cc = static_cast<int>(q % kRow);
+            if (h0 + row >= c.h) break;
+            const uint4 v = ld_shared_v4(blk_addr(stage, row, cc));
+            st_global_cs_v4(out0 + (h0 + row) * p.out_stride_h + 8 * cc, v);
+        }
+        return;
+    }
     named_sync(bar, 128);
     trace(a, kTraceEdge, kTrStageMet);
     const int tw = c.tid & 127;
@@ -210,13 +232,13 @@ __device__ __forceinline__ void finish_cols_direct(const Args &a, const CtaCommo
 // named barrier. SPLITS: a kernel that always writes split partials (no direct output's code).
 template <bool SPLITS = false, int N, class Stat>
 __device__ __forceinline__ void finish_o_cols(const Args &a, const CtaCommon &c, int h0, int r0, int col0, int t4,
-                                              const float (&o)[N], Stat stat, uint32_t stage, int bar)
+                                              const float (&o)[N], Stat stat, uint32_t stage, int bar, int bar_all = -1)
 {
     if constexpr (SPLITS) {
         finish_cols<1>(a, c, h0, r0, col0, t4, o, stat);
     } else if constexpr (kStagedOut) {
         if (a.n_splits > 1) finish_cols<1>(a, c, h0, r0, col0, t4, o, stat);
-        else finish_cols_direct(a, c, h0, r0, col0, t4, o, stat, stage, bar);
+        else finish_cols_direct(a, c, h0, r0, col0, t4, o, stat, stage, bar, bar_all);
     } else {
         finish_cols(a, c, h0, r0, col0, t4, o, stat);
     }
