@@ -126,7 +126,7 @@ struct ConsumerBase {
         named_sync(kBarL, 256);  // also: every S is done, so Q's region may hold the staged output
         trace(a, kTraceEdge, kTrStats);
         const auto stat = [&](int hf, int rl) { return RowStat{c.sM[rl], c.sL[rl], mt[hf]}; };
-        finish_o_cols<SPLITS>(a, c, c.h0, r0, col0(), t4, o, stat, c.sQ, kBarOut + wg, kOutAll ? kBarOutAll : -1);
+        finish_o_cols<SPLITS>(a, c, c.h0, r0, col0(), t4, o, stat, c.sQ, kBarOut + wg);
     }
 };
 

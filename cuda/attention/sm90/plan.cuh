@@ -21,17 +21,18 @@ namespace sm90 {
 #ifndef SMLA_SM90_SPECULATE
 #define SMLA_SM90_SPECULATE 1  // the wide bf16 producers issue tile 0 before the tile scan
 #endif
-// Experiment (issue 16, twenty-sixth session): the wide bf16 kernel's tile scan by the 256 consumer threads with
-// 16-byte loads (scan_tiles_vec, producer.cuh) while the producers issue tile 0, instead of by the producers after
-// it. 0: the producers scan.
+// The wide bf16 kernel's tile scan by the 256 consumer threads with 16-byte loads (scan_tiles_vec, producer.cuh),
+// which wait for Q meanwhile, while the producers issue tile 0; before, the producers scanned after issuing tile 0, so
+// the scan's 2,048 loads queued behind its copies. H100 (benchmarks/README.md, issue 16, twenty-sixth session):
+// a mid-run CTA's scan done 3,694 instead of 5,553 cycles after its start and its tile 1 at 8,543 instead of
+// 10,587; the causal fresh prompt at h = 128 "fast" 1,234 / 1,256 against 1,303 us. 0: the producers scan.
 #ifndef SMLA_SM90_CONSUMER_SCAN
-#define SMLA_SM90_CONSUMER_SCAN 0
+#define SMLA_SM90_CONSUMER_SCAN 1
 #endif
-// Experiment (issue 16, twenty-sixth session): the wide kernel's staged direct output stored by both consumer
-// warpgroups together (256 threads, 32 KB each) after they both staged, instead of each its own columns (WG0 16 KB,
-// WG1 48 KB). 0: each its own.
-#ifndef SMLA_SM90_OUT_ALL
-#define SMLA_SM90_OUT_ALL 0
+// The staged direct output (finish_cols_direct, sm90/score_tile.cuh) one 64-column block at a time: staged, met,
+// stored, so that the next block's staging overlaps this one's stores. 0: all staged, then all stored.
+#ifndef SMLA_SM90_OUT_PIPE
+#define SMLA_SM90_OUT_PIPE 1
 #endif
 #ifndef SMLA_SM90_STAGED_OUT
 #define SMLA_SM90_STAGED_OUT 1  // direct output rows staged through Q's smem, 16-byte stores
@@ -83,7 +84,7 @@ constexpr int q_reg_steps(bool fp8, bool fast) { return !fp8 && fast ? kQRegStep
 constexpr bool kBf16Cluster = SMLA_SM90_BF16_CLUSTER != 0;
 constexpr bool kSpeculate = SMLA_SM90_SPECULATE != 0, kStagedOut = SMLA_SM90_STAGED_OUT != 0;
 constexpr bool kConsumerScan = SMLA_SM90_CONSUMER_SCAN != 0;
-constexpr bool kOutAll = SMLA_SM90_OUT_ALL != 0;
+constexpr bool kOutPipe = SMLA_SM90_OUT_PIPE != 0;
 constexpr bool kLazyMax = SMLA_SM90_LAZY_MAX != 0, kPersistent = SMLA_SM90_PERSISTENT != 0;
 static_assert(!kLazyMax || kStagedOut, "the lazy max writes max_logits from the true max (finish_half_direct)");
 constexpr bool kSpecSoftmax = SMLA_SM90_SPEC_SOFTMAX != 0 && kLazyMax;  // it speculates on the lazy max
@@ -138,7 +139,7 @@ __device__ __forceinline__ void setmaxnreg_to()
 // the buffer back), P_lo free (WG1 arrives, WG0 waits; high precision only), the epilogue's row
 // statistics, Q landed; bf16: the producers' tile scan done (all 384 threads); each warpgroup's staged
 // output written (kBarOut + warpgroup, 128 threads); the persistent kernel's producer warpgroup (128).
-constexpr int kBarP = 1, kBarFree = 3, kBarL = 4, kBarQ = 5, kBarStart = 6, kBarOut = 7, kBarProd = 9, kBarOutAll = 10;
+constexpr int kBarP = 1, kBarFree = 3, kBarL = 4, kBarQ = 5, kBarStart = 6, kBarOut = 7, kBarProd = 9;
 
 struct Smem {
     static constexpr Region q = first_region(kTileBytes);

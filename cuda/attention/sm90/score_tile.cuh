@@ -158,37 +158,34 @@ __device__ __forceinline__ void finish_cols(const Args &a, const CtaCommon &c, i
 
 // A direct output (no top-k split), written through shared memory: each thread puts its rows' scaled bf16
 // pairs into stage as column blocks of [64 rows x 128 B] in the 128-byte swizzle of the kernels' Q / K blocks
-// (blk_addr; block j: columns 64 j ..; 16-byte chunk k of a row's block at k ^ (row & 7), so a quarter warp's eight rows hit
-// distinct banks), the warpgroup meets at named barrier bar, and each 16-byte chunk of its columns goes out in one
-// store (a warp writes 512 contiguous bytes of a row, where the direct stores wrote 16 bytes per row and
-// instruction). (The layout is a TMA box's: storing the blocks by TMA instead measured no faster, issue 16,
-// twenty-fifth session.) The arithmetic is finish_row's: row_lse, out_factor, row_max_logit.
-// bar_all >= 0 (the wide kernel with kOutAll, plan.cuh): both consumer warpgroups (threads 0 .. 255) stage their
-// columns, meet at named barrier bar_all, and then store all 512 columns together.
+// (blk_addr; block j: columns 64 j ..; 16-byte chunk k of a row's block at k ^ (row & 7), so a quarter warp's eight
+// rows hit distinct banks), the warpgroup meets at named barrier bar, and each 16-byte chunk goes out in one store
+// (a warp writes whole 128-byte lines, where the direct stores wrote 16 bytes per row and instruction). (The layout
+// is a TMA box's: storing the blocks by TMA instead measured no faster, issue 16, twenty-fifth session.) The
+// arithmetic is finish_row's: row_lse, out_factor, row_max_logit.
+// Both rows' factors come first (their double divisions side by side), the lse (a double log) only where it is
+// used: by the row's lead, and for attn_sink's factor. kOutPipe (plan.cuh): then one 64-column block at a time,
+// staged, met at bar, stored, so that the next block's staging runs while the SM drains this one's stores (an SM
+// writes ~32 B a cycle: 64 KB take ~2,000 cycles, issue 16, twenty-sixth session); else all blocks staged, one
+// meeting, all stored.
 template <int N, class Stat>
 __device__ __forceinline__ void finish_cols_direct(const Args &a, const CtaCommon &c, int h0, int r0, int col0, int t4,
-                                                   const float (&o)[N], Stat stat, uint32_t stage, int bar,
-                                                   int bar_all = -1)
+                                                   const float (&o)[N], Stat stat, uint32_t stage, int bar)
 {
     constexpr int kChunks = N / 4;  // 16-byte chunks (8 columns) of a row
+    static_assert(kChunks % 8 == 0, "whole 64-column blocks");
     const smla_attn_params &p = a.p;
-    const int k0 = col0 >> 3;  // col0 is a multiple of 8
+    const int k0 = col0 >> 3;  // col0 is a multiple of 64
+    float f[2] = {0.f, 0.f};
 #pragma unroll
     for (int hf = 0; hf < 2; ++hf) {
-        const int rl = r0 + 8 * hf;
-        const int hr = h0 + rl;
+        const int hr = h0 + r0 + 8 * hf;
         if (hr >= c.h) continue;
-        const RowStat rs = stat(hf, rl);
+        const RowStat rs = stat(hf, r0 + 8 * hf);
         const bool none = rs.m == -INFINITY;
-        // the lse (a double log) only where it is used: by the row's lead and for attn_sink's factor (the
-        // warpgroup of the other columns skips it without a sink)
         const bool lead = col0 == 0 && t4 == 0;
         const double lse_d = lead || p.attn_sink ? row_lse(rs.m, rs.l, a.ml_factor) : 0.0;
-        const float f = out_factor(p, hr, none ? 0.f : static_cast<float>(1.0 / rs.l), none, lse_d);
-#pragma unroll
-        for (int jn = 0; jn < kChunks; ++jn)
-            st_shared_u32(blk_addr(stage, rl, k0 + jn) + 4 * t4,
-                          pack_bf16x2(o[4 * jn + 2 * hf] * f, o[4 * jn + 2 * hf + 1] * f));
+        f[hf] = out_factor(p, hr, none ? 0.f : static_cast<float>(1.0 / rs.l), none, lse_d);
         if (lead) {
             p.lse[c.bi * p.lse_stride_b + c.si * p.lse_stride_s + hr * p.lse_stride_h] = static_cast<float>(lse_d);
             if (p.max_logits)
@@ -197,33 +194,46 @@ __device__ __forceinline__ void finish_cols_direct(const Args &a, const CtaCommo
         }
     }
     trace(a, kTraceEdge, kTrStaged);
-    if (bar_all >= 0) {
-        constexpr int kRow = kDv / 8;  // 16-byte chunks of an output row
-        named_sync(bar_all, 256);
-        trace(a, kTraceEdge, kTrStageMet);
-        const int tw = c.tid & 255;
-        uint16_t *const out0 = p.out + c.bi * p.out_stride_b + c.si * p.out_stride_s;
-#pragma unroll 4
-        for (int k = 0; k < 64 * kRow / 256; ++k) {
-            const unsigned q = 256u * k + tw;
-            const int row = static_cast<int>(q / kRow), cc = static_cast<int>(q % kRow);
-            if (h0 + row >= c.h) break;
-            const uint4 v = ld_shared_v4(blk_addr(stage, row, cc));
-            st_global_cs_v4(out0 + (h0 + row) * p.out_stride_h + 8 * cc, v);
+    // chunks [j0, j1) of this thread's rows into the stage
+    const auto put = [&](int j0, int j1) {
+#pragma unroll
+        for (int hf = 0; hf < 2; ++hf) {
+            const int rl = r0 + 8 * hf;
+            if (h0 + rl >= c.h) continue;
+#pragma unroll
+            for (int jn = j0; jn < j1; ++jn)
+                st_shared_u32(blk_addr(stage, rl, k0 + jn) + 4 * t4,
+                              pack_bf16x2(o[4 * jn + 2 * hf] * f[hf], o[4 * jn + 2 * hf + 1] * f[hf]));
         }
-        return;
-    }
-    named_sync(bar, 128);
-    trace(a, kTraceEdge, kTrStageMet);
+    };
     const int tw = c.tid & 127;
     uint16_t *const out_row = p.out + c.bi * p.out_stride_b + c.si * p.out_stride_s + col0;
+    if constexpr (kOutPipe) {
+#pragma unroll
+        for (int j = 0; j < kChunks / 8; ++j) {
+            put(8 * j, 8 * j + 8);
+            named_sync(bar, 128);
+            if (j == 0) trace(a, kTraceEdge, kTrStageMet);
+#pragma unroll
+            for (int k = 0; k < 4; ++k) {  // 64 rows x 8 chunks over 128 threads
+                const int row = 16 * k + (tw >> 3), cc = 8 * j + (tw & 7);
+                if (h0 + row >= c.h) break;  // rows ascend with k
+                const uint4 v = ld_shared_v4(blk_addr(stage, row, k0 + cc));
+                st_global_cs_v4(out_row + (h0 + row) * p.out_stride_h + 8 * cc, v);  // streaming: not read again
+            }
+        }
+    } else {
+        put(0, kChunks);
+        named_sync(bar, 128);
+        trace(a, kTraceEdge, kTrStageMet);
 #pragma unroll 4
-    for (int k = 0; k < kChunks / 2; ++k) {  // 64 rows x kChunks chunks over 128 threads
-        const unsigned q = 128u * k + tw;  // unsigned: the division by a constant is a shift or a multiply
-        const int row = static_cast<int>(q / kChunks), cc = static_cast<int>(q % kChunks);
-        if (h0 + row >= c.h) break;  // rows ascend with k
-        const uint4 v = ld_shared_v4(blk_addr(stage, row, k0 + cc));
-        st_global_cs_v4(out_row + (h0 + row) * p.out_stride_h + 8 * cc, v);  // streaming: O is not read again
+        for (int k = 0; k < kChunks / 2; ++k) {  // 64 rows x kChunks chunks over 128 threads
+            const unsigned q = 128u * k + tw;  // unsigned: the division by a constant is a shift or a multiply
+            const int row = static_cast<int>(q / kChunks), cc = static_cast<int>(q % kChunks);
+            if (h0 + row >= c.h) break;  // rows ascend with k
+            const uint4 v = ld_shared_v4(blk_addr(stage, row, k0 + cc));
+            st_global_cs_v4(out_row + (h0 + row) * p.out_stride_h + 8 * cc, v);
+        }
     }
 }
 
@@ -232,13 +242,13 @@ __device__ __forceinline__ void finish_cols_direct(const Args &a, const CtaCommo
 // named barrier. SPLITS: a kernel that always writes split partials (no direct output's code).
 template <bool SPLITS = false, int N, class Stat>
 __device__ __forceinline__ void finish_o_cols(const Args &a, const CtaCommon &c, int h0, int r0, int col0, int t4,
-                                              const float (&o)[N], Stat stat, uint32_t stage, int bar, int bar_all = -1)
+                                              const float (&o)[N], Stat stat, uint32_t stage, int bar)
 {
     if constexpr (SPLITS) {
         finish_cols<1>(a, c, h0, r0, col0, t4, o, stat);
     } else if constexpr (kStagedOut) {
         if (a.n_splits > 1) finish_cols<1>(a, c, h0, r0, col0, t4, o, stat);
-        else finish_cols_direct(a, c, h0, r0, col0, t4, o, stat, stage, bar, bar_all);
+        else finish_cols_direct(a, c, h0, r0, col0, t4, o, stat, stage, bar);
     } else {
         finish_cols(a, c, h0, r0, col0, t4, o, stat);
     }
