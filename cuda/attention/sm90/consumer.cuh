@@ -117,6 +117,16 @@ struct ConsumerBase {
         return desc_at(vd, blk * kBlk + (16 * kk) * 128);
     }
 
+    // kEarlyOut (plan.cuh), a direct output through shared memory (no top-k split): WG0 hands WG1 each row's output
+    // factor (out_factors: Q's block 8, which the staged output leaves alone, dead once WG0's last S is done) and
+    // arrives at kBarL without waiting, so that it stages and stores its columns at once; WG1 waits there and takes
+    // the factors (no double arithmetic of its own).
+    __device__ __forceinline__ bool early_out() const { return kEarlyOut && kStagedOut && a.n_splits == 1; }
+    __device__ __forceinline__ static float *out_factors(const Cta<XO> &c)
+    {
+        return reinterpret_cast<float *>(c.smem + Smem::q.off + 8 * kBlk);
+    }
+
     // The epilogue of this warpgroup's NC columns, once WG0 published the row statistics (kBarL); mt:
     // the rows' true maxima (max_logits, which only WG0, half 0, writes). SPLITS: the kernel always writes
     // split partials (the fused split decode), so the direct output's code is left out.
@@ -411,7 +421,8 @@ struct ScoreWarpgroup : ConsumerBase<ABL, XO, FAST, SPLIT, 0> {
         }
     }
 
-    // The row statistics for both warpgroups, then this warpgroup's columns (SPLITS: B::finish).
+    // The row statistics for both warpgroups, then this warpgroup's columns (SPLITS: B::finish; kEarlyOut: the rows'
+    // factors for WG1, then at once its own columns, B::early_out).
     template <bool SPLITS = false>
     __device__ __forceinline__ void epilogue(const Cta<XO> &c)
     {
@@ -419,6 +430,24 @@ struct ScoreWarpgroup : ConsumerBase<ABL, XO, FAST, SPLIT, 0> {
         for (int i = 0; i < 2; ++i) {
             l_r[i] += __shfl_xor_sync(0xffffffffu, l_r[i], 1);
             l_r[i] += __shfl_xor_sync(0xffffffffu, l_r[i], 2);
+        }
+        if (!SPLITS && B::early_out()) {
+            float f[2] = {0.f, 0.f};
+#pragma unroll
+            for (int hf = 0; hf < 2; ++hf) {
+                const int hr = c.h0 + r0 + 8 * hf;
+                if (hr < c.h) f[hf] = row_factor(a, c, hr, t4 == 0, RowStat{m_r[hf], l_r[hf], m_t[hf]});
+            }
+            if (t4 == 0) {
+                float *const sf = B::out_factors(c);
+                sf[r0] = f[0];
+                sf[r0 + 8] = f[1];
+            }
+            named_arrive(kBarL, 256);
+            trace(a, kTraceEdge, kTrStats);
+            trace(a, kTraceEdge, kTrStaged);
+            stage_out_cols(a, c, c.h0, r0, B::col0(), t4, o, f, c.sQ, kBarOut + B::wg);
+            return;
         }
         if (t4 == 0) {
             c.sL[r0] = l_r[0];
@@ -495,6 +524,15 @@ struct ValueWarpgroup : ConsumerBase<ABL, XO, FAST, 512 - SPLIT, SPLIT> {
     template <bool SPLITS = false>
     __device__ __forceinline__ void epilogue(const Cta<XO> &c)
     {
+        if (!SPLITS && B::early_out()) {  // WG0 hands over the rows' factors (ScoreWarpgroup::epilogue)
+            named_sync(kBarL, 256);
+            trace(B::a, kTraceEdge, kTrStats);
+            const float *const sf = B::out_factors(c);
+            const float f[2] = {sf[r0], sf[r0 + 8]};
+            trace(B::a, kTraceEdge, kTrStaged);
+            stage_out_cols(B::a, c, c.h0, r0, B::col0(), B::t4, o, f, c.sQ, kBarOut + B::wg);
+            return;
+        }
         const float unused[2] = {-INFINITY, -INFINITY};  // half 1 writes no max_logits
         B::template finish<SPLITS>(c, unused);
     }

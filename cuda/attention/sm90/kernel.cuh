@@ -179,7 +179,7 @@ __global__ void __launch_bounds__(kThreads, 1) attn_sm90_kernel(const __grid_con
 //     warpgroups, after their staged output), load Q (q_full: their 128 cp.async arrivals), then the
 //     other tiles;
 //   WG0 waits for Q (q_full), runs the item; WG1 runs the item; both write their columns (staged through Q's
-//     region), arrive on q_empty, then meet (kBarL) so that WG1 has read the row statistics before WG0
+//     region), arrive on q_empty, then meet (kBarItem) so that WG1 has read the row statistics before WG0
 //     writes the next item's.
 template <int ABL, bool FAST>
 __global__ void __launch_bounds__(kThreads, 1) attn_sm90_persistent_kernel(const __grid_constant__ Args a)
@@ -256,7 +256,7 @@ __global__ void __launch_bounds__(kThreads, 1) attn_sm90_persistent_kernel(const
             wg0.run(c, g);
             wg0.epilogue(c);
             mbar_arrive(q_empty);    // this warpgroup's staged output left Q's region
-            named_sync(kBarL, 256);  // WG1 has read the row statistics
+            named_sync(kBarItem, 256);  // WG1 has read the row statistics
             g += c.nt;
         }
     } else {
@@ -269,7 +269,7 @@ __global__ void __launch_bounds__(kThreads, 1) attn_sm90_persistent_kernel(const
             for (int it = 0; it < c.nt; ++it) wg1.tile(c, it, c.nt, g);
             wg1.epilogue(c);
             mbar_arrive(q_empty);
-            named_sync(kBarL, 256);
+            named_sync(kBarItem, 256);
             g += c.nt;
         }
     }

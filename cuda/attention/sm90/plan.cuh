@@ -34,6 +34,11 @@ namespace sm90 {
 #ifndef SMLA_SM90_OUT_PIPE
 #define SMLA_SM90_OUT_PIPE 1
 #endif
+// The wide kernel's direct output: WG0 hands WG1 the rows' output factors and stores its columns without waiting for
+// WG1's last P V (ConsumerBase::early_out, sm90/consumer.cuh). 0: both meet first, each computes the factors.
+#ifndef SMLA_SM90_EARLY_OUT
+#define SMLA_SM90_EARLY_OUT 1
+#endif
 #ifndef SMLA_SM90_STAGED_OUT
 #define SMLA_SM90_STAGED_OUT 1  // direct output rows staged through Q's smem, 16-byte stores
 #endif
@@ -85,6 +90,7 @@ constexpr bool kBf16Cluster = SMLA_SM90_BF16_CLUSTER != 0;
 constexpr bool kSpeculate = SMLA_SM90_SPECULATE != 0, kStagedOut = SMLA_SM90_STAGED_OUT != 0;
 constexpr bool kConsumerScan = SMLA_SM90_CONSUMER_SCAN != 0;
 constexpr bool kOutPipe = SMLA_SM90_OUT_PIPE != 0;
+constexpr bool kEarlyOut = SMLA_SM90_EARLY_OUT != 0;
 constexpr bool kLazyMax = SMLA_SM90_LAZY_MAX != 0, kPersistent = SMLA_SM90_PERSISTENT != 0;
 static_assert(!kLazyMax || kStagedOut, "the lazy max writes max_logits from the true max (finish_half_direct)");
 constexpr bool kSpecSoftmax = SMLA_SM90_SPEC_SOFTMAX != 0 && kLazyMax;  // it speculates on the lazy max
@@ -138,8 +144,9 @@ __device__ __forceinline__ void setmaxnreg_to()
 // one per buffer, so WG0 can never arrive twice on one before WG1 waited: its next arrival there needs
 // the buffer back), P_lo free (WG1 arrives, WG0 waits; high precision only), the epilogue's row
 // statistics, Q landed; bf16: the producers' tile scan done (all 384 threads); each warpgroup's staged
-// output written (kBarOut + warpgroup, 128 threads); the persistent kernel's producer warpgroup (128).
-constexpr int kBarP = 1, kBarFree = 3, kBarL = 4, kBarQ = 5, kBarStart = 6, kBarOut = 7, kBarProd = 9;
+// output written (kBarOut + warpgroup, 128 threads); the persistent kernel's producer warpgroup (128) and its
+// consumers' meeting after an item (kBarItem: WG1 has read the row statistics before WG0 writes the next item's).
+constexpr int kBarP = 1, kBarFree = 3, kBarL = 4, kBarQ = 5, kBarStart = 6, kBarOut = 7, kBarProd = 9, kBarItem = 10;
 
 struct Smem {
     static constexpr Region q = first_region(kTileBytes);

@@ -161,39 +161,38 @@ __device__ __forceinline__ void finish_cols(const Args &a, const CtaCommon &c, i
 // (blk_addr; block j: columns 64 j ..; 16-byte chunk k of a row's block at k ^ (row & 7), so a quarter warp's eight
 // rows hit distinct banks), the warpgroup meets at named barrier bar, and each 16-byte chunk goes out in one store
 // (a warp writes whole 128-byte lines, where the direct stores wrote 16 bytes per row and instruction). (The layout
-// is a TMA box's: storing the blocks by TMA instead measured no faster, issue 16, twenty-fifth session.) The
-// arithmetic is finish_row's: row_lse, out_factor, row_max_logit.
-// Both rows' factors come first (their double divisions side by side), the lse (a double log) only where it is
-// used: by the row's lead, and for attn_sink's factor. kOutPipe (plan.cuh): then one 64-column block at a time,
-// staged, met at bar, stored, so that the next block's staging runs while the SM drains this one's stores (an SM
-// writes ~32 B a cycle: 64 KB take ~2,000 cycles, issue 16, twenty-sixth session); else all blocks staged, one
-// meeting, all stored.
-template <int N, class Stat>
-__device__ __forceinline__ void finish_cols_direct(const Args &a, const CtaCommon &c, int h0, int r0, int col0, int t4,
-                                                   const float (&o)[N], Stat stat, uint32_t stage, int bar)
+// is a TMA box's: storing the blocks by TMA instead measured no faster, issue 16, twenty-fifth session.)
+//
+// row_factor: the factor of row rl's output (finish_row's arithmetic: out_factor, 1 / l, 0 for an empty row), and, by
+// the row's lead (the quad lead of the warpgroup of column 0), its lse and max_logits (row_lse, row_max_logit); the
+// lse (a double log) only where it is used: by the lead, and for attn_sink's factor.
+__device__ __forceinline__ float row_factor(const Args &a, const CtaCommon &c, int hr, bool lead, const RowStat &rs)
+{
+    const smla_attn_params &p = a.p;
+    const bool none = rs.m == -INFINITY;
+    const double lse_d = lead || p.attn_sink ? row_lse(rs.m, rs.l, a.ml_factor) : 0.0;
+    const float f = out_factor(p, hr, none ? 0.f : static_cast<float>(1.0 / rs.l), none, lse_d);
+    if (lead) {
+        p.lse[c.bi * p.lse_stride_b + c.si * p.lse_stride_s + hr * p.lse_stride_h] = static_cast<float>(lse_d);
+        if (p.max_logits)
+            p.max_logits[c.bi * p.ml_stride_b + c.si * p.ml_stride_s + hr * p.ml_stride_h] =
+                row_max_logit(rs.mt, a.ml_factor);
+    }
+    return f;
+}
+
+// stage_out_cols: this thread's rows r0, r0 + 8 (times f[0], f[1]) into the stage and the warpgroup's columns col0 ..
+// col0 + 2 N - 1 out. kOutPipe (plan.cuh): one 64-column block at a time, staged, met at bar, stored, so that the
+// next block's staging runs while the SM drains this one's stores (an SM writes ~32 B a cycle: 64 KB take ~2,000
+// cycles, issue 16, twenty-sixth session); else all blocks staged, one meeting, all stored.
+template <int N>
+__device__ __forceinline__ void stage_out_cols(const Args &a, const CtaCommon &c, int h0, int r0, int col0, int t4,
+                                               const float (&o)[N], const float (&f)[2], uint32_t stage, int bar)
 {
     constexpr int kChunks = N / 4;  // 16-byte chunks (8 columns) of a row
     static_assert(kChunks % 8 == 0, "whole 64-column blocks");
     const smla_attn_params &p = a.p;
     const int k0 = col0 >> 3;  // col0 is a multiple of 64
-    float f[2] = {0.f, 0.f};
-#pragma unroll
-    for (int hf = 0; hf < 2; ++hf) {
-        const int hr = h0 + r0 + 8 * hf;
-        if (hr >= c.h) continue;
-        const RowStat rs = stat(hf, r0 + 8 * hf);
-        const bool none = rs.m == -INFINITY;
-        const bool lead = col0 == 0 && t4 == 0;
-        const double lse_d = lead || p.attn_sink ? row_lse(rs.m, rs.l, a.ml_factor) : 0.0;
-        f[hf] = out_factor(p, hr, none ? 0.f : static_cast<float>(1.0 / rs.l), none, lse_d);
-        if (lead) {
-            p.lse[c.bi * p.lse_stride_b + c.si * p.lse_stride_s + hr * p.lse_stride_h] = static_cast<float>(lse_d);
-            if (p.max_logits)
-                p.max_logits[c.bi * p.ml_stride_b + c.si * p.ml_stride_s + hr * p.ml_stride_h] =
-                    row_max_logit(rs.mt, a.ml_factor);
-        }
-    }
-    trace(a, kTraceEdge, kTrStaged);
     // chunks [j0, j1) of this thread's rows into the stage
     const auto put = [&](int j0, int j1) {
 #pragma unroll
@@ -235,6 +234,21 @@ __device__ __forceinline__ void finish_cols_direct(const Args &a, const CtaCommo
             st_global_cs_v4(out_row + (h0 + row) * p.out_stride_h + 8 * cc, v);
         }
     }
+}
+
+// Both: both rows' factors first (their double divisions side by side), then stage_out_cols.
+template <int N, class Stat>
+__device__ __forceinline__ void finish_cols_direct(const Args &a, const CtaCommon &c, int h0, int r0, int col0, int t4,
+                                                   const float (&o)[N], Stat stat, uint32_t stage, int bar)
+{
+    float f[2] = {0.f, 0.f};
+#pragma unroll
+    for (int hf = 0; hf < 2; ++hf) {
+        const int hr = h0 + r0 + 8 * hf;
+        if (hr < c.h) f[hf] = row_factor(a, c, hr, col0 == 0 && t4 == 0, stat(hf, r0 + 8 * hf));
+    }
+    trace(a, kTraceEdge, kTrStaged);
+    stage_out_cols(a, c, h0, r0, col0, t4, o, f, stage, bar);
 }
 
 // The writer of a warpgroup's O columns: finish_cols_direct for a direct output when kStagedOut
