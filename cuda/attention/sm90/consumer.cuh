@@ -436,7 +436,7 @@ struct ScoreWarpgroup : ConsumerBase<ABL, XO, FAST, SPLIT, 0> {
 #pragma unroll
             for (int hf = 0; hf < 2; ++hf) {
                 const int hr = c.h0 + r0 + 8 * hf;
-                if (hr < c.h) f[hf] = row_factor(a, c, hr, t4 == 0, RowStat{m_r[hf], l_r[hf], m_t[hf]});
+                if (hr < c.h) f[hf] = row_factor(a, hr, RowStat{m_r[hf], l_r[hf], m_t[hf]});
             }
             if (t4 == 0) {
                 float *const sf = B::out_factors(c);
@@ -447,6 +447,13 @@ struct ScoreWarpgroup : ConsumerBase<ABL, XO, FAST, SPLIT, 0> {
             trace(a, kTraceEdge, kTrStats);
             trace(a, kTraceEdge, kTrStaged);
             stage_out_cols(a, c, c.h0, r0, B::col0(), t4, o, f, c.sQ, kBarOut + B::wg);
+            if (t4 == 0) {  // the rows' lse and max_logits (row_stats_out), their log's latency beside the stores
+#pragma unroll
+                for (int hf = 0; hf < 2; ++hf) {
+                    const int hr = c.h0 + r0 + 8 * hf;
+                    if (hr < c.h) row_stats_out(a, c, hr, RowStat{m_r[hf], l_r[hf], m_t[hf]});
+                }
+            }
             return;
         }
         if (t4 == 0) {

@@ -163,22 +163,23 @@ __device__ __forceinline__ void finish_cols(const Args &a, const CtaCommon &c, i
 // (a warp writes whole 128-byte lines, where the direct stores wrote 16 bytes per row and instruction). (The layout
 // is a TMA box's: storing the blocks by TMA instead measured no faster, issue 16, twenty-fifth session.)
 //
-// row_factor: the factor of row rl's output (finish_row's arithmetic: out_factor, 1 / l, 0 for an empty row), and, by
-// the row's lead (the quad lead of the warpgroup of column 0), its lse and max_logits (row_lse, row_max_logit); the
-// lse (a double log) only where it is used: by the lead, and for attn_sink's factor.
-__device__ __forceinline__ float row_factor(const Args &a, const CtaCommon &c, int hr, bool lead, const RowStat &rs)
+// row_factor: the factor of row hr's output (finish_row's arithmetic: out_factor, 1 / l, 0 for an empty row); the lse
+// (a double log) only for attn_sink's factor. row_stats_out: by the row's lead (the quad lead of the warpgroup of
+// column 0), its lse and max_logits (row_lse, row_max_logit), after its stores: the log's latency then overlaps them.
+__device__ __forceinline__ float row_factor(const Args &a, int hr, const RowStat &rs)
 {
     const smla_attn_params &p = a.p;
     const bool none = rs.m == -INFINITY;
-    const double lse_d = lead || p.attn_sink ? row_lse(rs.m, rs.l, a.ml_factor) : 0.0;
-    const float f = out_factor(p, hr, none ? 0.f : static_cast<float>(1.0 / rs.l), none, lse_d);
-    if (lead) {
-        p.lse[c.bi * p.lse_stride_b + c.si * p.lse_stride_s + hr * p.lse_stride_h] = static_cast<float>(lse_d);
-        if (p.max_logits)
-            p.max_logits[c.bi * p.ml_stride_b + c.si * p.ml_stride_s + hr * p.ml_stride_h] =
-                row_max_logit(rs.mt, a.ml_factor);
-    }
-    return f;
+    const double lse_d = p.attn_sink ? row_lse(rs.m, rs.l, a.ml_factor) : 0.0;
+    return out_factor(p, hr, none ? 0.f : static_cast<float>(1.0 / rs.l), none, lse_d);
+}
+__device__ __forceinline__ void row_stats_out(const Args &a, const CtaCommon &c, int hr, const RowStat &rs)
+{
+    const smla_attn_params &p = a.p;
+    p.lse[c.bi * p.lse_stride_b + c.si * p.lse_stride_s + hr * p.lse_stride_h] =
+        static_cast<float>(row_lse(rs.m, rs.l, a.ml_factor));
+    if (p.max_logits)
+        p.max_logits[c.bi * p.ml_stride_b + c.si * p.ml_stride_s + hr * p.ml_stride_h] = row_max_logit(rs.mt, a.ml_factor);
 }
 
 // stage_out_cols: this thread's rows r0, r0 + 8 (times f[0], f[1]) into the stage and the warpgroup's columns col0 ..
@@ -236,7 +237,7 @@ __device__ __forceinline__ void stage_out_cols(const Args &a, const CtaCommon &c
     }
 }
 
-// Both: both rows' factors first (their double divisions side by side), then stage_out_cols.
+// Both: both rows' factors first (their double divisions side by side), then stage_out_cols, then the rows' lse.
 template <int N, class Stat>
 __device__ __forceinline__ void finish_cols_direct(const Args &a, const CtaCommon &c, int h0, int r0, int col0, int t4,
                                                    const float (&o)[N], Stat stat, uint32_t stage, int bar)
@@ -245,10 +246,17 @@ __device__ __forceinline__ void finish_cols_direct(const Args &a, const CtaCommo
 #pragma unroll
     for (int hf = 0; hf < 2; ++hf) {
         const int hr = h0 + r0 + 8 * hf;
-        if (hr < c.h) f[hf] = row_factor(a, c, hr, col0 == 0 && t4 == 0, stat(hf, r0 + 8 * hf));
+        if (hr < c.h) f[hf] = row_factor(a, hr, stat(hf, r0 + 8 * hf));
     }
     trace(a, kTraceEdge, kTrStaged);
     stage_out_cols(a, c, h0, r0, col0, t4, o, f, stage, bar);
+    if (col0 == 0 && t4 == 0) {
+#pragma unroll
+        for (int hf = 0; hf < 2; ++hf) {
+            const int hr = h0 + r0 + 8 * hf;
+            if (hr < c.h) row_stats_out(a, c, hr, stat(hf, r0 + 8 * hf));
+        }
+    }
 }
 
 // The writer of a warpgroup's O columns: finish_cols_direct for a direct output when kStagedOut
