@@ -138,8 +138,8 @@ EDGES = [
     ("epilogue WG1", (WG1, None, 2), (WG1, None, 3)),
 ] + [(f"epilogue {wg}: {name}", (slot, None, a), (slot, None, b))
      for wg, slot in (("WG0", WG0), ("WG1", WG1))
-     for name, a, b in (("start -> row statistics met", 2, 5), ("statistics -> its rows staged", 5, 6),
-                        ("staged -> warpgroup met", 6, 7), ("met -> stores issued (end)", 7, 3))] + [
+     for name, a, b in (("start -> row statistics met", 2, 5), ("statistics -> row factors ready", 5, 6),
+                        ("factors -> first block met", 6, 7), ("first block met -> stores issued (end)", 7, 3))] + [
     ("WG0 epilogue start -> WG1 epilogue start", (WG0, None, 2), (WG1, None, 2)),
     ("whole CTA (WG0 start -> WG1 end)", (WG0, None, 0), (WG1, None, 3)),
 ]

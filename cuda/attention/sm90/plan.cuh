@@ -29,7 +29,7 @@ namespace sm90 {
 #ifndef SMLA_SM90_CONSUMER_SCAN
 #define SMLA_SM90_CONSUMER_SCAN 1
 #endif
-// The staged direct output (finish_cols_direct, sm90/score_tile.cuh) one 64-column block at a time: staged, met,
+// The staged direct output (stage_out_cols, sm90/score_tile.cuh) one 64-column block at a time: staged, met,
 // stored, so that the next block's staging overlaps this one's stores. 0: all staged, then all stored.
 #ifndef SMLA_SM90_OUT_PIPE
 #define SMLA_SM90_OUT_PIPE 1

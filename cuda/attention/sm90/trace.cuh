@@ -25,8 +25,9 @@ constexpr int kTraceCtas = 16, kTraceSlots = 4, kTraceSteps = 48, kTraceEvents =
 constexpr int kTraceCta0 = SMLA_TRACE_CTA0;
 constexpr int kTraceEdge = kTraceSteps - 1;  // the step of the prologue / epilogue events
 // Edge events (step kTraceEdge), every slot: kernel start, the tile scan done, epilogue start and end; the
-// consumers' Q landed (the wide kernel); the direct output's stages (finish_cols_direct: the row statistics
-// published, this warpgroup's rows staged, the warpgroup met); the producers' speculated tile 0 issued.
+// consumers' Q landed (the wide kernel); the direct output's stages (finish_cols_direct, ConsumerBase::early_out:
+// the row statistics met, the rows' factors ready, the warpgroup met at its first staged block, stage_out_cols);
+// the producers' speculated tile 0 issued.
 enum TraceEdge {
     kTrStart = 0, kTrScanned = 1, kTrEpilogue = 2, kTrEnd = 3, kTrQ = 4,
     kTrStats = 5, kTrStaged = 6, kTrStageMet = 7, kTrSpec = 8
