@@ -25,12 +25,15 @@ namespace sm90 {
 // which wait for Q meanwhile, while the producers issue tile 0; before, the producers scanned after issuing tile 0, so
 // the scan's 2,048 loads queued behind its copies. H100 (benchmarks/README.md, issue 16, twenty-sixth session):
 // a mid-run CTA's scan done 3,694 instead of 5,553 cycles after its start and its tile 1 at 8,543 instead of
-// 10,587; the causal fresh prompt at h = 128 "fast" 1,234 / 1,256 against 1,303 us. 0: the producers scan.
+// 10,587; the causal fresh prompt at h = 128 "fast" 1-5% faster (1,234 / 1,256 against 1,303 us in one call, 1,282 /
+// 1,294 against 1,285 / 1,325 in another), the full calls within the spread. 0: the producers scan.
 #ifndef SMLA_SM90_CONSUMER_SCAN
 #define SMLA_SM90_CONSUMER_SCAN 1
 #endif
 // The staged direct output (stage_out_cols, sm90/score_tile.cuh) one 64-column block at a time: staged, met,
 // stored, so that the next block's staging overlaps this one's stores. 0: all staged, then all stored.
+// This and SMLA_SM90_EARLY_OUT: on an H100 the calls with them measured within the spread of those without
+// (twenty-sixth session); the trace of the epilogue in their final form is still to be taken (benchmarks/README.md).
 #ifndef SMLA_SM90_OUT_PIPE
 #define SMLA_SM90_OUT_PIPE 1
 #endif
