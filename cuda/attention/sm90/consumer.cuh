@@ -121,7 +121,7 @@ struct ConsumerBase {
     // factor (out_factors: Q's block 8, which the staged output leaves alone, dead once WG0's last S is done) and
     // arrives at kBarL without waiting, so that it stages and stores its columns at once; WG1 waits there and takes
     // the factors (no double arithmetic of its own).
-    __device__ __forceinline__ bool early_out() const { return kEarlyOut && kStagedOut && a.n_splits == 1; }
+    __device__ __forceinline__ bool early_out() const { return kEarlyOut && staged_direct(a); }
     __device__ __forceinline__ static float *out_factors(const Cta<XO> &c)
     {
         return reinterpret_cast<float *>(c.smem + Smem::q.off + 8 * kBlk);
@@ -431,29 +431,17 @@ struct ScoreWarpgroup : ConsumerBase<ABL, XO, FAST, SPLIT, 0> {
             l_r[i] += __shfl_xor_sync(0xffffffffu, l_r[i], 1);
             l_r[i] += __shfl_xor_sync(0xffffffffu, l_r[i], 2);
         }
-        if (!SPLITS && B::early_out()) {
-            float f[2] = {0.f, 0.f};
-#pragma unroll
-            for (int hf = 0; hf < 2; ++hf) {
-                const int hr = c.h0 + r0 + 8 * hf;
-                if (hr < c.h) f[hf] = row_factor(a, hr, RowStat{m_r[hf], l_r[hf], m_t[hf]});
-            }
-            if (t4 == 0) {
-                float *const sf = B::out_factors(c);
-                sf[r0] = f[0];
-                sf[r0 + 8] = f[1];
-            }
-            named_arrive(kBarL, 256);
-            trace(a, kTraceEdge, kTrStats);
-            trace(a, kTraceEdge, kTrStaged);
-            stage_out_cols(a, c, c.h0, r0, B::col0(), t4, o, f, c.sQ, kBarOut + B::wg);
-            if (t4 == 0) {  // the rows' lse and max_logits (row_stats_out), their log's latency beside the stores
-#pragma unroll
-                for (int hf = 0; hf < 2; ++hf) {
-                    const int hr = c.h0 + r0 + 8 * hf;
-                    if (hr < c.h) row_stats_out(a, c, hr, RowStat{m_r[hf], l_r[hf], m_t[hf]});
+        if (!SPLITS && B::early_out()) {  // the statistics from registers; the factors handed over before the stores
+            const auto stat = [&](int hf, int) { return RowStat{m_r[hf], l_r[hf], m_t[hf]}; };
+            finish_cols_direct(a, c, c.h0, r0, B::col0(), t4, o, stat, c.sQ, kBarOut + B::wg, [&](const float (&f)[2]) {
+                if (t4 == 0) {
+                    float *const sf = B::out_factors(c);
+                    sf[r0] = f[0];
+                    sf[r0 + 8] = f[1];
                 }
-            }
+                named_arrive(kBarL, 256);
+                trace(a, kTraceEdge, kTrStats);
+            });
             return;
         }
         if (t4 == 0) {

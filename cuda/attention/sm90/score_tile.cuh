@@ -237,10 +237,15 @@ __device__ __forceinline__ void stage_out_cols(const Args &a, const CtaCommon &c
     }
 }
 
-// Both: both rows' factors first (their double divisions side by side), then stage_out_cols, then the rows' lse.
-template <int N, class Stat>
+// Both: both rows' factors first (their double divisions side by side), then hand(f) (the wide kernel's WG0 hands them
+// to WG1 there: ConsumerBase::early_out), stage_out_cols, then the rows' lse.
+struct NoHandOver {
+    __device__ __forceinline__ void operator()(const float (&)[2]) const {}
+};
+template <int N, class Stat, class Hand = NoHandOver>
 __device__ __forceinline__ void finish_cols_direct(const Args &a, const CtaCommon &c, int h0, int r0, int col0, int t4,
-                                                   const float (&o)[N], Stat stat, uint32_t stage, int bar)
+                                                   const float (&o)[N], Stat stat, uint32_t stage, int bar,
+                                                   Hand hand = {})
 {
     float f[2] = {0.f, 0.f};
 #pragma unroll
@@ -248,6 +253,7 @@ __device__ __forceinline__ void finish_cols_direct(const Args &a, const CtaCommo
         const int hr = h0 + r0 + 8 * hf;
         if (hr < c.h) f[hf] = row_factor(a, hr, stat(hf, r0 + 8 * hf));
     }
+    hand(f);
     trace(a, kTraceEdge, kTrStaged);
     stage_out_cols(a, c, h0, r0, col0, t4, o, f, stage, bar);
     if (col0 == 0 && t4 == 0) {
@@ -259,9 +265,13 @@ __device__ __forceinline__ void finish_cols_direct(const Args &a, const CtaCommo
     }
 }
 
-// The writer of a warpgroup's O columns: finish_cols_direct for a direct output when kStagedOut
-// (plan.cuh), else finish_cols. stage: Q's region (dead once every S is done), bar: the warpgroup's
-// named barrier. SPLITS: a kernel that always writes split partials (no direct output's code).
+// The rule: a call's output goes through shared memory (finish_cols_direct) where it is direct (no top-k split) and
+// kStagedOut (plan.cuh).
+__device__ __forceinline__ bool staged_direct(const Args &a) { return kStagedOut && !(a.n_splits > 1); }
+
+// The writer of a warpgroup's O columns: finish_cols_direct where staged_direct, else finish_cols. stage: Q's region
+// (dead once every S is done), bar: the warpgroup's named barrier. SPLITS: a kernel that always writes split
+// partials (no direct output's code).
 template <bool SPLITS = false, int N, class Stat>
 __device__ __forceinline__ void finish_o_cols(const Args &a, const CtaCommon &c, int h0, int r0, int col0, int t4,
                                               const float (&o)[N], Stat stat, uint32_t stage, int bar)
@@ -269,7 +279,7 @@ __device__ __forceinline__ void finish_o_cols(const Args &a, const CtaCommon &c,
     if constexpr (SPLITS) {
         finish_cols<1>(a, c, h0, r0, col0, t4, o, stat);
     } else if constexpr (kStagedOut) {
-        if (a.n_splits > 1) finish_cols<1>(a, c, h0, r0, col0, t4, o, stat);
+        if (!staged_direct(a)) finish_cols<1>(a, c, h0, r0, col0, t4, o, stat);  // staged: not direct, so a split
         else finish_cols_direct(a, c, h0, r0, col0, t4, o, stat, stage, bar);
     } else {
         finish_cols(a, c, h0, r0, col0, t4, o, stat);
