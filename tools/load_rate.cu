@@ -9,6 +9,8 @@
 //   tma PW warps: lanes 0 .. 64 / PW - 1 of each warp issue their row's nine cp.async.bulk.tensor.2d boxes of
 //     {64 values, 1 row} (one 128-byte chunk each) with the 128-byte swizzle into the same layout,
 //     completing on the buffer's mbarrier (one expect_tx arrival a warp).
+//   mixed: blocks 0 .. NB - 1 by four cp.async warps, the rest by TMA boxes from four more warps; and the cp.async and
+//     a mixed way on a half and a quarter of the SMs.
 // Prints us, GB/s and SM cycles per tile (mean over CTAs), and checks each way's first tile against the
 // cp.async one byte for byte.
 //   nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a -o /tmp/load_rate tools/load_rate.cu && /tmp/load_rate
@@ -146,6 +148,77 @@ __global__ void __launch_bounds__(32 * PW, 1) gather_tma(const __grid_constant__
     if (tid == 0) cyc[blockIdx.x] = clock64() - t0;
 }
 
+// ---- both paths at once: column blocks 0 .. NB - 1 by the cp.async warps 0..3 (the kernels' producer layout), blocks
+// NB .. 8 by TMA boxes from warps 4..7 (lanes 0..15 of warp 4 + w: rows 16 w ..), on the buffer's mbarrier. Does the
+// TMA path add to the gather rate the cp.async path reaches alone (issue 16, twenty-seventh session)?
+template <int NB>
+__global__ void __launch_bounds__(256, 1) gather_mixed(const __grid_constant__ CUtensorMap map, const uint8_t *kv,
+                                                       const int *idx, long long *cyc, uint8_t *dump)
+{
+    extern __shared__ uint8_t raw[];
+    const uint32_t base = (smem_u32(raw) + 1023u) & ~1023u;
+    const uint32_t bars = base + 2 * kTileBytes;
+    const int tid = threadIdx.x, w = tid >> 5, lane = tid & 31;
+    if (tid == 0) {
+        mbar_init(bars, 4);
+        mbar_init(bars + 8, 4);
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }
+    __syncthreads();
+    const int *myidx = idx + static_cast<long long>(blockIdx.x) * kTiles * kBN;
+    const bool dump0 = dump && blockIdx.x == 0;
+    const auto dump_tile0 = [&] {  // both paths' tile 0 landed: all 256 threads copy it out
+        asm volatile("barrier.sync 1, 256;\n" ::: "memory");
+        for (int i = tid; i < kTileBytes; i += 256) dump[i] = raw[(base - smem_u32(raw)) + i];
+        asm volatile("barrier.sync 2, 256;\n" ::: "memory");
+    };
+    const long long t0 = clock64();
+    if (w < 4) {  // cp.async: the 16 rows 16 w + 4 i + sub, blocks 0 .. NB - 1
+        const int sub = lane >> 3, cl = lane & 7;
+        for (int t = 0; t < kTiles; ++t) {
+            const uint32_t kb = base + (t & 1) * kTileBytes;
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+                const int r = 16 * w + 4 * i + sub;
+                const uint8_t *src = kv + static_cast<long long>(myidx[t * kBN + r]) * kRowBytes + cl * 16;
+                const uint32_t dst = kb + r * 128 + ((cl ^ (r & 7)) << 4);
+#pragma unroll
+                for (int c8 = 0; c8 < NB; ++c8) cp16(dst + c8 * kBlk, src + c8 * 128, 16);
+            }
+            asm volatile("cp.async.commit_group;\n" ::: "memory");
+            asm volatile("cp.async.wait_group 1;\n" ::: "memory");
+            if (t == 0 && dump0) {
+                asm volatile("cp.async.wait_group 0;\n" ::: "memory");
+                dump_tile0();
+            }
+        }
+        asm volatile("cp.async.wait_group 0;\n" ::: "memory");
+    } else {  // TMA: lane j < 16 of warp 4 + v issues row 16 v + j's boxes NB .. 8
+        const int v = w - 4;
+        for (int t = 0; t < kTiles; ++t) {
+            const int b = t & 1;
+            const uint32_t kb = base + b * kTileBytes, bar = bars + 8 * b;
+            if (t >= 2) mbar_wait(bar, ((t >> 1) - 1) & 1);
+            __syncwarp();
+            if (lane == 0) mbar_expect(bar, 16 * (9 - NB) * 128);
+            __syncwarp();
+            if (lane < 16) {
+                const int r = 16 * v + lane, row = myidx[t * kBN + r];
+#pragma unroll
+                for (int c8 = NB; c8 < 9; ++c8) tma_row_chunk(kb + c8 * kBlk + r * 128, &map, 64 * c8, row, bar);
+            }
+            if (t == 0 && dump0) {
+                mbar_wait(bar, 0);
+                dump_tile0();
+            }
+        }
+        mbar_wait(bars + 8 * ((kTiles - 1) & 1), ((kTiles - 1) >> 1) & 1);
+        mbar_wait(bars + 8 * ((kTiles - 2) & 1), ((kTiles - 2) >> 1) & 1);
+    }
+    __syncthreads();
+    if (tid == 0) cyc[blockIdx.x] = clock64() - t0;
+}
+
 typedef CUresult (*EncodeTiled)(CUtensorMap *, CUtensorMapDataType, cuuint32_t, void *, const cuuint64_t *,
                                 const cuuint64_t *, const cuuint32_t *, const cuuint32_t *, CUtensorMapInterleave,
                                 CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
@@ -186,6 +259,7 @@ int main()
     }
 
     // launch(dump): one call of a way's kernel; the first way's tile 0 is the reference of the others'
+    int nctas = ctas;  // the CTAs of the next run (a run on part of the SMs sets it)
     auto run = [&](const char *name, auto kern, auto launch, bool set_ref, bool check) -> int {
         CK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
         cudaEvent_t e0, e1;
@@ -202,11 +276,11 @@ int main()
             CK(cudaEventElapsedTime(&ms, e0, e1));
             if (rep > 0 && ms < best) best = ms;
         }
-        std::vector<long long> c(ctas);
-        CK(cudaMemcpy(c.data(), cyc, ctas * 8, cudaMemcpyDeviceToHost));
+        std::vector<long long> c(nctas);
+        CK(cudaMemcpy(c.data(), cyc, nctas * 8, cudaMemcpyDeviceToHost));
         double mc = 0;
         for (auto v : c) mc += static_cast<double>(v);
-        mc /= ctas;
+        mc /= nctas;
         long long bad = -1;
         if (check) {
             std::vector<uint8_t> x(kTileBytes), y(kTileBytes);
@@ -216,16 +290,19 @@ int main()
             for (int i = 0; i < kTileBytes; ++i) bad += x[i] != y[i];
         }
         if (set_ref) CK(cudaMemcpy(ref, dump, kTileBytes, cudaMemcpyDeviceToDevice));
-        const double bytes = static_cast<double>(ctas) * kTiles * kBN * kRowBytes;
+        const double bytes = static_cast<double>(nctas) * kTiles * kBN * kRowBytes;
         std::printf("%-34s %8.1f us %7.0f GB/s %7.0f cycles/tile  %s\n", name, best * 1e3, bytes / (best * 1e-3) / 1e9,
                     mc / kTiles, bad < 0 ? "" : (bad == 0 ? "tile 0 = cp.async's" : "TILE 0 DIFFERS"));
         return 0;
     };
     const auto cpa = [&](auto kern, int threads) {
-        return [=](uint8_t *d) { kern<<<ctas, threads, kSmem>>>(kv, idx, cyc, d); };
+        return [=, &nctas](uint8_t *d) { kern<<<nctas, threads, kSmem>>>(kv, idx, cyc, d); };
     };
     const auto tma = [&](auto kern, int threads) {
-        return [=, &map](uint8_t *d) { kern<<<ctas, threads, kSmem>>>(map, idx, cyc, d); };
+        return [=, &map, &nctas](uint8_t *d) { kern<<<nctas, threads, kSmem>>>(map, idx, cyc, d); };
+    };
+    const auto mixed = [&](auto kern) {
+        return [=, &map, &nctas](uint8_t *d) { kern<<<nctas, 256, kSmem>>>(map, kv, idx, cyc, d); };
     };
     std::printf("# %d CTAs (one per SM at a time, %d B of shared memory each), %d tiles of 64 random rows x 1152 B each\n",
                 ctas, kSmem, kTiles);
@@ -239,6 +316,19 @@ int main()
         if (run("cpasync 16 warps", gather_cpasync<16, 0>, cpa(gather_cpasync<16, 0>, 512), false, true)) return 1;
         if (run("tma {64,1} boxes, 4 warps", gather_tma<4>, tma(gather_tma<4>, 128), false, true)) return 1;
         if (run("tma {64,1} boxes, 8 warps", gather_tma<8>, tma(gather_tma<8>, 256), false, true)) return 1;
+        if (run("cpasync 8 blocks + tma 1 (4+4 warps)", gather_mixed<8>, mixed(gather_mixed<8>), false, true)) return 1;
+        if (run("cpasync 7 blocks + tma 2 (4+4 warps)", gather_mixed<7>, mixed(gather_mixed<7>), false, true)) return 1;
+        if (run("cpasync 6 blocks + tma 3 (4+4 warps)", gather_mixed<6>, mixed(gather_mixed<6>), false, true)) return 1;
+        // the same ways on part of the SMs (one CTA each, one wave): is a tile's time the SM's or the L2's?
+        for (int part : {2, 4}) {
+            nctas = sms / part;
+            char name[64];
+            std::snprintf(name, sizeof name, "cpasync 4 warps, 1/%d of the SMs", part);
+            if (run(name, gather_cpasync<4, 0>, cpa(gather_cpasync<4, 0>, 128), false, true)) return 1;
+            std::snprintf(name, sizeof name, "cpasync 7 + tma 2, 1/%d of the SMs", part);
+            if (run(name, gather_mixed<7>, mixed(gather_mixed<7>), false, true)) return 1;
+            nctas = ctas;
+        }
     }
     return 0;
 }
