@@ -4,8 +4,10 @@ every index -1 (no tile runs: the index scan, Q and the epilogue only), then a l
 per-wave time = F + n * t over n tiles. One CTA per SM, so waves = ceil(CTAs / SMs); F is what a CTA
 pays besides its tiles (the tile scan, Q and the first tile with nothing to overlap them, the epilogue),
 which sets the causal fresh-prompt ratio (16.5 t + F) / (32 t + F) (benchmarks/README.md, issue 16).
+--part-sms instead times one call of s_q = 4 .. 264 query rows (2 s_q CTAs: from a few SMs busy to four waves),
+top-k 2048, L2 warm: how much faster a CTA is when fewer SMs gather from L2 at the same time.
 
-    PYTHONPATH=src python3 tools/cta_cost.py [--precision fast|high] [--kernel auto|sm90|sm90p]
+    PYTHONPATH=src python3 tools/cta_cost.py [--precision fast|high] [--kernel auto|sm90|sm90p] [--part-sms]
 """
 import argparse
 import os
@@ -32,6 +34,7 @@ def main():
     ap.add_argument("--precision", default="fast", choices=["fast", "high"])
     ap.add_argument("--kernel", default="auto", choices=["auto", "sm90", "sm90p"])
     ap.add_argument("--iters", type=int, default=10)
+    ap.add_argument("--part-sms", action="store_true", help="the time of one call with part of the SMs busy")
     args = ap.parse_args()
     gpu = open_gpu("cta_cost", args.kernel)
     if gpu is None:
@@ -52,6 +55,18 @@ def main():
                          args.iters, 2, True)
 
     sms = torch.cuda.get_device_properties(0).multi_processor_count
+    if args.part_sms:
+        print(f"# {torch.cuda.get_device_name(0)}, {sms} SMs; kernel {args.kernel}, precision {args.precision}; "
+              f"h={H} s_kv={S_KV} top-k 2048; median of {max(args.iters, 50)}, L2 warm")
+        for s_q in (4, 8, 16, 33, 66, 132, 264):
+            qs, os_, idx = q[:s_q].contiguous(), out[:s_q], full[:s_q].contiguous()
+            us = events_us(torch, lambda: smla.sparse_mla_prefill(qs, kv, idx, softmax_scale=0.04, out=os_,
+                                                                  precision=args.precision),
+                           max(args.iters, 50), 5, False)
+            ctas = s_q * (H // 64)
+            print(f"s_q {s_q:4d}: {ctas:4d} CTAs ({ctas / sms:.2f} x the SMs) {us:8.1f} us a call, "
+                  f"{us / -(-ctas // sms):7.1f} us a wave")
+        return 0
     waves = -(-(S_Q * (H // 64)) // sms)
     print(f"# {torch.cuda.get_device_name(0)}, {sms} SMs; kernel {args.kernel}, precision {args.precision}; "
           f"h={H} s_q={S_Q} s_kv={S_KV}; {waves} waves of one CTA per SM; median of {args.iters}, L2 flushed")

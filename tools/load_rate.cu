@@ -320,11 +320,15 @@ int main()
         if (run("cpasync 7 blocks + tma 2 (4+4 warps)", gather_mixed<7>, mixed(gather_mixed<7>), false, true)) return 1;
         if (run("cpasync 6 blocks + tma 3 (4+4 warps)", gather_mixed<6>, mixed(gather_mixed<6>), false, true)) return 1;
         // the same ways on part of the SMs (one CTA each, one wave): is a tile's time the SM's or the L2's?
-        for (int part : {2, 4}) {
+        for (int part : {2, 4, 16}) {
             nctas = sms / part;
             char name[64];
             std::snprintf(name, sizeof name, "cpasync 4 warps, 1/%d of the SMs", part);
             if (run(name, gather_cpasync<4, 0>, cpa(gather_cpasync<4, 0>, 128), false, true)) return 1;
+            std::snprintf(name, sizeof name, "cpasync 8 warps, 1/%d of the SMs", part);
+            if (run(name, gather_cpasync<8, 0>, cpa(gather_cpasync<8, 0>, 256), false, true)) return 1;
+            std::snprintf(name, sizeof name, "cpasync 16 warps, 1/%d of the SMs", part);
+            if (run(name, gather_cpasync<16, 0>, cpa(gather_cpasync<16, 0>, 512), false, true)) return 1;
             std::snprintf(name, sizeof name, "cpasync 7 + tma 2, 1/%d of the SMs", part);
             if (run(name, gather_mixed<7>, mixed(gather_mixed<7>), false, true)) return 1;
             nctas = ctas;

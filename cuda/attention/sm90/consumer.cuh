@@ -13,8 +13,7 @@
 //                bf16 terms, split_bf16x2), row sums in double; with kSpecSoftmax (softmax_spec) the
 //                exponents first, against the reference max, beside the maxima's reduction;
 //     publish  : (stmatrix) P_hi into the tile's RoPE block (dead once S is done), P_lo into its own block (high:
-//                after WG1 freed it, kBarFree), alpha into sAlpha[b]; arrive kBarP + b (kPvFirst, plan.cuh:
-//                after its own P V is issued);
+//                after WG1 freed it, kBarFree), alpha into sAlpha[b]; arrive kBarP + b;
 //     pv       : O[:, 0:SPLIT] = O * alpha + P V with P from registers (register A: m64n128k16 for the
 //                bf16 kernel's default SPLIT = 128, m64n256k16 for 256, plan.cuh);
 //     release  : hand the buffer back to the producer(s).
@@ -75,7 +74,6 @@ struct ConsumerBase {
     __device__ __forceinline__ void acquire(const Cta<XO> &c, int b, int use) const
     {
         mbar_wait(c.bar_full + 8 * b, use & 1);
-        if constexpr (kNoinc) fence_async_smem();  // the producers' cp.async data landed, not fenced by them
         if constexpr (XO) {
             mbar_wait(c.bar_rr + 8 * b, use & 1);  // the peer's half of the tile
             fence_async_smem();
@@ -320,12 +318,8 @@ struct ScoreWarpgroup : ConsumerBase<ABL, XO, FAST, SPLIT, 0> {
 
     // P and alpha for WG1 (P_hi into the RoPE block of K buffer kb, which only S read; P_lo into its
     // block once WG1 is done with the previous one), then kBarP.
-    // publish_stores writes them, publish_arrive makes them visible to WG1's wgmma and hands them over (with
-    // kPvFirst this warpgroup's own P V is issued between the two, so that the tensor cores run it while the fence
-    // waits for the stmatrix stores).
-    __device__ __forceinline__ void publish_stores(const Cta<XO> &c, int it, int b, uint32_t kb,
-                                                   const float (&alpha)[2], const uint32_t (&hi)[16],
-                                                   const uint32_t (&lo)[16]) const
+    __device__ __forceinline__ void publish(const Cta<XO> &c, int it, int b, uint32_t kb, const float (&alpha)[2],
+                                            const uint32_t (&hi)[16], const uint32_t (&lo)[16]) const
     {
         store_p(kb + 8 * kBlk, hi);
         if constexpr (!FAST) {
@@ -336,9 +330,6 @@ struct ScoreWarpgroup : ConsumerBase<ABL, XO, FAST, SPLIT, 0> {
             c.sAlpha[b * kHT + r0] = alpha[0];
             c.sAlpha[b * kHT + r0 + 8] = alpha[1];
         }
-    }
-    __device__ __forceinline__ static void publish_arrive(int b)
-    {
         fence_async_smem();
         named_arrive(kBarP + b, 256);
     }
@@ -389,8 +380,6 @@ struct ScoreWarpgroup : ConsumerBase<ABL, XO, FAST, SPLIT, 0> {
     // Tile it's S (complete, in s) through the mask and softmax to P (hi, lo) published for WG1, and this
     // warpgroup's O rescaled for the tile's P V.
     // full: the producers flagged every row of the tile valid (kFullFlag).
-    // kPvFirst (plan.cuh): this warpgroup's P V is issued between the stores and the hand-over, and pv_done
-    // waits for it; otherwise it is issued after the hand-over (pv_phase).
     __device__ __forceinline__ void softmax_publish(const Cta<XO> &c, int it, int b, uint32_t kb, bool full,
                                                     float (&s)[32], uint32_t (&hi)[16], uint32_t (&lo)[16])
     {
@@ -403,29 +392,9 @@ struct ScoreWarpgroup : ConsumerBase<ABL, XO, FAST, SPLIT, 0> {
             softmax(s, mx, alpha, hi, lo);
         }
         trace(a, it, 3);
-        publish_stores(c, it, b, kb, alpha, hi, lo);
-        if constexpr (kPvFirst) {
-            B::rescale(alpha);
-            pv_issue(kb, hi, lo);
-            publish_arrive(b);
-            trace(a, it, 4);
-        } else {
-            publish_arrive(b);
-            trace(a, it, 4);
-            B::rescale(alpha);
-        }
-    }
-    // The tile's own P V, after softmax_publish: issued there (kPvFirst) or here, complete on return.
-    __device__ __forceinline__ void pv_done(uint32_t kb, uint32_t (&hi)[16], uint32_t (&lo)[16])
-    {
-        if constexpr (kPvFirst) {
-            if constexpr (!B::kNoPV) {
-                wg_wait0();
-                pv_fence(hi, lo);
-            }
-        } else {
-            pv_phase(kb, hi, lo);
-        }
+        publish(c, it, b, kb, alpha, hi, lo);
+        trace(a, it, 4);
+        B::rescale(alpha);
     }
 
     // All K tiles; WG1's P V of tile it overlaps this warpgroup's S of tile it + 1. g0: the buffers' uses
@@ -446,7 +415,7 @@ struct ScoreWarpgroup : ConsumerBase<ABL, XO, FAST, SPLIT, 0> {
             s_phase(c, kb, s);
             trace(a, it, 2);
             softmax_publish(c, it, b, kb, full, s, hi, lo);
-            pv_done(kb, hi, lo);
+            pv_phase(kb, hi, lo);
             trace(a, it, 5);
             B::release(c, b);
         }

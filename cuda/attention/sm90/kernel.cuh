@@ -34,14 +34,13 @@ namespace sm90 {
 
 // The mbarriers (thread 0): full[b] counts the 128 producer threads, empty[b] the 256 consumer
 // threads (XO: one arrival per consumer warp of both CTAs), rr[b] (XO) the peer's bytes.
-// NOINC: the bf16 producers arrive twice per tile (full_arrivals, plan.cuh).
 template <bool XO>
-__device__ __forceinline__ void init_barriers(const Cta<XO> &c, bool q_tma = false, bool noinc = false)
+__device__ __forceinline__ void init_barriers(const Cta<XO> &c, bool q_tma = false)
 {
     if (c.tid == 0) {
         if (q_tma) mbar_init(q_bar(c), 1);
-        mbar_init(c.bar_full, full_arrivals(noinc));
-        mbar_init(c.bar_full + 8, full_arrivals(noinc));
+        mbar_init(c.bar_full, 128);
+        mbar_init(c.bar_full + 8, 128);
         mbar_init(c.bar_empty, XO ? 16 : 256);
         mbar_init(c.bar_empty + 8, XO ? 16 : 256);
         if constexpr (XO) {
@@ -101,7 +100,7 @@ __global__ void __launch_bounds__(kThreads, 1) attn_sm90_kernel(const __grid_con
     pdl_launch_dependents();  // the combine (split mode) may be scheduled; it waits for this grid
     // bf16: Q by TMA where the launcher described q (a.q_tma), on the mbarrier q_bar, else by the consumers' cp.async
     const bool q_tma = !FP8 && q_by_tma(a, c);
-    init_barriers(c, q_tma, !FP8 && kNoinc);
+    init_barriers(c, q_tma);
     if (c.nt > 0 && c.tid < 256 && !q_tma) load_q(a, c);
     if (!FP8 && c.tid < kMaskWords) mask[c.tid] = 0u;
     if constexpr (XO) cluster_sync();  // both CTAs' barriers initialised
@@ -114,7 +113,7 @@ __global__ void __launch_bounds__(kThreads, 1) attn_sm90_kernel(const __grid_con
     // (the producers issue the slice's tile 0 first: the scan's round trip overlaps its copies)
     if constexpr (!FP8) {
         const auto pre = [&] {
-            if (kSpeculate && c.nt_all > 0) Bf16Producer<ABL, 256, 4, kSpecSoftmax, kNoinc>(a, c).speculate();
+            if (kSpeculate && c.nt_all > 0) Bf16Producer<ABL, 256, 4, kSpecSoftmax>(a, c).speculate();
             trace(a, kTraceEdge, kTrSpec);
         };
         if constexpr (kConsumerScan) skip_empty_tiles_by_consumers<kThreads>(a, c, mask, kBarStart, pre);
@@ -127,7 +126,7 @@ __global__ void __launch_bounds__(kThreads, 1) attn_sm90_kernel(const __grid_con
     if (c.tid >= 256) {
         setmaxnreg_to<Regs::producer>();
         if constexpr (FP8) Fp8Producer<ABL, XO, 256, 4, /*SPREAD=*/!XO>(a, c, peer, peer_base).run();
-        else Bf16Producer<ABL, 256, 4, kSpecSoftmax, kNoinc>(a, c).run(kSpeculate && c.nt_all > 0);
+        else Bf16Producer<ABL, 256, 4, kSpecSoftmax>(a, c).run(kSpeculate && c.nt_all > 0);
         if constexpr (FUSED) {  // every thread takes part in the consumers' cluster barrier and the grid's
             if constexpr (XO) cluster_sync();
             combine_grid_sync();

@@ -42,19 +42,6 @@ namespace sm90 {
 #ifndef SMLA_SM90_EARLY_OUT
 #define SMLA_SM90_EARLY_OUT 1
 #endif
-// WG0 of the wide kernels issues its own P V of a tile right after the stmatrix stores of P, before the fence and
-// the hand-over to WG1 (ScoreWarpgroup::softmax_publish, sm90/consumer.cuh), so that the tensor cores run it while
-// the fence waits for the stores. 0: the hand-over first, then the P V.
-#ifndef SMLA_SM90_PV_FIRST
-#define SMLA_SM90_PV_FIRST 0
-#endif
-// The wide bf16 kernel's producers do not wait for their copies of a tile to land: each arrives on the full barrier
-// when they land (cp.async.mbarrier.arrive.noinc) and once for its row flags, and goes on to the next tile at once
-// (Bf16Producer NOINC, sm90/producer.cuh); the consumers fence the async proxy after their wait. 0: each producer
-// thread waits for its copies, fences and arrives.
-#ifndef SMLA_SM90_NOINC
-#define SMLA_SM90_NOINC 0
-#endif
 #ifndef SMLA_SM90_STAGED_OUT
 #define SMLA_SM90_STAGED_OUT 1  // direct output rows staged through Q's smem, 16-byte stores
 #endif
@@ -107,10 +94,6 @@ constexpr bool kSpeculate = SMLA_SM90_SPECULATE != 0, kStagedOut = SMLA_SM90_STA
 constexpr bool kConsumerScan = SMLA_SM90_CONSUMER_SCAN != 0;
 constexpr bool kOutPipe = SMLA_SM90_OUT_PIPE != 0;
 constexpr bool kEarlyOut = SMLA_SM90_EARLY_OUT != 0;
-constexpr bool kPvFirst = SMLA_SM90_PV_FIRST != 0;
-constexpr bool kNoinc = SMLA_SM90_NOINC != 0;
-// The full barrier's arrivals per tile: one per producer thread, two with kNoinc in the wide bf16 kernel.
-constexpr int full_arrivals(bool noinc) { return noinc ? 256 : 128; }
 constexpr bool kLazyMax = SMLA_SM90_LAZY_MAX != 0, kPersistent = SMLA_SM90_PERSISTENT != 0;
 static_assert(!kLazyMax || kStagedOut, "the lazy max writes max_logits from the true max (finish_half_direct)");
 constexpr bool kSpecSoftmax = SMLA_SM90_SPEC_SOFTMAX != 0 && kLazyMax;  // it speculates on the lazy max

@@ -157,13 +157,9 @@ __device__ __forceinline__ void skip_empty_tiles(const Args &a, CtaCommon &c, ui
 // TILE_FLAG (the wide kernel with kSpecSoftmax, plan.cuh): warp pw also sets byte pw of the buffer's
 // Smem::full_tile word to whether all its rows of the tile are valid (set_full_rows, plan.cuh; its consumers
 // skip the mask then).
-// NOINC (the wide kernel with kNoinc, plan.cuh): a thread does not wait for its copies of a tile; its arrivals on the
-// full barrier are one made when they land (cp.async.mbarrier.arrive.noinc) and one for its row flags, so the barrier
-// counts 2 x 128 (full_arrivals) and the consumers fence the async proxy after their wait (ConsumerBase::acquire).
-template <int ABL, int P0 = 256, int PW = 4, bool TILE_FLAG = false, bool NOINC = false>
+template <int ABL, int P0 = 256, int PW = 4, bool TILE_FLAG = false>
 struct Bf16Producer {
     static_assert(!TILE_FLAG || (P0 == 256 && PW == 4), "the tile flag is the wide kernel's: four producer warps");
-    static_assert(!NOINC || (P0 == 256 && PW == 4), "the arrivals on landing are the wide kernel's");
     static constexpr bool kNoLoad = (ABL & 1) != 0;
     static constexpr int kRows = kBN / PW, kNi = kRows / 4;  // rows per warp, 4-row steps
     static_assert(kRows % 4 == 0, "4 rows per warp step");
@@ -261,18 +257,11 @@ struct Bf16Producer {
             trace(a, it, 2);
 #pragma unroll
             for (int i = 0; i < kNi; ++i) idx_cur[i] = idx_nxt[i];
-            if constexpr (NOINC) {
-                cp_async_mbar_arrive_noinc(c.bar_full + 8 * b);  // once this thread's copies landed
-                mbar_arrive(c.bar_full + 8 * b);                 // its row flags (release)
-                trace(a, it, 3);
-                continue;
-            }
             cp_async_wait_all();
             trace(a, it, 3);
             fence_async_smem();
             mbar_arrive(c.bar_full + 8 * b);
         }
-        if constexpr (NOINC) cp_async_wait_all();  // no copy outlives its thread
     }
 };
 
