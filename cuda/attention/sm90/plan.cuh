@@ -33,7 +33,8 @@ namespace sm90 {
 // The staged direct output (stage_out_cols, sm90/score_tile.cuh) one 64-column block at a time: staged, met,
 // stored, so that the next block's staging overlaps this one's stores. 0: all staged, then all stored.
 // This and SMLA_SM90_EARLY_OUT: on an H100 the calls with them measured within the spread of those without
-// (twenty-sixth session); the trace of the epilogue in their final form is still to be taken (benchmarks/README.md).
+// (twenty-sixth session); in their final form WG1 meets WG0's factors 601 cycles into its epilogue, and its last P V
+// to the CTA's end takes 5,006 cycles against 5,254 before them (trace, twenty-seventh session; benchmarks/README.md).
 #ifndef SMLA_SM90_OUT_PIPE
 #define SMLA_SM90_OUT_PIPE 1
 #endif
