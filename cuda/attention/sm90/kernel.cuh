@@ -113,7 +113,7 @@ __global__ void __launch_bounds__(kThreads, 1) attn_sm90_kernel(const __grid_con
     // (the producers issue the slice's tile 0 first: the scan's round trip overlaps its copies)
     if constexpr (!FP8) {
         const auto pre = [&] {
-            if (kSpeculate && c.nt_all > 0) Bf16Producer<ABL, 256, 4, kSpecSoftmax>(a, c).speculate();
+            if (kSpeculate && c.nt_all > 0) Bf16Producer<ABL, 256, 4, kSpecSoftmax, kPrefetchBlocks>(a, c).speculate();
             trace(a, kTraceEdge, kTrSpec);
         };
         if constexpr (kConsumerScan) skip_empty_tiles_by_consumers<kThreads>(a, c, mask, kBarStart, pre);
@@ -126,7 +126,7 @@ __global__ void __launch_bounds__(kThreads, 1) attn_sm90_kernel(const __grid_con
     if (c.tid >= 256) {
         setmaxnreg_to<Regs::producer>();
         if constexpr (FP8) Fp8Producer<ABL, XO, 256, 4, /*SPREAD=*/!XO>(a, c, peer, peer_base).run();
-        else Bf16Producer<ABL, 256, 4, kSpecSoftmax>(a, c).run(kSpeculate && c.nt_all > 0);
+        else Bf16Producer<ABL, 256, 4, kSpecSoftmax, kPrefetchBlocks>(a, c).run(kSpeculate && c.nt_all > 0);
         if constexpr (FUSED) {  // every thread takes part in the consumers' cluster barrier and the grid's
             if constexpr (XO) cluster_sync();
             combine_grid_sync();

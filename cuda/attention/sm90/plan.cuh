@@ -43,6 +43,12 @@ namespace sm90 {
 #ifndef SMLA_SM90_EARLY_OUT
 #define SMLA_SM90_EARLY_OUT 1
 #endif
+// The wide bf16 kernel's producers load column blocks 0 .. SMLA_SM90_PREFETCH - 1 of the next K tile into registers as
+// soon as the current one landed, and store them into its buffer once it is free, beside the copies of the other
+// blocks (Bf16Producer PB, sm90/producer.cuh). 0: every block by cp.async after the buffer's release.
+#ifndef SMLA_SM90_PREFETCH
+#define SMLA_SM90_PREFETCH 0
+#endif
 #ifndef SMLA_SM90_STAGED_OUT
 #define SMLA_SM90_STAGED_OUT 1  // direct output rows staged through Q's smem, 16-byte stores
 #endif
@@ -95,6 +101,7 @@ constexpr bool kSpeculate = SMLA_SM90_SPECULATE != 0, kStagedOut = SMLA_SM90_STA
 constexpr bool kConsumerScan = SMLA_SM90_CONSUMER_SCAN != 0;
 constexpr bool kOutPipe = SMLA_SM90_OUT_PIPE != 0;
 constexpr bool kEarlyOut = SMLA_SM90_EARLY_OUT != 0;
+constexpr int kPrefetchBlocks = SMLA_SM90_PREFETCH;
 constexpr bool kLazyMax = SMLA_SM90_LAZY_MAX != 0, kPersistent = SMLA_SM90_PERSISTENT != 0;
 static_assert(!kLazyMax || kStagedOut, "the lazy max writes max_logits from the true max (finish_half_direct)");
 constexpr bool kSpecSoftmax = SMLA_SM90_SPEC_SOFTMAX != 0 && kLazyMax;  // it speculates on the lazy max
