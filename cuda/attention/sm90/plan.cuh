@@ -45,7 +45,10 @@ namespace sm90 {
 #endif
 // The wide bf16 kernel's producers load column blocks 0 .. SMLA_SM90_PREFETCH - 1 of the next K tile into registers as
 // soon as the current one landed, and store them into its buffer once it is free, beside the copies of the other
-// blocks (Bf16Producer PB, sm90/producer.cuh). 0: every block by cp.async after the buffer's release.
+// blocks (Bf16Producer PB, sm90/producer.cuh): the loads then use the L2's idle time during the buffer's hold, and the
+// reload after the release copies 9 - PB blocks (benchmarks/README.md, issue 16, twenty-seventh session). Built and
+// compiled without spills at 2, 3 and 4 blocks; NOT yet run on a GPU (the session's device time was spent): measure
+// it before anything else. 0: every block by cp.async after the buffer's release.
 #ifndef SMLA_SM90_PREFETCH
 #define SMLA_SM90_PREFETCH 0
 #endif
