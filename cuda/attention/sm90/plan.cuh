@@ -43,6 +43,14 @@ namespace sm90 {
 #ifndef SMLA_SM90_EARLY_OUT
 #define SMLA_SM90_EARLY_OUT 1
 #endif
+// The staged direct output written into the stage by stmatrix, four per 64-column block and thread, instead of 16
+// 4-byte shared stores (stage_out_cols, sm90/score_tile.cuh): fewer instructions in the queue that the output's global
+// stores share (WG1's six blocks took 3,478 cycles from the first met to the last stores issued, twenty-seventh
+// session). Built and compiled (no spills in sm90/bf16.cu; one fp8 kernel spills 4 B with it), NOT yet run on a
+// GPU. 0: 4-byte shared stores.
+#ifndef SMLA_SM90_OUT_STSM
+#define SMLA_SM90_OUT_STSM 0
+#endif
 // The wide bf16 kernel's producers load column blocks 0 .. SMLA_SM90_PREFETCH - 1 of the next K tile into registers as
 // soon as the current one landed, and store them into its buffer once it is free, beside the copies of the other
 // blocks (Bf16Producer PB, sm90/producer.cuh): the loads then use the L2's idle time during the buffer's hold, and the
@@ -105,6 +113,7 @@ constexpr bool kConsumerScan = SMLA_SM90_CONSUMER_SCAN != 0;
 constexpr bool kOutPipe = SMLA_SM90_OUT_PIPE != 0;
 constexpr bool kEarlyOut = SMLA_SM90_EARLY_OUT != 0;
 constexpr int kPrefetchBlocks = SMLA_SM90_PREFETCH;
+constexpr bool kOutStsm = SMLA_SM90_OUT_STSM != 0;
 constexpr bool kLazyMax = SMLA_SM90_LAZY_MAX != 0, kPersistent = SMLA_SM90_PERSISTENT != 0;
 static_assert(!kLazyMax || kStagedOut, "the lazy max writes max_logits from the true max (finish_half_direct)");
 constexpr bool kSpecSoftmax = SMLA_SM90_SPEC_SOFTMAX != 0 && kLazyMax;  // it speculates on the lazy max

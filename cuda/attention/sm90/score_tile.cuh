@@ -194,16 +194,33 @@ __device__ __forceinline__ void stage_out_cols(const Args &a, const CtaCommon &c
     static_assert(kChunks % 8 == 0, "whole 64-column blocks");
     const smla_attn_params &p = a.p;
     const int k0 = col0 >> 3;  // col0 is a multiple of 64
-    // chunks [j0, j1) of this thread's rows into the stage
+    // chunks [j0, j1) of this thread's rows into the stage (kOutStsm: whole 64-column blocks by stmatrix, rows past h
+    // included: their factor is 0 and the stores below skip them)
     const auto put = [&](int j0, int j1) {
+        if constexpr (kOutStsm) {
 #pragma unroll
-        for (int hf = 0; hf < 2; ++hf) {
-            const int rl = r0 + 8 * hf;
-            if (h0 + rl >= c.h) continue;
+            for (int jb = j0; jb < j1; jb += 8) {
+                uint32_t pk[16];  // the A-fragment order of store_p_frags: k-step kk = chunks jb + 2 kk, + 1
 #pragma unroll
-            for (int jn = j0; jn < j1; ++jn)
-                st_shared_u32(blk_addr(stage, rl, k0 + jn) + 4 * t4,
-                              pack_bf16x2(o[4 * jn + 2 * hf] * f[hf], o[4 * jn + 2 * hf + 1] * f[hf]));
+                for (int kk = 0; kk < 4; ++kk) {
+                    const float *q = o + 4 * (jb + 2 * kk);
+                    pk[4 * kk + 0] = pack_bf16x2(q[0] * f[0], q[1] * f[0]);
+                    pk[4 * kk + 1] = pack_bf16x2(q[2] * f[1], q[3] * f[1]);
+                    pk[4 * kk + 2] = pack_bf16x2(q[4] * f[0], q[5] * f[0]);
+                    pk[4 * kk + 3] = pack_bf16x2(q[6] * f[1], q[7] * f[1]);
+                }
+                store_p_frags(stage + ((k0 + jb) >> 3) * kBlk, r0, c.lane, pk);
+            }
+        } else {
+#pragma unroll
+            for (int hf = 0; hf < 2; ++hf) {
+                const int rl = r0 + 8 * hf;
+                if (h0 + rl >= c.h) continue;
+#pragma unroll
+                for (int jn = j0; jn < j1; ++jn)
+                    st_shared_u32(blk_addr(stage, rl, k0 + jn) + 4 * t4,
+                                  pack_bf16x2(o[4 * jn + 2 * hf] * f[hf], o[4 * jn + 2 * hf + 1] * f[hf]));
+            }
         }
     };
     const int tw = c.tid & 127;
