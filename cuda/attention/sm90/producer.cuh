@@ -182,12 +182,19 @@ struct Bf16Producer {
     {
     }
 
+    // Row r_i of a tile (this lane's i-th), and where its chunk cl of column block 0 lives in K buffer kb.
+    __device__ __forceinline__ int row_of(int i) const { return kRows * pw + 4 * i + sub; }
+    __device__ __forceinline__ uint32_t chunk_dst(uint32_t kb, int r) const
+    {
+        return kb + r * 128 + ((cl ^ (r & 7)) << 4);
+    }
+
     // The indices of this lane's rows of slice tile t (nt_all: none, all -1).
     __device__ __forceinline__ void fetch_idx(int t, int (&v)[kNi]) const
     {
 #pragma unroll
         for (int i = 0; i < kNi; ++i) {
-            const int pos = (c.j0 + t) * kBN + kRows * pw + 4 * i + sub;
+            const int pos = (c.j0 + t) * kBN + row_of(i);
             v[i] = (t < c.nt_all && pos < c.L) ? __ldg(c.idx_row + pos) : -1;
         }
     }
@@ -209,8 +216,7 @@ struct Bf16Producer {
         const uint32_t kb = c.sK + b * kTileBytes;
 #pragma unroll
         for (int i = 0; i < kNi; ++i) {
-            const int r = kRows * pw + 4 * i + sub;
-            const uint32_t dst = kb + r * 128 + ((cl ^ (r & 7)) << 4);
+            const uint32_t dst = chunk_dst(kb, row_of(i));
 #pragma unroll
             for (int c8 = 0; c8 < PB; ++c8) st_shared_v4(dst + c8 * kBlk, pre.v[i][c8]);
         }
@@ -224,12 +230,12 @@ struct Bf16Producer {
         bool all_ok = true;
 #pragma unroll
         for (int i = 0; i < kNi; ++i) {
-            const int r = kRows * pw + 4 * i + sub;
+            const int r = row_of(i);
             const bool ok = kv.valid(idx[i]);  // -1 past L
             all_ok = all_ok && ok;
             const uint8_t *src = kv.row(idx[i], ok) + cl * 16;
             const int nb = (ok && !kNoLoad) ? 16 : 0;
-            const uint32_t dst = kb + r * 128 + ((cl ^ (r & 7)) << 4);
+            const uint32_t dst = chunk_dst(kb, r);
 #pragma unroll
             for (int c8 = C0; c8 < 9; ++c8) {
                 if (a.evict_last) cp_async16_hint(dst + c8 * kBlk, src + c8 * 128, nb, pol);
