@@ -153,13 +153,18 @@ struct ScoreWarpgroup : ConsumerBase<ABL, XO, FAST, SPLIT, 0> {
     float m_r[2] = {-INFINITY, -INFINITY};  // the reference max of P = 2^(S - m_r) (see softmax)
     float m_t[2] = {-INFINITY, -INFINITY};  // the true row max (max_logits)
     double l_r[2] = {0.0, 0.0};  // row sums in double (see sm80/tile.cuh)
+    // The persistent kernel's item after the first (sm90/kernel.cuh): before this warpgroup first writes what WG1 still
+    // reads from the last item (P_lo, "high": its first tile's publish; the row factors: the epilogue), it meets WG1's
+    // arrival at kBarItem (item_sync, once). false in the one-item kernel.
+    bool item_pending = false;
     // kLazyMax (plan.cuh): the reference max moves only when a tile's max exceeds it by more than
     // kLazySlack (log2 units, attention/softmax.cuh), so P <= 2^8 and O, l and WG1's O are rescaled
     // rarely (the max of random scores keeps creeping up in most tiles). lse = m_r + log2(l) holds for any reference; m_t gives
     // max_logits. Otherwise m_r is the running max itself.
 
-    __device__ __forceinline__ ScoreWarpgroup(const Args &a_, const Cta<XO> &cta, uint32_t peer_base_)
-        : B(a_, cta, peer_base_)
+    __device__ __forceinline__ ScoreWarpgroup(const Args &a_, const Cta<XO> &cta, uint32_t peer_base_,
+                                              bool after_item = false)
+        : B(a_, cta, peer_base_), item_pending(after_item)
     {
         // Q landed (wait_q / q_full): ldmatrix x4 per k-step, matrices (heads +0 / +8) x (dims +0 / +8)
         const int row = (r0 & ~15) + (B::lane & 7) + 8 * ((B::lane >> 3) & 1);
@@ -310,6 +315,12 @@ struct ScoreWarpgroup : ConsumerBase<ABL, XO, FAST, SPLIT, 0> {
         add_row_sums(alpha, rs);
     }
 
+    __device__ __forceinline__ void item_sync()
+    {
+        if (item_pending) named_sync(kBarItem, 256);
+        item_pending = false;
+    }
+
     // One A fragment set [64 x 64] into a swizzled [64 rows x 128 B] block (WG1's smem A operand).
     __device__ __forceinline__ void store_p(uint32_t blk, const uint32_t (&p)[16]) const
     {
@@ -319,11 +330,12 @@ struct ScoreWarpgroup : ConsumerBase<ABL, XO, FAST, SPLIT, 0> {
     // P and alpha for WG1 (P_hi into the RoPE block of K buffer kb, which only S read; P_lo into its
     // block once WG1 is done with the previous one), then kBarP.
     __device__ __forceinline__ void publish(const Cta<XO> &c, int it, int b, uint32_t kb, const float (&alpha)[2],
-                                            const uint32_t (&hi)[16], const uint32_t (&lo)[16]) const
+                                            const uint32_t (&hi)[16], const uint32_t (&lo)[16])
     {
         store_p(kb + 8 * kBlk, hi);
         if constexpr (!FAST) {
             if (it > 0) named_sync(kBarFree, 256);
+            else item_sync();  // WG1 is done with the last item's P_lo
             store_p(c.sPlo, lo);
         }
         if (t4 == 0) {
@@ -398,8 +410,12 @@ struct ScoreWarpgroup : ConsumerBase<ABL, XO, FAST, SPLIT, 0> {
     }
 
     // All K tiles; WG1's P V of tile it overlaps this warpgroup's S of tile it + 1. g0: the buffers' uses
-    // so far (a persistent CTA, sm90/kernel.cuh).
-    __device__ __forceinline__ void run(const Cta<XO> &c, int g0 = 0)
+    // so far (a persistent CTA, sm90/kernel.cuh); last_s(): once the last tile's S is done (Q is not read again).
+    struct NoHook {
+        __device__ __forceinline__ void operator()() const {}
+    };
+    template <class LastS = NoHook>
+    __device__ __forceinline__ void run(const Cta<XO> &c, int g0 = 0, LastS last_s = {})
     {
 #pragma unroll 1
         for (int it = 0; it < c.nt; ++it) {
@@ -414,6 +430,7 @@ struct ScoreWarpgroup : ConsumerBase<ABL, XO, FAST, SPLIT, 0> {
             issue_s0(c, kb, s);
             s_phase(c, kb, s);
             trace(a, it, 2);
+            if (it + 1 == c.nt) last_s();
             softmax_publish(c, it, b, kb, full, s, hi, lo);
             pv_phase(kb, hi, lo);
             trace(a, it, 5);
@@ -451,6 +468,37 @@ struct ScoreWarpgroup : ConsumerBase<ABL, XO, FAST, SPLIT, 0> {
             c.sM[r0 + 8] = m_r[1];
         }
         B::template finish<SPLITS>(c, m_t);
+    }
+
+    // The persistent kernel's epilogue (sm90/kernel.cuh): as epilogue(), but Q's region is the next item's, so the
+    // direct output goes out from registers (finish_cols_direct<false>) and the rows' factors go to WG1 through sM's
+    // region (free: the direct output's statistics stay in registers), once WG1 took the last item's (item_sync).
+    __device__ __forceinline__ void epilogue_item(const Cta<XO> &c)
+    {
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+            l_r[i] += __shfl_xor_sync(0xffffffffu, l_r[i], 1);
+            l_r[i] += __shfl_xor_sync(0xffffffffu, l_r[i], 2);
+        }
+        item_sync();
+        if (staged_direct(a)) {
+            const auto stat = [&](int hf, int) { return RowStat{m_r[hf], l_r[hf], m_t[hf]}; };
+            finish_cols_direct<false>(a, c, c.h0, r0, B::col0(), t4, o, stat, 0u, 0, [&](const float (&f)[2]) {
+                if (t4 == 0) {
+                    c.sM[r0] = f[0];
+                    c.sM[r0 + 8] = f[1];
+                }
+                named_arrive(kBarL, 256);
+            });
+            return;
+        }
+        if (t4 == 0) {
+            c.sL[r0] = l_r[0];
+            c.sL[r0 + 8] = l_r[1];
+            c.sM[r0] = m_r[0];
+            c.sM[r0 + 8] = m_r[1];
+        }
+        B::template finish<false>(c, m_t);  // a top-k split's partials: from registers (finish_cols)
     }
 };
 
@@ -530,6 +578,22 @@ struct ValueWarpgroup : ConsumerBase<ABL, XO, FAST, 512 - SPLIT, SPLIT> {
         }
         const float unused[2] = {-INFINITY, -INFINITY};  // half 1 writes no max_logits
         B::template finish<SPLITS>(c, unused);
+    }
+
+    // The persistent kernel's epilogue (ScoreWarpgroup::epilogue_item): the factors from sM's region, then WG0 may
+    // write the next item's (kBarItem, where this CTA has a next item), then the columns from registers.
+    __device__ __forceinline__ void epilogue_item(const Cta<XO> &c, bool next_item)
+    {
+        if (staged_direct(B::a)) {
+            named_sync(kBarL, 256);
+            const float f[2] = {c.sM[r0], c.sM[r0 + 8]};
+            if (next_item) named_arrive(kBarItem, 256);
+            store_out_cols_regs(B::a, c, c.h0, r0, B::col0(), B::t4, o, f);
+            return;
+        }
+        const float unused[2] = {-INFINITY, -INFINITY};
+        B::template finish<false>(c, unused);
+        if (next_item) named_arrive(kBarItem, 256);
     }
 };
 

@@ -113,7 +113,7 @@ __global__ void __launch_bounds__(kThreads, 1) attn_sm90_kernel(const __grid_con
     // (the producers issue the slice's tile 0 first: the scan's round trip overlaps its copies)
     if constexpr (!FP8) {
         const auto pre = [&] {
-            if (kSpeculate && c.nt_all > 0) Bf16Producer<ABL, 256, 4, kSpecSoftmax, kPrefetchBlocks>(a, c).speculate();
+            if (kSpeculate && c.nt_all > 0) Bf16Producer<ABL, 256, 4, kSpecSoftmax>(a, c).speculate();
             trace(a, kTraceEdge, kTrSpec);
         };
         if constexpr (kConsumerScan) skip_empty_tiles_by_consumers<kThreads>(a, c, mask, kBarStart, pre);
@@ -126,7 +126,7 @@ __global__ void __launch_bounds__(kThreads, 1) attn_sm90_kernel(const __grid_con
     if (c.tid >= 256) {
         setmaxnreg_to<Regs::producer>();
         if constexpr (FP8) Fp8Producer<ABL, XO, 256, 4, /*SPREAD=*/!XO>(a, c, peer, peer_base).run();
-        else Bf16Producer<ABL, 256, 4, kSpecSoftmax, kPrefetchBlocks>(a, c).run(kSpeculate && c.nt_all > 0);
+        else Bf16Producer<ABL, 256, 4, kSpecSoftmax>(a, c).run(kSpeculate && c.nt_all > 0);
         if constexpr (FUSED) {  // every thread takes part in the consumers' cluster barrier and the grid's
             if constexpr (XO) cluster_sync();
             combine_grid_sync();
@@ -168,19 +168,19 @@ __global__ void __launch_bounds__(kThreads, 1) attn_sm90_kernel(const __grid_con
     }
 }
 
-// kPersistent (plan.cuh; correct on the H200, slower, off): the bf16 kernel as persistent CTAs, at most one
-// per SM, CTA j taking work items j, j + gridDim.x, .. (an item is what one CTA of attn_sm90_kernel does,
-// grid_pos_of), so that one item's fixed cost - the tile scan, Q, the first tiles - overlaps the previous
-// item's last tiles and epilogue instead of running alone. The K ring (full / empty) runs on across
-// items (g: its uses so far). Per item k, besides it (mbarriers in Smem::pers):
-//   the producers scan into their own mask (kBarProd: their 128 threads), publish the tile count in
-//     nt[k & 1] (scan_full[k & 1], one arrival; nt_free[k & 1]: the 8 consumer warps have read it), issue
-//     the item's first tile, wait until item k - 1's output has left Q's region (q_empty: both consumer
-//     warpgroups, after their staged output), load Q (q_full: their 128 cp.async arrivals), then the
-//     other tiles;
-//   WG0 waits for Q (q_full), runs the item; WG1 runs the item; both write their columns (staged through Q's
-//     region), arrive on q_empty, then meet (kBarItem) so that WG1 has read the row statistics before WG0
-//     writes the next item's.
+// kPersistent (plan.cuh): the bf16 kernel as persistent CTAs, at most one per SM, CTA j taking work items j,
+// j + gridDim.x, .. (an item is what one CTA of attn_sm90_kernel does, grid_pos_of), so that an item's fixed cost - the
+// tile scan, Q, the first tiles, and the epilogue - overlaps the neighbouring items' tiles instead of running alone.
+// The K ring (full / empty) runs on across items (g: its uses so far). Per item k, besides it (mbarriers in
+// Smem::pers):
+//   the producers scan into their own mask (kBarProd: their 128 threads), publish the tile count in nt[k & 1]
+//     (scan_full[k & 1], one arrival; nt_free[k & 1]: the 8 consumer warps have read it), issue the item's first
+//     tile, wait until WG0's last S of item k - 1 is done (q_empty: WG0's 128 threads; Q is read by S alone), load
+//     Q (q_full: their 128 cp.async arrivals), then the other tiles;
+//   WG0 waits for Q (q_full), runs the item's tiles, arrives on q_empty after its last S (at once for an item
+//     without tiles, once its Q landed), and writes its columns from registers (epilogue_item), handing WG1 the rows'
+//     factors, then goes on to the next item while WG1 still finishes this one: WG1's last P V and its columns
+//     overlap WG0's next S (they meet at kBarItem only before WG0 overwrites what WG1 reads: P_lo, the factors).
 template <int ABL, bool FAST>
 __global__ void __launch_bounds__(kThreads, 1) attn_sm90_persistent_kernel(const __grid_constant__ Args a)
 {
@@ -197,7 +197,7 @@ __global__ void __launch_bounds__(kThreads, 1) attn_sm90_persistent_kernel(const
     init_barriers(c0);
     if (c0.tid == 0) {
         mbar_init(q_full, 128);
-        mbar_init(q_empty, 256);  // both consumer warpgroups, once their output left Q's region (kStagedOut)
+        mbar_init(q_empty, 128);  // WG0, once its last S of the item is done
         for (int i = 0; i < 2; ++i) {
             mbar_init(scan_full + 8 * i, 1);
             mbar_init(nt_free + 8 * i, 8);
@@ -224,7 +224,7 @@ __global__ void __launch_bounds__(kThreads, 1) attn_sm90_persistent_kernel(const
                 mbar_arrive(scan_full + 8 * (k & 1));
             }
             // the item's first K tile goes out first (its buffer is free once the last item's tile before last
-            // is done), then Q, once the last item's output left Q's region
+            // is done), then Q, once WG0's last S of the last item is done
             Bf16Producer<ABL, 256, 4, kSpecSoftmax>(a, c).run_ring(g, [&] {
                 if (k > 0) mbar_wait(q_empty, (k - 1) & 1);
                 issue_q<kHT, 128>(a, c, c.h0, c.tid - 256);
@@ -252,11 +252,10 @@ __global__ void __launch_bounds__(kThreads, 1) attn_sm90_persistent_kernel(const
             take(c, k);
             mbar_wait(q_full, k & 1);
             fence_async_smem();  // the producers' cp.async data, read by wgmma
-            ScoreWarpgroup<ABL, false, FAST, kSplit, true> wg0(a, c, 0u);
-            wg0.run(c, g);
-            wg0.epilogue(c);
-            mbar_arrive(q_empty);    // this warpgroup's staged output left Q's region
-            named_sync(kBarItem, 256);  // WG1 has read the row statistics
+            ScoreWarpgroup<ABL, false, FAST, kSplit, true> wg0(a, c, 0u, k > 0);
+            if (c.nt == 0) mbar_arrive(q_empty);
+            wg0.run(c, g, [&] { mbar_arrive(q_empty); });
+            wg0.epilogue_item(c);
             g += c.nt;
         }
     } else {
@@ -267,9 +266,7 @@ __global__ void __launch_bounds__(kThreads, 1) attn_sm90_persistent_kernel(const
             take(c, k);
             ValueWarpgroup<ABL, false, FAST, kSplit> wg1(a, c, 0u);
             for (int it = 0; it < c.nt; ++it) wg1.tile(c, it, c.nt, g);
-            wg1.epilogue(c);
-            mbar_arrive(q_empty);
-            named_sync(kBarItem, 256);
+            wg1.epilogue_item(c, item + gridDim.x < items);
             g += c.nt;
         }
     }

@@ -51,26 +51,17 @@ namespace sm90 {
 #ifndef SMLA_SM90_OUT_STSM
 #define SMLA_SM90_OUT_STSM 0
 #endif
-// The wide bf16 kernel's producers load column blocks 0 .. SMLA_SM90_PREFETCH - 1 of the next K tile into registers as
-// soon as the current one landed, and store them into its buffer once it is free, beside the copies of the other
-// blocks (Bf16Producer PB, sm90/producer.cuh): the loads then use the L2's idle time during the buffer's hold, and the
-// reload after the release copies 9 - PB blocks (benchmarks/README.md, issue 16, twenty-seventh session). Built and
-// compiled without spills at 2, 3 and 4 blocks; NOT yet run on a GPU (the session's device time was spent): measure
-// it before anything else. 0: every block by cp.async after the buffer's release.
-#ifndef SMLA_SM90_PREFETCH
-#define SMLA_SM90_PREFETCH 0
-#endif
 #ifndef SMLA_SM90_STAGED_OUT
 #define SMLA_SM90_STAGED_OUT 1  // direct output rows staged through Q's smem, 16-byte stores
 #endif
 #ifndef SMLA_SM90_LAZY_MAX
 #define SMLA_SM90_LAZY_MAX 1  // the wide kernel's reference max moves only by more than 8 (log2)
 #endif
-// The bf16 wide kernel as persistent CTAs (sm90/kernel.cuh), off: correct, but on the H200 slower (h=128 32K
-// fast 4976-5047 vs 4743-4752 us, seventh session, built then without the staged output and the lazy max),
-// and with both (a CTA reloads Q once both consumer warpgroups have written the previous item's output
-// through it) on an H100 3-7% slower in "fast" and within the spread in "high" (twenty-first session;
-// benchmarks/README.md).
+// The bf16 wide kernel as persistent CTAs (sm90/kernel.cuh), off. Its first form reloaded Q only once both consumer
+// warpgroups had written the item's output through Q's region, so an item's epilogue and Q still ran alone: correct,
+// but slower (H200, seventh session: h=128 32K fast 4976-5047 vs 4743-4752 us; H100, twenty-first session: 3-7% slower
+// in "fast"; benchmarks/README.md). This form (twenty-eighth session) reloads Q once WG0's last S of the item is done
+// and writes the output from registers (store_out_cols_regs), so WG0 starts the next item while WG1 finishes this one.
 #ifndef SMLA_SM90_PERSISTENT
 #define SMLA_SM90_PERSISTENT 0
 #endif
@@ -112,7 +103,6 @@ constexpr bool kSpeculate = SMLA_SM90_SPECULATE != 0, kStagedOut = SMLA_SM90_STA
 constexpr bool kConsumerScan = SMLA_SM90_CONSUMER_SCAN != 0;
 constexpr bool kOutPipe = SMLA_SM90_OUT_PIPE != 0;
 constexpr bool kEarlyOut = SMLA_SM90_EARLY_OUT != 0;
-constexpr int kPrefetchBlocks = SMLA_SM90_PREFETCH;
 constexpr bool kOutStsm = SMLA_SM90_OUT_STSM != 0;
 constexpr bool kLazyMax = SMLA_SM90_LAZY_MAX != 0, kPersistent = SMLA_SM90_PERSISTENT != 0;
 static_assert(!kLazyMax || kStagedOut, "the lazy max writes max_logits from the true max (finish_half_direct)");
@@ -168,7 +158,8 @@ __device__ __forceinline__ void setmaxnreg_to()
 // the buffer back), P_lo free (WG1 arrives, WG0 waits; high precision only), the epilogue's row
 // statistics, Q landed; bf16: the producers' tile scan done (all 384 threads); each warpgroup's staged
 // output written (kBarOut + warpgroup, 128 threads); the persistent kernel's producer warpgroup (128) and its
-// consumers' meeting after an item (kBarItem: WG1 has read the row statistics before WG0 writes the next item's).
+// consumers' meeting across items (kBarItem: WG1 has read the rows' factors, or statistics, and is done with P_lo
+// before WG0 writes the next item's).
 constexpr int kBarP = 1, kBarFree = 3, kBarL = 4, kBarQ = 5, kBarStart = 6, kBarOut = 7, kBarProd = 9, kBarItem = 10;
 
 struct Smem {

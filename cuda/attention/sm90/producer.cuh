@@ -157,19 +157,12 @@ __device__ __forceinline__ void skip_empty_tiles(const Args &a, CtaCommon &c, ui
 // TILE_FLAG (the wide kernel with kSpecSoftmax, plan.cuh): warp pw also sets byte pw of the buffer's
 // Smem::full_tile word to whether all its rows of the tile are valid (set_full_rows, plan.cuh; its consumers
 // skip the mask then).
-// PB (the wide kernel's kPrefetchBlocks, plan.cuh): column blocks 0 .. PB - 1 of the next tile are loaded into
-// registers (Pre) as soon as this tile landed, while its buffer is still in use, and stored into it once it is free,
-// beside the cp.async copies of blocks PB .. 8: so a buffer's reload copies 9 - PB blocks after its release, not 9.
-template <int ABL, int P0 = 256, int PW = 4, bool TILE_FLAG = false, int PB = 0>
+template <int ABL, int P0 = 256, int PW = 4, bool TILE_FLAG = false>
 struct Bf16Producer {
     static_assert(!TILE_FLAG || (P0 == 256 && PW == 4), "the tile flag is the wide kernel's: four producer warps");
-    static_assert(PB >= 0 && PB < 9, "PB: 0 .. 8 column blocks by register loads");
     static constexpr bool kNoLoad = (ABL & 1) != 0;
     static constexpr int kRows = kBN / PW, kNi = kRows / 4;  // rows per warp, 4-row steps
     static_assert(kRows % 4 == 0, "4 rows per warp step");
-    struct Pre {
-        uint4 v[kNi][PB > 0 ? PB : 1];  // this thread's rows' chunk cl of blocks 0 .. PB - 1
-    };
     const Args &a;
     const CtaCommon &c;
     const KvSource kv;
@@ -199,31 +192,7 @@ struct Bf16Producer {
         }
     }
 
-    // Blocks 0 .. PB - 1 of the rows of indices idx into registers (zeros for an invalid row).
-    __device__ __forceinline__ void load_pre(const int (&idx)[kNi], Pre &pre) const
-    {
-#pragma unroll
-        for (int i = 0; i < kNi; ++i) {
-            const bool ok = kv.valid(idx[i]) && !kNoLoad;
-            const uint8_t *src = kv.row(idx[i], ok) + cl * 16;
-#pragma unroll
-            for (int c8 = 0; c8 < PB; ++c8) pre.v[i][c8] = ok ? ldg_nc_v4(src + c8 * 128) : make_uint4(0, 0, 0, 0);
-        }
-    }
-    // The same blocks from registers into K buffer b.
-    __device__ __forceinline__ void put_pre(int b, const Pre &pre) const
-    {
-        const uint32_t kb = c.sK + b * kTileBytes;
-#pragma unroll
-        for (int i = 0; i < kNi; ++i) {
-            const uint32_t dst = chunk_dst(kb, row_of(i));
-#pragma unroll
-            for (int c8 = 0; c8 < PB; ++c8) st_shared_v4(dst + c8 * kBlk, pre.v[i][c8]);
-        }
-    }
-
-    // The rows of indices idx into K buffer b (column blocks C0 .. 8), one cp.async group, and their row flags.
-    template <int C0 = 0>
+    // The rows of indices idx into K buffer b, one cp.async group, and their row flags.
     __device__ __forceinline__ void issue(int b, const int (&idx)[kNi]) const
     {
         const uint32_t kb = c.sK + b * kTileBytes;
@@ -237,7 +206,7 @@ struct Bf16Producer {
             const int nb = (ok && !kNoLoad) ? 16 : 0;
             const uint32_t dst = chunk_dst(kb, r);
 #pragma unroll
-            for (int c8 = C0; c8 < 9; ++c8) {
+            for (int c8 = 0; c8 < 9; ++c8) {
                 if (a.evict_last) cp_async16_hint(dst + c8 * kBlk, src + c8 * 128, nb, pol);
                 else cp_async16(dst + c8 * kBlk, src + c8 * 128, nb);
             }
@@ -276,14 +245,10 @@ struct Bf16Producer {
     __device__ __forceinline__ void loop(bool speculated, int g0, After after_first = nullptr) const
     {
         int idx_cur[kNi], idx_nxt[kNi];
-        Pre pre;
         int t_nxt = c.next_tile(0);
         const bool have0 = speculated && c.nt > 0 && t_nxt == 0;
         if (speculated && !have0) cp_async_wait_all();  // a wasted guess lands before buffer 0 is rewritten
         fetch_idx(t_nxt, idx_cur);
-        if constexpr (PB > 0) {
-            if (!have0) load_pre(idx_cur, pre);
-        }
         for (int it = 0; it < c.nt; ++it) {
             const int gi = RING ? g0 + it : it;
             const int b = gi & 1, use = gi >> 1;
@@ -292,10 +257,7 @@ struct Bf16Producer {
             fetch_idx(t_nxt, idx_nxt);
             if (use > 0) mbar_wait(c.bar_empty + 8 * b, (use - 1) & 1);
             trace(a, it, 1);
-            if (it > 0 || !have0) {
-                issue<PB>(b, idx_cur);
-                if constexpr (PB > 0) put_pre(b, pre);
-            }
+            if (it > 0 || !have0) issue(b, idx_cur);
             if constexpr (RING) {
                 if (it == 0) after_first();
             }
@@ -306,7 +268,6 @@ struct Bf16Producer {
             trace(a, it, 3);
             fence_async_smem();
             mbar_arrive(c.bar_full + 8 * b);
-            if constexpr (PB > 0) load_pre(idx_cur, pre);  // the next tile's first blocks, while both buffers are in use
         }
     }
 };

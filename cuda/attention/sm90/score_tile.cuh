@@ -254,12 +254,55 @@ __device__ __forceinline__ void stage_out_cols(const Args &a, const CtaCommon &c
     }
 }
 
+// The same columns straight from registers (the persistent kernel's output, which leaves Q's region to the next item's
+// Q): per row and four 8-column groups 4 m .. 4 m + 3, the quad transposes its bf16 pairs (quad_transpose) so that
+// thread t4 holds group 4 m + t4 whole and writes it in one 16-byte store (a warp: 8 rows x 64 B).
+__device__ __forceinline__ void quad_transpose(uint32_t (&x)[4], int t4)
+{
+    // stage d (1, 2): position j takes the partner's (t4 ^ d) position j ^ d where bit d of j ^ t4 is set
+#pragma unroll
+    for (int d = 1; d <= 2; d <<= 1) {
+        const bool hi = (t4 & d) != 0;
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+            if (j & d) continue;  // pairs (j, j + d): the lane keeps one, sends the other
+            const uint32_t got = __shfl_xor_sync(0xffffffffu, hi ? x[j] : x[j + d], d);
+            if (hi) x[j] = got;
+            else x[j + d] = got;
+        }
+    }
+}
+template <int N>
+__device__ __forceinline__ void store_out_cols_regs(const Args &a, const CtaCommon &c, int h0, int r0, int col0,
+                                                    int t4, const float (&o)[N], const float (&f)[2])
+{
+    static_assert(N % 16 == 0, "whole quads of 8-column groups");
+    const smla_attn_params &p = a.p;
+    uint16_t *const out_row = p.out + c.bi * p.out_stride_b + c.si * p.out_stride_s + col0;
+#pragma unroll
+    for (int hf = 0; hf < 2; ++hf) {
+        const int hr = h0 + r0 + 8 * hf;
+#pragma unroll
+        for (int m = 0; m < N / 16; ++m) {
+            uint32_t x[4];
+#pragma unroll
+            for (int j = 0; j < 4; ++j) {
+                const float *q = o + 4 * (4 * m + j) + 2 * hf;
+                x[j] = pack_bf16x2(q[0] * f[hf], q[1] * f[hf]);
+            }
+            quad_transpose(x, t4);  // every lane takes part: rows past h only skip the store
+            if (hr < c.h) st_global_cs_v4(out_row + hr * p.out_stride_h + 8 * (4 * m + t4), make_uint4(x[0], x[1], x[2], x[3]));
+        }
+    }
+}
+
 // Both: both rows' factors first (their double divisions side by side), then hand(f) (the wide kernel's WG0 hands them
 // to WG1 there: ConsumerBase::early_out), stage_out_cols, then the rows' lse.
 struct NoHandOver {
     __device__ __forceinline__ void operator()(const float (&)[2]) const {}
 };
-template <int N, class Stat, class Hand = NoHandOver>
+// STAGE = false: from registers (store_out_cols_regs; stage and bar unused).
+template <bool STAGE = true, int N, class Stat, class Hand = NoHandOver>
 __device__ __forceinline__ void finish_cols_direct(const Args &a, const CtaCommon &c, int h0, int r0, int col0, int t4,
                                                    const float (&o)[N], Stat stat, uint32_t stage, int bar,
                                                    Hand hand = {})
@@ -272,7 +315,8 @@ __device__ __forceinline__ void finish_cols_direct(const Args &a, const CtaCommo
     }
     hand(f);
     trace(a, kTraceEdge, kTrStaged);
-    stage_out_cols(a, c, h0, r0, col0, t4, o, f, stage, bar);
+    if constexpr (STAGE) stage_out_cols(a, c, h0, r0, col0, t4, o, f, stage, bar);
+    else store_out_cols_regs(a, c, h0, r0, col0, t4, o, f);
     if (col0 == 0 && t4 == 0) {
 #pragma unroll
         for (int hf = 0; hf < 2; ++hf) {
