@@ -198,6 +198,23 @@ def summarize(t, kernel):
     return lines
 
 
+def per_step(t, k0, k1):
+    """The wide kernel's schedule step by step (steps k0 .. k1 - 1, means over the CTAs that recorded them): in the
+    persistent kernel (SMLA_SM90_PERSISTENT) a step is a K ring use, so an item boundary shows as one step."""
+    cols = [("WG0 period", (WG0, 0, 0), (WG0, 1, 0)), ("WG0 K wait", (WG0, 0, 0), (WG0, 0, 1)),
+            ("WG0 S", (WG0, 0, 1), (WG0, 0, 2)), ("WG1 P wait", (WG1, 0, 0), (WG1, 0, 1)),
+            ("prod free wait", (PR0, 0, 0), (PR0, 0, 1)), ("prod issue", (PR0, 0, 1), (PR0, 0, 2)),
+            ("prod landing", (PR0, 0, 2), (PR0, 0, 3))]
+    lines = ["step " + "".join(f"{name:>15}" for name, _, _ in cols)]
+    for k in range(k0, min(k1, EDGE - 1)):
+        row = []
+        for _, (sa, oa, ea), (sb, ob, eb) in cols:
+            vals = [c[sb][k + ob][eb] - c[sa][k + oa][ea] for c in t if c[sa][k + oa][ea] and c[sb][k + ob][eb]]
+            row.append(f"{sum(vals) / len(vals):>15.0f}" if vals else f"{'-':>15}")
+        lines.append(f"{k:>4} " + "".join(row))
+    return lines
+
+
 # (label, (slot, event of the last tile), (slot, edge event)): the wide kernel's last tile and epilogue
 LAST = [
     ("last tile: WG0 top -> WG0 epilogue start", (WG0, 0), (WG0, 2)),
@@ -217,6 +234,7 @@ def main():
                     help="sm90n: the kernel's consumer warpgroups, by default its rule (sm90/narrow_plan.cuh, "
                          "bf16_consumers: two at h 17-32 in \"high\"); 2 for a build with SMLA_NARROW_BF16_CW=2")
     ap.add_argument("--ablate", type=int, default=0, help="the ablation variant traced (SMLA_ATTN_ABLATE; 0: the full kernel)")
+    ap.add_argument("--steps", default="", help="A-B: the wide kernel's steps A .. B - 1 one by one (per_step)")
     args = ap.parse_args()
     gpu = open_gpu("trace_attn", args.kernel)
     if gpu is None:
@@ -264,6 +282,9 @@ def main():
         return 1
     print(f"# kernel {args.kernel}, {case}, {args.precision}, ablation {args.ablate}; " + lines[0])
     print("\n".join(lines[1:]))
+    if args.steps and args.kernel == "sm90":
+        k0, k1 = (int(x) for x in args.steps.split("-"))
+        print("\n".join(per_step(t, k0, k1)))
     return 0
 
 

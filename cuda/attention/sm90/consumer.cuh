@@ -392,7 +392,8 @@ struct ScoreWarpgroup : ConsumerBase<ABL, XO, FAST, SPLIT, 0> {
     // Tile it's S (complete, in s) through the mask and softmax to P (hi, lo) published for WG1, and this
     // warpgroup's O rescaled for the tile's P V.
     // full: the producers flagged every row of the tile valid (kFullFlag).
-    __device__ __forceinline__ void softmax_publish(const Cta<XO> &c, int it, int b, uint32_t kb, bool full,
+    // ts: the tile's trace step (its place in the K ring).
+    __device__ __forceinline__ void softmax_publish(const Cta<XO> &c, int it, int ts, int b, uint32_t kb, bool full,
                                                     float (&s)[32], uint32_t (&hi)[16], uint32_t (&lo)[16])
     {
         float alpha[2];
@@ -403,9 +404,9 @@ struct ScoreWarpgroup : ConsumerBase<ABL, XO, FAST, SPLIT, 0> {
             mask_scores(c, b, s, mx);
             softmax(s, mx, alpha, hi, lo);
         }
-        trace(a, it, 3);
+        trace(a, ts, 3);
         publish(c, it, b, kb, alpha, hi, lo);
-        trace(a, it, 4);
+        trace(a, ts, 4);
         B::rescale(alpha);
     }
 
@@ -423,17 +424,17 @@ struct ScoreWarpgroup : ConsumerBase<ABL, XO, FAST, SPLIT, 0> {
             const uint32_t kb = c.sK + b * kTileBytes;
             float s[32];
             uint32_t hi[16], lo[16];
-            trace(a, it, 0);
+            trace(a, g0 + it, 0);
             B::acquire(c, b, (g0 + it) >> 1);
             const bool full = kFullFlag && tile_full(c.smem, b);
-            trace(a, it, 1);
+            trace(a, g0 + it, 1);
             issue_s0(c, kb, s);
             s_phase(c, kb, s);
-            trace(a, it, 2);
+            trace(a, g0 + it, 2);
             if (it + 1 == c.nt) last_s();
-            softmax_publish(c, it, b, kb, full, s, hi, lo);
+            softmax_publish(c, it, g0 + it, b, kb, full, s, hi, lo);
             pv_phase(kb, hi, lo);
-            trace(a, it, 5);
+            trace(a, g0 + it, 5);
             B::release(c, b);
         }
     }
@@ -550,14 +551,14 @@ struct ValueWarpgroup : ConsumerBase<ABL, XO, FAST, 512 - SPLIT, SPLIT> {
     {
         const int b = (g0 + it) & 1, use = (g0 + it) >> 1;
         const uint32_t kb = c.sK + b * kTileBytes;
-        trace(B::a, it, 0);
+        trace(B::a, g0 + it, 0);
         named_sync(kBarP + b, 256);
-        trace(B::a, it, 1);
+        trace(B::a, g0 + it, 1);
         B::acquire(c, b, use);
         const float alpha[2] = {c.sAlpha[b * kHT + r0], c.sAlpha[b * kHT + r0 + 8]};
         B::rescale(alpha);
         pv_phase(c, kb);
-        trace(B::a, it, 2);
+        trace(B::a, g0 + it, 2);
         if constexpr (!FAST) {
             if (it + 1 < nt) named_arrive(kBarFree, 256);  // P_lo may be rewritten
         }

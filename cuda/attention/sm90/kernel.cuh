@@ -173,10 +173,11 @@ __global__ void __launch_bounds__(kThreads, 1) attn_sm90_kernel(const __grid_con
 // tile scan, Q, the first tiles, and the epilogue - overlaps the neighbouring items' tiles instead of running alone.
 // The K ring (full / empty) runs on across items (g: its uses so far). Per item k, besides it (mbarriers in
 // Smem::pers):
-//   the producers scan into their own mask (kBarProd: their 128 threads), publish the tile count in nt[k & 1]
-//     (scan_full[k & 1], one arrival; nt_free[k & 1]: the 8 consumer warps have read it), issue the item's first
-//     tile, wait until WG0's last S of item k - 1 is done (q_empty: WG0's 128 threads; Q is read by S alone), load
-//     Q (q_full: their 128 cp.async arrivals), then the other tiles;
+//   the producers scan into their own mask (kBarProd: their 128 threads; item k + 1's once item k's last tile is
+//     issued, so that the scan overlaps its copies), publish the tile count in nt[k & 1] (scan_full[k & 1], one
+//     arrival; nt_free[k & 1]: the 8 consumer warps have read it), issue the item's first tile, wait until WG0's
+//     last S of item k - 1 is done (q_empty: WG0's 128 threads; Q is read by S alone), load Q (q_full: by TMA from
+//     one thread where a.q_tma, else their 128 cp.async arrivals), then the other tiles;
 //   WG0 waits for Q (q_full), runs the item's tiles, arrives on q_empty after its last S (at once for an item
 //     without tiles, once its Q landed), and writes its columns from registers (epilogue_item), handing WG1 the rows'
 //     factors, then goes on to the next item while WG1 still finishes this one: WG1's last P V and its columns
@@ -196,7 +197,7 @@ __global__ void __launch_bounds__(kThreads, 1) attn_sm90_persistent_kernel(const
     pdl_launch_dependents();
     init_barriers(c0);
     if (c0.tid == 0) {
-        mbar_init(q_full, 128);
+        mbar_init(q_full, a.q_tma ? 1 : 128);  // Q by TMA (one arrival with its bytes) or by cp.async
         mbar_init(q_empty, 128);  // WG0, once its last S of the item is done
         for (int i = 0; i < 2; ++i) {
             mbar_init(scan_full + 8 * i, 1);
@@ -209,9 +210,8 @@ __global__ void __launch_bounds__(kThreads, 1) attn_sm90_persistent_kernel(const
     using Regs = WgRegs<kSplit, q_reg_steps(false, FAST)>;
     if (c0.tid >= 256) {
         setmaxnreg_to<Regs::producer>();
-        int g = 0, k = 0;
-        for (int64_t item = blockIdx.x; item < items; item += gridDim.x, ++k) {
-            Cta<false> c(a, smem_raw, grid_pos_of(a, item));
+        // item k's tile scan into the mask, its tile count published (nt[k & 1] once the consumers took item k - 2's)
+        const auto scan_item = [&](Cta<false> &c, int k) {
             named_sync(kBarProd, 128);  // every producer thread is done with the last item's mask
             if (c.tid - 256 < kMaskWords) mask[c.tid - 256] = 0u;
             named_sync(kBarProd, 128);
@@ -223,13 +223,41 @@ __global__ void __launch_bounds__(kThreads, 1) attn_sm90_persistent_kernel(const
                 nt_s[k & 1] = c.nt;
                 mbar_arrive(scan_full + 8 * (k & 1));
             }
+        };
+        int g = 0, k = 0;
+        for (int64_t item = blockIdx.x; item < items; item += gridDim.x, ++k) {
+            Cta<false> c(a, smem_raw, grid_pos_of(a, item));
+            if (k == 0) scan_item(c, 0);
+            else use_tile_mask(c, mask);  // the mask holds this item's scan (the last item's after_last)
+            const int64_t nxt = item + gridDim.x;
+            bool scanned = false;
+            const auto scan_next = [&] {
+                if (nxt < items) {
+                    Cta<false> cn(a, smem_raw, grid_pos_of(a, nxt));
+                    scan_item(cn, k + 1);
+                }
+                scanned = true;
+            };
             // the item's first K tile goes out first (its buffer is free once the last item's tile before last
-            // is done), then Q, once WG0's last S of the last item is done
-            Bf16Producer<ABL, 256, 4, kSpecSoftmax>(a, c).run_ring(g, [&] {
-                if (k > 0) mbar_wait(q_empty, (k - 1) & 1);
-                issue_q<kHT, 128>(a, c, c.h0, c.tid - 256);
-                cp_async_mbar_arrive_noinc(q_full);
-            });
+            // is done), then Q, once WG0's last S of the last item is done: by TMA from one thread where the
+            // launcher described q (a.q_tma), else by the 128 threads' cp.async; the next item's scan runs while
+            // this item's last tile lands
+            Bf16Producer<ABL, 256, 4, kSpecSoftmax>(a, c).run_ring(
+                g,
+                [&] {
+                    if (a.q_tma) {
+                        if (c.tid == 256) {
+                            if (k > 0) mbar_wait(q_empty, (k - 1) & 1);
+                            tma_q(a, c.sQ, c.h0, static_cast<int>(c.si), static_cast<int>(c.bi), q_full);
+                        }
+                    } else {
+                        if (k > 0) mbar_wait(q_empty, (k - 1) & 1);
+                        issue_q<kHT, 128>(a, c, c.h0, c.tid - 256);
+                        cp_async_mbar_arrive_noinc(q_full);
+                    }
+                },
+                scan_next);
+            if (!scanned) scan_next();  // an item without tiles
             g += c.nt;
         }
         cp_async_wait_all();

@@ -230,19 +230,22 @@ struct Bf16Producer {
     // Every tile that runs, through the two buffers; speculated: speculate() ran.
     __device__ __forceinline__ void run(bool speculated) const { loop<false>(speculated, 0); }
     // The same for one item of a persistent CTA: g0, the buffers' uses so far (the ring runs on across items);
-    // after_first() runs once the item's first tile is issued (or at once when it has none).
-    template <class After>
-    __device__ __forceinline__ void run_ring(int g0, After after_first) const
+    // after_first() runs once the item's first tile is issued (or at once when it has none), after_last() once its
+    // last tile is issued, before it lands (the next item's scan then overlaps the copies; the tile mask is not
+    // read again).
+    template <class After, class AfterLast>
+    __device__ __forceinline__ void run_ring(int g0, After after_first, AfterLast after_last) const
     {
         if (c.nt == 0) after_first();
-        loop<true>(false, g0, after_first);
+        loop<true>(false, g0, after_first, after_last);
     }
 
   private:
     // RING = false keeps the single-item loop's code as it was measured (with g0 + it the compiler
     // schedules it differently), so the default build stays the validated SASS.
-    template <bool RING, class After = void (*)()>
-    __device__ __forceinline__ void loop(bool speculated, int g0, After after_first = nullptr) const
+    template <bool RING, class After = void (*)(), class AfterLast = void (*)()>
+    __device__ __forceinline__ void loop(bool speculated, int g0, After after_first = nullptr,
+                                         AfterLast after_last = nullptr) const
     {
         int idx_cur[kNi], idx_nxt[kNi];
         int t_nxt = c.next_tile(0);
@@ -252,20 +255,21 @@ struct Bf16Producer {
         for (int it = 0; it < c.nt; ++it) {
             const int gi = RING ? g0 + it : it;
             const int b = gi & 1, use = gi >> 1;
-            trace(a, it, 0);
+            trace(a, RING ? gi : it, 0);
             t_nxt = c.next_tile(t_nxt + 1);
             fetch_idx(t_nxt, idx_nxt);
             if (use > 0) mbar_wait(c.bar_empty + 8 * b, (use - 1) & 1);
-            trace(a, it, 1);
+            trace(a, RING ? gi : it, 1);
             if (it > 0 || !have0) issue(b, idx_cur);
             if constexpr (RING) {
                 if (it == 0) after_first();
+                if (it + 1 == c.nt) after_last();
             }
-            trace(a, it, 2);
+            trace(a, RING ? gi : it, 2);
 #pragma unroll
             for (int i = 0; i < kNi; ++i) idx_cur[i] = idx_nxt[i];
             cp_async_wait_all();
-            trace(a, it, 3);
+            trace(a, RING ? gi : it, 3);
             fence_async_smem();
             mbar_arrive(c.bar_full + 8 * b);
         }
