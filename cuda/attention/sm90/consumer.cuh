@@ -471,9 +471,10 @@ struct ScoreWarpgroup : ConsumerBase<ABL, XO, FAST, SPLIT, 0> {
         B::template finish<SPLITS>(c, m_t);
     }
 
-    // The persistent kernel's epilogue (sm90/kernel.cuh): as epilogue(), but Q's region is the next item's, so the
-    // direct output goes out from registers (finish_cols_direct<false>) and the rows' factors go to WG1 through sM's
-    // region (free: the direct output's statistics stay in registers), once WG1 took the last item's (item_sync).
+    // The persistent kernel's epilogue (sm90/kernel.cuh; no top-k split, so a direct output): as epilogue()'s early
+    // output, but Q's region is the next item's, so the columns go out from registers (finish_cols_direct<false>) and
+    // the rows' factors go to WG1 through sM's region (free: the statistics stay in registers), once WG1 took the
+    // last item's (item_sync).
     __device__ __forceinline__ void epilogue_item(const Cta<XO> &c)
     {
 #pragma unroll
@@ -482,24 +483,14 @@ struct ScoreWarpgroup : ConsumerBase<ABL, XO, FAST, SPLIT, 0> {
             l_r[i] += __shfl_xor_sync(0xffffffffu, l_r[i], 2);
         }
         item_sync();
-        if (staged_direct(a)) {
-            const auto stat = [&](int hf, int) { return RowStat{m_r[hf], l_r[hf], m_t[hf]}; };
-            finish_cols_direct<false>(a, c, c.h0, r0, B::col0(), t4, o, stat, 0u, 0, [&](const float (&f)[2]) {
-                if (t4 == 0) {
-                    c.sM[r0] = f[0];
-                    c.sM[r0 + 8] = f[1];
-                }
-                named_arrive(kBarL, 256);
-            });
-            return;
-        }
-        if (t4 == 0) {
-            c.sL[r0] = l_r[0];
-            c.sL[r0 + 8] = l_r[1];
-            c.sM[r0] = m_r[0];
-            c.sM[r0 + 8] = m_r[1];
-        }
-        B::template finish<false>(c, m_t);  // a top-k split's partials: from registers (finish_cols)
+        const auto stat = [&](int hf, int) { return RowStat{m_r[hf], l_r[hf], m_t[hf]}; };
+        finish_cols_direct<false>(a, c, c.h0, r0, B::col0(), t4, o, stat, 0u, 0, [&](const float (&f)[2]) {
+            if (t4 == 0) {
+                c.sM[r0] = f[0];
+                c.sM[r0 + 8] = f[1];
+            }
+            named_arrive(kBarL, 256);
+        });
     }
 };
 
@@ -585,16 +576,10 @@ struct ValueWarpgroup : ConsumerBase<ABL, XO, FAST, 512 - SPLIT, SPLIT> {
     // write the next item's (kBarItem, where this CTA has a next item), then the columns from registers.
     __device__ __forceinline__ void epilogue_item(const Cta<XO> &c, bool next_item)
     {
-        if (staged_direct(B::a)) {
-            named_sync(kBarL, 256);
-            const float f[2] = {c.sM[r0], c.sM[r0 + 8]};
-            if (next_item) named_arrive(kBarItem, 256);
-            store_out_cols_regs(B::a, c, c.h0, r0, B::col0(), B::t4, o, f);
-            return;
-        }
-        const float unused[2] = {-INFINITY, -INFINITY};
-        B::template finish<false>(c, unused);
+        named_sync(kBarL, 256);
+        const float f[2] = {c.sM[r0], c.sM[r0 + 8]};
         if (next_item) named_arrive(kBarItem, 256);
+        store_out_cols_regs(B::a, c, c.h0, r0, B::col0(), B::t4, o, f);
     }
 };
 

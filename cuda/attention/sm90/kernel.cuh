@@ -168,37 +168,35 @@ __global__ void __launch_bounds__(kThreads, 1) attn_sm90_kernel(const __grid_con
     }
 }
 
-// kPersistent (plan.cuh): the bf16 kernel as persistent CTAs, at most one per SM, CTA j taking work items j,
-// j + gridDim.x, .. (an item is what one CTA of attn_sm90_kernel does, grid_pos_of), so that an item's fixed cost - the
-// tile scan, Q, the first tiles, and the epilogue - overlaps the neighbouring items' tiles instead of running alone.
-// The K ring (full / empty) runs on across items (g: its uses so far). Per item k, besides it (mbarriers in
-// Smem::pers):
-//   the producers scan into their own mask (kBarProd: their 128 threads; item k + 1's once item k's last tile is
-//     issued, so that the scan overlaps its copies), publish the tile count in nt[k & 1] (scan_full[k & 1], one
-//     arrival; nt_free[k & 1]: the 8 consumer warps have read it), issue the item's first tile, wait until WG0's
-//     last S of item k - 1 is done (q_empty: WG0's 128 threads; Q is read by S alone), load Q (q_full: by TMA from
-//     one thread where a.q_tma, else their 128 cp.async arrivals), then the other tiles;
-//   WG0 waits for Q (q_full), runs the item's tiles, arrives on q_empty after its last S (at once for an item
-//     without tiles, once its Q landed), and writes its columns from registers (epilogue_item), handing WG1 the rows'
-//     factors, then goes on to the next item while WG1 still finishes this one: WG1's last P V and its columns
-//     overlap WG0's next S (they meet at kBarItem only before WG0 overwrites what WG1 reads: P_lo, the factors).
+// kPersistent (plan.cuh): the bf16 kernel without a top-k split as persistent CTAs, at most one per SM, CTA j taking
+// work items j, j + gridDim.x, .. (an item is what one CTA of attn_sm90_kernel does, grid_pos_of), so that an item's
+// fixed cost - the tile scan, Q, the first tiles, the epilogue - overlaps the neighbouring items' tiles instead of
+// running alone. The K ring (full / empty) runs on across items (g: its uses so far). Per item k:
+//   the producers scan item 0 at once and item k + 1 during item k, a round of 8 tiles per tile of item k (ItemScan,
+//     sm90/producer.cuh: its loads before the wait for a free buffer), into masks[(k + 1) & 1] (Smem::mask, and the
+//     row sums' region, which the direct output does not use), and publish the tile count in nt[(k + 1) & 1]
+//     (scan_full, one arrival; nt_free: the 8 consumer warps have read it), then run the item's tiles;
+//   WG0 loads item 0's Q, and item k + 1's once its last S of item k is done (Q is read by S alone): by TMA from one
+//     thread where the launcher described q (a.q_tma), else by its 128 threads' cp.async (q_full); it writes its
+//     columns from registers (epilogue_item), handing WG1 the rows' factors, and goes on to the next item while WG1
+//     finishes this one (they meet at kBarItem only before WG0 overwrites what WG1 reads: P_lo, the factors).
+// Measured against attn_sm90_kernel: benchmarks/README.md, issue 16, twenty-eighth session.
 template <int ABL, bool FAST>
 __global__ void __launch_bounds__(kThreads, 1) attn_sm90_persistent_kernel(const __grid_constant__ Args a)
 {
     pdl_wait();  // before any global access: the stream's previous kernel is complete (common.cuh)
     extern __shared__ uint8_t smem_raw[];
-    const int64_t items = a.rows * a.n_ht * a.n_splits;
+    const int64_t items = a.rows * a.n_ht;  // no top-k split (launch_variant)
     const Cta<false> c0(a, smem_raw, grid_pos_of(a, blockIdx.x));  // the regions (the same for every item)
-    uint32_t *const mask = reinterpret_cast<uint32_t *>(c0.smem + Smem::mask.off);
-    const uint32_t q_full = c0.base + Smem::pers.off, q_empty = q_full + 8;
-    const uint32_t scan_full = q_full + 16, nt_free = q_full + 32;  // [2] each
-    int *const nt_s = reinterpret_cast<int *>(c0.smem + Smem::pers.off + 48);
+    uint32_t *const masks[2] = {reinterpret_cast<uint32_t *>(c0.smem + Smem::mask.off),
+                                reinterpret_cast<uint32_t *>(c0.smem + Smem::row_l.off)};
+    const uint32_t q_full = c0.base + Smem::pers.off, scan_full = q_full + 8, nt_free = q_full + 24;  // [2] each
+    int *const nt_s = reinterpret_cast<int *>(c0.smem + Smem::pers.off + 40);
 
     pdl_launch_dependents();
     init_barriers(c0);
     if (c0.tid == 0) {
-        mbar_init(q_full, a.q_tma ? 1 : 128);  // Q by TMA (one arrival with its bytes) or by cp.async
-        mbar_init(q_empty, 128);  // WG0, once its last S of the item is done
+        mbar_init(q_full, a.q_tma ? 1 : 128);  // Q by TMA (one arrival with its bytes) or by WG0's cp.async
         for (int i = 0; i < 2; ++i) {
             mbar_init(scan_full + 8 * i, 1);
             mbar_init(nt_free + 8 * i, 8);
@@ -210,54 +208,48 @@ __global__ void __launch_bounds__(kThreads, 1) attn_sm90_persistent_kernel(const
     using Regs = WgRegs<kSplit, q_reg_steps(false, FAST)>;
     if (c0.tid >= 256) {
         setmaxnreg_to<Regs::producer>();
-        // item k's tile scan into the mask, its tile count published (nt[k & 1] once the consumers took item k - 2's)
-        const auto scan_item = [&](Cta<false> &c, int k) {
-            named_sync(kBarProd, 128);  // every producer thread is done with the last item's mask
-            if (c.tid - 256 < kMaskWords) mask[c.tid - 256] = 0u;
-            named_sync(kBarProd, 128);
-            scan_tiles<256, 4>(a, c, mask);
-            named_sync(kBarProd, 128);
-            use_tile_mask(c, mask);
-            if (c.tid == 256) {
+        const int tw = c0.tid - 256;
+        // item k's tile count from its scan in mask, published by one thread (nt[k & 1] once the consumers took item
+        // k - 2's)
+        const auto publish_nt = [&](int64_t item, int k, const uint32_t *mask) {
+            named_sync(kBarProd, 128);  // every producer thread's marks are in
+            if (tw == 0) {
+                Cta<false> n(a, smem_raw, grid_pos_of(a, item));
+                use_tile_mask(n, mask);
                 if (k >= 2) mbar_wait(nt_free + 8 * (k & 1), ((k >> 1) - 1) & 1);
-                nt_s[k & 1] = c.nt;
+                nt_s[k & 1] = n.nt;
                 mbar_arrive(scan_full + 8 * (k & 1));
             }
         };
+        const auto zero_mask = [&](uint32_t *mask) {
+            if (tw < kMaskWords) mask[tw] = 0u;
+            named_sync(kBarProd, 128);
+        };
+        if (static_cast<int64_t>(blockIdx.x) < items) {  // item 0's scan, at once
+            zero_mask(masks[0]);
+            ItemScan s0(a, c0, masks[0], tw);
+            while (!s0.done()) {
+                s0.load();
+                s0.use();
+            }
+            publish_nt(blockIdx.x, 0, masks[0]);
+        }
         int g = 0, k = 0;
         for (int64_t item = blockIdx.x; item < items; item += gridDim.x, ++k) {
             Cta<false> c(a, smem_raw, grid_pos_of(a, item));
-            if (k == 0) scan_item(c, 0);
-            else use_tile_mask(c, mask);  // the mask holds this item's scan (the last item's after_last)
+            use_tile_mask(c, masks[k & 1]);
+            // the next item's scan rides on this item's tiles (its mask: the other one, which item k - 1 used)
             const int64_t nxt = item + gridDim.x;
-            bool scanned = false;
-            const auto scan_next = [&] {
-                if (nxt < items) {
-                    Cta<false> cn(a, smem_raw, grid_pos_of(a, nxt));
-                    scan_item(cn, k + 1);
-                }
-                scanned = true;
-            };
-            // the item's first K tile goes out first (its buffer is free once the last item's tile before last
-            // is done), then Q, once WG0's last S of the last item is done: by TMA from one thread where the
-            // launcher described q (a.q_tma), else by the 128 threads' cp.async; the next item's scan runs while
-            // this item's last tile lands
-            Bf16Producer<ABL, 256, 4, kSpecSoftmax>(a, c).run_ring(
-                g,
-                [&] {
-                    if (a.q_tma) {
-                        if (c.tid == 256) {
-                            if (k > 0) mbar_wait(q_empty, (k - 1) & 1);
-                            tma_q(a, c.sQ, c.h0, static_cast<int>(c.si), static_cast<int>(c.bi), q_full);
-                        }
-                    } else {
-                        if (k > 0) mbar_wait(q_empty, (k - 1) & 1);
-                        issue_q<kHT, 128>(a, c, c.h0, c.tid - 256);
-                        cp_async_mbar_arrive_noinc(q_full);
-                    }
-                },
-                scan_next);
-            if (!scanned) scan_next();  // an item without tiles
+            uint32_t *const mask_n = masks[(k + 1) & 1];
+            if (nxt < items) zero_mask(mask_n);
+            ItemScan sn(a, Cta<false>(a, smem_raw, grid_pos_of(a, nxt < items ? nxt : item)), mask_n, tw);
+            if (nxt >= items) sn.rounds = 0;
+            Bf16Producer<ABL, 256, 4, kSpecSoftmax>(a, c).run_ring(g, sn);
+            while (!sn.done()) {  // an item with fewer tiles than the next one's rounds
+                sn.load();
+                sn.use();
+            }
+            if (nxt < items) publish_nt(nxt, k + 1, mask_n);
             g += c.nt;
         }
         cp_async_wait_all();
@@ -274,15 +266,31 @@ __global__ void __launch_bounds__(kThreads, 1) attn_sm90_persistent_kernel(const
     };
     if (c0.tid < 128) {
         setmaxnreg_to<Regs::score>();
+        // Q of item `it` (WG0's 128 threads; every S of the last item done)
+        const auto load_q = [&](int64_t it) {
+            const Cta<false> cq(a, smem_raw, grid_pos_of(a, it));
+            if (a.q_tma) {
+                if (cq.tid == 0) tma_q(a, cq.sQ, cq.h0, static_cast<int>(cq.si), static_cast<int>(cq.bi), q_full);
+            } else {
+                issue_q<kHT, 128>(a, cq, cq.h0, cq.tid);
+                cp_async_mbar_arrive_noinc(q_full);
+            }
+        };
         int g = 0, k = 0;
+        if (static_cast<int64_t>(blockIdx.x) < items) load_q(blockIdx.x);
         for (int64_t item = blockIdx.x; item < items; item += gridDim.x, ++k) {
             Cta<false> c(a, smem_raw, grid_pos_of(a, item));
             take(c, k);
             mbar_wait(q_full, k & 1);
             fence_async_smem();  // the producers' cp.async data, read by wgmma
+            const auto next_q = [&] {
+                if (item + gridDim.x >= items) return;
+                named_sync(kBarOut, 128);  // every warp of WG0 is done with this item's Q
+                load_q(item + gridDim.x);
+            };
             ScoreWarpgroup<ABL, false, FAST, kSplit, true> wg0(a, c, 0u, k > 0);
-            if (c.nt == 0) mbar_arrive(q_empty);
-            wg0.run(c, g, [&] { mbar_arrive(q_empty); });
+            if (c.nt == 0) next_q();
+            wg0.run(c, g, next_q);
             wg0.epilogue_item(c);
             g += c.nt;
         }
@@ -292,9 +300,10 @@ __global__ void __launch_bounds__(kThreads, 1) attn_sm90_persistent_kernel(const
         for (int64_t item = blockIdx.x; item < items; item += gridDim.x, ++k) {
             Cta<false> c(a, smem_raw, grid_pos_of(a, item));
             take(c, k);
+            const int64_t nxt = item + gridDim.x;
             ValueWarpgroup<ABL, false, FAST, kSplit> wg1(a, c, 0u);
             for (int it = 0; it < c.nt; ++it) wg1.tile(c, it, c.nt, g);
-            wg1.epilogue_item(c, item + gridDim.x < items);
+            wg1.epilogue_item(c, nxt < items);
             g += c.nt;
         }
     }
@@ -307,17 +316,20 @@ template <bool FP8, int ABL, bool FAST>
 int launch_variant(Args &a, int64_t grid, cudaStream_t s, int dev, smla_status *st)
 {
     static OncePerDevice configured;
-    if constexpr (!FP8 && kPersistent) {  // at most one CTA per SM, each taking items in turn
-        if (configured.needed(dev)) {
-            SMLA_CUDA_CHECK(st, cudaFuncSetAttribute(attn_sm90_persistent_kernel<ABL, FAST>,
-                                                     cudaFuncAttributeMaxDynamicSharedMemorySize, Smem::bytes));
-            configured.mark(dev);
+    if constexpr (!FP8 && kPersistent) {  // without a top-k split: at most one CTA per SM, each taking items in turn
+        if (a.n_splits == 1) {
+            static OncePerDevice configured_items;
+            if (configured_items.needed(dev)) {
+                SMLA_CUDA_CHECK(st, cudaFuncSetAttribute(attn_sm90_persistent_kernel<ABL, FAST>,
+                                                         cudaFuncAttributeMaxDynamicSharedMemorySize, Smem::bytes));
+                configured_items.mark(dev);
+            }
+            const int64_t ctas = grid < a.n_sms ? grid : (a.n_sms > 0 ? a.n_sms : 1);
+            smla_launch(attn_sm90_persistent_kernel<ABL, FAST>, dim3(static_cast<unsigned>(ctas)), dim3(kThreads),
+                        Smem::bytes, s, 1, a);
+            SMLA_CUDA_LAUNCH_CHECK(st);
+            return SMLA_OK;
         }
-        const int64_t ctas = grid < a.n_sms ? grid : (a.n_sms > 0 ? a.n_sms : 1);
-        smla_launch(attn_sm90_persistent_kernel<ABL, FAST>, dim3(static_cast<unsigned>(ctas)), dim3(kThreads), Smem::bytes, s,
-                    1, a);
-        SMLA_CUDA_LAUNCH_CHECK(st);
-        return SMLA_OK;
     }
     // fp8 with two head tiles: clusters of the two (the crossover; sm90/producer.cuh)
     const bool xo = FP8 && a.n_ht == 2;
@@ -367,7 +379,7 @@ int launch(Args &a, int64_t grid, cudaStream_t s, int dev, smla_status *st)
 template <bool FP8>
 constexpr KernelEntry entry()
 {
-    return KernelEntry{Family::sm90, FP8, kHT, kBN, Smem::bytes, 1, kThreads, &launch<FP8>, /*fuses=*/FP8 || !kPersistent};
+    return KernelEntry{Family::sm90, FP8, kHT, kBN, Smem::bytes, 1, kThreads, &launch<FP8>, /*fuses=*/true};
 }
 
 }  // namespace sm90

@@ -174,8 +174,8 @@ struct Smem {
     static constexpr Region mask = region_after(row_m, kMaskWords * 4);  // bf16: the non-empty tiles
     // bf16 with kSpecSoftmax: uint8 [2][4], byte w of buffer b: producer warp w's rows of the tile all valid
     static constexpr Region full_tile = region_after(mask, 8);
-    // kPersistent: mbarriers q_full, q_empty, scan_full[2], nt_free[2] and int nt[2] (sm90/kernel.cuh)
-    static constexpr Region pers = region_after(full_tile, kPersistent ? 56 : 0);
+    // kPersistent: mbarriers q_full, scan_full[2], nt_free[2] and int nt[2] (sm90/kernel.cuh)
+    static constexpr Region pers = region_after(full_tile, kPersistent ? 48 : 0);
     static constexpr int used = pers.end();
     static constexpr int bytes = used + 1024;  // slack to align the base to 1024 B
     static_assert(q.off % 1024 == 0 && k.off % 1024 == 0 && plo.off % 1024 == 0, "swizzled tiles");

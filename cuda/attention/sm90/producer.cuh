@@ -143,6 +143,54 @@ __device__ __forceinline__ void skip_empty_tiles(const Args &a, CtaCommon &c, ui
     skip_empty_tiles<P0, PW, NT>(a, c, mask, bar, [] {});
 }
 
+// The persistent kernel's tile scan of its next item (sm90/kernel.cuh) by the 128 producer threads, spread over the
+// current item's tiles: a round covers 8 tiles (512 indices, 4 a thread); load() fetches a round's indices before the
+// producers wait for a free buffer, use() marks the round's non-empty tiles in mask after the wait (scan_tiles' rule:
+// a tile runs when one of its rows is valid and within the top-k length; tiles past kMaskTiles always run). The
+// caller zeroes mask first and, once done(), meets the other producer threads before use_tile_mask.
+struct ItemScan {
+    const KvSource kv;
+    const int32_t *idx;
+    int base, L, topk, nm, rounds, tw, lane;
+    bool vec;
+    uint32_t *mask;
+    int r = 0;
+    int v[4];
+
+    __device__ __forceinline__ ItemScan(const Args &a, const CtaCommon &n, uint32_t *mask_, int tw_)
+        : kv(a), idx(n.idx_row), base(n.j0 * kBN), L(n.L), topk(static_cast<int>(a.p.topk)),
+          nm(n.nt_all < kMaskTiles ? n.nt_all : kMaskTiles), rounds((nm + 7) >> 3), tw(tw_), lane(tw_ & 31),
+          vec((reinterpret_cast<uintptr_t>(n.idx_row) & 15u) == 0), mask(mask_)
+    {
+    }
+    __device__ __forceinline__ bool done() const { return r >= rounds; }
+    __device__ __forceinline__ void load()
+    {
+        if (done()) return;
+        const int pos = base + 512 * r + 4 * tw;
+        if (vec && pos + 4 <= topk) {
+            const int4 x = __ldg(reinterpret_cast<const int4 *>(idx + pos));
+            v[0] = x.x, v[1] = x.y, v[2] = x.z, v[3] = x.w;
+        } else {
+            const int last = L > 0 ? L - 1 : 0;
+#pragma unroll
+            for (int k = 0; k < 4; ++k) v[k] = L > 0 ? __ldg(idx + (pos + k < last ? pos + k : last)) : -1;
+        }
+    }
+    __device__ __forceinline__ void use()
+    {
+        if (done()) return;
+        const int pos = base + 512 * r + 4 * tw;
+        bool any = false;
+#pragma unroll
+        for (int k = 0; k < 4; ++k) any = any || (pos + k < L && kv.valid(v[k]));
+        const uint32_t bal = __ballot_sync(0xffffffffu, any);
+        const int t = 8 * r + (tw >> 4);  // 16 threads a tile
+        if ((lane & 15) == 0 && t < nm && ((bal >> (lane & 16)) & 0xffffu) != 0u) atomicOr(mask + (t >> 5), 1u << (t & 31));
+        ++r;
+    }
+};
+
 // Who produces: the PW warps from thread P0 on (the wide kernel: WG2, 4 warps from thread 256; the
 // narrow one, sm90/narrow_kernel.cuh: WG1 and WG2, 8 warps from thread 128). Each warp owns 64 / PW
 // rows of every tile. They read only the kernels' common CTA fields (CtaCommon, sm90/plan.cuh).
@@ -230,22 +278,19 @@ struct Bf16Producer {
     // Every tile that runs, through the two buffers; speculated: speculate() ran.
     __device__ __forceinline__ void run(bool speculated) const { loop<false>(speculated, 0); }
     // The same for one item of a persistent CTA: g0, the buffers' uses so far (the ring runs on across items);
-    // after_first() runs once the item's first tile is issued (or at once when it has none), after_last() once its
-    // last tile is issued, before it lands (the next item's scan then overlaps the copies; the tile mask is not
-    // read again).
-    template <class After, class AfterLast>
-    __device__ __forceinline__ void run_ring(int g0, After after_first, AfterLast after_last) const
-    {
-        if (c.nt == 0) after_first();
-        loop<true>(false, g0, after_first, after_last);
-    }
+    // scan: the next item's tile scan, a round per tile (ItemScan: its loads before the wait for a free buffer).
+    template <class Scan>
+    __device__ __forceinline__ void run_ring(int g0, Scan &scan) const { loop<true>(false, g0, scan); }
 
   private:
+    struct NoScan {
+        __device__ __forceinline__ void load() {}
+        __device__ __forceinline__ void use() {}
+    };
     // RING = false keeps the single-item loop's code as it was measured (with g0 + it the compiler
     // schedules it differently), so the default build stays the validated SASS.
-    template <bool RING, class After = void (*)(), class AfterLast = void (*)()>
-    __device__ __forceinline__ void loop(bool speculated, int g0, After after_first = nullptr,
-                                         AfterLast after_last = nullptr) const
+    template <bool RING, class Scan = NoScan>
+    __device__ __forceinline__ void loop(bool speculated, int g0, Scan &&scan = Scan{}) const
     {
         int idx_cur[kNi], idx_nxt[kNi];
         int t_nxt = c.next_tile(0);
@@ -258,13 +303,11 @@ struct Bf16Producer {
             trace(a, RING ? gi : it, 0);
             t_nxt = c.next_tile(t_nxt + 1);
             fetch_idx(t_nxt, idx_nxt);
+            scan.load();
             if (use > 0) mbar_wait(c.bar_empty + 8 * b, (use - 1) & 1);
+            scan.use();
             trace(a, RING ? gi : it, 1);
             if (it > 0 || !have0) issue(b, idx_cur);
-            if constexpr (RING) {
-                if (it == 0) after_first();
-                if (it + 1 == c.nt) after_last();
-            }
             trace(a, RING ? gi : it, 2);
 #pragma unroll
             for (int i = 0; i < kNi; ++i) idx_cur[i] = idx_nxt[i];
