@@ -173,7 +173,7 @@ __global__ void __launch_bounds__(kThreads, 1) attn_sm90_kernel(const __grid_con
 // fixed cost - the tile scan, Q, the first tiles, the epilogue - overlaps the neighbouring items' tiles instead of
 // running alone. The K ring (full / empty) runs on across items (g: its uses so far). Per item k:
 //   the producers scan item 0 at once and item k + 1 during item k, a round of 8 tiles per tile of item k (ItemScan,
-//     sm90/producer.cuh: its loads before the wait for a free buffer), into masks[(k + 1) & 1] (Smem::mask, and the
+//     sm90/producer.cuh: its loads before the wait for a free buffer), into mask_of(k + 1) (Smem::mask, and the
 //     row sums' region, which the direct output does not use), and publish the tile count in nt[(k + 1) & 1]
 //     (scan_full, one arrival; nt_free: the 8 consumer warps have read it), then run the item's tiles;
 //   WG0 loads item 0's Q, and item k + 1's once its last S of item k is done (Q is read by S alone): by TMA from one
@@ -188,8 +188,11 @@ __global__ void __launch_bounds__(kThreads, 1) attn_sm90_persistent_kernel(const
     extern __shared__ uint8_t smem_raw[];
     const int64_t items = a.rows * a.n_ht;  // no top-k split (launch_variant)
     const Cta<false> c0(a, smem_raw, grid_pos_of(a, blockIdx.x));  // the regions (the same for every item)
-    uint32_t *const masks[2] = {reinterpret_cast<uint32_t *>(c0.smem + Smem::mask.off),
-                                reinterpret_cast<uint32_t *>(c0.smem + Smem::row_l.off)};
+    // the tile masks of items k: Smem::mask (k even) and the row sums' region (k odd; the direct output keeps them in
+    // registers), selected, not indexed (an indexed pair of pointers went to local memory)
+    uint32_t *const mask_even = reinterpret_cast<uint32_t *>(c0.smem + Smem::mask.off);
+    uint32_t *const mask_odd = reinterpret_cast<uint32_t *>(c0.smem + Smem::row_l.off);
+    const auto mask_of = [&](int k) { return (k & 1) ? mask_odd : mask_even; };
     const uint32_t q_full = c0.base + Smem::pers.off, scan_full = q_full + 8, nt_free = q_full + 24;  // [2] each
     int *const nt_s = reinterpret_cast<int *>(c0.smem + Smem::pers.off + 40);
 
@@ -226,21 +229,21 @@ __global__ void __launch_bounds__(kThreads, 1) attn_sm90_persistent_kernel(const
             named_sync(kBarProd, 128);
         };
         if (static_cast<int64_t>(blockIdx.x) < items) {  // item 0's scan, at once
-            zero_mask(masks[0]);
-            ItemScan s0(a, c0, masks[0], tw);
+            zero_mask(mask_even);
+            ItemScan s0(a, c0, mask_even, tw);
             while (!s0.done()) {
                 s0.load();
                 s0.use();
             }
-            publish_nt(blockIdx.x, 0, masks[0]);
+            publish_nt(blockIdx.x, 0, mask_even);
         }
         int g = 0, k = 0;
         for (int64_t item = blockIdx.x; item < items; item += gridDim.x, ++k) {
             Cta<false> c(a, smem_raw, grid_pos_of(a, item));
-            use_tile_mask(c, masks[k & 1]);
+            use_tile_mask(c, mask_of(k));
             // the next item's scan rides on this item's tiles (its mask: the other one, which item k - 1 used)
             const int64_t nxt = item + gridDim.x;
-            uint32_t *const mask_n = masks[(k + 1) & 1];
+            uint32_t *const mask_n = mask_of(k + 1);
             if (nxt < items) zero_mask(mask_n);
             ItemScan sn(a, Cta<false>(a, smem_raw, grid_pos_of(a, nxt < items ? nxt : item)), mask_n, tw);
             if (nxt >= items) sn.rounds = 0;
@@ -318,15 +321,23 @@ int launch_variant(Args &a, int64_t grid, cudaStream_t s, int dev, smla_status *
     static OncePerDevice configured;
     if constexpr (!FP8 && kPersistent) {  // without a top-k split: at most one CTA per SM, each taking items in turn
         if (a.n_splits == 1) {
+            // with two head tiles (kBf16Cluster) CTAs 2 m and 2 m + 1 run as a cluster: with an even grid they take
+            // the two head tiles of the same rows, side by side in one GPC (the plain kernel's clusters, for the L2)
+            constexpr auto kern = attn_sm90_persistent_kernel<ABL, FAST>;
             static OncePerDevice configured_items;
+            static ResidentCtas resident_items[2];  // clusters of 1, of 2
             if (configured_items.needed(dev)) {
-                SMLA_CUDA_CHECK(st, cudaFuncSetAttribute(attn_sm90_persistent_kernel<ABL, FAST>,
-                                                         cudaFuncAttributeMaxDynamicSharedMemorySize, Smem::bytes));
+                SMLA_CUDA_CHECK(st, cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, Smem::bytes));
+                for (int cl = 1; cl <= 2; ++cl)
+                    resident_items[cl - 1].set(dev, smla_resident_ctas(kern, kThreads, Smem::bytes, cl, a.n_sms));
                 configured_items.mark(dev);
             }
-            const int64_t ctas = grid < a.n_sms ? grid : (a.n_sms > 0 ? a.n_sms : 1);
-            smla_launch(attn_sm90_persistent_kernel<ABL, FAST>, dim3(static_cast<unsigned>(ctas)), dim3(kThreads),
-                        Smem::bytes, s, 1, a);
+            const int cl = kBf16Cluster && a.n_ht == 2 ? 2 : 1;
+            int64_t cap = dev >= 0 && dev < kMaxDevices ? resident_items[cl - 1].n[dev] : 0;
+            if (cap < cl) cap = a.n_sms >= cl ? a.n_sms : cl;
+            int64_t ctas = grid < cap ? grid : cap;
+            ctas -= ctas % cl;  // whole clusters (grid is even with two head tiles)
+            smla_launch(kern, dim3(static_cast<unsigned>(ctas)), dim3(kThreads), Smem::bytes, s, cl, a);
             SMLA_CUDA_LAUNCH_CHECK(st);
             return SMLA_OK;
         }
