@@ -15,6 +15,8 @@ Needs a profiling build (SMLA_PROFILE_BUILD=1: the timestamps are compiled in on
     SMLA_PROFILE_BUILD=1 python3 setup.py build_ext --inplace
     (a mid-run wave: build a copy made by tools/variant_tree.sh OUT.tar.gz SMLA_TRACE_CTA0=3960)
     PYTHONPATH=src python3 tools/trace_attn.py [--kernel sm90|sm90p|sm90d|sm90n] [--precision fast|high] [--h 128]
+        [--steps A-B]  (the wide kernel's steps A .. B - 1 one by one; with SMLA_SM90_PERSISTENT=1 a step is a use of
+                        the K ring, so an item boundary shows as one step)
 """
 import argparse
 import os

@@ -285,7 +285,7 @@ __global__ void __launch_bounds__(kThreads, 1) attn_sm90_persistent_kernel(const
             Cta<false> c(a, smem_raw, grid_pos_of(a, item));
             take(c, k);
             mbar_wait(q_full, k & 1);
-            fence_async_smem();  // the producers' cp.async data, read by wgmma
+            fence_async_smem();  // Q (cp.async where not by TMA) and the producers' K, read by wgmma
             const auto next_q = [&] {
                 if (item + gridDim.x >= items) return;
                 named_sync(kBarOut, 128);  // every warp of WG0 is done with this item's Q

@@ -44,10 +44,10 @@ namespace sm90 {
 #define SMLA_SM90_EARLY_OUT 1
 #endif
 // The staged direct output written into the stage by stmatrix, four per 64-column block and thread, instead of 16
-// 4-byte shared stores (stage_out_cols, sm90/score_tile.cuh): fewer instructions in the queue that the output's global
-// stores share (WG1's six blocks took 3,478 cycles from the first met to the last stores issued: tools/trace_attn.py
-// --kernel sm90 --precision fast on an H100, twenty-seventh session). Built and compiled (no spills in sm90/bf16.cu; one fp8 kernel spills 4 B with it), NOT yet run on a
-// GPU. 0: 4-byte shared stores.
+// 4-byte shared stores (stage_out_cols, sm90/score_tile.cuh). Measured on an H100 (benchmarks/README.md, issue 16,
+// twenty-eighth session, two calls of two alternated rounds): WG1's store phase 2,890 instead of ~3,470 cycles, but h=128
+// 32K "fast" 4,465.5 / 4,560.4 / 4,522.7 / 4,527.8 us against the tree's 4,535.7 / 4,569.5 / 4,531.4 / 4,570.4 and
+// h=64 within the spread: under 1%, and one fp8 kernel spills 4 B with it. 0 (off): 4-byte shared stores.
 #ifndef SMLA_SM90_OUT_STSM
 #define SMLA_SM90_OUT_STSM 0
 #endif
@@ -57,11 +57,18 @@ namespace sm90 {
 #ifndef SMLA_SM90_LAZY_MAX
 #define SMLA_SM90_LAZY_MAX 1  // the wide kernel's reference max moves only by more than 8 (log2)
 #endif
-// The bf16 wide kernel as persistent CTAs (sm90/kernel.cuh), off. Its first form reloaded Q only once both consumer
-// warpgroups had written the item's output through Q's region, so an item's epilogue and Q still ran alone: correct,
-// but slower (H200, seventh session: h=128 32K fast 4976-5047 vs 4743-4752 us; H100, twenty-first session: 3-7% slower
-// in "fast"; benchmarks/README.md). This form (twenty-eighth session) reloads Q once WG0's last S of the item is done
-// and writes the output from registers (store_out_cols_regs), so WG0 starts the next item while WG1 finishes this one.
+// The bf16 wide kernel without a top-k split as persistent CTAs (sm90/kernel.cuh), off: correct (the attention suite,
+// 1,172 tests, on an H100), but slower. Its first form reloaded Q only once both consumer warpgroups had written the
+// item's output through Q's region, so an item's epilogue and Q still ran alone (H200, seventh session: h=128 32K fast
+// 4976-5047 vs 4743-4752 us; H100, twenty-first session: 3-7% slower in "fast"). This form (twenty-eighth session)
+// overlaps the items: WG0 loads the next item's Q once its last S is done, the output goes out from registers
+// (store_out_cols_regs), WG0 starts the next item while WG1 finishes this one, and the producers scan the next item
+// during this one (ItemScan). On an H100 it is still 3-8% slower ("fast" h=128 32K 4,718.5 / 4,790.2 vs 4,561.5 /
+// 4,718.4 us, h=64 4-8%): its trace (tools/trace_attn.py --steps) shows the step across an item boundary at ~14,400
+// cycles instead of ~3,900, its last tile's copies landing in ~3,100 instead of ~600, and the steady tile ~4,000
+// instead of ~3,650. With uniform items and a static order all 132 CTAs reach their boundaries together, so every
+// boundary is a burst of Q loads, output stores and first tiles; the one-item kernel's CTAs drift apart after the
+// first wave (benchmarks/README.md, issue 16, twenty-eighth session).
 #ifndef SMLA_SM90_PERSISTENT
 #define SMLA_SM90_PERSISTENT 0
 #endif
