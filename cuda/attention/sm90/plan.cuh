@@ -63,8 +63,8 @@ namespace sm90 {
 // 4976-5047 vs 4743-4752 us; H100, twenty-first session: 3-7% slower in "fast"). This form (twenty-eighth session)
 // overlaps the items: WG0 loads the next item's Q once its last S is done, the output goes out from registers
 // (store_out_cols_regs), WG0 starts the next item while WG1 finishes this one, and the producers scan the next item
-// during this one (ItemScan). On an H100 it is still 3-8% slower ("fast" h=128 32K 4,718.5 / 4,790.2 vs 4,561.5 /
-// 4,718.4 us, h=64 4-8%): its trace (tools/trace_attn.py --steps) shows the step across an item boundary at ~14,400
+// during this one (ItemScan). On an H100 it is still 2-8% slower ("fast" h=128 32K 4,718.5 / 4,790.2 vs 4,561.5 /
+// 4,718.4 us, h=64 6-8%): its trace (tools/trace_attn.py --steps) shows the step across an item boundary at ~14,400
 // cycles instead of ~3,900, its last tile's copies landing in ~3,100 instead of ~600, and the steady tile ~4,000
 // instead of ~3,650. With uniform items and a static order all 132 CTAs reach their boundaries together, so every
 // boundary is a burst of Q loads, output stores and first tiles; the one-item kernel's CTAs drift apart after the
