@@ -147,6 +147,21 @@ EDGES = [
 ]
 
 
+def intervals(t, a, b, k):
+    """Per CTA of t, the cycles from point a of step k to point b (a point: (slot, step offset or None for the edge
+    step, event)); CTAs that did not record both are left out."""
+    out = []
+    for c in t:
+        ka = EDGE if a[1] is None else k + a[1]
+        kb = EDGE if b[1] is None else k + b[1]
+        if ka >= STEPS or kb >= STEPS:
+            continue
+        va, vb = c[a[0]][ka][a[2]], c[b[0]][kb][b[2]]
+        if va and vb:
+            out.append(vb - va)
+    return out
+
+
 def summarize(t, kernel):
     """Lines of mean intervals from the [CTAS][SLOTS][STEPS][EVENTS] timestamps t (0: not recorded); the
     first line says over what. [] when nothing was recorded."""
@@ -157,27 +172,15 @@ def summarize(t, kernel):
     lo, hi = 2, nsteps - 3  # steady state: skip the first two and the last steps
     lines = [f"{nsteps} steps a CTA, means over steps {lo}..{hi - 1} of {len(t)} CTAs, SM cycles (us at 1.8 GHz)"]
 
-    def interval(a, b, k):
-        out = []
-        for c in t:
-            ka = EDGE if a[1] is None else k + a[1]
-            kb = EDGE if b[1] is None else k + b[1]
-            if ka >= STEPS or kb >= STEPS:
-                continue
-            va, vb = c[a[0]][ka][a[2]], c[b[0]][kb][b[2]]
-            if va and vb:
-                out.append(vb - va)
-        return out
-
     for label, a, b in {"sm90p": PAIR, "sm90d": DIMS, "sm90n": NARROW, "sm90n2": NARROW2}.get(kernel, WIDE):
-        vals = [v for k in range(lo, hi) for v in interval(a, b, k)]
+        vals = [v for k in range(lo, hi) for v in intervals(t, a, b, k)]
         if vals:
             m = sum(vals) / len(vals)
             lines.append(f"{label:<56} {m:>9.0f} cyc {m / 1800:>7.3f} us   (min {min(vals)}, max {max(vals)}, n {len(vals)})")
         else:
             lines.append(f"{label:<56}  (not recorded)")
     for label, a, b in EDGES:
-        vals = interval(a, b, 0)
+        vals = intervals(t, a, b, 0)
         if vals:
             m = sum(vals) / len(vals)
             lines.append(f"{label:<56} {m:>9.0f} cyc {m / 1800:>7.3f} us")
@@ -201,17 +204,16 @@ def summarize(t, kernel):
 
 
 def per_step(t, k0, k1):
-    """The wide kernel's schedule step by step (steps k0 .. k1 - 1, means over the CTAs that recorded them): in the
-    persistent kernel (SMLA_SM90_PERSISTENT) a step is a K ring use, so an item boundary shows as one step."""
-    cols = [("WG0 period", (WG0, 0, 0), (WG0, 1, 0)), ("WG0 K wait", (WG0, 0, 0), (WG0, 0, 1)),
-            ("WG0 S", (WG0, 0, 1), (WG0, 0, 2)), ("WG1 P wait", (WG1, 0, 0), (WG1, 0, 1)),
-            ("prod free wait", (PR0, 0, 0), (PR0, 0, 1)), ("prod issue", (PR0, 0, 1), (PR0, 0, 2)),
-            ("prod landing", (PR0, 0, 2), (PR0, 0, 3))]
-    lines = ["step " + "".join(f"{name:>15}" for name, _, _ in cols)]
+    """The wide kernel's schedule step by step (steps k0 .. k1 - 1, means over the CTAs that recorded them; columns:
+    rows of WIDE): in the persistent kernel (SMLA_SM90_PERSISTENT) a step is a K ring use, so an item boundary shows
+    as one step. (Its prologue / epilogue rows in summarize then mix items.)"""
+    names = ("WG0 period", "WG0 K wait", "WG0 S", "WG1 P wait", "prod free wait", "prod issue", "prod landing")
+    cols = [WIDE[i] for i in (0, 1, 2, 7, 10, 11, 12)]
+    lines = ["step " + "".join(f"{name:>15}" for name in names)]
     for k in range(k0, min(k1, EDGE - 1)):
         row = []
-        for _, (sa, oa, ea), (sb, ob, eb) in cols:
-            vals = [c[sb][k + ob][eb] - c[sa][k + oa][ea] for c in t if c[sa][k + oa][ea] and c[sb][k + ob][eb]]
+        for _, a, b in cols:
+            vals = intervals(t, a, b, k)
             row.append(f"{sum(vals) / len(vals):>15.0f}" if vals else f"{'-':>15}")
         lines.append(f"{k:>4} " + "".join(row))
     return lines

@@ -315,6 +315,16 @@ struct ScoreWarpgroup : ConsumerBase<ABL, XO, FAST, SPLIT, 0> {
         add_row_sums(alpha, rs);
     }
 
+    // The rows' sums over the quad (each thread held its columns' share).
+    __device__ __forceinline__ void reduce_row_sums()
+    {
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+            l_r[i] += __shfl_xor_sync(0xffffffffu, l_r[i], 1);
+            l_r[i] += __shfl_xor_sync(0xffffffffu, l_r[i], 2);
+        }
+    }
+
     __device__ __forceinline__ void item_sync()
     {
         if (item_pending) named_sync(kBarItem, 256);
@@ -444,11 +454,7 @@ struct ScoreWarpgroup : ConsumerBase<ABL, XO, FAST, SPLIT, 0> {
     template <bool SPLITS = false>
     __device__ __forceinline__ void epilogue(const Cta<XO> &c)
     {
-#pragma unroll
-        for (int i = 0; i < 2; ++i) {
-            l_r[i] += __shfl_xor_sync(0xffffffffu, l_r[i], 1);
-            l_r[i] += __shfl_xor_sync(0xffffffffu, l_r[i], 2);
-        }
+        reduce_row_sums();
         if (!SPLITS && B::early_out()) {  // the statistics from registers; the factors handed over before the stores
             const auto stat = [&](int hf, int) { return RowStat{m_r[hf], l_r[hf], m_t[hf]}; };
             finish_cols_direct(a, c, c.h0, r0, B::col0(), t4, o, stat, c.sQ, kBarOut + B::wg, [&](const float (&f)[2]) {
@@ -477,13 +483,11 @@ struct ScoreWarpgroup : ConsumerBase<ABL, XO, FAST, SPLIT, 0> {
     // last item's (item_sync).
     __device__ __forceinline__ void epilogue_item(const Cta<XO> &c)
     {
-#pragma unroll
-        for (int i = 0; i < 2; ++i) {
-            l_r[i] += __shfl_xor_sync(0xffffffffu, l_r[i], 1);
-            l_r[i] += __shfl_xor_sync(0xffffffffu, l_r[i], 2);
-        }
+        reduce_row_sums();
         item_sync();
         const auto stat = [&](int hf, int) { return RowStat{m_r[hf], l_r[hf], m_t[hf]}; };
+        // the one-item kernel's hand-over (epilogue), into sM's region instead of Q's block 8 (kept apart: written as one
+        // helper, the one-item kernels' SASS changed, cuobjdump)
         finish_cols_direct<false>(a, c, c.h0, r0, B::col0(), t4, o, stat, 0u, 0, [&](const float (&f)[2]) {
             if (t4 == 0) {
                 c.sM[r0] = f[0];

@@ -235,11 +235,7 @@ __global__ void __launch_bounds__(kThreads, 1) attn_sm90_persistent_kernel(const
         };
         if (static_cast<int64_t>(blockIdx.x) < items) {  // item 0's scan, at once
             zero_mask(mask_even);
-            ItemScan s0(a, c0, mask_even, tw);
-            while (!s0.done()) {
-                s0.load();
-                s0.use();
-            }
+            ItemScan(a, c0, mask_even, tw).finish();
             publish_nt(blockIdx.x, 0, mask_even);
         }
         int g = 0, k = 0;
@@ -250,13 +246,9 @@ __global__ void __launch_bounds__(kThreads, 1) attn_sm90_persistent_kernel(const
             const int64_t nxt = item + gridDim.x;
             uint32_t *const mask_n = mask_of(k + 1);
             if (nxt < items) zero_mask(mask_n);
-            ItemScan sn(a, Cta<false>(a, smem_raw, grid_pos_of(a, nxt < items ? nxt : item)), mask_n, tw);
-            if (nxt >= items) sn.rounds = 0;
+            ItemScan sn(a, Cta<false>(a, smem_raw, grid_pos_of(a, nxt < items ? nxt : item)), mask_n, tw, nxt < items);
             Bf16Producer<ABL, 256, 4, kSpecSoftmax>(a, c).run_ring(g, sn);
-            while (!sn.done()) {  // an item with fewer tiles than the next one's rounds
-                sn.load();
-                sn.use();
-            }
+            sn.finish();
             if (nxt < items) publish_nt(nxt, k + 1, mask_n);
             g += c.nt;
         }

@@ -157,9 +157,10 @@ struct ItemScan {
     int r = 0;
     int v[4];
 
-    __device__ __forceinline__ ItemScan(const Args &a, const CtaCommon &n, uint32_t *mask_, int tw_)
+    // live = false: no next item, nothing to scan
+    __device__ __forceinline__ ItemScan(const Args &a, const CtaCommon &n, uint32_t *mask_, int tw_, bool live = true)
         : kv(a), idx(n.idx_row), base(n.j0 * kBN), L(n.L), topk(static_cast<int>(a.p.topk)),
-          nm(n.nt_all < kMaskTiles ? n.nt_all : kMaskTiles), rounds((nm + 7) >> 3), tw(tw_), lane(tw_ & 31),
+          nm(n.nt_all < kMaskTiles ? n.nt_all : kMaskTiles), rounds(live ? (nm + 7) >> 3 : 0), tw(tw_), lane(tw_ & 31),
           vec((reinterpret_cast<uintptr_t>(n.idx_row) & 15u) == 0), mask(mask_)
     {
     }
@@ -188,6 +189,14 @@ struct ItemScan {
         const int t = 8 * r + (tw >> 4);  // 16 threads a tile
         if ((lane & 15) == 0 && t < nm && ((bal >> (lane & 16)) & 0xffffu) != 0u) atomicOr(mask + (t >> 5), 1u << (t & 31));
         ++r;
+    }
+    // the rounds left, back to back (item 0's scan; an item with fewer tiles than the next one's rounds)
+    __device__ __forceinline__ void finish()
+    {
+        while (!done()) {
+            load();
+            use();
+        }
     }
 };
 
@@ -300,19 +309,19 @@ struct Bf16Producer {
         for (int it = 0; it < c.nt; ++it) {
             const int gi = RING ? g0 + it : it;
             const int b = gi & 1, use = gi >> 1;
-            trace(a, RING ? gi : it, 0);
+            trace(a, gi, 0);
             t_nxt = c.next_tile(t_nxt + 1);
             fetch_idx(t_nxt, idx_nxt);
             scan.load();
             if (use > 0) mbar_wait(c.bar_empty + 8 * b, (use - 1) & 1);
             scan.use();
-            trace(a, RING ? gi : it, 1);
+            trace(a, gi, 1);
             if (it > 0 || !have0) issue(b, idx_cur);
-            trace(a, RING ? gi : it, 2);
+            trace(a, gi, 2);
 #pragma unroll
             for (int i = 0; i < kNi; ++i) idx_cur[i] = idx_nxt[i];
             cp_async_wait_all();
-            trace(a, RING ? gi : it, 3);
+            trace(a, gi, 3);
             fence_async_smem();
             mbar_arrive(c.bar_full + 8 * b);
         }
