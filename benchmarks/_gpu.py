@@ -17,7 +17,7 @@ def attention_parser(doc, iters_full, iters_quick, shape_help):
                     help=f"timed calls per shape (default {iters_full}, quick {iters_quick})")
     ap.add_argument("--no-flush", action="store_true", help="do not flush L2 between calls")
     ap.add_argument("--no-baseline", action="store_true", help="skip the PyTorch baseline")
-    ap.add_argument("--kernel", default="auto", choices=["auto", "portable", "sm90", "sm90n", "sm90p", "sm90r", "sm90d"],
+    ap.add_argument("--kernel", default="auto", choices=["auto", "portable", "sm90", "sm90n", "sm90p", "sm90r", "sm90d", "sm90t"],
                     help="smla kernel family (sets SMLA_ATTN_KERNEL): sm90 = the wide wgmma kernel on Hopper, "
                          "sm90n = the narrow one (h <= 32)")
     ap.add_argument("--shape", action="append", default=[], metavar=shape_help,

@@ -788,7 +788,7 @@ FAMILY_PREFILL = [(128, 213, 1840, 256), (64, 62, 32, 2048), (16, 300, 8192, 204
 
 # the SMLA_ATTN_KERNEL values that force a family (csrc/python/settings.c; "auto" is launch.cu's rule):
 # tests that cover every family take them from here, so that a family added there is added here once
-KERNEL_FAMILIES = ["portable", "sm90", "sm90n", "sm90p", "sm90r", "sm90d"]
+KERNEL_FAMILIES = ["portable", "sm90", "sm90n", "sm90p", "sm90r", "sm90d", "sm90t"]
 
 
 @pytest.mark.parametrize("precision", ref.PRECISIONS)

@@ -20,7 +20,7 @@ typedef struct {
     int num_threads;   /* CPU threads for this call, >= 1; 0 = OpenMP's default */
     int cpu_isa;       /* SMLA_ISA_* level to run (csrc/cpu/cpu_features.h), within what the CPU has */
     int emulated_bf16; /* test hook SMLA_CPU_ISA=avx2-emulated-bf16 (cpu_isa is then AVX2 or lower) */
-    int attn_kernel;   /* CUDA attention family: 0 auto, 1 portable (mma.sync), 2 sm90 (wgmma), 3 sm90n (narrow wgmma), 4 sm90p (pair wgmma, bf16 K), 5 sm90r (register wgmma, fp8, h <= 32), 6 sm90d (dims kernel: mma.sync, fp8, h <= 16) */
+    int attn_kernel;   /* CUDA attention family: 0 auto, 1 portable (mma.sync), 2 sm90 (wgmma), 3 sm90n (narrow wgmma), 4 sm90p (pair wgmma, bf16 K), 5 sm90r (register wgmma, fp8, h <= 32), 6 sm90d (dims kernel: mma.sync, fp8, h <= 16), 7 sm90t (three-buffer wgmma, bf16 K, "fast") */
     int fused_combine; /* split decode: 1 (SMLA_ATTN_COMBINE=auto, default) the main kernel merges its own
                           partials where it can (cuda/attention/combine.cuh), 0 (=kernel) the combine kernel */
     int attn_ablate;   /* profiling builds: ablation variant bits; 0 = the full kernel */

@@ -77,13 +77,13 @@ int smla_read_settings(smla_run *r)
     /* index 0 = unset: the default level; the rest in smla_cpu_isa_name order, then the test hook */
     static const char *const isa_names[] = {"default", "portable", "avx2", "avx512", "avx512bf16",
                                             "avx2-emulated-bf16"};
-    static const char *const kernel_names[] = {"auto", "portable", "sm90", "sm90n", "sm90p", "sm90r", "sm90d"};
+    static const char *const kernel_names[] = {"auto", "portable", "sm90", "sm90n", "sm90p", "sm90r", "sm90d", "sm90t"};
     static const char *const combine_names[] = {"auto", "kernel"};
     memset(r, 0, sizeof *r);
     int isa, combine;
     if (env_int("SMLA_NUM_THREADS", 1, SMLA_MAX_THREADS, 0, &r->num_threads) < 0 ||
         env_choice("SMLA_CPU_ISA", isa_names, 6, &isa) < 0 ||
-        env_choice("SMLA_ATTN_KERNEL", kernel_names, 7, &r->attn_kernel) < 0 ||
+        env_choice("SMLA_ATTN_KERNEL", kernel_names, 8, &r->attn_kernel) < 0 ||
         env_choice("SMLA_ATTN_COMBINE", combine_names, 2, &combine) < 0 ||
         env_int("SMLA_ATTN_ABLATE", 0, 1 << 20, 0, &r->attn_ablate) < 0)
         return -1;

@@ -15,11 +15,12 @@
 //   heads on mma.sync's M, the dims across warps), by default where the call has enough rows.
 //   Elsewhere the portable mma.sync kernel (sm80/).
 //   All give the exact bf16 values of the CPU path (bf16_rne(float(e4m3) * scale)).
-//   SMLA_ATTN_KERNEL=auto|portable|sm90|sm90n|sm90p|sm90r|sm90d (run.attn_kernel) picks the family at run
+//   SMLA_ATTN_KERNEL=auto|portable|sm90|sm90n|sm90p|sm90r|sm90d|sm90t (run.attn_kernel) picks the family at run
 //   time (tests, A/B): sm90 the wide kernel for any h, sm90n the narrow one where h <= 32 (the wide one
 //   above), sm90p the pair kernel over a bf16 K source for any h (the wide one for fp8), sm90r the
 //   register kernel over an fp8 cache where h <= 32 (else as sm90n), sm90d the dims kernel over an fp8 cache
-//   where h <= 16 (else as sm90n).
+//   where h <= 16 (else as sm90n), sm90t the three-buffer kernel over a bf16 K source in precision "fast" (else
+//   the wide one).
 // - When b * s_q * head_tiles CTAs cannot fill the GPU, decode splits the top-k list across CTAs:
 //   each writes fp32 partial O and a log2 lse into the caller's workspace and the combine kernel
 //   (combine.cu) merges them. A missing or smaller workspace means fewer splits.
@@ -71,14 +72,14 @@ int get_props(DevProps *d, int *dev_out, smla_status *st)
 }
 
 // The kernel family a call asks for (smla_run.attn_kernel, from SMLA_ATTN_KERNEL).
-enum Request { kAuto = 0, kPortable = 1, kSm90 = 2, kSm90n = 3, kSm90p = 4, kSm90r = 5, kSm90d = 6 };
+enum Request { kAuto = 0, kPortable = 1, kSm90 = 2, kSm90n = 3, kSm90p = 4, kSm90r = 5, kSm90d = 6, kSm90t = 7 };
 
 // Every kernel in this binary; the sm90 ones only when setup.py compiled them.
 const KernelList *const kLists[] = {
     &kSm80Bf16Kernels, &kSm80Fp8Kernels,
 #if SMLA_HAVE_SM90
     &kSm90Bf16Kernels, &kSm90Fp8Kernels, &kSm90nBf16Kernels, &kSm90nFp8Kernels, &kSm90pBf16Kernels, &kSm90rFp8Kernels,
-    &kSm90dFp8Kernels,
+    &kSm90dFp8Kernels, &kSm90tBf16Kernels,
 #endif
 };
 
@@ -126,13 +127,14 @@ constexpr int64_t kDimsRowsPerSm = 4;
 //    asked for, or by default (auto) with rows * kDimsRowsPerSm >= SMs; else the narrow kernel (sm90n;
 //    each the smallest head tile that holds h) unless the call asked for sm90 or sm90p; the pair
 //    kernel (sm90p, bf16 K only) when the call asked for it (it is slower than the wide one so far:
-//    benchmarks/README.md); the wide kernel for h > 32, when the call asked for sm90, or for sm90n /
-//    sm90p / sm90r where that kernel does not apply. Only kernels whose shared memory fits (else the rules below).
+//    benchmarks/README.md); the three-buffer kernel (sm90t, bf16 K, precision "fast") when the call asked for
+//    it; the wide kernel for h > 32, when the call asked for sm90, or for sm90n / sm90p / sm90r / sm90t where
+//    that kernel does not apply. Only kernels whose shared memory fits (else the rules below).
 // 2. sm80: the head tile is the smallest one that holds h (the largest one for more heads than
 //    that), with the largest K tile that fits the device's shared memory; when none does, the
 //    smallest head tile's largest fitting K tile (the fallback, ~100 KB, fits every sm_80+ GPU).
 // False when nothing fits; *need is then the least shared memory an sm80 kernel asks for.
-bool choose(int64_t h, bool fp8, int64_t rows, int request, const DevProps &d, Choice *out, int *need)
+bool choose(int64_t h, bool fp8, bool fast, int64_t rows, int request, const DevProps &d, Choice *out, int *need)
 {
 #if SMLA_HAVE_SM90
     if (request != kPortable && d.cc == 90) {
@@ -145,7 +147,11 @@ bool choose(int64_t h, bool fp8, int64_t rows, int request, const DevProps &d, C
             for_each_kernel(request == kSm90r ? Family::sm90r : Family::sm90d, fp8, [&](const KernelEntry &e) {
                 if (e.ht >= h && e.smem <= d.smem_optin && (!k || e.ht < k->ht)) k = &e;
             });
-        if (!k && request != kSm90 && request != kSm90p)
+        if (!k && !fp8 && fast && request == kSm90t)
+            for_each_kernel(Family::sm90t, fp8, [&](const KernelEntry &e) {
+                if (!k && e.smem <= d.smem_optin) k = &e;
+            });
+        if (!k && request != kSm90 && request != kSm90p && request != kSm90t)
             for_each_kernel(Family::sm90n, fp8, [&](const KernelEntry &e) {
                 if (e.ht >= h && e.smem <= d.smem_optin && (!k || e.ht < k->ht)) k = &e;
             });
@@ -165,6 +171,7 @@ bool choose(int64_t h, bool fp8, int64_t rows, int request, const DevProps &d, C
 #else
     (void)request;
     (void)rows;
+    (void)fast;
 #endif
     int ht = 0, ht_max = 0, ht_min = INT_MAX;
     *need = INT_MAX;
@@ -282,13 +289,13 @@ struct Launch {
     int ns = 1;
 };
 
-int prepare(int64_t b, int64_t s_q, int64_t h, int64_t topk, bool fp8, int request, bool allow_split, Launch *L,
+int prepare(int64_t b, int64_t s_q, int64_t h, int64_t topk, bool fp8, bool fast, int request, bool allow_split, Launch *L,
             smla_status *st)
 {
     int rc = get_props(&L->props, &L->dev, st);
     if (rc != SMLA_OK) return rc;
     int need = 0;
-    if (!choose(h, fp8, b * s_q, request, L->props, &L->choice, &need))
+    if (!choose(h, fp8, fast, b * s_q, request, L->props, &L->choice, &need))
         return smla_fail(st, SMLA_ERR_UNSUPPORTED, "sparse MLA: needs %d bytes of shared memory per block, device %d "
                          "allows %d", need, L->dev, L->props.smem_optin);
     L->rows = b * s_q;
@@ -305,7 +312,8 @@ int run_attention(const smla_attn_params *p, bool is_decode, smla_status *st)
     if (p->b == 0 || p->s_q == 0) return SMLA_OK;
 
     Launch L;
-    int rc = prepare(p->b, p->s_q, p->h, p->topk, p->kv.dtype == SMLA_CACHE_FP8_DS_MLA, p->run.attn_kernel,
+    int rc = prepare(p->b, p->s_q, p->h, p->topk, p->kv.dtype == SMLA_CACHE_FP8_DS_MLA,
+                     p->precision == SMLA_PRECISION_FAST, p->run.attn_kernel,
                      is_decode && !p->max_logits, &L, st);
     if (rc != SMLA_OK) return rc;
 
@@ -373,8 +381,10 @@ extern "C" int64_t smla_cuda_sparse_mla_decode_workspace_size(int64_t b, int64_t
     if (cache_dtype != SMLA_CACHE_BF16 && cache_dtype != SMLA_CACHE_FP8_DS_MLA) return 0;
     smla_status st = {0, {0}};
     attn::Launch L;
-    if (attn::prepare(b, s_q, h, topk, cache_dtype == SMLA_CACHE_FP8_DS_MLA, attn_kernel, /*allow_split=*/true, &L,
-                      &st) != SMLA_OK) {
+    // precision unknown here: the plan of a "high" call (a "fast" one on sm90t plans its splits over 48-token tiles,
+    // and run_attention fits them to the caller's workspace)
+    if (attn::prepare(b, s_q, h, topk, cache_dtype == SMLA_CACHE_FP8_DS_MLA, /*fast=*/false, attn_kernel,
+                      /*allow_split=*/true, &L, &st) != SMLA_OK) {
         cudaGetLastError();
         return 0;
     }

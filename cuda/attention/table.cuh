@@ -1,5 +1,5 @@
 // The kernel table: what each instantiation file (sm80/bf16.cu, sm80/fp8.cu, sm90/bf16.cu,
-// sm90/fp8.cu, sm90/narrow_bf16.cu, sm90/narrow_fp8.cu, sm90/reg_fp8.cu, sm90/dims_fp8.cu) offers the launcher (launch.cu), one entry per compiled kernel configuration, and
+// sm90/fp8.cu, sm90/narrow_bf16.cu, sm90/narrow_fp8.cu, sm90/reg_fp8.cu, sm90/dims_fp8.cu, sm90/tri_bf16.cu) offers the launcher (launch.cu), one entry per compiled kernel configuration, and
 // the combine kernel's launch (combine.cu). launch.cu chooses an entry by rule from these numbers
 // alone; nothing else ties a configuration to the launcher, so adding one is adding an entry.
 //
@@ -23,6 +23,7 @@ enum class Family {
     sm90p, // Hopper, bf16 K: consumer warpgroups on alternate K tiles, head tile 64 (sm90/pair_kernel.cuh)
     sm90r, // Hopper, fp8 K, h <= 32: tokens on M, A fragments dequantised in registers (sm90/reg_kernel.cuh)
     sm90d, // Hopper, fp8 K, h <= 16: heads on mma.sync's M, dims across warps (sm90/dims_kernel.cuh)
+    sm90t, // Hopper, bf16 K, precision "fast": three 48-token K buffers, the next S before the softmax (sm90/tri_kernel.cuh)
 };
 
 struct KernelEntry {
@@ -52,6 +53,7 @@ extern const KernelList kSm90nFp8Kernels;   // sm90/narrow_fp8.cu
 extern const KernelList kSm90pBf16Kernels;  // sm90/pair_bf16.cu
 extern const KernelList kSm90rFp8Kernels;   // sm90/reg_fp8.cu
 extern const KernelList kSm90dFp8Kernels;   // sm90/dims_fp8.cu
+extern const KernelList kSm90tBf16Kernels;  // sm90/tri_bf16.cu
 #endif
 
 // One plain launch of KERNEL (an attention kernel of Args) over `grid` CTAs of `threads` threads and `smem`

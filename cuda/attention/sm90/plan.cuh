@@ -250,8 +250,9 @@ struct CtaCommon {
         return nt_all;
     }
 
+    // bn: tokens per K tile (the three-buffer kernel's 48; the others' kBN)
     __device__ __forceinline__ CtaCommon(const Args &a, uint8_t *smem_raw, const GridPos &gp, int q_off, int k_off,
-                                         int bar_off, int valid_off)
+                                         int bar_off, int valid_off, int bn = kBN)
     {
         const uint32_t raw_base = smem_u32(smem_raw);
         base = (raw_base + 1023u) & ~1023u;
@@ -260,7 +261,7 @@ struct CtaCommon {
         lane = tid & 31;
         sp = gp.sp, row = gp.row, bi = gp.bi, si = gp.si;
         h = static_cast<int>(a.p.h);
-        const RowSlice slice = row_slice(a, bi, si, sp, kBN);
+        const RowSlice slice = row_slice(a, bi, si, sp, bn);
         idx_row = slice.idx;
         L = slice.L, j0 = slice.j0;
         nt = slice.j1 > j0 ? slice.j1 - j0 : 0;
@@ -275,14 +276,14 @@ struct CtaCommon {
 // Q rows h0 .. h0 + ROWS - 1 of the CTA's query row into 9 column blocks of [ROWS x 128 B] at c.sQ, in
 // blk_addr's swizzled layout (block size ROWS * 128; ROWS = 64 is blk_addr itself), rows past h zero;
 // issued by NT threads (t: this thread's place among them, by default its tid) as one cp.async group (the
-// caller waits for it).
-template <int ROWS, int NT>
+// caller waits for it). CH: the chunks of a row it loads (the three-buffer kernel: the latent part's 64).
+template <int ROWS, int NT, int CH = kRowChunks>
 __device__ __forceinline__ void issue_q(const Args &a, const CtaCommon &c, int h0, int t)
 {
     const smla_attn_params &p = a.p;
     const uint64_t pol = policy_evict_first();  // Q is read once: it should not push K rows out of L2
-    for (int i = t; i < ROWS * kRowChunks; i += NT) {
-        const int r = i / kRowChunks, ch = i - r * kRowChunks;
+    for (int i = t; i < ROWS * CH; i += NT) {
+        const int r = i / CH, ch = i - r * CH;
         const bool ok = h0 + r < c.h;
         const uint16_t *src = ok ? smla_q_at(&p, c.bi, c.si, h0 + r, ch * 8) : p.q;  // q or q_pe
         const uint32_t dst = c.sQ + (ch >> 3) * (ROWS * 128) + r * 128 + (((ch & 7) ^ (r & 7)) << 4);

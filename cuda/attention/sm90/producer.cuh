@@ -75,10 +75,12 @@ __device__ __forceinline__ void scan_tiles(const Args &a, const CtaCommon &c, ui
 }
 // The same scan by the PW warps from thread T0 with 16-byte loads (kConsumerScan, plan.cuh): lane l takes the 8
 // indices 8 (l & 7) .. of tile t0 + (l >> 3), so a warp covers 4 tiles a pass with 2 loads a lane; where the row
-// is not 16-byte aligned or the 8 run past the row's top-k entries, 8 loads clamped into [0, L).
-template <int T0, int PW>
+// is not 16-byte aligned or the 8 run past the row's top-k entries, 8 loads clamped into [0, L). BN: tokens per
+// tile, a multiple of 8 up to 64 (lanes 8 (l & 7) >= BN take none).
+template <int T0, int PW, int BN = kBN>
 __device__ __forceinline__ void scan_tiles_vec(const Args &a, const CtaCommon &c, uint32_t *mask)
 {
+    static_assert(BN % 8 == 0 && BN <= 64, "8 indices a lane, 8 lanes a tile");
     const KvSource kv(a);
     const int lane = c.lane, w = (c.tid - T0) >> 5;
     const int nm = c.nt_all < kMaskTiles ? c.nt_all : kMaskTiles;
@@ -86,7 +88,7 @@ __device__ __forceinline__ void scan_tiles_vec(const Args &a, const CtaCommon &c
     const bool vec = (reinterpret_cast<uintptr_t>(c.idx_row) & 15u) == 0;
     for (int t0 = 4 * w; t0 < nm; t0 += 4 * PW) {
         const int t = t0 + (lane >> 3);
-        const int pos = (c.j0 + t) * kBN + 8 * (lane & 7);
+        const int pos = (c.j0 + t) * BN + 8 * (lane & 7);
         int v[8];
         if (vec && pos + 8 <= topk) {
             const int4 x = __ldg(reinterpret_cast<const int4 *>(c.idx_row + pos));
@@ -99,6 +101,7 @@ __device__ __forceinline__ void scan_tiles_vec(const Args &a, const CtaCommon &c
         bool any = false;
 #pragma unroll
         for (int k = 0; k < 8; ++k) any = any || (pos + k < c.L && kv.valid(v[k]));
+        if (BN < 64 && 8 * (lane & 7) >= BN) any = false;  // the next tile's indices
         const uint32_t bal = __ballot_sync(0xffffffffu, any);
         if ((lane & 7) == 0 && t < nm && ((bal >> (lane & 24)) & 0xffu) != 0u) atomicOr(mask + (t >> 5), 1u << (t & 31));
     }
@@ -128,12 +131,12 @@ __device__ __forceinline__ void skip_empty_tiles(const Args &a, CtaCommon &c, ui
 }
 // kConsumerScan: the 256 consumer threads (8 warps from thread 0) scan (scan_tiles_vec) while the producers
 // (threads 256 ..) do pre() alone.
-template <int NT, class Pre>
+template <int NT, int BN = kBN, class Pre>
 __device__ __forceinline__ void skip_empty_tiles_by_consumers(const Args &a, CtaCommon &c, uint32_t *mask, int bar,
                                                               Pre pre)
 {
     if (c.tid >= 256) pre();
-    else scan_tiles_vec<0, 8>(a, c, mask);
+    else scan_tiles_vec<0, 8, BN>(a, c, mask);
     named_sync(bar, NT);
     use_tile_mask(c, mask);
 }

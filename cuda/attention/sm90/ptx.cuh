@@ -296,6 +296,27 @@ __device__ __forceinline__ void wgmma_rs(float (&d)[32], const uint32_t (&a)[4],
                  : SMLA_F8(0), SMLA_F8(8), SMLA_F8(16), SMLA_F8(24)
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(accumulate));
 }
+// The three-buffer kernel's S (sm90/tri_kernel.cuh): m64n48k16, a 48-token K tile, A (Q) from shared memory (TA = 0,
+// K-major) or from registers (wgmma_n256_rs's fragment), B K-major.
+template <int TA>
+__device__ __forceinline__ void wgmma_ss(float (&d)[24], uint64_t da, uint64_t db, int accumulate)
+{
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %26, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n48k16.f32.bf16.bf16 "
+                 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, "
+                 "%21, %22, %23}, %24, %25, p, 1, 1, %27, 0;\n}\n"
+                 : SMLA_F8(0), SMLA_F8(8), SMLA_F8(16)
+                 : "l"(da), "l"(db), "r"(accumulate), "n"(TA));
+}
+__device__ __forceinline__ void wgmma_rs(float (&d)[24], const uint32_t (&a)[4], uint64_t db, int accumulate)
+{
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %29, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n48k16.f32.bf16.bf16 "
+                 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, "
+                 "%21, %22, %23}, {%24, %25, %26, %27}, %28, p, 1, 1, 0;\n}\n"
+                 : SMLA_F8(0), SMLA_F8(8), SMLA_F8(16)
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(accumulate));
+}
 #undef SMLA_F8
 
 // bytes (a multiple of 16) from global src to shared dst (both 16-byte aligned) by the bulk-copy engine;
