@@ -297,16 +297,18 @@ __device__ __forceinline__ void issue_q(const Args &a, const CtaCommon &c, int h
     issue_q<ROWS, NT>(a, c, h0, c.tid);
 }
 
-// The same tile by TMA (a.q_tma; one thread): 9 boxes of [64 values x 64 heads] of query row (bi, si) from
+// The same tile by TMA (a.q_tma; one thread): NB (9) boxes of [64 values x 64 heads] of query row (bi, si) from
 // q_map (and block 8 from qpe_map where q_pe is given) to sQ, which the tensor map's 128-byte swizzle lays out as
-// issue_q does (heads past h read as zeros), completing 9 x 8 KB on the mbarrier bar. Not inlined: it runs in one
-// thread once, and inlined it made ptxas spill in the fused "high" kernel.
+// issue_q does (heads past h read as zeros), completing NB x 8 KB on the mbarrier bar (NB = 8: the latent part
+// only, the three-buffer kernel's). Not inlined: it runs in one thread once, and inlined it made ptxas spill in
+// the fused "high" kernel.
+template <int NB = kDqk / 64>
 static __device__ __noinline__ void tma_q(const Args &a, uint32_t sQ, int h0, int si, int bi, uint32_t bar)
 {
     const uint64_t pol = policy_evict_first();
-    mbar_arrive_expect_tx(bar, (kDqk / 64) * kBlk);
+    mbar_arrive_expect_tx(bar, NB * kBlk);
 #pragma unroll 1
-    for (int j = 0; j < kDqk / 64; ++j) {
+    for (int j = 0; j < NB; ++j) {
         const bool pe = a.p.q_pe && j == kDv / 64;
         tma_load_4d(sQ + j * kBlk, pe ? &a.qpe_map : &a.q_map, pe ? 0 : 64 * j, h0, si, bi, bar, pol);
     }

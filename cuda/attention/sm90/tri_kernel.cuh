@@ -48,6 +48,24 @@ namespace attn {
 namespace sm90 {
 namespace tri {
 
+// Experiment switches (compile time; tools/variant_tree.sh). SMLA_SM90T_AHEAD (1): WG0 issues S of tile k + 1
+// before the softmax of tile k; 0: after P of tile k is published (no overlap of the softmax with S, the wide
+// kernel's order). SMLA_SM90T_HALVES (0): 1 issues S of tile k + 1 in two parts, the first chain before the
+// softmax's maxima and the second before its exponents, so that the wgmma issue does not wait in one block ahead
+// of all of the softmax. SMLA_SM90T_SPECULATE (1): the producers copy the slice's tile 0 while the consumers scan
+// the tiles (the wide kernel's SMLA_SM90_SPECULATE); 0: they wait for the scan.
+#ifndef SMLA_SM90T_AHEAD
+#define SMLA_SM90T_AHEAD 1
+#endif
+#ifndef SMLA_SM90T_HALVES
+#define SMLA_SM90T_HALVES 0
+#endif
+#ifndef SMLA_SM90T_SPECULATE
+#define SMLA_SM90T_SPECULATE 1
+#endif
+constexpr bool kAhead = SMLA_SM90T_AHEAD != 0, kHalves = SMLA_SM90T_HALVES != 0 && kAhead;
+constexpr bool kSpeculateT = SMLA_SM90T_SPECULATE != 0;
+
 constexpr int kTB = 48;              // tokens per K tile
 constexpr int kNBuf = 3;             // K buffers
 constexpr int kKBlk = kTB * 128;     // one column block of a K buffer: [48 rows x 128 B]
@@ -78,9 +96,10 @@ struct Smem {
     static constexpr Region valid = region_after(bar, kNBuf * 4 * 2);   // uint16 [3][4]: warp w's 12 rows' flags
     static constexpr Region alpha = region_after(valid, kNBuf * kHT * 4);  // float [3][64]: O's rescale
     static constexpr Region mask = region_after(alpha, kMaskWords * 4);    // the non-empty tiles
-    static constexpr int used = mask.end();
+    static constexpr Region qbar = region_after(mask, 8);                  // Q's TMA mbarrier (a.q_tma)
+    static constexpr int used = qbar.end();
     static constexpr int bytes = used;  // no slack: the base is 1024-byte aligned (checked by the kernel)
-    static_assert(k.off % 1024 == 0 && bar.off % 8 == 0, "swizzled tiles, mbarriers");
+    static_assert(k.off % 1024 == 0 && bar.off % 8 == 0 && qbar.off % 8 == 0, "swizzled tiles, mbarriers");
     static_assert(bytes <= 227 * 1024, "sm_90 opt-in shared memory per block");
 };
 
@@ -155,7 +174,8 @@ struct TriProducer {
         }
     }
 
-    __device__ __forceinline__ void issue(int b, const int (&idx)[kNi]) const
+    // The rows of indices idx into buffer b and (lane 0) the warp's row flags; commit(b) hands them over.
+    __device__ __forceinline__ void copy(int b, const int (&idx)[kNi]) const
     {
         const uint32_t kb = c.kbuf(b);
         uint32_t bits = 0;
@@ -175,17 +195,30 @@ struct TriProducer {
 #pragma unroll
             for (int s = 0; s < 4; ++s) bits |= ((bal >> (8 * s)) & 1u) << (4 * i + s);
         }
-        if (c.lane == 0) {
-            reinterpret_cast<uint16_t *>(c.smem + Smem::valid.off)[4 * b + pw] = static_cast<uint16_t>(bits);
-            mbar_arrive(c.full(b));  // releases the flags
-        }
+        if (c.lane == 0) reinterpret_cast<uint16_t *>(c.smem + Smem::valid.off)[4 * b + pw] = static_cast<uint16_t>(bits);
+    }
+    __device__ __forceinline__ void commit(int b) const
+    {
+        if (c.lane == 0) mbar_arrive(c.full(b));  // releases the flags
         cp_async_mbar_arrive_noinc(c.full(b));
     }
 
-    __device__ __forceinline__ void run() const
+    // The slice's tile 0 into buffer 0 before the scan (kSpeculateT; the slice has a tile), not yet committed.
+    __device__ __forceinline__ void speculate() const
+    {
+        int idx[kNi];
+        fetch_idx(0, idx);
+        copy(0, idx);
+    }
+
+    // Every tile that runs, through the three buffers; speculated: speculate() ran (its copies are tile 0's where
+    // the scan kept tile 0, else they land before buffer 0 is rewritten).
+    __device__ __forceinline__ void run(bool speculated) const
     {
         int cur[kNi], nxt[kNi];
         int t = c.next_tile(0);
+        const bool have0 = speculated && c.nt > 0 && t == 0;
+        if (speculated && !have0) cp_async_wait_all();
         fetch_idx(t, cur);
         Ring r;
         for (int it = 0; it < c.nt; ++it, r.next()) {
@@ -194,7 +227,8 @@ struct TriProducer {
             fetch_idx(t, nxt);
             if (r.use > 0) mbar_wait(c.empty(r.b), (r.use - 1) & 1);
             trace(a, it, 1);
-            issue(r.b, cur);
+            if (it > 0 || !have0) copy(r.b, cur);
+            commit(r.b);
             trace(a, it, 2);
 #pragma unroll
             for (int i = 0; i < kNi; ++i) cur[i] = nxt[i];
@@ -251,20 +285,25 @@ struct ScoreWg {
     }
     __device__ __forceinline__ void release(int b) const { mbar_arrive(c.empty(b)); }
 
-    // S of buffer b as two chains (k-steps 0..17 into sa, 18..35 into sb), one commit group.
-    __device__ __forceinline__ void s_issue(int b, float (&sa)[24], float (&sb)[24]) const
+    // S of buffer b as two chains, k-steps 0..17 into sa and 18..35 into sb (s_chain: chain ch alone), one commit
+    // group.
+    __device__ __forceinline__ void s_chain(int b, int ch, float (&d)[24]) const
     {
         if constexpr (kNoS) return;
         const uint32_t qd = opaque(desc_base(c.sQ, 16)), kd = opaque(desc_base(c.kbuf(b), 16));
         wg_fence();
 #pragma unroll
-        for (int kk = 0; kk < 36; ++kk) {
+        for (int i = 0; i < 18; ++i) {
+            const int kk = 18 * ch + i;
             const uint32_t kof = (kk >> 2) * kKBlk + (kk & 3) * 32;
-            auto &d = kk < 18 ? sa : sb;
-            const int acc = kk != 0 && kk != 18;
-            if (kk < 4 * kQBlocks) wgmma_ss<0>(d, desc_at(qd, (kk >> 2) * kBlk + (kk & 3) * 32), desc_at(kd, kof), acc);
-            else wgmma_rs(d, qr[kk - 4 * kQBlocks], desc_at(kd, kof), acc);
+            if (kk < 4 * kQBlocks) wgmma_ss<0>(d, desc_at(qd, (kk >> 2) * kBlk + (kk & 3) * 32), desc_at(kd, kof), i > 0);
+            else wgmma_rs(d, qr[kk - 4 * kQBlocks], desc_at(kd, kof), i > 0);
         }
+    }
+    __device__ __forceinline__ void s_issue(int b, float (&sa)[24], float (&sb)[24]) const
+    {
+        s_chain(b, 0, sa);
+        s_chain(b, 1, sb);
         wg_commit();
     }
     __device__ __forceinline__ static void s_sum(float (&s)[24], float (&sa)[24], float (&sb)[24])
@@ -293,8 +332,8 @@ struct ScoreWg {
     }
 
     // Mask (flags: bit 8 jn + e for token 8 jn + 2 t4 + e), scale, saturate (where the thread's maxima say so:
-    // mask_scale_thread's rule), the rows' maxima over the quad, alpha, P as the A fragments of P V, row sums.
-    __device__ __forceinline__ void softmax(int b, float (&s)[24], float (&alpha)[2], uint32_t (&p)[12])
+    // mask_scale_thread's rule), the rows' maxima over the quad, alpha and nb (new_max).
+    __device__ __forceinline__ void softmax_max(int b, float (&s)[24], float (&alpha)[2], float (&nb)[2])
     {
         const uint64_t fl = c.row_flags(b) >> (2 * t4);
         const float sc = a.scale_log2;
@@ -326,9 +365,14 @@ struct ScoreWg {
             }
         }
         quad_max(mx);
-        float nb[2], rs[2] = {0.f, 0.f};
         new_max(0, mx[0], alpha, nb);
         new_max(1, mx[1], alpha, nb);
+    }
+    // P = 2^(s - m) as the A fragments of P V, and the row sums.
+    __device__ __forceinline__ void softmax_exp(const float (&s)[24], const float (&alpha)[2], const float (&nb)[2],
+                                                uint32_t (&p)[12])
+    {
+        float rs[2] = {0.f, 0.f};
 #pragma unroll
         for (int jn = 0; jn < kJn; ++jn) {
             const float p0 = ex2(s[4 * jn + 0] + nb[0]), p1 = ex2(s[4 * jn + 1] + nb[0]);
@@ -377,16 +421,27 @@ struct ScoreWg {
     {
         float sa[24], sb[24], alpha[2];
         uint32_t p[12];
+        float nb[2];
         trace(a, it, 0);
-        if constexpr (NEXT) {
+        if constexpr (NEXT && kAhead) {
             acquire(rn);
             trace(a, it, 1);
-            s_issue(rn.b, sa, sb);
+            if constexpr (kHalves) s_chain(rn.b, 0, sa);
+            else s_issue(rn.b, sa, sb);
         }
-        softmax(r.b, s, alpha, p);
+        softmax_max(r.b, s, alpha, nb);
+        if constexpr (NEXT && kHalves) {
+            s_chain(rn.b, 1, sb);
+            wg_commit();
+        }
+        softmax_exp(s, alpha, nb, p);
         trace(a, it, 2);
         publish(r.b, alpha, p);
         trace(a, it, 3);
+        if constexpr (NEXT && !kAhead) {
+            acquire(rn);
+            s_issue(rn.b, sa, sb);
+        }
         rescale_rows(o, alpha);
         pv_issue(r.b, p);
         wg_wait0();
@@ -545,27 +600,41 @@ __global__ void __launch_bounds__(kThreads, 1) attn_sm90t_kernel(const __grid_co
 
     trace(a, kTraceEdge, kTrStart);
     pdl_launch_dependents();  // the combine (split mode) may be scheduled; it waits for this grid
+    // Q's latent part by TMA from one thread where the launcher described q (a.q_tma, decided on the slice's tile
+    // count before the scan, as the wide kernel's q_by_tma), else by the consumers' cp.async
+    const bool q_tma = a.q_tma && c.nt_all > 0;
+    const uint32_t qbar = c.base + Smem::qbar.off;
     if (c.tid == 0) {
         for (int b = 0; b < kNBuf; ++b) {
             mbar_init(c.full(b), 128 + 4);  // the producers' copies (.noinc) and their warps' flag arrivals
             mbar_init(c.empty(b), 256);     // both consumer warpgroups
         }
+        if (q_tma) mbar_init(qbar, 1);
         fence_mbarrier_init();
     }
-    if (c.nt > 0 && c.tid < 256) issue_q<kHT, 256, kNopeChunks>(a, c, c.h0, c.tid);
+    if (!q_tma && c.nt_all > 0 && c.tid < 256) issue_q<kHT, 256, kNopeChunks>(a, c, c.h0, c.tid);
     if (c.tid < kMaskWords) c.mask[c.tid] = 0u;
     __syncthreads();
-    skip_empty_tiles_by_consumers<kThreads, kTB>(a, c, c.mask, kBarStart, [] {});
+    if (q_tma && c.tid == 0) tma_q<kQBlocks>(a, c.sQ, c.h0, static_cast<int>(c.si), static_cast<int>(c.bi), qbar);
+    // the tiles without a valid index are neither loaded nor multiplied; the producers copy tile 0 meanwhile
+    const bool spec = kSpeculateT && c.nt_all > 0;
+    skip_empty_tiles_by_consumers<kThreads, kTB>(a, c, c.mask, kBarStart, [&] {
+        if (spec) TriProducer<ABL>(a, c).speculate();
+    });
     trace(a, kTraceEdge, kTrScanned);
     if (c.tid >= 256) {
         setmaxnreg_dec<kProducerRegs>();
-        TriProducer<ABL>(a, c).run();
+        TriProducer<ABL>(a, c).run(spec);
         return;
     }
+    const auto wait_q = [&] {
+        if (q_tma) mbar_wait(qbar, 0);  // TMA's bytes are visible to wgmma once the phase completes
+        else wait_q_latent();
+    };
     if (c.tid < 128) {
         setmaxnreg_inc<kScoreRegs>();
         ScoreWg<ABL> wg(a, c);
-        wait_q_latent();
+        wait_q();
         trace(a, kTraceEdge, kTrQ);
         wg.run();
         trace(a, kTraceEdge, kTrEpilogue);
@@ -573,7 +642,7 @@ __global__ void __launch_bounds__(kThreads, 1) attn_sm90t_kernel(const __grid_co
     } else {
         setmaxnreg_inc<kValueRegs>();
         ValueWg<ABL> wg(a, c);
-        wait_q_latent();
+        wait_q();
         wg.run();
         trace(a, kTraceEdge, kTrEpilogue);
         wg.epilogue();
