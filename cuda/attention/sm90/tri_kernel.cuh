@@ -50,20 +50,21 @@ namespace tri {
 
 // Experiment switches (compile time; tools/variant_tree.sh). SMLA_SM90T_AHEAD (1): WG0 issues S of tile k + 1
 // before the softmax of tile k; 0: after P of tile k is published (no overlap of the softmax with S, the wide
-// kernel's order). SMLA_SM90T_HALVES (0): 1 issues S of tile k + 1 in two parts, the first chain before the
-// softmax's maxima and the second before its exponents, so that the wgmma issue does not wait in one block ahead
-// of all of the softmax. SMLA_SM90T_SPECULATE (1): the producers copy the slice's tile 0 while the consumers scan
+// kernel's order). SMLA_SM90T_WEAVE (0): 1 weaves the issue of S of tile k + 1 into the softmax of tile k in four
+// groups of 9 k-steps (s_group), each group's first descriptor carrying a zero computed from the softmax step
+// before it, so that ptxas cannot sink the softmax below the whole S issue: in the first form the exponents
+// followed the 36th wgmma, whose issue waits for the tensor pipe. SMLA_SM90T_SPECULATE (1): the producers copy the slice's tile 0 while the consumers scan
 // the tiles (the wide kernel's SMLA_SM90_SPECULATE); 0: they wait for the scan.
 #ifndef SMLA_SM90T_AHEAD
 #define SMLA_SM90T_AHEAD 1
 #endif
-#ifndef SMLA_SM90T_HALVES
-#define SMLA_SM90T_HALVES 0
+#ifndef SMLA_SM90T_WEAVE
+#define SMLA_SM90T_WEAVE 0
 #endif
 #ifndef SMLA_SM90T_SPECULATE
 #define SMLA_SM90T_SPECULATE 1
 #endif
-constexpr bool kAhead = SMLA_SM90T_AHEAD != 0, kHalves = SMLA_SM90T_HALVES != 0 && kAhead;
+constexpr bool kAhead = SMLA_SM90T_AHEAD != 0, kWeave = SMLA_SM90T_WEAVE != 0 && kAhead;
 constexpr bool kSpeculateT = SMLA_SM90T_SPECULATE != 0;
 
 constexpr int kTB = 48;              // tokens per K tile
@@ -300,6 +301,21 @@ struct ScoreWg {
             else wgmma_rs(d, qr[kk - 4 * kQBlocks], desc_at(kd, kof), i > 0);
         }
     }
+    // kWeave: k-steps 9 g .. 9 g + 8 (groups 0, 1 into chain 0's d, 2, 3 into chain 1's), the K descriptor plus dep
+    // (always 0: a value ptxas cannot fold, which orders the group after the instructions that computed it).
+    __device__ __forceinline__ void s_group(int b, int g, float (&d)[24], uint32_t dep) const
+    {
+        if constexpr (kNoS) return;
+        const uint32_t qd = opaque(desc_base(c.sQ, 16)), kd = opaque(desc_base(c.kbuf(b), 16)) + dep;
+        wg_fence();
+#pragma unroll
+        for (int i = 0; i < 9; ++i) {
+            const int kk = 9 * g + i;
+            const uint32_t kof = (kk >> 2) * kKBlk + (kk & 3) * 32;
+            if (kk < 4 * kQBlocks) wgmma_ss<0>(d, desc_at(qd, (kk >> 2) * kBlk + (kk & 3) * 32), desc_at(kd, kof), kk % 18 != 0);
+            else wgmma_rs(d, qr[kk - 4 * kQBlocks], desc_at(kd, kof), kk % 18 != 0);
+        }
+    }
     __device__ __forceinline__ void s_issue(int b, float (&sa)[24], float (&sb)[24]) const
     {
         s_chain(b, 0, sa);
@@ -368,13 +384,14 @@ struct ScoreWg {
         new_max(0, mx[0], alpha, nb);
         new_max(1, mx[1], alpha, nb);
     }
-    // P = 2^(s - m) as the A fragments of P V, and the row sums.
-    __device__ __forceinline__ void softmax_exp(const float (&s)[24], const float (&alpha)[2], const float (&nb)[2],
-                                                uint32_t (&p)[12])
+    // P = 2^(s - m) as the A fragments of P V, and the row sums (exp_part: column blocks J0 .. J1 - 1 into rs,
+    // add_sums: rs into the rows' sums).
+    template <int J0, int J1>
+    __device__ __forceinline__ static void exp_part(const float (&s)[24], const float (&nb)[2], uint32_t (&p)[12],
+                                                    float (&rs)[2])
     {
-        float rs[2] = {0.f, 0.f};
 #pragma unroll
-        for (int jn = 0; jn < kJn; ++jn) {
+        for (int jn = J0; jn < J1; ++jn) {
             const float p0 = ex2(s[4 * jn + 0] + nb[0]), p1 = ex2(s[4 * jn + 1] + nb[0]);
             const float p2 = ex2(s[4 * jn + 2] + nb[1]), p3 = ex2(s[4 * jn + 3] + nb[1]);
             rs[0] += p0 + p1;
@@ -383,8 +400,34 @@ struct ScoreWg {
             p[f] = pack_bf16x2(p0, p1);
             p[f + 1] = pack_bf16x2(p2, p3);
         }
+    }
+    __device__ __forceinline__ void add_sums(const float (&alpha)[2], const float (&rs)[2])
+    {
         l_r[0] = l_r[0] * static_cast<double>(alpha[0]) + static_cast<double>(rs[0]);
         l_r[1] = l_r[1] * static_cast<double>(alpha[1]) + static_cast<double>(rs[1]);
+    }
+    __device__ __forceinline__ void softmax_exp(const float (&s)[24], const float (&alpha)[2], const float (&nb)[2],
+                                                uint32_t (&p)[12])
+    {
+        float rs[2] = {0.f, 0.f};
+        exp_part<0, kJn>(s, nb, p, rs);
+        add_sums(alpha, rs);
+    }
+    // kWeave: the softmax of this tile with the S of buffer bn in four groups between its steps (s_group). The zeros:
+    // the sign bits of alpha (2^x >= 0) and of the packed P (bf16 of 2^x >= 0; NaN packs as 0x7fff).
+    __device__ __forceinline__ void softmax_woven(int b, int bn, float (&s)[24], float (&alpha)[2], uint32_t (&p)[12],
+                                                  float (&sa)[24], float (&sb)[24])
+    {
+        float nb[2], rs[2] = {0.f, 0.f};
+        s_group(bn, 0, sa, 0u);
+        softmax_max(b, s, alpha, nb);
+        s_group(bn, 1, sa, __float_as_uint(alpha[0]) >> 31);
+        exp_part<0, kJn / 2>(s, nb, p, rs);
+        s_group(bn, 2, sb, p[2 * (kJn / 2) - 1] >> 31);
+        exp_part<kJn / 2, kJn>(s, nb, p, rs);
+        s_group(bn, 3, sb, p[2 * kJn - 1] >> 31);
+        wg_commit();
+        add_sums(alpha, rs);
     }
 
     // P into buffer b's RoPE block (p_desc's layout: per k-step one stmatrix x4, matrix m = rows + 8 (m & 1), tokens
@@ -423,18 +466,19 @@ struct ScoreWg {
         uint32_t p[12];
         float nb[2];
         trace(a, it, 0);
-        if constexpr (NEXT && kAhead) {
+        if constexpr (NEXT && kWeave) {
             acquire(rn);
             trace(a, it, 1);
-            if constexpr (kHalves) s_chain(rn.b, 0, sa);
-            else s_issue(rn.b, sa, sb);
+            softmax_woven(r.b, rn.b, s, alpha, p, sa, sb);
+        } else {
+            if constexpr (NEXT && kAhead) {
+                acquire(rn);
+                trace(a, it, 1);
+                s_issue(rn.b, sa, sb);
+            }
+            softmax_max(r.b, s, alpha, nb);
+            softmax_exp(s, alpha, nb, p);
         }
-        softmax_max(r.b, s, alpha, nb);
-        if constexpr (NEXT && kHalves) {
-            s_chain(rn.b, 1, sb);
-            wg_commit();
-        }
-        softmax_exp(s, alpha, nb, p);
         trace(a, it, 2);
         publish(r.b, alpha, p);
         trace(a, it, 3);
