@@ -23,18 +23,17 @@ namespace sm90 {
 constexpr int kSChains = SMLA_S_CHAINS;
 static_assert(kSChains >= 1 && kSChains <= 3, "S as 1, 2 or 3 chains");
 
-// Mask (valid: the tile's 64 row flags), scale to the log2 domain, saturate overflow where the
-// thread's maxima and the rows' running maxima m say it matters (attention/softmax.cuh); mx: this
-// thread's row maxima (mask_scale_thread), then reduced over the quad, which holds all 64 tokens of rows
-// r0, r0 + 8 (mask_scores).
-__device__ __forceinline__ void mask_scale_thread(const int *valid, float scale_log2, int t4, const float (&m)[2],
-                                                  float (&s)[32], float (&mx)[2])
+// Mask, scale to the log2 domain, saturate overflow where the thread's maxima and the rows' running maxima m say it
+// matters (attention/softmax.cuh), over a thread's JN accumulator column blocks (s[4 jn + {0, 1}] row r0, {2, 3} row
+// r0 + 8, at tokens 8 jn + 2 t4 + {0, 1}); ok(jn, e): token 8 jn + 2 t4 + e is valid; mx: this thread's row maxima.
+template <int JN, class Ok>
+__device__ __forceinline__ void mask_scale_cols(Ok ok, float scale_log2, const float (&m)[2], float (&s)[4 * JN],
+                                                float (&mx)[2])
 {
     mx[0] = mx[1] = -INFINITY;
 #pragma unroll
-    for (int jn = 0; jn < 8; ++jn) {
-        const int tok = 8 * jn + 2 * t4;
-        const bool ok0 = valid[tok] != 0, ok1 = valid[tok + 1] != 0;
+    for (int jn = 0; jn < JN; ++jn) {
+        const bool ok0 = ok(jn, 0), ok1 = ok(jn, 1);
         s[4 * jn + 0] = ok0 ? s[4 * jn + 0] * scale_log2 : -INFINITY;
         s[4 * jn + 1] = ok1 ? s[4 * jn + 1] * scale_log2 : -INFINITY;
         s[4 * jn + 2] = ok0 ? s[4 * jn + 2] * scale_log2 : -INFINITY;
@@ -46,13 +45,12 @@ __device__ __forceinline__ void mask_scale_thread(const int *valid, float scale_
     if (sat_needed(mx[0], m[0]) || sat_needed(mx[1], m[1])) {
         mx[0] = mx[1] = -INFINITY;
 #pragma unroll
-        for (int jn = 0; jn < 8; ++jn) {
-            const int tok = 8 * jn + 2 * t4;
-            if (valid[tok] != 0) {
+        for (int jn = 0; jn < JN; ++jn) {
+            if (ok(jn, 0)) {
                 s[4 * jn + 0] = sat_score(s[4 * jn + 0]);
                 s[4 * jn + 2] = sat_score(s[4 * jn + 2]);
             }
-            if (valid[tok + 1] != 0) {
+            if (ok(jn, 1)) {
                 s[4 * jn + 1] = sat_score(s[4 * jn + 1]);
                 s[4 * jn + 3] = sat_score(s[4 * jn + 3]);
             }
@@ -60,6 +58,13 @@ __device__ __forceinline__ void mask_scale_thread(const int *valid, float scale_
             mx[1] = fmaxf(mx[1], fmaxf(s[4 * jn + 2], s[4 * jn + 3]));
         }
     }
+}
+// The same over a [64 heads x 64 tokens] tile (valid: its 64 row flags); then reduced over the quad, which holds
+// all 64 tokens of rows r0, r0 + 8 (mask_scores).
+__device__ __forceinline__ void mask_scale_thread(const int *valid, float scale_log2, int t4, const float (&m)[2],
+                                                  float (&s)[32], float (&mx)[2])
+{
+    mask_scale_cols<8>([&](int jn, int e) { return valid[8 * jn + 2 * t4 + e] != 0; }, scale_log2, m, s, mx);
 }
 // The wide kernel's speculative softmax (kSpecSoftmax, plan.cuh) keeps the scores raw: mask_raw sets the invalid
 // tokens' to -inf (valid as above), thread_max takes this thread's raw row maxima.

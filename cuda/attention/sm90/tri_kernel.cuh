@@ -347,39 +347,13 @@ struct ScoreWg {
         m_r[i] = mn;
     }
 
-    // Mask (flags: bit 8 jn + e for token 8 jn + 2 t4 + e), scale, saturate (where the thread's maxima say so:
-    // mask_scale_thread's rule), the rows' maxima over the quad, alpha and nb (new_max).
+    // Mask (flags: bit 8 jn + e for token 8 jn + 2 t4 + e), scale, saturate (mask_scale_cols, sm90/score_tile.cuh),
+    // the rows' maxima over the quad, alpha and nb (new_max).
     __device__ __forceinline__ void softmax_max(int b, float (&s)[24], float (&alpha)[2], float (&nb)[2])
     {
         const uint64_t fl = c.row_flags(b) >> (2 * t4);
-        const float sc = a.scale_log2;
-        float mx[2] = {-INFINITY, -INFINITY};
-#pragma unroll
-        for (int jn = 0; jn < kJn; ++jn) {
-            const bool ok0 = (fl >> (8 * jn)) & 1u, ok1 = (fl >> (8 * jn + 1)) & 1u;
-            s[4 * jn + 0] = ok0 ? s[4 * jn + 0] * sc : -INFINITY;
-            s[4 * jn + 1] = ok1 ? s[4 * jn + 1] * sc : -INFINITY;
-            s[4 * jn + 2] = ok0 ? s[4 * jn + 2] * sc : -INFINITY;
-            s[4 * jn + 3] = ok1 ? s[4 * jn + 3] * sc : -INFINITY;
-            mx[0] = fmaxf(mx[0], fmaxf(s[4 * jn + 0], s[4 * jn + 1]));
-            mx[1] = fmaxf(mx[1], fmaxf(s[4 * jn + 2], s[4 * jn + 3]));
-        }
-        if (sat_needed(mx[0], m_r[0]) || sat_needed(mx[1], m_r[1])) {  // overflow (rare)
-            mx[0] = mx[1] = -INFINITY;
-#pragma unroll
-            for (int jn = 0; jn < kJn; ++jn) {
-                if ((fl >> (8 * jn)) & 1u) {
-                    s[4 * jn + 0] = sat_score(s[4 * jn + 0]);
-                    s[4 * jn + 2] = sat_score(s[4 * jn + 2]);
-                }
-                if ((fl >> (8 * jn + 1)) & 1u) {
-                    s[4 * jn + 1] = sat_score(s[4 * jn + 1]);
-                    s[4 * jn + 3] = sat_score(s[4 * jn + 3]);
-                }
-                mx[0] = fmaxf(mx[0], fmaxf(s[4 * jn + 0], s[4 * jn + 1]));
-                mx[1] = fmaxf(mx[1], fmaxf(s[4 * jn + 2], s[4 * jn + 3]));
-            }
-        }
+        float mx[2];
+        mask_scale_cols<kJn>([&](int jn, int e) { return ((fl >> (8 * jn + e)) & 1u) != 0; }, a.scale_log2, m_r, s, mx);
         quad_max(mx);
         new_max(0, mx[0], alpha, nb);
         new_max(1, mx[1], alpha, nb);
