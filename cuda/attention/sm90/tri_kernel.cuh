@@ -48,13 +48,18 @@ namespace attn {
 namespace sm90 {
 namespace tri {
 
-// Experiment switches (compile time; tools/variant_tree.sh). SMLA_SM90T_AHEAD (1): WG0 issues S of tile k + 1
-// before the softmax of tile k; 0: after P of tile k is published (no overlap of the softmax with S, the wide
-// kernel's order). SMLA_SM90T_WEAVE (0): 1 weaves the issue of S of tile k + 1 into the softmax of tile k in four
-// groups of 9 k-steps (s_group), each group's first descriptor carrying a zero computed from the softmax step
-// before it, so that ptxas cannot sink the softmax below the whole S issue: in the first form the exponents
-// followed the 36th wgmma, whose issue waits for the tensor pipe. SMLA_SM90T_SPECULATE (1): the producers copy the slice's tile 0 while the consumers scan
-// the tiles (the wide kernel's SMLA_SM90_SPECULATE); 0: they wait for the scan.
+// Experiment switches (compile time; tools/variant_tree.sh). The defaults are the form measured on a GPU (twenty-ninth
+// session: 48124b7's device code, the same SASS); SPECULATE, Q_TMA and WEAVE are built and compiled, not yet run.
+// - SMLA_SM90T_AHEAD (1): WG0 issues S of tile k + 1 before the softmax of tile k; 0: after P of tile k is published
+//   (the softmax not overlapped with S: the wide kernel's order).
+// - SMLA_SM90T_WEAVE (0): 1 weaves the issue of S of tile k + 1 into the softmax of tile k in four groups of 9
+//   k-steps (s_group), each group's first descriptor carrying a zero computed from the softmax step before it, so
+//   that ptxas cannot sink the softmax below the whole S issue: in the measured form the exponents follow the 36th
+//   wgmma, whose issue waits for room in the tensor pipe.
+// - SMLA_SM90T_SPECULATE (0): 1, the producers copy the slice's tile 0 while the consumers scan the tiles (the wide
+//   kernel's SMLA_SM90_SPECULATE); 0: they wait for the scan.
+// - SMLA_SM90T_Q_TMA (0): 1, Q's latent part by TMA from one thread where the launcher described q (a.q_tma), so
+//   that the consumers' tile scan does not queue behind Q's copies; 0: by the consumers' cp.async.
 #ifndef SMLA_SM90T_AHEAD
 #define SMLA_SM90T_AHEAD 1
 #endif
@@ -62,10 +67,13 @@ namespace tri {
 #define SMLA_SM90T_WEAVE 0
 #endif
 #ifndef SMLA_SM90T_SPECULATE
-#define SMLA_SM90T_SPECULATE 1
+#define SMLA_SM90T_SPECULATE 0
+#endif
+#ifndef SMLA_SM90T_Q_TMA
+#define SMLA_SM90T_Q_TMA 0
 #endif
 constexpr bool kAhead = SMLA_SM90T_AHEAD != 0, kWeave = SMLA_SM90T_WEAVE != 0 && kAhead;
-constexpr bool kSpeculateT = SMLA_SM90T_SPECULATE != 0;
+constexpr bool kSpeculateT = SMLA_SM90T_SPECULATE != 0, kQTmaT = SMLA_SM90T_Q_TMA != 0;
 
 constexpr int kTB = 48;              // tokens per K tile
 constexpr int kNBuf = 3;             // K buffers
@@ -292,7 +300,6 @@ struct ScoreWg {
     {
         if constexpr (kNoS) return;
         const uint32_t qd = opaque(desc_base(c.sQ, 16)), kd = opaque(desc_base(c.kbuf(b), 16));
-        wg_fence();
 #pragma unroll
         for (int i = 0; i < 18; ++i) {
             const int kk = 18 * ch + i;
@@ -318,6 +325,7 @@ struct ScoreWg {
     }
     __device__ __forceinline__ void s_issue(int b, float (&sa)[24], float (&sb)[24]) const
     {
+        wg_fence();
         s_chain(b, 0, sa);
         s_chain(b, 1, sb);
         wg_commit();
@@ -620,7 +628,7 @@ __global__ void __launch_bounds__(kThreads, 1) attn_sm90t_kernel(const __grid_co
     pdl_launch_dependents();  // the combine (split mode) may be scheduled; it waits for this grid
     // Q's latent part by TMA from one thread where the launcher described q (a.q_tma, decided on the slice's tile
     // count before the scan, as the wide kernel's q_by_tma), else by the consumers' cp.async
-    const bool q_tma = a.q_tma && c.nt_all > 0;
+    const bool q_tma = kQTmaT && a.q_tma && c.nt_all > 0;
     const uint32_t qbar = c.base + Smem::qbar.off;
     if (c.tid == 0) {
         for (int b = 0; b < kNBuf; ++b) {
