@@ -44,6 +44,14 @@ struct KvSource {
     }
 };
 
+// The index of row r of slice tile t of BN tokens: -1 past the slice's tiles or the row's top-k length.
+template <int BN = kBN>
+__device__ __forceinline__ int tile_row_index(const CtaCommon &c, int t, int r)
+{
+    const int pos = (c.j0 + t) * BN + r;
+    return (t < c.nt_all && pos < c.L) ? __ldg(c.idx_row + pos) : -1;
+}
+
 // Empty tiles cost nothing (bf16 kernels): before the first load, the PW producer warps from thread P0
 // mark the slice's tiles that hold any valid index (warp w takes tiles w, w + PW, ..) in mask
 // (kMaskWords words, zeroed by the kernel before a __syncthreads). After a barrier of all the kernel's
@@ -246,10 +254,7 @@ struct Bf16Producer {
     __device__ __forceinline__ void fetch_idx(int t, int (&v)[kNi]) const
     {
 #pragma unroll
-        for (int i = 0; i < kNi; ++i) {
-            const int pos = (c.j0 + t) * kBN + row_of(i);
-            v[i] = (t < c.nt_all && pos < c.L) ? __ldg(c.idx_row + pos) : -1;
-        }
+        for (int i = 0; i < kNi; ++i) v[i] = tile_row_index(c, t, row_of(i));
     }
 
     // The rows of indices idx into K buffer b, one cp.async group, and their row flags.

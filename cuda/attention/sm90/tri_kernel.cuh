@@ -177,10 +177,7 @@ struct TriProducer {
     __device__ __forceinline__ void fetch_idx(int t, int (&v)[kNi]) const
     {
 #pragma unroll
-        for (int i = 0; i < kNi; ++i) {
-            const int pos = (c.j0 + t) * kTB + row_of(i);
-            v[i] = (t < c.nt_all && pos < c.L) ? __ldg(c.idx_row + pos) : -1;
-        }
+        for (int i = 0; i < kNi; ++i) v[i] = tile_row_index<kTB>(c, t, row_of(i));
     }
 
     // The rows of indices idx into buffer b and (lane 0) the warp's row flags; commit(b) hands them over.
