@@ -7,8 +7,10 @@
 // the next tile's S before its softmax (the next tile would have to land a whole S earlier), so the tensor cores
 // wait through every softmax (benchmarks/README.md, issue 16: both bounds near 3,600 cycles a tile). Here Q's RoPE
 // part lives in WG0's registers (the A operand of S's last 4 k-steps), which leaves room for three K buffers of 48
-// tokens, and WG0 issues S of tile it + 1 before the softmax of tile it, so the tensor cores run the next S while
-// WG0 takes the exponents: the softmax leaves the tensor pipe's critical path.
+// tokens, and WG0 issues S of tile it + 1 before the softmax of tile it, so that the tensor cores run the next S
+// while WG0 takes the exponents. Measured (benchmarks/README.md, issue 16, twenty-ninth session): correct, but 12%
+// slower than the wide kernel at h = 128; its trace shows no overlap yet (the exponents follow the next S's 36th
+// wgmma, whose issue waits for the tensor pipe: SMLA_SM90T_WEAVE below) and a longer prologue (SPECULATE, Q_TMA).
 //
 // CTA = one query row x 64 heads x one top-k split, 384 threads:
 //   WG0 (ScoreWg, setmaxnreg kScoreRegs): S = Q K^T of each tile (m64n48k16 x 36, two chains summed in fp32: the
