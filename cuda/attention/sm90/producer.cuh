@@ -44,6 +44,20 @@ struct KvSource {
     }
 };
 
+// A bf16 producer lane's place (the wide and the three-buffer kernels): warp pw of the producer warps from thread P0,
+// row sub = lane >> 3 of each 4-row step, 16-byte chunk cl = lane & 7 of each column block; where rows come from
+// (kv) and the copies' L2 policy (evict_last where the call asks for it: prefill).
+struct ProducerLane {
+    const Args &a;
+    const KvSource kv;
+    const int pw, sub, cl;
+    const uint64_t pol;
+    __device__ __forceinline__ ProducerLane(const Args &a_, int tid_from_p0, int lane)
+        : a(a_), kv(a_), pw(tid_from_p0 >> 5), sub(lane >> 3), cl(lane & 7), pol(a_.evict_last ? policy_evict_last() : 0)
+    {
+    }
+};
+
 // The index of row r of slice tile t of BN tokens: -1 past the slice's tiles or the row's top-k length.
 template <int BN = kBN>
 __device__ __forceinline__ int tile_row_index(const CtaCommon &c, int t, int r)
@@ -226,20 +240,15 @@ struct ItemScan {
 // Smem::full_tile word to whether all its rows of the tile are valid (set_full_rows, plan.cuh; its consumers
 // skip the mask then).
 template <int ABL, int P0 = 256, int PW = 4, bool TILE_FLAG = false>
-struct Bf16Producer {
+struct Bf16Producer : ProducerLane {
     static_assert(!TILE_FLAG || (P0 == 256 && PW == 4), "the tile flag is the wide kernel's: four producer warps");
     static constexpr bool kNoLoad = (ABL & 1) != 0;
     static constexpr int kRows = kBN / PW, kNi = kRows / 4;  // rows per warp, 4-row steps
     static_assert(kRows % 4 == 0, "4 rows per warp step");
-    const Args &a;
     const CtaCommon &c;
-    const KvSource kv;
-    const int pw, sub, cl;
-    const uint64_t pol;
 
     __device__ __forceinline__ Bf16Producer(const Args &a_, const CtaCommon &cta)
-        : a(a_), c(cta), kv(a_), pw((cta.tid - P0) >> 5), sub(cta.lane >> 3), cl(cta.lane & 7),
-          pol(a_.evict_last ? policy_evict_last() : 0)
+        : ProducerLane(a_, cta.tid - P0, cta.lane), c(cta)
     {
     }
 

@@ -160,18 +160,12 @@ struct Ring {
 // barrier counts 128 copy arrivals and 4 flag arrivals).
 // ------------------------------------------------------------------------------------------------
 template <int ABL>
-struct TriProducer {
+struct TriProducer : ProducerLane {
     static constexpr bool kNoLoad = (ABL & 1) != 0;
     static constexpr int kNi = kWarpRows / 4;
-    const Args &a;
     const Cta &c;
-    const KvSource kv;
-    const int pw, sub, cl;
-    const uint64_t pol;
 
-    __device__ __forceinline__ TriProducer(const Args &a_, const Cta &cta)
-        : a(a_), c(cta), kv(a_), pw((cta.tid - 256) >> 5), sub(cta.lane >> 3), cl(cta.lane & 7),
-          pol(a_.evict_last ? policy_evict_last() : 0)
+    __device__ __forceinline__ TriProducer(const Args &a_, const Cta &cta) : ProducerLane(a_, cta.tid - 256, cta.lane), c(cta)
     {
     }
     __device__ __forceinline__ int row_of(int i) const { return kWarpRows * pw + 4 * i + sub; }
