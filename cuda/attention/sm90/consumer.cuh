@@ -248,21 +248,12 @@ struct ScoreWarpgroup : ConsumerBase<ABL, XO, FAST, SPLIT, 0> {
     }
     __device__ __forceinline__ void add_row_sums(const float (&alpha)[2], const float (&rs)[2])
     {
-        l_r[0] = l_r[0] * static_cast<double>(alpha[0]) + static_cast<double>(rs[0]);
-        l_r[1] = l_r[1] * static_cast<double>(alpha[1]) + static_cast<double>(rs[1]);
+        scale_add_row_sums(l_r, alpha, rs);
     }
-    // Row i's new reference max from the tile's max mx (kLazyMax: it moves only by more than kLazySlack; NaN
-    // keeps it), alpha (the factor O is rescaled by) and nb, minus the base P is taken against; true if it moved.
+    // Row i's new reference max from the tile's max mx (move_ref_max, sm90/score_tile.cuh); true if it moved.
     __device__ __forceinline__ bool new_max(int i, float mx, float (&alpha)[2], float (&nb)[2])
     {
-        m_t[i] = fmaxf(m_t[i], mx);
-        const float mn = kLazyMax ? (mx > m_r[i] + kLazySlack ? mx : m_r[i]) : fmaxf(m_r[i], mx);
-        const float base = mn == -INFINITY ? 0.f : mn;
-        alpha[i] = ex2(m_r[i] - base);
-        nb[i] = -base;
-        const bool moved = mn != m_r[i];
-        m_r[i] = mn;
-        return moved;
+        return move_ref_max(mx, m_r[i], m_t[i], alpha[i], nb[i]);
     }
 
     // New row maxima, alpha, P = 2^(S - m) (exps), row sums; s: the masked and scaled scores.
@@ -316,14 +307,7 @@ struct ScoreWarpgroup : ConsumerBase<ABL, XO, FAST, SPLIT, 0> {
     }
 
     // The rows' sums over the quad (each thread held its columns' share).
-    __device__ __forceinline__ void reduce_row_sums()
-    {
-#pragma unroll
-        for (int i = 0; i < 2; ++i) {
-            l_r[i] += __shfl_xor_sync(0xffffffffu, l_r[i], 1);
-            l_r[i] += __shfl_xor_sync(0xffffffffu, l_r[i], 2);
-        }
-    }
+    __device__ __forceinline__ void reduce_row_sums() { quad_sum_rows(l_r); }
 
     __device__ __forceinline__ void item_sync()
     {

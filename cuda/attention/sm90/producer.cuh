@@ -56,6 +56,17 @@ struct ProducerLane {
         : a(a_), kv(a_), pw(tid_from_p0 >> 5), sub(lane >> 3), cl(lane & 7), pol(a_.evict_last ? policy_evict_last() : 0)
     {
     }
+    // Where this lane's chunk of column block 0 of row r lives in the K buffer at kb (128-byte swizzle).
+    __device__ __forceinline__ uint32_t chunk_dst(uint32_t kb, int r) const
+    {
+        return kb + r * 128 + ((cl ^ (r & 7)) << 4);
+    }
+    // One 16-byte copy (nb bytes read, the rest zero), with the L2 policy where the call has one.
+    __device__ __forceinline__ void copy16(uint32_t dst, const uint8_t *src, int nb) const
+    {
+        if (a.evict_last) cp_async16_hint(dst, src, nb, pol);
+        else cp_async16(dst, src, nb);
+    }
 };
 
 // The index of row r of slice tile t of BN tokens: -1 past the slice's tiles or the row's top-k length.
@@ -252,12 +263,8 @@ struct Bf16Producer : ProducerLane {
     {
     }
 
-    // Row r_i of a tile (this lane's i-th), and where its chunk cl of column block 0 lives in K buffer kb.
+    // Row r_i of a tile (this lane's i-th).
     __device__ __forceinline__ int row_of(int i) const { return kRows * pw + 4 * i + sub; }
-    __device__ __forceinline__ uint32_t chunk_dst(uint32_t kb, int r) const
-    {
-        return kb + r * 128 + ((cl ^ (r & 7)) << 4);
-    }
 
     // The indices of this lane's rows of slice tile t (nt_all: none, all -1).
     __device__ __forceinline__ void fetch_idx(int t, int (&v)[kNi]) const
@@ -280,10 +287,7 @@ struct Bf16Producer : ProducerLane {
             const int nb = (ok && !kNoLoad) ? 16 : 0;
             const uint32_t dst = chunk_dst(kb, r);
 #pragma unroll
-            for (int c8 = 0; c8 < 9; ++c8) {
-                if (a.evict_last) cp_async16_hint(dst + c8 * kBlk, src + c8 * 128, nb, pol);
-                else cp_async16(dst + c8 * kBlk, src + c8 * 128, nb);
-            }
+            for (int c8 = 0; c8 < 9; ++c8) copy16(dst + c8 * kBlk, src + c8 * 128, nb);
             if (cl == 0) c.sValid[b * kBN + r] = ok ? 1 : 0;
         }
         if constexpr (TILE_FLAG) {

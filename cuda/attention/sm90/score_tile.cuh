@@ -102,6 +102,39 @@ __device__ __forceinline__ void mask_scores(const int *valid, float scale_log2, 
     quad_max(mx);
 }
 
+// A row's reference max after a tile (the wide and the three-buffer kernels' score warpgroups): from the tile's max
+// mx, the new reference m_r (LAZY, kLazyMax in plan.cuh: it moves only when mx exceeds it by more than kLazySlack,
+// attention/softmax.cuh, so P <= 2^8 and O is rescaled rarely; NaN keeps it; otherwise the running max), the true
+// max m_t (max_logits), O's factor alpha and nb, minus the base P is taken against. lse = m_r + log2(l) holds for
+// any reference. True if the reference moved.
+template <bool LAZY = kLazyMax>
+__device__ __forceinline__ bool move_ref_max(float mx, float &m_r, float &m_t, float &alpha, float &nb)
+{
+    m_t = fmaxf(m_t, mx);
+    const float mn = LAZY ? (mx > m_r + kLazySlack ? mx : m_r) : fmaxf(m_r, mx);
+    const float base = mn == -INFINITY ? 0.f : mn;
+    alpha = ex2(m_r - base);
+    nb = -base;
+    const bool moved = mn != m_r;
+    m_r = mn;
+    return moved;
+}
+// The rows' sums in double (see sm80/tile.cuh): rescaled by alpha, plus this thread's tile sums rs; quad_sum_rows: over
+// the quad, whose four threads hold a row's columns.
+__device__ __forceinline__ void scale_add_row_sums(double (&l)[2], const float (&alpha)[2], const float (&rs)[2])
+{
+    l[0] = l[0] * static_cast<double>(alpha[0]) + static_cast<double>(rs[0]);
+    l[1] = l[1] * static_cast<double>(alpha[1]) + static_cast<double>(rs[1]);
+}
+__device__ __forceinline__ void quad_sum_rows(double (&l)[2])
+{
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+        l[i] += __shfl_xor_sync(0xffffffffu, l[i], 1);
+        l[i] += __shfl_xor_sync(0xffffffffu, l[i], 2);
+    }
+}
+
 // A [64 heads x 64 tokens] bf16 A-fragment set (p[4 kk + 2 hf + rr]: row r0 + 8 rr, tokens 16 kk + 8 hf +
 // 2 t4, + 1) into a swizzled [64 rows x 128 B] block (blk_addr), the A operand of a wgmma from shared
 // memory: per k-step kk one stmatrix x4 whose matrix m holds rows + 8 (m & 1) and tokens 16 kk + 8 (m >> 1)

@@ -124,7 +124,7 @@ struct Cta : CtaCommon {
     int h0;
     float *sAlpha;
     uint32_t *mask;
-    const uint16_t *flags;
+    uint16_t *flags;  // [3][4]: the row flags of buffer b's tile, a 12-bit word per producer warp
 
     __device__ __forceinline__ Cta(const Args &a, uint8_t *smem_raw, const GridPos &gp)
         : CtaCommon(a, smem_raw, gp, Smem::q.off, Smem::k.off, Smem::bar.off, Smem::valid.off, kTB)
@@ -132,7 +132,7 @@ struct Cta : CtaCommon {
         h0 = gp.ht * kHT;
         sAlpha = reinterpret_cast<float *>(smem + Smem::alpha.off);
         mask = reinterpret_cast<uint32_t *>(smem + Smem::mask.off);
-        flags = reinterpret_cast<const uint16_t *>(smem + Smem::valid.off);
+        flags = reinterpret_cast<uint16_t *>(smem + Smem::valid.off);
     }
     __device__ __forceinline__ uint32_t full(int b) const { return bar_full + 8 * b; }
     __device__ __forceinline__ uint32_t empty(int b) const { return bar_full + 8 * (kNBuf + b); }
@@ -187,17 +187,14 @@ struct TriProducer : ProducerLane {
             const bool ok = kv.valid(idx[i]);  // -1 past L
             const uint8_t *src = kv.row(idx[i], ok) + cl * 16;
             const int nb = (ok && !kNoLoad) ? 16 : 0;
-            const uint32_t dst = kb + r * 128 + ((cl ^ (r & 7)) << 4);
+            const uint32_t dst = chunk_dst(kb, r);
 #pragma unroll
-            for (int c8 = 0; c8 < 9; ++c8) {
-                if (a.evict_last) cp_async16_hint(dst + c8 * kKBlk, src + c8 * 128, nb, pol);
-                else cp_async16(dst + c8 * kKBlk, src + c8 * 128, nb);
-            }
+            for (int c8 = 0; c8 < 9; ++c8) copy16(dst + c8 * kKBlk, src + c8 * 128, nb);
             const uint32_t bal = __ballot_sync(0xffffffffu, ok);
 #pragma unroll
             for (int s = 0; s < 4; ++s) bits |= ((bal >> (8 * s)) & 1u) << (4 * i + s);
         }
-        if (c.lane == 0) reinterpret_cast<uint16_t *>(c.smem + Smem::valid.off)[4 * b + pw] = static_cast<uint16_t>(bits);
+        if (c.lane == 0) c.flags[4 * b + pw] = static_cast<uint16_t>(bits);
     }
     __device__ __forceinline__ void commit(int b) const
     {
@@ -287,40 +284,34 @@ struct ScoreWg {
     }
     __device__ __forceinline__ void release(int b) const { mbar_arrive(c.empty(b)); }
 
-    // S of buffer b as two chains, k-steps 0..17 into sa and 18..35 into sb (s_chain: chain ch alone), one commit
-    // group.
-    __device__ __forceinline__ void s_chain(int b, int ch, float (&d)[24]) const
-    {
-        if constexpr (kNoS) return;
-        const uint32_t qd = opaque(desc_base(c.sQ, 16)), kd = opaque(desc_base(c.kbuf(b), 16));
-#pragma unroll
-        for (int i = 0; i < 18; ++i) {
-            const int kk = 18 * ch + i;
-            const uint32_t kof = (kk >> 2) * kKBlk + (kk & 3) * 32;
-            if (kk < 4 * kQBlocks) wgmma_ss<0>(d, desc_at(qd, (kk >> 2) * kBlk + (kk & 3) * 32), desc_at(kd, kof), i > 0);
-            else wgmma_rs(d, qr[kk - 4 * kQBlocks], desc_at(kd, kof), i > 0);
-        }
-    }
-    // kWeave: k-steps 9 g .. 9 g + 8 (groups 0, 1 into chain 0's d, 2, 3 into chain 1's), the K descriptor plus dep
-    // (always 0: a value ptxas cannot fold, which orders the group after the instructions that computed it).
-    __device__ __forceinline__ void s_group(int b, int g, float (&d)[24], uint32_t dep) const
+    // S of buffer b's k-steps K0 .. K0 + N - 1 into d (chain 0: k-steps 0..17, chain 1: 18..35, each from its first
+    // k-step on), the K descriptor plus dep (kWeave: always 0, a value ptxas cannot fold, which orders the k-steps
+    // after the instructions that computed it; else the constant 0).
+    template <int K0, int N>
+    __device__ __forceinline__ void s_steps(int b, float (&d)[24], uint32_t dep = 0u) const
     {
         if constexpr (kNoS) return;
         const uint32_t qd = opaque(desc_base(c.sQ, 16)), kd = opaque(desc_base(c.kbuf(b), 16)) + dep;
-        wg_fence();
 #pragma unroll
-        for (int i = 0; i < 9; ++i) {
-            const int kk = 9 * g + i;
+        for (int kk = K0; kk < K0 + N; ++kk) {
             const uint32_t kof = (kk >> 2) * kKBlk + (kk & 3) * 32;
             if (kk < 4 * kQBlocks) wgmma_ss<0>(d, desc_at(qd, (kk >> 2) * kBlk + (kk & 3) * 32), desc_at(kd, kof), kk % 18 != 0);
             else wgmma_rs(d, qr[kk - 4 * kQBlocks], desc_at(kd, kof), kk % 18 != 0);
         }
     }
+    // kWeave: group g of 9 k-steps (groups 0, 1 into chain 0's d, 2, 3 into chain 1's).
+    template <int G>
+    __device__ __forceinline__ void s_group(int b, float (&d)[24], uint32_t dep) const
+    {
+        wg_fence();
+        s_steps<9 * G, 9>(b, d, dep);
+    }
+    // S of buffer b as its two chains into sa and sb, one commit group.
     __device__ __forceinline__ void s_issue(int b, float (&sa)[24], float (&sb)[24]) const
     {
         wg_fence();
-        s_chain(b, 0, sa);
-        s_chain(b, 1, sb);
+        s_steps<0, 18>(b, sa);
+        s_steps<18, 18>(b, sb);
         wg_commit();
     }
     __device__ __forceinline__ static void s_sum(float (&s)[24], float (&sa)[24], float (&sb)[24])
@@ -336,31 +327,19 @@ struct ScoreWg {
         }
     }
 
-    // Row i's new reference max from the tile's max mx (the wide kernel's lazy max: it moves only by more than
-    // kLazySlack; NaN keeps it), alpha and nb (minus the base P is taken against).
-    __device__ __forceinline__ void new_max(int i, float mx, float (&alpha)[2], float (&nb)[2])
-    {
-        m_t[i] = fmaxf(m_t[i], mx);
-        const float mn = mx > m_r[i] + kLazySlack ? mx : m_r[i];
-        const float base = mn == -INFINITY ? 0.f : mn;
-        alpha[i] = ex2(m_r[i] - base);
-        nb[i] = -base;
-        m_r[i] = mn;
-    }
-
     // Mask (flags: bit 8 jn + e for token 8 jn + 2 t4 + e), scale, saturate (mask_scale_cols, sm90/score_tile.cuh),
-    // the rows' maxima over the quad, alpha and nb (new_max).
+    // the rows' maxima over the quad, the lazy reference max, alpha and nb (move_ref_max, sm90/score_tile.cuh).
     __device__ __forceinline__ void softmax_max(int b, float (&s)[24], float (&alpha)[2], float (&nb)[2])
     {
         const uint64_t fl = c.row_flags(b) >> (2 * t4);
         float mx[2];
         mask_scale_cols<kJn>([&](int jn, int e) { return ((fl >> (8 * jn + e)) & 1u) != 0; }, a.scale_log2, m_r, s, mx);
         quad_max(mx);
-        new_max(0, mx[0], alpha, nb);
-        new_max(1, mx[1], alpha, nb);
+        move_ref_max<true>(mx[0], m_r[0], m_t[0], alpha[0], nb[0]);
+        move_ref_max<true>(mx[1], m_r[1], m_t[1], alpha[1], nb[1]);
     }
-    // P = 2^(s - m) as the A fragments of P V, and the row sums (exp_part: column blocks J0 .. J1 - 1 into rs,
-    // add_sums: rs into the rows' sums).
+    // P = 2^(s - m) as the A fragments of P V, and the row sums (exp_part: column blocks J0 .. J1 - 1 into rs, then
+    // scale_add_row_sums).
     template <int J0, int J1>
     __device__ __forceinline__ static void exp_part(const float (&s)[24], const float (&nb)[2], uint32_t (&p)[12],
                                                     float (&rs)[2])
@@ -376,17 +355,12 @@ struct ScoreWg {
             p[f + 1] = pack_bf16x2(p2, p3);
         }
     }
-    __device__ __forceinline__ void add_sums(const float (&alpha)[2], const float (&rs)[2])
-    {
-        l_r[0] = l_r[0] * static_cast<double>(alpha[0]) + static_cast<double>(rs[0]);
-        l_r[1] = l_r[1] * static_cast<double>(alpha[1]) + static_cast<double>(rs[1]);
-    }
     __device__ __forceinline__ void softmax_exp(const float (&s)[24], const float (&alpha)[2], const float (&nb)[2],
                                                 uint32_t (&p)[12])
     {
         float rs[2] = {0.f, 0.f};
         exp_part<0, kJn>(s, nb, p, rs);
-        add_sums(alpha, rs);
+        scale_add_row_sums(l_r, alpha, rs);
     }
     // kWeave: the softmax of this tile with the S of buffer bn in four groups between its steps (s_group). The zeros:
     // the sign bits of alpha (2^x >= 0) and of the packed P (bf16 of 2^x >= 0; NaN packs as 0x7fff).
@@ -394,15 +368,15 @@ struct ScoreWg {
                                                   float (&sa)[24], float (&sb)[24])
     {
         float nb[2], rs[2] = {0.f, 0.f};
-        s_group(bn, 0, sa, 0u);
+        s_group<0>(bn, sa, 0u);
         softmax_max(b, s, alpha, nb);
-        s_group(bn, 1, sa, __float_as_uint(alpha[0]) >> 31);
+        s_group<1>(bn, sa, __float_as_uint(alpha[0]) >> 31);
         exp_part<0, kJn / 2>(s, nb, p, rs);
-        s_group(bn, 2, sb, p[2 * (kJn / 2) - 1] >> 31);
+        s_group<2>(bn, sb, p[2 * (kJn / 2) - 1] >> 31);
         exp_part<kJn / 2, kJn>(s, nb, p, rs);
-        s_group(bn, 3, sb, p[2 * kJn - 1] >> 31);
+        s_group<3>(bn, sb, p[2 * kJn - 1] >> 31);
         wg_commit();
-        add_sums(alpha, rs);
+        scale_add_row_sums(l_r, alpha, rs);
     }
 
     // P into buffer b's RoPE block (p_desc's layout: per k-step one stmatrix x4, matrix m = rows + 8 (m & 1), tokens
@@ -498,11 +472,7 @@ struct ScoreWg {
     // to WG1 through its last 256 B) or a split partial (the statistics through its start).
     __device__ __forceinline__ void epilogue()
     {
-#pragma unroll
-        for (int i = 0; i < 2; ++i) {
-            l_r[i] += __shfl_xor_sync(0xffffffffu, l_r[i], 1);
-            l_r[i] += __shfl_xor_sync(0xffffffffu, l_r[i], 2);
-        }
+        quad_sum_rows(l_r);
         if (staged_direct(a)) {
             const auto stat = [&](int hf, int) { return RowStat{m_r[hf], l_r[hf], m_t[hf]}; };
             finish_cols_direct(a, c, c.h0, r0, 0, t4, o, stat, c.sQ, kBarOut, [&](const float (&f)[2]) {
