@@ -261,12 +261,13 @@ bool encode_q_map(CUtensorMap *m, const uint16_t *base, int64_t d, const smla_at
                CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
-// a.q_map (and a.qpe_map where q_pe is given) for the kernel that reads them: a.q_tma = 1 where both encode.
+// a.q_map (and a.qpe_map where q_pe is given) for a kernel that reads them (KernelEntry::q_tma): a.q_tma = 1 where
+// both encode.
 void set_q_maps(Args &a, const KernelEntry &k)
 {
     const smla_attn_params &p = a.p;
     a.q_tma = 0;
-    if (!SMLA_Q_TMA || (k.family != Family::sm90 && k.family != Family::sm90t) || k.fp8) return;
+    if (!SMLA_Q_TMA || !k.q_tma) return;
     const int64_t d = p.q_pe ? kDv : kDqk;
     if (!encode_q_map(&a.q_map, p.q, d, &p, p.q_stride_b, p.q_stride_s, p.q_stride_h)) return;
     if (p.q_pe && !encode_q_map(&a.qpe_map, p.q_pe, kDqk - kDv, &p, p.q_pe_stride_b, p.q_pe_stride_s, p.q_pe_stride_h))

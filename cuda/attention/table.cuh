@@ -36,6 +36,7 @@ struct KernelEntry {
     int threads;     // per CTA
     LaunchFn launch;
     bool fuses = false;  // can merge its own split partials (Args::fused; a cooperative launch of one wave)
+    bool q_tma = false;  // reads Q by TMA where the launcher describes it (Args::q_map, set_q_maps in launch.cu)
 };
 
 struct KernelList {

@@ -387,7 +387,7 @@ int launch(Args &a, int64_t grid, cudaStream_t s, int dev, smla_status *st)
 template <bool FP8>
 constexpr KernelEntry entry()
 {
-    return KernelEntry{Family::sm90, FP8, kHT, kBN, Smem::bytes, 1, kThreads, &launch<FP8>, /*fuses=*/true};
+    return KernelEntry{Family::sm90, FP8, kHT, kBN, Smem::bytes, 1, kThreads, &launch<FP8>, /*fuses=*/true, /*q_tma=*/!FP8};
 }
 
 }  // namespace sm90

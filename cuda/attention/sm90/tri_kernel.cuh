@@ -656,7 +656,7 @@ int launch(Args &a, int64_t grid, cudaStream_t s, int dev, smla_status *st)
 // The table entry (bf16 K, precision "fast").
 constexpr KernelEntry entry()
 {
-    return KernelEntry{Family::sm90t, false, kHT, kTB, Smem::bytes, 1, kThreads, &launch};
+    return KernelEntry{Family::sm90t, false, kHT, kTB, Smem::bytes, 1, kThreads, &launch, /*fuses=*/false, /*q_tma=*/kQTmaT};
 }
 
 }  // namespace tri
