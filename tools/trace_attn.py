@@ -14,7 +14,8 @@ Needs a profiling build (SMLA_PROFILE_BUILD=1: the timestamps are compiled in on
 
     SMLA_PROFILE_BUILD=1 python3 setup.py build_ext --inplace
     (a mid-run wave: build a copy made by tools/variant_tree.sh OUT.tar.gz SMLA_TRACE_CTA0=3960)
-    PYTHONPATH=src python3 tools/trace_attn.py [--kernel sm90|sm90p|sm90t|sm90d|sm90n] [--precision fast|high] [--h 128]
+    PYTHONPATH=src python3 tools/trace_attn.py [--kernel sm90|sm90p|sm90t|sm90d|sm90n] [--lag] [--precision fast|high]
+        [--h 128]
         [--steps A-B]  (the wide kernel's steps A .. B - 1 one by one; with SMLA_SM90_PERSISTENT=1 a step is a use of
                         the K ring, so an item boundary shows as one step)
 """
@@ -66,6 +67,25 @@ TRI = [
     ("producer wait for a free buffer", (PR0, 0, 0), (PR0, 0, 1)),
     ("producer issue (free -> issued)", (PR0, 0, 1), (PR0, 0, 2)),
     ("tile k+1: issued -> WG0 acquired", (PR0, 1, 2), (WG0, 0, 1)),
+]
+# sm90t built with SMLA_SM90T_LAG=1 (--lag): WG0 0 start of tile k, 1 softmax of k done, 2 P of k published, 3 its P V
+# of k and S of k + 1 issued (tile k + 1 acquired between), 4 both done; WG1 0 start, 1 P received, 3 WG0's S of
+# k + 1 done (received), 2 its P V done
+TRI_LAG = [
+    ("WG0 tile period (start k -> start k+1)", (WG0, 0, 0), (WG0, 1, 0)),
+    ("WG0 softmax(k) (start -> P ready)", (WG0, 0, 0), (WG0, 0, 1)),
+    ("WG0 publish P (-> arrived)", (WG0, 0, 1), (WG0, 0, 2)),
+    ("WG0 issue: its P V(k), acquire k+1, S(k+1)", (WG0, 0, 2), (WG0, 0, 3)),
+    ("WG0 wait: its P V(k), S(k+1) (-> done)", (WG0, 0, 3), (WG0, 0, 4)),
+    ("WG0 release + S sum + loop (-> next start)", (WG0, 0, 4), (WG0, 1, 0)),
+    ("WG1 wait for P (start -> P received)", (WG1, 0, 0), (WG1, 0, 1)),
+    ("WG1 hand-off (WG0 published -> WG1 received)", (WG0, 0, 2), (WG1, 0, 1)),
+    ("WG1 wait for S(k+1) (P received -> S done seen)", (WG1, 0, 1), (WG1, 0, 3)),
+    ("WG1 its P V (S done seen -> done)", (WG1, 0, 3), (WG1, 0, 2)),
+    ("WG1 P V done -> WG0's P(k+1) ready", (WG1, 0, 2), (WG0, 1, 1)),
+    ("producer wait for a free buffer", (PR0, 0, 0), (PR0, 0, 1)),
+    ("producer issue (free -> issued)", (PR0, 0, 1), (PR0, 0, 2)),
+    ("tile k+1: issued -> WG0 issue done", (PR0, 1, 2), (WG0, 0, 3)),
 ]
 PAIR = [
     ("WG0 pair period (start k -> start k+1)", (WG0, 0, 0), (WG0, 1, 0)),
@@ -189,7 +209,8 @@ def summarize(t, kernel):
     lo, hi = 2, nsteps - 3  # steady state: skip the first two and the last steps
     lines = [f"{nsteps} steps a CTA, means over steps {lo}..{hi - 1} of {len(t)} CTAs, SM cycles (us at 1.8 GHz)"]
 
-    for label, a, b in {"sm90p": PAIR, "sm90t": TRI, "sm90d": DIMS, "sm90n": NARROW, "sm90n2": NARROW2}.get(kernel, WIDE):
+    for label, a, b in {"sm90p": PAIR, "sm90t": TRI, "sm90t-lag": TRI_LAG, "sm90d": DIMS, "sm90n": NARROW,
+                        "sm90n2": NARROW2}.get(kernel, WIDE):
         vals = [v for k in range(lo, hi) for v in intervals(t, a, b, k)]
         if vals:
             m = sum(vals) / len(vals)
@@ -255,6 +276,7 @@ def main():
                     help="sm90n: the kernel's consumer warpgroups, by default its rule (sm90/narrow_plan.cuh, "
                          "bf16_consumers: two at h 17-32 in \"high\"); 2 for a build with SMLA_NARROW_BF16_CW=2")
     ap.add_argument("--ablate", type=int, default=0, help="the ablation variant traced (SMLA_ATTN_ABLATE; 0: the full kernel)")
+    ap.add_argument("--lag", action="store_true", help="sm90t built with SMLA_SM90T_LAG=1: its trace points")
     ap.add_argument("--steps", default="", help="A-B: the wide kernel's steps A .. B - 1 one by one (per_step)")
     args = ap.parse_args()
     gpu = open_gpu("trace_attn", args.kernel)
@@ -297,7 +319,8 @@ def main():
         del os.environ["SMLA_ATTN_TRACE"]
     t = buf.view(CTAS, SLOTS, STEPS, EVENTS).cpu().tolist()
     consumers = args.consumers or (2 if 16 < h <= 32 and args.precision == "high" else 1)
-    lines = summarize(t, "sm90n2" if args.kernel == "sm90n" and consumers == 2 else args.kernel)
+    rows = "sm90n2" if args.kernel == "sm90n" and consumers == 2 else args.kernel
+    lines = summarize(t, "sm90t-lag" if args.kernel == "sm90t" and args.lag else rows)
     if not lines:
         print("nothing recorded")
         return 1

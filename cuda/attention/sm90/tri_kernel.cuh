@@ -62,8 +62,16 @@ namespace tri {
 //   kernel's SMLA_SM90_SPECULATE); 0: they wait for the scan.
 // - SMLA_SM90T_Q_TMA (0): 1, Q's latent part by TMA from one thread where the launcher described q (a.q_tma), so
 //   that the consumers' tile scan does not queue behind Q's copies; 0: by the consumers' cp.async.
+// - SMLA_SM90T_LAG (0): 1, WG1 multiplies P of tile k once WG0's S of tile k + 1 is done, so that its product runs
+//   while WG0 takes the softmax of tile k + 1; WG0: softmax(k), P published, its P V(k) and S(k + 1) issued, both
+//   waited for (kBarS + (k & 1) then). A warpgroup's wgmma issue waits for room in the tensor pipe (tools/
+//   wgmma_issue.cu: 36 m64n48k16 take ~860 cycles to issue and ~1,065 to finish), so WG0 cannot take a softmax
+//   while its own S runs: only the other warpgroup's products can fill that time. AHEAD and WEAVE are ignored.
 #ifndef SMLA_SM90T_AHEAD
 #define SMLA_SM90T_AHEAD 1
+#endif
+#ifndef SMLA_SM90T_LAG
+#define SMLA_SM90T_LAG 0
 #endif
 #ifndef SMLA_SM90T_WEAVE
 #define SMLA_SM90T_WEAVE 0
@@ -74,7 +82,8 @@ namespace tri {
 #ifndef SMLA_SM90T_Q_TMA
 #define SMLA_SM90T_Q_TMA 0
 #endif
-constexpr bool kAhead = SMLA_SM90T_AHEAD != 0, kWeave = SMLA_SM90T_WEAVE != 0 && kAhead;
+constexpr bool kLag = SMLA_SM90T_LAG != 0;
+constexpr bool kAhead = SMLA_SM90T_AHEAD != 0 && !kLag, kWeave = SMLA_SM90T_WEAVE != 0 && kAhead;
 constexpr bool kSpeculateT = SMLA_SM90T_SPECULATE != 0, kQTmaT = SMLA_SM90T_Q_TMA != 0;
 
 constexpr int kTB = 48;              // tokens per K tile
@@ -98,7 +107,7 @@ static_assert(kScoreRegs + kValueRegs + kProducerRegs <= 3 * kLaunchRegs, "the l
 // Named barriers (0 is __syncthreads): P of buffer b ready (kBarP + b: WG0 arrives, WG1 waits; WG0 arrives on it
 // again only after WG1 freed the buffer), the epilogue's statistics, Q landed, the tile scan done (all 384
 // threads), each warpgroup's staged output (kBarOut + warpgroup, 128 threads).
-constexpr int kBarP = 1, kBarL = 4, kBarQ = 5, kBarStart = 6, kBarOut = 7;
+constexpr int kBarP = 1, kBarL = 4, kBarQ = 5, kBarStart = 6, kBarOut = 7, kBarS = 9;
 
 struct Smem {
     static constexpr Region q = first_region(kQBlocks * kBlk);          // Q[:, 0:512], 8 column blocks
@@ -415,6 +424,28 @@ struct ScoreWg {
         uint32_t p[12];
         float nb[2];
         trace(a, it, 0);
+        if constexpr (kLag) {
+            softmax_max(r.b, s, alpha, nb);
+            softmax_exp(s, alpha, nb, p);
+            trace(a, it, 1);
+            publish(r.b, alpha, p);
+            trace(a, it, 2);
+            rescale_rows(o, alpha);
+            pv_issue(r.b, p);
+            if constexpr (NEXT) {
+                acquire(rn);
+                s_issue(rn.b, sa, sb);
+            }
+            trace(a, it, 3);
+            wg_wait0();
+            fence_regs(o);
+            fence_regs(p);
+            if constexpr (NEXT) named_arrive(kBarS + (it & 1), 256);  // WG1 may multiply P of tile it now
+            trace(a, it, 4);
+            release(r.b);
+            if constexpr (NEXT) s_sum(s, sa, sb);
+            return;
+        }
         if constexpr (NEXT && kWeave) {
             acquire(rn);
             trace(a, it, 1);
@@ -521,6 +552,10 @@ struct ValueWg {
         trace(a, it, 0);
         named_sync(kBarP + r.b, 256);
         trace(a, it, 1);
+        if (kLag && it + 1 < c.nt) {
+            named_sync(kBarS + (it & 1), 256);  // WG0's S of tile it + 1 done: our product runs beside its softmax
+            trace(a, it, 3);
+        }
         mbar_wait(c.full(r.b), r.use & 1);
         fence_async_smem();
         const float alpha[2] = {c.sAlpha[r.b * kHT + r0], c.sAlpha[r.b * kHT + r0 + 8]};
