@@ -50,39 +50,56 @@ namespace attn {
 namespace sm90 {
 namespace tri {
 
-// Experiment switches (compile time; tools/variant_tree.sh). The defaults are the form measured on a GPU (twenty-ninth
-// session: 48124b7's device code, the same SASS); SPECULATE, Q_TMA and WEAVE are built and compiled, not yet run.
-// - SMLA_SM90T_AHEAD (1): WG0 issues S of tile k + 1 before the softmax of tile k; 0: after P of tile k is published
-//   (the softmax not overlapped with S: the wide kernel's order).
-// - SMLA_SM90T_WEAVE (0): 1 weaves the issue of S of tile k + 1 into the softmax of tile k in four groups of 9
-//   k-steps (s_group), each group's first descriptor carrying a zero computed from the softmax step before it, so
-//   that ptxas cannot sink the softmax below the whole S issue: in the measured form the exponents follow the 36th
-//   wgmma, whose issue waits for room in the tensor pipe.
-// - SMLA_SM90T_SPECULATE (0): 1, the producers copy the slice's tile 0 while the consumers scan the tiles (the wide
-//   kernel's SMLA_SM90_SPECULATE); 0: they wait for the scan.
-// - SMLA_SM90T_Q_TMA (0): 1, Q's latent part by TMA from one thread where the launcher described q (a.q_tma), so
-//   that the consumers' tile scan does not queue behind Q's copies; 0: by the consumers' cp.async.
-// - SMLA_SM90T_LAG (0): 1, WG1 multiplies P of tile k once WG0's S of tile k + 1 is done, so that its product runs
+// Experiment switches (compile time; tools/variant_tree.sh). The defaults are the form measured fastest on a GPU
+// (thirtieth session, H100: LAG, SPECULATE and Q_TMA on; benchmarks/README.md, issue 16).
+// - SMLA_SM90T_LAG (1): WG1 multiplies P of tile k once WG0's S of tile k + 1 is done, so that its product runs
 //   while WG0 takes the softmax of tile k + 1; WG0: softmax(k), P published, its P V(k) and S(k + 1) issued, both
 //   waited for (kBarS + (k & 1) then). A warpgroup's wgmma issue waits for room in the tensor pipe (tools/
 //   wgmma_issue.cu: 36 m64n48k16 take ~860 cycles to issue and ~1,065 to finish), so WG0 cannot take a softmax
-//   while its own S runs: only the other warpgroup's products can fill that time. AHEAD and WEAVE are ignored.
+//   while its own S runs: only the other warpgroup's products can fill that time. 0: the twenty-ninth session's form
+//   (AHEAD, WEAVE below); LAG ignores them.
+// - SMLA_SM90T_LAG_ISSUED (0, with LAG): 1, WG0 arrives on kBarS once S(k + 1) is issued, not done (the pipe runs it
+//   first, WG1's product queues behind it).
+// - SMLA_SM90T_PV_FIRST (0, with LAG): 1, WG0 issues its P V(k) before it publishes P(k) (the stores and the barrier
+//   then run beside the product).
+// - SMLA_SM90T_SPEC_SOFTMAX (0, with LAG): 1, the wide kernel's speculative softmax (sm90/consumer.cuh, softmax_spec):
+//   the exponents of the raw scores (the scale folded into their FFMA) against the reference max as it is, taken while
+//   the maxima are reduced over the quad, again only where a row's reference moved.
+// - SMLA_SM90T_SPECULATE (1): the producers copy the slice's tile 0 while the consumers scan the tiles (the wide
+//   kernel's SMLA_SM90_SPECULATE); 0: they wait for the scan.
+// - SMLA_SM90T_Q_TMA (1): Q's latent part by TMA from one thread where the launcher described q (a.q_tma), so that
+//   the consumers' tile scan does not queue behind Q's copies; 0: by the consumers' cp.async.
+// - SMLA_SM90T_AHEAD (1, without LAG): WG0 issues S of tile k + 1 before the softmax of tile k; 0: after P of tile k
+//   is published.
+// - SMLA_SM90T_WEAVE (0, without LAG): 1 weaves the issue of S of tile k + 1 into the softmax of tile k in four groups
+//   of 9 k-steps (s_group), each group's first descriptor carrying a zero computed from the softmax step before it.
+//   Measured no faster (thirtieth session): the issue of each group waits for the pipe.
 #ifndef SMLA_SM90T_AHEAD
 #define SMLA_SM90T_AHEAD 1
 #endif
+#ifndef SMLA_SM90T_SPEC_SOFTMAX
+#define SMLA_SM90T_SPEC_SOFTMAX 0
+#endif
+#ifndef SMLA_SM90T_LAG_ISSUED
+#define SMLA_SM90T_LAG_ISSUED 0
+#endif
+#ifndef SMLA_SM90T_PV_FIRST
+#define SMLA_SM90T_PV_FIRST 0
+#endif
 #ifndef SMLA_SM90T_LAG
-#define SMLA_SM90T_LAG 0
+#define SMLA_SM90T_LAG 1
 #endif
 #ifndef SMLA_SM90T_WEAVE
 #define SMLA_SM90T_WEAVE 0
 #endif
 #ifndef SMLA_SM90T_SPECULATE
-#define SMLA_SM90T_SPECULATE 0
+#define SMLA_SM90T_SPECULATE 1
 #endif
 #ifndef SMLA_SM90T_Q_TMA
-#define SMLA_SM90T_Q_TMA 0
+#define SMLA_SM90T_Q_TMA 1
 #endif
-constexpr bool kLag = SMLA_SM90T_LAG != 0;
+constexpr bool kLag = SMLA_SM90T_LAG != 0, kLagIssued = SMLA_SM90T_LAG_ISSUED != 0, kPvFirst = SMLA_SM90T_PV_FIRST != 0;
+constexpr bool kSpecT = SMLA_SM90T_SPEC_SOFTMAX != 0;
 constexpr bool kAhead = SMLA_SM90T_AHEAD != 0 && !kLag, kWeave = SMLA_SM90T_WEAVE != 0 && kAhead;
 constexpr bool kSpeculateT = SMLA_SM90T_SPECULATE != 0, kQTmaT = SMLA_SM90T_Q_TMA != 0;
 
@@ -349,14 +366,16 @@ struct ScoreWg {
     }
     // P = 2^(s - m) as the A fragments of P V, and the row sums (exp_part: column blocks J0 .. J1 - 1 into rs, then
     // scale_add_row_sums).
-    template <int J0, int J1>
-    __device__ __forceinline__ static void exp_part(const float (&s)[24], const float (&nb)[2], uint32_t (&p)[12],
-                                                    float (&rs)[2])
+    // (FMA: the exponent's FFMA applies the scale sc, 1 for scores already scaled; else s + nb.)
+    template <int J0, int J1, bool FMA = false>
+    __device__ __forceinline__ static void exp_part(const float (&s)[24], float sc, const float (&nb)[2],
+                                                    uint32_t (&p)[12], float (&rs)[2])
     {
+        const auto arg = [&](float x, float n) { return FMA ? fmaf(x, sc, n) : x + n; };
 #pragma unroll
         for (int jn = J0; jn < J1; ++jn) {
-            const float p0 = ex2(s[4 * jn + 0] + nb[0]), p1 = ex2(s[4 * jn + 1] + nb[0]);
-            const float p2 = ex2(s[4 * jn + 2] + nb[1]), p3 = ex2(s[4 * jn + 3] + nb[1]);
+            const float p0 = ex2(arg(s[4 * jn + 0], nb[0])), p1 = ex2(arg(s[4 * jn + 1], nb[0]));
+            const float p2 = ex2(arg(s[4 * jn + 2], nb[1])), p3 = ex2(arg(s[4 * jn + 3], nb[1]));
             rs[0] += p0 + p1;
             rs[1] += p2 + p3;
             const int f = 4 * (jn >> 1) + 2 * (jn & 1);  // k-step jn >> 1, token half jn & 1
@@ -368,9 +387,45 @@ struct ScoreWg {
                                                 uint32_t (&p)[12])
     {
         float rs[2] = {0.f, 0.f};
-        exp_part<0, kJn>(s, nb, p, rs);
+        exp_part<0, kJn>(s, 1.f, nb, p, rs);
         scale_add_row_sums(l_r, alpha, rs);
     }
+    // kSpecT: the softmax of this tile from its raw scores (the wide kernel's softmax_spec, sm90/consumer.cuh): the
+    // exponents against the reference max as it is (the scale in their FFMA where the maxima are foldable and cannot
+    // saturate, else masked and scaled first), taken while the maxima are reduced over the quad; again where a row's
+    // reference moved (its first tile, a jump by more than kLazySlack).
+    __device__ __forceinline__ void softmax_spec(int b, float (&s)[24], float (&alpha)[2], uint32_t (&p)[12])
+    {
+        const uint64_t fl = c.row_flags(b) >> (2 * t4);
+        const auto ok = [&](int jn, int e) { return ((fl >> (8 * jn + e)) & 1u) != 0; };
+        const float scale = a.scale_log2;
+        float sc = scale, mx[2];
+        bool slow = !(scale > 0.f);
+        if (!slow) {
+            mask_raw_cols<kJn>(ok, s);
+            thread_max_cols<kJn>(s, mx);
+            mx[0] *= scale;
+            mx[1] *= scale;
+            slow = sat_needed(mx[0], m_r[0]) || sat_needed(mx[1], m_r[1]) || !foldable(mx[0]) || !foldable(mx[1]);
+        }
+        if (slow) {
+            mask_scale_cols<kJn>(ok, scale, m_r, s, mx);
+            sc = 1.f;
+        }
+        float nb[2], rs[2] = {0.f, 0.f};
+#pragma unroll
+        for (int i = 0; i < 2; ++i) nb[i] = m_r[i] == -INFINITY ? 0.f : -m_r[i];
+        exp_part<0, kJn, true>(s, sc, nb, p, rs);  // against the reference max as it is
+        quad_max(mx);
+        const bool moved0 = move_ref_max<true>(mx[0], m_r[0], m_t[0], alpha[0], nb[0]);
+        const bool moved1 = move_ref_max<true>(mx[1], m_r[1], m_t[1], alpha[1], nb[1]);
+        if (moved0 || moved1) {
+            rs[0] = rs[1] = 0.f;
+            exp_part<0, kJn, true>(s, sc, nb, p, rs);
+        }
+        scale_add_row_sums(l_r, alpha, rs);
+    }
+
     // kWeave: the softmax of this tile with the S of buffer bn in four groups between its steps (s_group). The zeros:
     // the sign bits of alpha (2^x >= 0) and of the packed P (bf16 of 2^x >= 0; NaN packs as 0x7fff).
     __device__ __forceinline__ void softmax_woven(int b, int bn, float (&s)[24], float (&alpha)[2], uint32_t (&p)[12],
@@ -380,9 +435,9 @@ struct ScoreWg {
         s_group<0>(bn, sa, 0u);
         softmax_max(b, s, alpha, nb);
         s_group<1>(bn, sa, __float_as_uint(alpha[0]) >> 31);
-        exp_part<0, kJn / 2>(s, nb, p, rs);
+        exp_part<0, kJn / 2>(s, 1.f, nb, p, rs);
         s_group<2>(bn, sb, p[2 * (kJn / 2) - 1] >> 31);
-        exp_part<kJn / 2, kJn>(s, nb, p, rs);
+        exp_part<kJn / 2, kJn>(s, 1.f, nb, p, rs);
         s_group<3>(bn, sb, p[2 * kJn - 1] >> 31);
         wg_commit();
         scale_add_row_sums(l_r, alpha, rs);
@@ -425,22 +480,33 @@ struct ScoreWg {
         float nb[2];
         trace(a, it, 0);
         if constexpr (kLag) {
-            softmax_max(r.b, s, alpha, nb);
-            softmax_exp(s, alpha, nb, p);
+            if constexpr (kSpecT) {
+                softmax_spec(r.b, s, alpha, p);
+            } else {
+                softmax_max(r.b, s, alpha, nb);
+                softmax_exp(s, alpha, nb, p);
+            }
             trace(a, it, 1);
+            if constexpr (kPvFirst) {
+                rescale_rows(o, alpha);
+                pv_issue(r.b, p);
+            }
             publish(r.b, alpha, p);
             trace(a, it, 2);
-            rescale_rows(o, alpha);
-            pv_issue(r.b, p);
+            if constexpr (!kPvFirst) {
+                rescale_rows(o, alpha);
+                pv_issue(r.b, p);
+            }
             if constexpr (NEXT) {
                 acquire(rn);
                 s_issue(rn.b, sa, sb);
+                if constexpr (kLagIssued) named_arrive(kBarS + (it & 1), 256);
             }
             trace(a, it, 3);
             wg_wait0();
             fence_regs(o);
             fence_regs(p);
-            if constexpr (NEXT) named_arrive(kBarS + (it & 1), 256);  // WG1 may multiply P of tile it now
+            if constexpr (NEXT && !kLagIssued) named_arrive(kBarS + (it & 1), 256);  // WG1 may multiply P(it) now
             trace(a, it, 4);
             release(r.b);
             if constexpr (NEXT) s_sum(s, sa, sb);
