@@ -14,8 +14,7 @@ Needs a profiling build (SMLA_PROFILE_BUILD=1: the timestamps are compiled in on
 
     SMLA_PROFILE_BUILD=1 python3 setup.py build_ext --inplace
     (a mid-run wave: build a copy made by tools/variant_tree.sh OUT.tar.gz SMLA_TRACE_CTA0=3960)
-    PYTHONPATH=src python3 tools/trace_attn.py [--kernel sm90|sm90p|sm90t|sm90d|sm90n] [--ahead] [--precision fast|high]
-        [--h 128]
+    PYTHONPATH=src python3 tools/trace_attn.py [--kernel sm90|sm90p|sm90t|sm90d|sm90n] [--precision fast|high] [--h 128]
         [--steps A-B]  (the wide kernel's steps A .. B - 1 one by one; with SMLA_SM90_PERSISTENT=1 a step is a use of
                         the K ring, so an item boundary shows as one step)
 """
@@ -51,26 +50,9 @@ WIDE = [
     ("producer copies landing (issued -> landed, one thread)", (PR0, 0, 2), (PR0, 0, 3)),
     ("K tile: issued -> WG0 saw it landed", (PR0, 0, 2), (WG0, 0, 1)),
 ]
-# the three-buffer kernel built with SMLA_SM90T_LAG=0 (--ahead; sm90/tri_kernel.cuh, its trace() events): WG0 0 start of tile k, 1 tile k + 1 acquired
-# (its S issued next), 2 softmax of k done, 3 P of k published, 4 its P V of k and S of k + 1 done; WG1 0 start, 1 P
-# received, 2 its P V done; producers 0 start, 1 buffer free, 2 copies issued (they land on the full barrier)
-TRI_AHEAD = [
-    ("WG0 tile period (start k -> start k+1)", (WG0, 0, 0), (WG0, 1, 0)),
-    ("WG0 wait for tile k+1 (start -> acquired)", (WG0, 0, 0), (WG0, 0, 1)),
-    ("WG0 S(k+1) issue + softmax(k) (-> P ready)", (WG0, 0, 1), (WG0, 0, 2)),
-    ("WG0 publish P (-> arrived)", (WG0, 0, 2), (WG0, 0, 3)),
-    ("WG0 wait: its P V(k), S(k+1) (-> done)", (WG0, 0, 3), (WG0, 0, 4)),
-    ("WG0 release + S sum + loop (-> next start)", (WG0, 0, 4), (WG0, 1, 0)),
-    ("WG1 wait for P (start -> P received)", (WG1, 0, 0), (WG1, 0, 1)),
-    ("WG1 hand-off (WG0 published -> WG1 received)", (WG0, 0, 3), (WG1, 0, 1)),
-    ("WG1 its P V (received -> done)", (WG1, 0, 1), (WG1, 0, 2)),
-    ("producer wait for a free buffer", (PR0, 0, 0), (PR0, 0, 1)),
-    ("producer issue (free -> issued)", (PR0, 0, 1), (PR0, 0, 2)),
-    ("tile k+1: issued -> WG0 acquired", (PR0, 1, 2), (WG0, 0, 1)),
-]
-# the three-buffer kernel (sm90t, SMLA_SM90T_LAG=1 as built by default): WG0 0 start of tile k, 1 softmax of k done, 2 P of k published, 3 its P V
-# of k and S of k + 1 issued (tile k + 1 acquired between), 4 both done; WG1 0 start, 1 P received, 3 WG0's S of
-# k + 1 done (received), 2 its P V done
+# the three-buffer kernel (sm90/tri_kernel.cuh; its trace() events): WG0 0 start of tile k, 1 softmax of k done, 2 P
+# of k published, 3 its P V of k and S of k + 1 issued (tile k + 1 acquired between), 4 both done; WG1 0 start, 1 P
+# received, 3 WG0's S of k + 1 done (seen), 2 its P V done; producers 0 start, 1 buffer free, 2 copies issued
 TRI = [
     ("WG0 tile period (start k -> start k+1)", (WG0, 0, 0), (WG0, 1, 0)),
     ("WG0 softmax(k) (start -> P ready)", (WG0, 0, 0), (WG0, 0, 1)),
@@ -209,8 +191,7 @@ def summarize(t, kernel):
     lo, hi = 2, nsteps - 3  # steady state: skip the first two and the last steps
     lines = [f"{nsteps} steps a CTA, means over steps {lo}..{hi - 1} of {len(t)} CTAs, SM cycles (us at 1.8 GHz)"]
 
-    for label, a, b in {"sm90p": PAIR, "sm90t": TRI, "sm90t-ahead": TRI_AHEAD, "sm90d": DIMS, "sm90n": NARROW,
-                        "sm90n2": NARROW2}.get(kernel, WIDE):
+    for label, a, b in {"sm90p": PAIR, "sm90t": TRI, "sm90d": DIMS, "sm90n": NARROW, "sm90n2": NARROW2}.get(kernel, WIDE):
         vals = [v for k in range(lo, hi) for v in intervals(t, a, b, k)]
         if vals:
             m = sum(vals) / len(vals)
@@ -276,7 +257,6 @@ def main():
                     help="sm90n: the kernel's consumer warpgroups, by default its rule (sm90/narrow_plan.cuh, "
                          "bf16_consumers: two at h 17-32 in \"high\"); 2 for a build with SMLA_NARROW_BF16_CW=2")
     ap.add_argument("--ablate", type=int, default=0, help="the ablation variant traced (SMLA_ATTN_ABLATE; 0: the full kernel)")
-    ap.add_argument("--ahead", action="store_true", help="sm90t built with SMLA_SM90T_LAG=0: its trace points")
     ap.add_argument("--steps", default="", help="A-B: the wide kernel's steps A .. B - 1 one by one (per_step)")
     args = ap.parse_args()
     gpu = open_gpu("trace_attn", args.kernel)
@@ -319,8 +299,7 @@ def main():
         del os.environ["SMLA_ATTN_TRACE"]
     t = buf.view(CTAS, SLOTS, STEPS, EVENTS).cpu().tolist()
     consumers = args.consumers or (2 if 16 < h <= 32 and args.precision == "high" else 1)
-    rows = "sm90n2" if args.kernel == "sm90n" and consumers == 2 else args.kernel
-    lines = summarize(t, "sm90t-ahead" if args.kernel == "sm90t" and args.ahead else rows)
+    lines = summarize(t, "sm90n2" if args.kernel == "sm90n" and consumers == 2 else args.kernel)
     if not lines:
         print("nothing recorded")
         return 1

@@ -272,8 +272,12 @@ struct ScoreWarpgroup : ConsumerBase<ABL, XO, FAST, SPLIT, 0> {
     // its max exceeds it by more than kLazySlack, while the maxima are reduced over the quad; a tile that moves
     // it (a row's first, a jump) takes them again. For softmax_scale > 0 the FFMA applies the scale (the raw
     // maxima are then the scaled ones'; one rounding of s scale - m instead of two); otherwise, where a
-    // thread's scores may saturate, or where its maxima are not foldable (score_tile.cuh), they are masked and
-    // scaled as for softmax().
+    // thread's scores may saturate, or where its maxima exceed kFoldLimit in magnitude (the FFMA's exact
+    // s scale - m then differs from the rounded scores' difference by up to half an ulp of s scale, which
+    // the exponent would turn into 0 or inf where the rounded difference is 0), they are masked and scaled
+    // as for softmax().
+    static constexpr float kFoldLimit = 65536.f;  // half an ulp is 2^-8 here: P within 0.3% of softmax()'s
+    __device__ __forceinline__ static bool foldable(float mx) { return mx == -INFINITY || fabsf(mx) <= kFoldLimit; }
     __device__ __forceinline__ void softmax_spec(const Cta<XO> &c, int b, bool full, float (&s)[32],
                                                  float (&alpha)[2], uint32_t (&hi)[16], uint32_t (&lo)[16])
     {

@@ -66,39 +66,27 @@ __device__ __forceinline__ void mask_scale_thread(const int *valid, float scale_
 {
     mask_scale_cols<8>([&](int jn, int e) { return valid[8 * jn + 2 * t4 + e] != 0; }, scale_log2, m, s, mx);
 }
-// The speculative softmax (the wide kernel's kSpecSoftmax, plan.cuh; sm90t's SMLA_SM90T_SPEC_SOFTMAX) keeps the scores
-// raw: mask_raw_cols sets the invalid tokens' (ok(jn, e) as for mask_scale_cols) to -inf, thread_max_cols takes this
-// thread's raw row maxima; mask_raw / thread_max: the same over a [64 heads x 64 tokens] tile (valid: its row flags).
-template <int JN, class Ok>
-__device__ __forceinline__ void mask_raw_cols(Ok ok, float (&s)[4 * JN])
+// The wide kernel's speculative softmax (kSpecSoftmax, plan.cuh) keeps the scores raw: mask_raw sets the invalid
+// tokens' to -inf (valid as above), thread_max takes this thread's raw row maxima.
+__device__ __forceinline__ void mask_raw(const int *valid, int t4, float (&s)[32])
 {
 #pragma unroll
-    for (int jn = 0; jn < JN; ++jn) {
-        if (!ok(jn, 0)) s[4 * jn + 0] = s[4 * jn + 2] = -INFINITY;
-        if (!ok(jn, 1)) s[4 * jn + 1] = s[4 * jn + 3] = -INFINITY;
+    for (int jn = 0; jn < 8; ++jn) {
+        const int tok = 8 * jn + 2 * t4;
+        const bool ok0 = valid[tok] != 0, ok1 = valid[tok + 1] != 0;
+        if (!ok0) s[4 * jn + 0] = s[4 * jn + 2] = -INFINITY;
+        if (!ok1) s[4 * jn + 1] = s[4 * jn + 3] = -INFINITY;
     }
 }
-template <int JN>
-__device__ __forceinline__ void thread_max_cols(const float (&s)[4 * JN], float (&mx)[2])
+__device__ __forceinline__ void thread_max(const float (&s)[32], float (&mx)[2])
 {
     mx[0] = mx[1] = -INFINITY;
 #pragma unroll
-    for (int jn = 0; jn < JN; ++jn) {
+    for (int jn = 0; jn < 8; ++jn) {
         mx[0] = fmaxf(mx[0], fmaxf(s[4 * jn + 0], s[4 * jn + 1]));
         mx[1] = fmaxf(mx[1], fmaxf(s[4 * jn + 2], s[4 * jn + 3]));
     }
 }
-__device__ __forceinline__ void mask_raw(const int *valid, int t4, float (&s)[32])
-{
-    mask_raw_cols<8>([&](int jn, int e) { return valid[8 * jn + 2 * t4 + e] != 0; }, s);
-}
-__device__ __forceinline__ void thread_max(const float (&s)[32], float (&mx)[2]) { thread_max_cols<8>(s, mx); }
-// The speculative softmax folds the scale into the exponent's FFMA (ex2(s scale - m), the raw maxima scaled) where a
-// row's scaled max is at most kFoldLimit in magnitude: beyond it the FFMA's exact s scale - m differs from the rounded
-// scores' difference by up to half an ulp of s scale, which the exponent would turn into 0 or inf where the rounded
-// difference is 0; such tiles are masked and scaled first (mask_scale_cols).
-constexpr float kFoldLimit = 65536.f;  // half an ulp is 2^-8 here: P within 0.3% of the scaled scores'
-__device__ __forceinline__ bool foldable(float mx) { return mx == -INFINITY || fabsf(mx) <= kFoldLimit; }
 __device__ __forceinline__ void quad_max(float (&mx)[2])
 {
 #pragma unroll

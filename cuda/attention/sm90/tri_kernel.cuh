@@ -7,10 +7,11 @@
 // the next tile's S before its softmax (the next tile would have to land a whole S earlier), so the tensor cores
 // wait through every softmax (benchmarks/README.md, issue 16: both bounds near 3,600 cycles a tile). Here Q's RoPE
 // part lives in WG0's registers (the A operand of S's last 4 k-steps), which leaves room for three K buffers of 48
-// tokens, and WG0 issues S of tile it + 1 before the softmax of tile it, so that the tensor cores run the next S
-// while WG0 takes the exponents. Measured (benchmarks/README.md, issue 16, twenty-ninth session): correct, but 12%
-// slower than the wide kernel at h = 128; its trace shows no overlap yet (the exponents follow the next S's 36th
-// wgmma, whose issue waits for the tensor pipe: SMLA_SM90T_WEAVE below) and a longer prologue (SPECULATE, Q_TMA).
+// tokens. A warpgroup's wgmma issue waits for room in the tensor pipe (tools/wgmma_issue.cu), so WG0 cannot take its
+// softmax while its own S runs; instead WG1's product of tile k waits for WG0's S of tile k + 1 and runs beside WG0's
+// softmax of tile k + 1, which the third buffer allows (the buffer of tile k is held one S longer).
+// Measured (benchmarks/README.md, issue 16, twenty-ninth and thirtieth sessions): correct; within a few percent of the
+// wide kernel's speed, not yet faster; stays opt-in.
 //
 // CTA = one query row x 64 heads x one top-k split, 384 threads:
 //   WG0 (ScoreWg, setmaxnreg kScoreRegs): S = Q K^T of each tile (m64n48k16 x 36, two chains summed in fp32: the
@@ -27,11 +28,11 @@
 // of 8 rows x 16 B: 128 B apart along the tokens, 256 B along the heads). The epilogue's row statistics and factors
 // go through Q's region (dead once WG0's last S is done; WG1 never reads Q).
 //
-// Per tile it (buffer b = it % 3), WG0: S(it + 1) issued (its buffer acquired); mask, scale, maxima (lazy, as
-// the wide kernel's: attention/softmax.cuh), P = 2^(S - m) in bf16, row sums in double; P and alpha published
-// (kBarP + b); O rescaled, its P V issued; waits for both products, frees buffer b. WG1: waits kBarP + b, rescales,
-// its P V, frees buffer b. The last tile has its own instantiation (NEXT = false): a branch around a wgmma would
-// make ptxas serialise every wgmma of the kernel.
+// Per tile it (buffer b = it % 3), WG0: mask, scale, maxima (lazy, as the wide kernel's: attention/softmax.cuh),
+// P = 2^(S - m) in bf16, row sums in double; P and alpha published (kBarP + b); O rescaled, its P V issued; S(it + 1)
+// issued (its buffer acquired); waits for both products, arrives on kBarS + (it & 1), frees buffer b. WG1: waits
+// kBarP + b and kBarS + (it & 1), rescales, its P V, frees buffer b. The last tile has its own instantiation
+// (NEXT = false): a branch around a wgmma would make ptxas serialise every wgmma of the kernel.
 // Empty tiles cost nothing: the consumers mark the CTA's tiles that hold a valid index before the first load
 // (scan_tiles_vec, producer.cuh), and only those run. Overflowed scores saturate (attention/softmax.cuh).
 // ABL (profiling builds only, sm90/kernel.cuh's bits): 1 no K loads (zeros), 2 no S wgmma, 4 no P V wgmma; the
@@ -50,58 +51,12 @@ namespace attn {
 namespace sm90 {
 namespace tri {
 
-// Experiment switches (compile time; tools/variant_tree.sh). The defaults are the form measured fastest on a GPU
-// (thirtieth session, H100: LAG, SPECULATE and Q_TMA on; benchmarks/README.md, issue 16).
-// - SMLA_SM90T_LAG (1): WG1 multiplies P of tile k once WG0's S of tile k + 1 is done, so that its product runs
-//   while WG0 takes the softmax of tile k + 1; WG0: softmax(k), P published, its P V(k) and S(k + 1) issued, both
-//   waited for (kBarS + (k & 1) then). A warpgroup's wgmma issue waits for room in the tensor pipe (tools/
-//   wgmma_issue.cu: 36 m64n48k16 take ~860 cycles to issue and ~1,065 to finish), so WG0 cannot take a softmax
-//   while its own S runs: only the other warpgroup's products can fill that time. 0: the twenty-ninth session's form
-//   (AHEAD, WEAVE below); LAG ignores them.
-// - SMLA_SM90T_LAG_ISSUED (0, with LAG): 1, WG0 arrives on kBarS once S(k + 1) is issued, not done (the pipe runs it
-//   first, WG1's product queues behind it).
-// - SMLA_SM90T_PV_FIRST (0, with LAG): 1, WG0 issues its P V(k) before it publishes P(k) (the stores and the barrier
-//   then run beside the product).
-// - SMLA_SM90T_SPEC_SOFTMAX (0, with LAG): 1, the wide kernel's speculative softmax (sm90/consumer.cuh, softmax_spec):
-//   the exponents of the raw scores (the scale folded into their FFMA) against the reference max as it is, taken while
-//   the maxima are reduced over the quad, again only where a row's reference moved.
-// - SMLA_SM90T_SPECULATE (1): the producers copy the slice's tile 0 while the consumers scan the tiles (the wide
-//   kernel's SMLA_SM90_SPECULATE); 0: they wait for the scan.
-// - SMLA_SM90T_Q_TMA (1): Q's latent part by TMA from one thread where the launcher described q (a.q_tma), so that
-//   the consumers' tile scan does not queue behind Q's copies; 0: by the consumers' cp.async.
-// - SMLA_SM90T_AHEAD (1, without LAG): WG0 issues S of tile k + 1 before the softmax of tile k; 0: after P of tile k
-//   is published.
-// - SMLA_SM90T_WEAVE (0, without LAG): 1 weaves the issue of S of tile k + 1 into the softmax of tile k in four groups
-//   of 9 k-steps (s_group), each group's first descriptor carrying a zero computed from the softmax step before it.
-//   Measured no faster (thirtieth session): the issue of each group waits for the pipe.
-#ifndef SMLA_SM90T_AHEAD
-#define SMLA_SM90T_AHEAD 1
-#endif
-#ifndef SMLA_SM90T_SPEC_SOFTMAX
-#define SMLA_SM90T_SPEC_SOFTMAX 0
-#endif
-#ifndef SMLA_SM90T_LAG_ISSUED
-#define SMLA_SM90T_LAG_ISSUED 0
-#endif
-#ifndef SMLA_SM90T_PV_FIRST
-#define SMLA_SM90T_PV_FIRST 0
-#endif
-#ifndef SMLA_SM90T_LAG
-#define SMLA_SM90T_LAG 1
-#endif
-#ifndef SMLA_SM90T_WEAVE
-#define SMLA_SM90T_WEAVE 0
-#endif
-#ifndef SMLA_SM90T_SPECULATE
-#define SMLA_SM90T_SPECULATE 1
-#endif
-#ifndef SMLA_SM90T_Q_TMA
-#define SMLA_SM90T_Q_TMA 1
-#endif
-constexpr bool kLag = SMLA_SM90T_LAG != 0, kLagIssued = SMLA_SM90T_LAG_ISSUED != 0, kPvFirst = SMLA_SM90T_PV_FIRST != 0;
-constexpr bool kSpecT = SMLA_SM90T_SPEC_SOFTMAX != 0;
-constexpr bool kAhead = SMLA_SM90T_AHEAD != 0 && !kLag, kWeave = SMLA_SM90T_WEAVE != 0 && kAhead;
-constexpr bool kSpeculateT = SMLA_SM90T_SPECULATE != 0, kQTmaT = SMLA_SM90T_Q_TMA != 0;
+// The measured form (benchmarks/README.md, issue 16, thirtieth session; the history has the switches measured no faster
+// there, 52748d9: WG0's S of tile k + 1 issued before its softmax of tile k, alone or woven into it in groups; WG0's
+// arrival after the issue of S(k + 1) instead of its end; its P V before the publication of P; the wide kernel's
+// speculative softmax). Q's latent part comes by TMA from one thread where the launcher described q (a.q_tma), so that
+// the consumers' tile scan does not queue behind Q's copies (else by the consumers' cp.async), and the producers copy
+// the slice's tile 0 while the consumers scan the tiles (the wide kernel's SMLA_SM90_SPECULATE).
 
 constexpr int kTB = 48;              // tokens per K tile
 constexpr int kNBuf = 3;             // K buffers
@@ -123,7 +78,9 @@ static_assert(kScoreRegs + kValueRegs + kProducerRegs <= 3 * kLaunchRegs, "the l
 
 // Named barriers (0 is __syncthreads): P of buffer b ready (kBarP + b: WG0 arrives, WG1 waits; WG0 arrives on it
 // again only after WG1 freed the buffer), the epilogue's statistics, Q landed, the tile scan done (all 384
-// threads), each warpgroup's staged output (kBarOut + warpgroup, 128 threads).
+// threads), each warpgroup's staged output (kBarOut + warpgroup, 128 threads), WG0's S of tile it + 1 done (kBarS +
+// (it & 1): WG0 arrives, WG1 waits; its next arrival on the same one, two tiles later, needs the buffer WG1 frees
+// after that wait).
 constexpr int kBarP = 1, kBarL = 4, kBarQ = 5, kBarStart = 6, kBarOut = 7, kBarS = 9;
 
 struct Smem {
@@ -228,7 +185,7 @@ struct TriProducer : ProducerLane {
         cp_async_mbar_arrive_noinc(c.full(b));
     }
 
-    // The slice's tile 0 into buffer 0 before the scan (kSpeculateT; the slice has a tile), not yet committed.
+    // The slice's tile 0 into buffer 0 before the scan (the slice has a tile), not yet committed.
     __device__ __forceinline__ void speculate() const
     {
         int idx[kNi];
@@ -311,26 +268,18 @@ struct ScoreWg {
     __device__ __forceinline__ void release(int b) const { mbar_arrive(c.empty(b)); }
 
     // S of buffer b's k-steps K0 .. K0 + N - 1 into d (chain 0: k-steps 0..17, chain 1: 18..35, each from its first
-    // k-step on), the K descriptor plus dep (kWeave: always 0, a value ptxas cannot fold, which orders the k-steps
-    // after the instructions that computed it; else the constant 0).
+    // k-step on).
     template <int K0, int N>
-    __device__ __forceinline__ void s_steps(int b, float (&d)[24], uint32_t dep = 0u) const
+    __device__ __forceinline__ void s_steps(int b, float (&d)[24]) const
     {
         if constexpr (kNoS) return;
-        const uint32_t qd = opaque(desc_base(c.sQ, 16)), kd = opaque(desc_base(c.kbuf(b), 16)) + dep;
+        const uint32_t qd = opaque(desc_base(c.sQ, 16)), kd = opaque(desc_base(c.kbuf(b), 16));
 #pragma unroll
         for (int kk = K0; kk < K0 + N; ++kk) {
             const uint32_t kof = (kk >> 2) * kKBlk + (kk & 3) * 32;
             if (kk < 4 * kQBlocks) wgmma_ss<0>(d, desc_at(qd, (kk >> 2) * kBlk + (kk & 3) * 32), desc_at(kd, kof), kk % 18 != 0);
             else wgmma_rs(d, qr[kk - 4 * kQBlocks], desc_at(kd, kof), kk % 18 != 0);
         }
-    }
-    // kWeave: group g of 9 k-steps (groups 0, 1 into chain 0's d, 2, 3 into chain 1's).
-    template <int G>
-    __device__ __forceinline__ void s_group(int b, float (&d)[24], uint32_t dep) const
-    {
-        wg_fence();
-        s_steps<9 * G, 9>(b, d, dep);
     }
     // S of buffer b as its two chains into sa and sb, one commit group.
     __device__ __forceinline__ void s_issue(int b, float (&sa)[24], float (&sb)[24]) const
@@ -366,16 +315,14 @@ struct ScoreWg {
     }
     // P = 2^(s - m) as the A fragments of P V, and the row sums (exp_part: column blocks J0 .. J1 - 1 into rs, then
     // scale_add_row_sums).
-    // (FMA: the exponent's FFMA applies the scale sc, 1 for scores already scaled; else s + nb.)
-    template <int J0, int J1, bool FMA = false>
-    __device__ __forceinline__ static void exp_part(const float (&s)[24], float sc, const float (&nb)[2],
-                                                    uint32_t (&p)[12], float (&rs)[2])
+    template <int J0, int J1>
+    __device__ __forceinline__ static void exp_part(const float (&s)[24], const float (&nb)[2], uint32_t (&p)[12],
+                                                    float (&rs)[2])
     {
-        const auto arg = [&](float x, float n) { return FMA ? fmaf(x, sc, n) : x + n; };
 #pragma unroll
         for (int jn = J0; jn < J1; ++jn) {
-            const float p0 = ex2(arg(s[4 * jn + 0], nb[0])), p1 = ex2(arg(s[4 * jn + 1], nb[0]));
-            const float p2 = ex2(arg(s[4 * jn + 2], nb[1])), p3 = ex2(arg(s[4 * jn + 3], nb[1]));
+            const float p0 = ex2(s[4 * jn + 0] + nb[0]), p1 = ex2(s[4 * jn + 1] + nb[0]);
+            const float p2 = ex2(s[4 * jn + 2] + nb[1]), p3 = ex2(s[4 * jn + 3] + nb[1]);
             rs[0] += p0 + p1;
             rs[1] += p2 + p3;
             const int f = 4 * (jn >> 1) + 2 * (jn & 1);  // k-step jn >> 1, token half jn & 1
@@ -387,62 +334,9 @@ struct ScoreWg {
                                                 uint32_t (&p)[12])
     {
         float rs[2] = {0.f, 0.f};
-        exp_part<0, kJn>(s, 1.f, nb, p, rs);
+        exp_part<0, kJn>(s, nb, p, rs);
         scale_add_row_sums(l_r, alpha, rs);
     }
-    // kSpecT: the softmax of this tile from its raw scores (the wide kernel's softmax_spec, sm90/consumer.cuh): the
-    // exponents against the reference max as it is (the scale in their FFMA where the maxima are foldable and cannot
-    // saturate, else masked and scaled first), taken while the maxima are reduced over the quad; again where a row's
-    // reference moved (its first tile, a jump by more than kLazySlack).
-    __device__ __forceinline__ void softmax_spec(int b, float (&s)[24], float (&alpha)[2], uint32_t (&p)[12])
-    {
-        const uint64_t fl = c.row_flags(b) >> (2 * t4);
-        const auto ok = [&](int jn, int e) { return ((fl >> (8 * jn + e)) & 1u) != 0; };
-        const float scale = a.scale_log2;
-        float sc = scale, mx[2];
-        bool slow = !(scale > 0.f);
-        if (!slow) {
-            mask_raw_cols<kJn>(ok, s);
-            thread_max_cols<kJn>(s, mx);
-            mx[0] *= scale;
-            mx[1] *= scale;
-            slow = sat_needed(mx[0], m_r[0]) || sat_needed(mx[1], m_r[1]) || !foldable(mx[0]) || !foldable(mx[1]);
-        }
-        if (slow) {
-            mask_scale_cols<kJn>(ok, scale, m_r, s, mx);
-            sc = 1.f;
-        }
-        float nb[2], rs[2] = {0.f, 0.f};
-#pragma unroll
-        for (int i = 0; i < 2; ++i) nb[i] = m_r[i] == -INFINITY ? 0.f : -m_r[i];
-        exp_part<0, kJn, true>(s, sc, nb, p, rs);  // against the reference max as it is
-        quad_max(mx);
-        const bool moved0 = move_ref_max<true>(mx[0], m_r[0], m_t[0], alpha[0], nb[0]);
-        const bool moved1 = move_ref_max<true>(mx[1], m_r[1], m_t[1], alpha[1], nb[1]);
-        if (moved0 || moved1) {
-            rs[0] = rs[1] = 0.f;
-            exp_part<0, kJn, true>(s, sc, nb, p, rs);
-        }
-        scale_add_row_sums(l_r, alpha, rs);
-    }
-
-    // kWeave: the softmax of this tile with the S of buffer bn in four groups between its steps (s_group). The zeros:
-    // the sign bits of alpha (2^x >= 0) and of the packed P (bf16 of 2^x >= 0; NaN packs as 0x7fff).
-    __device__ __forceinline__ void softmax_woven(int b, int bn, float (&s)[24], float (&alpha)[2], uint32_t (&p)[12],
-                                                  float (&sa)[24], float (&sb)[24])
-    {
-        float nb[2], rs[2] = {0.f, 0.f};
-        s_group<0>(bn, sa, 0u);
-        softmax_max(b, s, alpha, nb);
-        s_group<1>(bn, sa, __float_as_uint(alpha[0]) >> 31);
-        exp_part<0, kJn / 2>(s, 1.f, nb, p, rs);
-        s_group<2>(bn, sb, p[2 * (kJn / 2) - 1] >> 31);
-        exp_part<kJn / 2, kJn>(s, 1.f, nb, p, rs);
-        s_group<3>(bn, sb, p[2 * kJn - 1] >> 31);
-        wg_commit();
-        scale_add_row_sums(l_r, alpha, rs);
-    }
-
     // P into buffer b's RoPE block (p_desc's layout: per k-step one stmatrix x4, matrix m = rows + 8 (m & 1), tokens
     // + 8 (m >> 1), the fragment registers' order) and alpha, then kBarP + b.
     __device__ __forceinline__ void publish(int b, const float (&alpha)[2], const uint32_t (&p)[12]) const
@@ -471,7 +365,7 @@ struct ScoreWg {
         wg_commit();
     }
 
-    // Tile it (ring position r, its S complete in s); NEXT: S of tile it + 1 (ring position rn) is issued first.
+    // Tile it (ring position r, its S complete in s); NEXT: S of tile it + 1 (ring position rn) issued after its P V.
     template <bool NEXT>
     __device__ __forceinline__ void step(int it, const Ring &r, const Ring &rn, float (&s)[24])
     {
@@ -479,64 +373,22 @@ struct ScoreWg {
         uint32_t p[12];
         float nb[2];
         trace(a, it, 0);
-        if constexpr (kLag) {
-            if constexpr (kSpecT) {
-                softmax_spec(r.b, s, alpha, p);
-            } else {
-                softmax_max(r.b, s, alpha, nb);
-                softmax_exp(s, alpha, nb, p);
-            }
-            trace(a, it, 1);
-            if constexpr (kPvFirst) {
-                rescale_rows(o, alpha);
-                pv_issue(r.b, p);
-            }
-            publish(r.b, alpha, p);
-            trace(a, it, 2);
-            if constexpr (!kPvFirst) {
-                rescale_rows(o, alpha);
-                pv_issue(r.b, p);
-            }
-            if constexpr (NEXT) {
-                acquire(rn);
-                s_issue(rn.b, sa, sb);
-                if constexpr (kLagIssued) named_arrive(kBarS + (it & 1), 256);
-            }
-            trace(a, it, 3);
-            wg_wait0();
-            fence_regs(o);
-            fence_regs(p);
-            if constexpr (NEXT && !kLagIssued) named_arrive(kBarS + (it & 1), 256);  // WG1 may multiply P(it) now
-            trace(a, it, 4);
-            release(r.b);
-            if constexpr (NEXT) s_sum(s, sa, sb);
-            return;
-        }
-        if constexpr (NEXT && kWeave) {
-            acquire(rn);
-            trace(a, it, 1);
-            softmax_woven(r.b, rn.b, s, alpha, p, sa, sb);
-        } else {
-            if constexpr (NEXT && kAhead) {
-                acquire(rn);
-                trace(a, it, 1);
-                s_issue(rn.b, sa, sb);
-            }
-            softmax_max(r.b, s, alpha, nb);
-            softmax_exp(s, alpha, nb, p);
-        }
-        trace(a, it, 2);
+        softmax_max(r.b, s, alpha, nb);
+        softmax_exp(s, alpha, nb, p);
+        trace(a, it, 1);
         publish(r.b, alpha, p);
-        trace(a, it, 3);
-        if constexpr (NEXT && !kAhead) {
+        trace(a, it, 2);
+        rescale_rows(o, alpha);
+        pv_issue(r.b, p);
+        if constexpr (NEXT) {
             acquire(rn);
             s_issue(rn.b, sa, sb);
         }
-        rescale_rows(o, alpha);
-        pv_issue(r.b, p);
+        trace(a, it, 3);
         wg_wait0();
         fence_regs(o);
         fence_regs(p);
+        if constexpr (NEXT) named_arrive(kBarS + (it & 1), 256);  // WG1 may multiply P of tile it now
         trace(a, it, 4);
         release(r.b);
         if constexpr (NEXT) s_sum(s, sa, sb);
@@ -618,7 +470,7 @@ struct ValueWg {
         trace(a, it, 0);
         named_sync(kBarP + r.b, 256);
         trace(a, it, 1);
-        if (kLag && it + 1 < c.nt) {
+        if (it + 1 < c.nt) {
             named_sync(kBarS + (it & 1), 256);  // WG0's S of tile it + 1 done: our product runs beside its softmax
             trace(a, it, 3);
         }
@@ -692,7 +544,7 @@ __global__ void __launch_bounds__(kThreads, 1) attn_sm90t_kernel(const __grid_co
     pdl_launch_dependents();  // the combine (split mode) may be scheduled; it waits for this grid
     // Q's latent part by TMA from one thread where the launcher described q (a.q_tma, decided on the slice's tile
     // count before the scan, as the wide kernel's q_by_tma), else by the consumers' cp.async
-    const bool q_tma = kQTmaT && a.q_tma && c.nt_all > 0;
+    const bool q_tma = a.q_tma && c.nt_all > 0;
     const uint32_t qbar = c.base + Smem::qbar.off;
     if (c.tid == 0) {
         for (int b = 0; b < kNBuf; ++b) {
@@ -707,7 +559,7 @@ __global__ void __launch_bounds__(kThreads, 1) attn_sm90t_kernel(const __grid_co
     __syncthreads();
     if (q_tma && c.tid == 0) tma_q<kQBlocks>(a, c.sQ, c.h0, static_cast<int>(c.si), static_cast<int>(c.bi), qbar);
     // the tiles without a valid index are neither loaded nor multiplied; the producers copy tile 0 meanwhile
-    const bool spec = kSpeculateT && c.nt_all > 0;
+    const bool spec = c.nt_all > 0;
     skip_empty_tiles_by_consumers<kThreads, kTB>(a, c, c.mask, kBarStart, [&] {
         if (spec) TriProducer<ABL>(a, c).speculate();
     });
@@ -757,7 +609,7 @@ int launch(Args &a, int64_t grid, cudaStream_t s, int dev, smla_status *st)
 // The table entry (bf16 K, precision "fast").
 constexpr KernelEntry entry()
 {
-    return KernelEntry{Family::sm90t, false, kHT, kTB, Smem::bytes, 1, kThreads, &launch, /*fuses=*/false, /*q_tma=*/kQTmaT};
+    return KernelEntry{Family::sm90t, false, kHT, kTB, Smem::bytes, 1, kThreads, &launch, /*fuses=*/false, /*q_tma=*/true};
 }
 
 }  // namespace tri
