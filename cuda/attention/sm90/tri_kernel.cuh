@@ -19,7 +19,7 @@
 //   WG1 (ValueWg, kValueRegs): O[:, 128:512] += P V with P from shared memory;
 //   WG2 (TriProducer, kProducerRegs): the tiles by cp.async into the three buffers in turn, each thread arriving
 //     on the buffer's full barrier once its copies landed (.noinc), so it issues the next tile meanwhile.
-// Shared-memory plan (Smem; 232,392 of the 232,448 B an sm_90 CTA may have, so no alignment slack: the dynamic
+// Shared-memory plan (Smem; 232,400 of the 232,448 B an sm_90 CTA may have, so no alignment slack: the dynamic
 // shared memory base is 1024-byte aligned, which the kernel checks): Q's latent part (8 column blocks of
 // [64 rows x 128 B], the 128-byte swizzle of plan.cuh), three K buffers of 9 column blocks of [48 rows x 128 B]
 // (the same swizzle), the mbarriers full[3] and empty[3], the row flags (per buffer and producer warp, 12 bits),
