@@ -23,7 +23,7 @@ enum class Family {
     sm90p, // Hopper, bf16 K: consumer warpgroups on alternate K tiles, head tile 64 (sm90/pair_kernel.cuh)
     sm90r, // Hopper, fp8 K, h <= 32: tokens on M, A fragments dequantised in registers (sm90/reg_kernel.cuh)
     sm90d, // Hopper, fp8 K, h <= 16: heads on mma.sync's M, dims across warps (sm90/dims_kernel.cuh)
-    sm90t, // Hopper, bf16 K, precision "fast": three 48-token K buffers, the next S before the softmax (sm90/tri_kernel.cuh)
+    sm90t, // Hopper, bf16 K, precision "fast": three 48-token K buffers, WG1's P V beside the next softmax (sm90/tri_kernel.cuh)
 };
 
 struct KernelEntry {
