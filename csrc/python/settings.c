@@ -79,14 +79,16 @@ int smla_read_settings(smla_run *r)
                                             "avx2-emulated-bf16"};
     static const char *const kernel_names[] = {"auto", "portable", "sm90", "sm90n", "sm90p", "sm90r", "sm90d", "sm90t"};
     static const char *const combine_names[] = {"auto", "kernel"};
+#define SMLA_NAMES(a) a, (int)(sizeof a / sizeof a[0])
     memset(r, 0, sizeof *r);
     int isa, combine;
     if (env_int("SMLA_NUM_THREADS", 1, SMLA_MAX_THREADS, 0, &r->num_threads) < 0 ||
-        env_choice("SMLA_CPU_ISA", isa_names, 6, &isa) < 0 ||
-        env_choice("SMLA_ATTN_KERNEL", kernel_names, 8, &r->attn_kernel) < 0 ||
-        env_choice("SMLA_ATTN_COMBINE", combine_names, 2, &combine) < 0 ||
+        env_choice("SMLA_CPU_ISA", SMLA_NAMES(isa_names), &isa) < 0 ||
+        env_choice("SMLA_ATTN_KERNEL", SMLA_NAMES(kernel_names), &r->attn_kernel) < 0 ||
+        env_choice("SMLA_ATTN_COMBINE", SMLA_NAMES(combine_names), &combine) < 0 ||
         env_int("SMLA_ATTN_ABLATE", 0, 1 << 20, 0, &r->attn_ablate) < 0)
         return -1;
+#undef SMLA_NAMES
 #if defined(SMLA_ATTN_ABLATION)
     if (env_u64("SMLA_ATTN_TRACE", &r->attn_trace) < 0) return -1;  /* profiling builds only */
 #endif

@@ -117,6 +117,27 @@ const KernelEntry *largest_fitting_tile(int ht, bool fp8, const DevProps &d)
     return best;
 }
 
+#if SMLA_HAVE_SM90
+// The first kernel of family fam (cache format fp8) whose shared memory the device allows; the one of them with the
+// smallest head tile that holds h heads. nullptr where none.
+const KernelEntry *first_fitting(Family fam, bool fp8, const DevProps &d)
+{
+    const KernelEntry *k = nullptr;
+    for_each_kernel(fam, fp8, [&](const KernelEntry &e) {
+        if (!k && e.smem <= d.smem_optin) k = &e;
+    });
+    return k;
+}
+const KernelEntry *smallest_holding(Family fam, bool fp8, int64_t h, const DevProps &d)
+{
+    const KernelEntry *k = nullptr;
+    for_each_kernel(fam, fp8, [&](const KernelEntry &e) {
+        if (e.ht >= h && e.smem <= d.smem_optin && (!k || e.ht < k->ht)) k = &e;
+    });
+    return k;
+}
+#endif
+
 // The dims kernel is the default for fp8 caches at h <= 16 when b * s_q * kDimsRowsPerSm >= the SMs.
 constexpr int64_t kDimsRowsPerSm = 4;
 
@@ -144,25 +165,12 @@ bool choose(int64_t h, bool fp8, bool fast, int64_t rows, int request, const Dev
         // partials in the same launch, is faster (benchmarks/README.md, issue 17, fifteenth session)
         const bool dims = request == kSm90d || (request == kAuto && rows * kDimsRowsPerSm >= d.sms);
         if (request == kSm90r || dims)
-            for_each_kernel(request == kSm90r ? Family::sm90r : Family::sm90d, fp8, [&](const KernelEntry &e) {
-                if (e.ht >= h && e.smem <= d.smem_optin && (!k || e.ht < k->ht)) k = &e;
-            });
-        if (!k && !fp8 && fast && request == kSm90t)
-            for_each_kernel(Family::sm90t, fp8, [&](const KernelEntry &e) {
-                if (!k && e.smem <= d.smem_optin) k = &e;
-            });
+            k = smallest_holding(request == kSm90r ? Family::sm90r : Family::sm90d, fp8, h, d);
+        if (!k && !fp8 && fast && request == kSm90t) k = first_fitting(Family::sm90t, fp8, d);
         if (!k && request != kSm90 && request != kSm90p && request != kSm90t)
-            for_each_kernel(Family::sm90n, fp8, [&](const KernelEntry &e) {
-                if (e.ht >= h && e.smem <= d.smem_optin && (!k || e.ht < k->ht)) k = &e;
-            });
-        if (!k && !fp8 && request == kSm90p)
-            for_each_kernel(Family::sm90p, fp8, [&](const KernelEntry &e) {
-                if (!k && e.smem <= d.smem_optin) k = &e;
-            });
-        if (!k && (h > 32 || request != kAuto))
-            for_each_kernel(Family::sm90, fp8, [&](const KernelEntry &e) {
-                if (!k && e.smem <= d.smem_optin) k = &e;
-            });
+            k = smallest_holding(Family::sm90n, fp8, h, d);
+        if (!k && !fp8 && request == kSm90p) k = first_fitting(Family::sm90p, fp8, d);
+        if (!k && (h > 32 || request != kAuto)) k = first_fitting(Family::sm90, fp8, d);
         if (k) {
             *out = make_choice(k, d);
             return true;

@@ -310,17 +310,16 @@ struct ScoreWg {
         float mx[2];
         mask_scale_cols<kJn>([&](int jn, int e) { return ((fl >> (8 * jn + e)) & 1u) != 0; }, a.scale_log2, m_r, s, mx);
         quad_max(mx);
-        move_ref_max<true>(mx[0], m_r[0], m_t[0], alpha[0], nb[0]);
-        move_ref_max<true>(mx[1], m_r[1], m_t[1], alpha[1], nb[1]);
+        move_ref_max(mx[0], m_r[0], m_t[0], alpha[0], nb[0]);
+        move_ref_max(mx[1], m_r[1], m_t[1], alpha[1], nb[1]);
     }
-    // P = 2^(s - m) as the A fragments of P V, and the row sums (exp_part: column blocks J0 .. J1 - 1 into rs, then
-    // scale_add_row_sums).
-    template <int J0, int J1>
-    __device__ __forceinline__ static void exp_part(const float (&s)[24], const float (&nb)[2], uint32_t (&p)[12],
-                                                    float (&rs)[2])
+    // P = 2^(s - m) as the A fragments of P V, and the row sums (scale_add_row_sums).
+    __device__ __forceinline__ void softmax_exp(const float (&s)[24], const float (&alpha)[2], const float (&nb)[2],
+                                                uint32_t (&p)[12])
     {
+        float rs[2] = {0.f, 0.f};
 #pragma unroll
-        for (int jn = J0; jn < J1; ++jn) {
+        for (int jn = 0; jn < kJn; ++jn) {
             const float p0 = ex2(s[4 * jn + 0] + nb[0]), p1 = ex2(s[4 * jn + 1] + nb[0]);
             const float p2 = ex2(s[4 * jn + 2] + nb[1]), p3 = ex2(s[4 * jn + 3] + nb[1]);
             rs[0] += p0 + p1;
@@ -329,12 +328,6 @@ struct ScoreWg {
             p[f] = pack_bf16x2(p0, p1);
             p[f + 1] = pack_bf16x2(p2, p3);
         }
-    }
-    __device__ __forceinline__ void softmax_exp(const float (&s)[24], const float (&alpha)[2], const float (&nb)[2],
-                                                uint32_t (&p)[12])
-    {
-        float rs[2] = {0.f, 0.f};
-        exp_part<0, kJn>(s, nb, p, rs);
         scale_add_row_sums(l_r, alpha, rs);
     }
     // P into buffer b's RoPE block (p_desc's layout: per k-step one stmatrix x4, matrix m = rows + 8 (m & 1), tokens
@@ -464,7 +457,8 @@ struct ValueWg {
     }
 
     // Tile it: P and alpha (kBarP + b; the full barrier's phase, complete by then, orders the producers' writes
-    // before our wgmma without relying on the named barrier's transitivity), O rescaled, P V, buffer freed.
+    // before our wgmma without relying on the named barrier's transitivity), then, but for the last tile, WG0's S of
+    // tile it + 1 done (kBarS + (it & 1)); O rescaled, P V, buffer freed.
     __device__ __forceinline__ void tile(int it, const Ring &r)
     {
         trace(a, it, 0);
