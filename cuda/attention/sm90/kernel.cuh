@@ -180,8 +180,9 @@ __global__ void __launch_bounds__(kThreads, 1) attn_sm90_kernel(const __grid_con
 //     thread where the launcher described q (a.q_tma), else by its 128 threads' cp.async (q_full); it writes its
 //     columns from registers (epilogue_item), handing WG1 the rows' factors, and goes on to the next item while WG1
 //     finishes this one (they meet at kBarItem only before WG0 overwrites what WG1 reads: P_lo, the factors).
-// kStagger (plan.cuh, off): the producers of CTA j start (j % 8) x kStagger cycles late.
-// Measured against attn_sm90_kernel: benchmarks/README.md, issue 16, twenty-eighth session.
+// Measured against attn_sm90_kernel: benchmarks/README.md, issue 16, twenty-eighth session (2-8% slower), and with
+// its producers started (j % 8) x 4,000 or 16,000 cycles late in CTA j, to spread the item boundaries (thirty-first
+// session: 6-10% slower, the stagger no help; its code is in 644464e).
 template <int ABL, bool FAST>
 __global__ void __launch_bounds__(kThreads, 1) attn_sm90_persistent_kernel(const __grid_constant__ Args a)
 {
@@ -212,10 +213,6 @@ __global__ void __launch_bounds__(kThreads, 1) attn_sm90_persistent_kernel(const
     using Regs = WgRegs<kSplit, q_reg_steps(false, FAST)>;
     if (c0.tid >= 256) {
         setmaxnreg_to<Regs::producer>();
-        if constexpr (kStagger > 0) {  // spread the CTAs' item boundaries (plan.cuh, SMLA_SM90_STAGGER)
-            const long long t0 = clock64(), late = static_cast<long long>(blockIdx.x % 8) * kStagger;
-            while (clock64() - t0 < late) __nanosleep(256);
-        }
         const int tw = c0.tid - 256;
         // item k's tile count from its scan in mask, published by one thread (nt[k & 1] once the consumers took item
         // k - 2's)

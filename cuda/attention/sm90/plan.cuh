@@ -72,14 +72,6 @@ namespace sm90 {
 #ifndef SMLA_SM90_PERSISTENT
 #define SMLA_SM90_PERSISTENT 0
 #endif
-// The persistent kernel's stagger: the producers of CTA j start (j % 8) x SMLA_SM90_STAGGER SM cycles late, so that the
-// CTAs' item boundaries (each a burst of Q loads, output stores and first tiles, which in lockstep all 132 CTAs reach
-// together: plan above) spread over 7 x STAGGER cycles; it costs at most that once, at the end. Built and compiled, NOT
-// yet run on a GPU (twenty-eighth session: no device time left); to be measured with SMLA_SM90_PERSISTENT=1 at ~4000
-// (about a tile) and ~16000. 0: none.
-#ifndef SMLA_SM90_STAGGER
-#define SMLA_SM90_STAGGER 0
-#endif
 // The bf16 wide kernel's two head-tile CTAs of a row (h > 64, no top-k split) are launched as a cluster of 2,
 // so that they run at the same time in one GPC, behind one L2 partition, where the second CTA's gather of the
 // row's K rows finds what the first one's brought in; nothing in the kernel uses the cluster. Measured on an
@@ -120,7 +112,6 @@ constexpr bool kOutPipe = SMLA_SM90_OUT_PIPE != 0;
 constexpr bool kEarlyOut = SMLA_SM90_EARLY_OUT != 0;
 constexpr bool kOutStsm = SMLA_SM90_OUT_STSM != 0;
 constexpr bool kLazyMax = SMLA_SM90_LAZY_MAX != 0, kPersistent = SMLA_SM90_PERSISTENT != 0;
-constexpr long long kStagger = SMLA_SM90_STAGGER;
 static_assert(!kLazyMax || kStagedOut, "the lazy max writes max_logits from the true max (finish_half_direct)");
 constexpr bool kSpecSoftmax = SMLA_SM90_SPEC_SOFTMAX != 0 && kLazyMax;  // it speculates on the lazy max
 
