@@ -87,17 +87,24 @@ PAIR = [
     ("WG1 softmax + store P1", (WG1, 0, 1), (WG1, 0, 2)),
     ("WG1 wait for P0 (local P V issued)", (WG1, 0, 2), (WG1, 0, 3)),
     ("WG1 local P V done", (WG1, 0, 3), (WG1, 0, 4)),
-    ("WG1 next early region landed", (WG1, 0, 4), (WG1, 0, 5)),
-    ("WG1 remote P V done", (WG1, 0, 5), (WG1, 0, 6)),
-    ("WG1 next late region landed", (WG1, 0, 6), (WG1, 0, 7)),
+    # WG1 frees its regions first (kReleaseFirst): remote done (6) comes before its next first S chain (5)
+    ("WG1 remote P V done", (WG1, 0, 4), (WG1, 0, 6)),
+    ("WG1 next early region landed (frees first)", (WG1, 0, 6), (WG1, 0, 5)),
+    ("WG1 next late region landed", (WG1, 0, 5), (WG1, 0, 7)),
     ("WG1 next S done", (WG1, 0, 7), (WG1, 0, 8)),
-    ("buffer 0 early: free -> issued", (PR0, 0, 1), (PR0, 0, 2)),
+    # the producer's four warps fill every region in turn (events 1 + 4 b + 2 r: region r of buffer b free, + 1 issued)
+    ("producer: buffer 0 early: wait for its free", (PR0, 0, 0), (PR0, 0, 1)),
+    ("producer: buffer 0 early: free -> issued", (PR0, 0, 1), (PR0, 0, 2)),
+    ("producer: buffer 1 early: wait for its free", (PR0, 0, 2), (PR0, 0, 5)),
+    ("producer: buffer 1 early: free -> issued", (PR0, 0, 5), (PR0, 0, 6)),
+    ("producer: buffer 0 late: wait for its free", (PR0, 0, 6), (PR0, 0, 3)),
+    ("producer: buffer 0 late: free -> issued", (PR0, 0, 3), (PR0, 0, 4)),
+    ("producer: buffer 1 late: wait for its free", (PR0, 0, 4), (PR0, 0, 7)),
+    ("producer: buffer 1 late: free -> issued", (PR0, 0, 7), (PR0, 0, 8)),
     ("buffer 0 early: issued -> WG0 saw it landed", (PR0, 1, 2), (WG0, 0, 7)),
-    ("buffer 0 late: wait for free (early issued -> free)", (PR0, 0, 2), (PR0, 0, 3)),
     ("buffer 0 late: issued -> WG0 saw it landed", (PR0, 1, 4), (WG0, 0, 9)),
-    ("buffer 1 early: issued -> WG1 saw it landed", (PR1, 1, 2), (WG1, 0, 5)),
-    ("buffer 1 late: wait for free", (PR1, 0, 2), (PR1, 0, 3)),
-    ("buffer 1 late: issued -> WG1 saw it landed", (PR1, 1, 4), (WG1, 0, 7)),
+    ("buffer 1 early: issued -> WG1 saw it landed", (PR0, 1, 6), (WG1, 0, 5)),
+    ("buffer 1 late: issued -> WG1 saw it landed", (PR0, 1, 8), (WG1, 0, 7)),
 ]
 # the dims kernel: slots 0 / 1 the two groups' first warps (step: the group's k-th tile), 2 / 3 the
 # producers' first and third warps (step i / 2 of tile i; events 0-2 even tiles = group 0's, 3-5 odd)

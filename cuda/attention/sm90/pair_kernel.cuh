@@ -12,8 +12,8 @@
 //
 // CTA = one query row x 64 heads x one top-k split, 384 threads:
 //   WG0, WG1 (setmaxnreg kConsumerRegs): the consumers (PairConsumer<0>, PairConsumer<1>);
-//   WG2 (setmaxnreg kProducerRegs): the producer, cp.async into the K buffers, no register staging;
-//     warps 0, 1 fill buffer 0 and warps 2, 3 buffer 1, each on its own (PairProducer).
+//   WG2 (setmaxnreg kProducerRegs): the producer, cp.async into the K buffers, no register staging; its four
+//     warps fill every region together, in the order the consumers first read them (PairProducer).
 // Shared-memory plan (Smem): Q and two K buffers of 9 column blocks [64 tokens x 128 B] (128-byte
 // swizzle as plan.cuh), one P_lo block ("high"), mbarriers, row flags, the max exchange and the
 // non-empty tile mask. (Q's RoPE part in registers instead, as the A operand of S's last 4 k-steps,
@@ -67,6 +67,7 @@ namespace attn {
 namespace sm90 {
 namespace pair {
 
+
 // setmaxnreg: the three warpgroups share the launch allocation, 3 x 168 (plan.cuh).
 constexpr int kConsumerRegs = 224, kProducerRegs = 56;
 static_assert(2 * kConsumerRegs + kProducerRegs <= 3 * 168, "the launch allocation: 64K / 384 -> 168");
@@ -97,8 +98,8 @@ constexpr int kEarly = 0, kLate = 1;
 // local P V issued, 3 WG1's max received, 4 local P V done, 5 P0 published, 6 P1 received, 7 the next
 // pair's first S chain issued (its early region landed), 8 remote P V done, 9 the next late region
 // landed, 10 the next S done. WG1: 0 start, 1 WG0's max received, 2 P1 published, 3 P0 received, 4 local
-// P V done, 5..8 as WG0's 7..10. Producers (per buffer): 0 start, 1 early region free, 2 its copies
-// issued, 3 late region free, 4 its copies issued.
+// P V done, 5..8 as WG0's 7..10. Producer (each warp): 0 a pair's start; buffer b's early region free 1 + 4 b,
+// its copies issued 2 + 4 b, its late region free 3 + 4 b, its copies issued 4 + 4 b.
 template <int W>
 struct PairEv {
     static constexpr int kFirst = W == 0 ? 7 : 5, kRemoteDone = kFirst + 1, kLate = kFirst + 2, kS = kFirst + 3;
@@ -128,18 +129,20 @@ struct Cta : CtaCommon {
 };
 
 // ------------------------------------------------------------------------------------------------
-// The producer (WG2), after the tile scan: warps 0, 1 fill K buffer 0 (the first tile of each pair),
-// warps 2, 3 buffer 1 (the second), each buffer's region by region in the order its owners free them
-// (early, late). One buffer's loads never wait for the other buffer's frees.
+// The producer (WG2), after the tile scan: its four warps together, thread (g, cl) = (its 8-lane group 0..15, its
+// lane in the group) copies 16-byte chunk cl of rows 16 i + g (i = 0..3) of both tiles of a pair, region by region
+// in the order the consumers first read them (buffer 0 early, buffer 1 early, buffer 0 late, buffer 1 late), each
+// once its owners freed it. (Two warps per buffer, each buffer's regions on their own, was 4-5% slower: a region's
+// copies then came from 64 threads instead of 128, issue 16, thirty-first session.)
 // ------------------------------------------------------------------------------------------------
 template <int ABL, bool FAST>
 struct PairProducer {
     static constexpr bool kNoLoad = (ABL & 1) != 0;
-    static constexpr int kRows = 8;  // rows per thread and tile: 64 threads x 8 rows x 1 chunk per block
+    static constexpr int kRows = 4;
     const Args &a;
     const Cta &c;
     const KvSource kv;
-    const int buf, rg, cl;  // K buffer; rows 8 i + rg of each tile, 16-byte chunk cl of each column block
+    const int g, cl;
     const bool hint;
     const uint64_t pol;
 
@@ -149,17 +152,16 @@ struct PairProducer {
     };
 
     __device__ __forceinline__ PairProducer(const Args &a_, const Cta &cta)
-        : a(a_), c(cta), kv(a_), buf((cta.tid - 256) >> 6), rg(((cta.tid - 256) >> 3) & 7), cl(cta.lane & 7),
-          hint(a_.evict_last != 0), pol(a_.evict_last ? policy_evict_last() : 0)
+        : a(a_), c(cta), kv(a_), g((cta.tid - 256) >> 3), cl(cta.lane & 7), hint(a_.evict_last != 0),
+          pol(a_.evict_last ? policy_evict_last() : 0)
     {
     }
 
-    // The indices of this thread's rows of slice tile t (nt_all: none, all -1).
     __device__ __forceinline__ void fetch(int t, int (&idx)[kRows]) const
     {
 #pragma unroll
         for (int i = 0; i < kRows; ++i) {
-            const int pos = (c.j0 + t) * kBN + 8 * i + rg;
+            const int pos = (c.j0 + t) * kBN + 16 * i + g;
             idx[i] = (t < c.nt_all && pos < c.L) ? __ldg(c.idx_row + pos) : -1;
         }
     }
@@ -173,15 +175,14 @@ struct PairProducer {
             R.ok |= (ok ? 1u : 0u) << i;
         }
     }
-
-    // Column blocks [c0, c1) of this thread's rows into this warp pair's K buffer.
-    __device__ __forceinline__ void copy(const Rows &R, int c0, int c1) const
+    // Column blocks [c0, c1) of this thread's rows into K buffer b (row r = 16 i + g: r & 7 = g & 7).
+    __device__ __forceinline__ void copy(const Rows &R, int b, int c0, int c1) const
     {
-        const uint32_t kb = c.kbuf(buf) + rg * 128 + ((cl ^ rg) << 4);  // row 8 i + rg: (8 i + rg) & 7 = rg
+        const uint32_t kb = c.kbuf(b) + g * 128 + ((cl ^ (g & 7)) << 4);
 #pragma unroll
         for (int i = 0; i < kRows; ++i) {
             const int nb = (((R.ok >> i) & 1u) && !kNoLoad) ? 16 : 0;
-            const uint32_t dst = kb + 8 * i * 128;
+            const uint32_t dst = kb + 16 * i * 128;
 #pragma unroll
             for (int c8 = c0; c8 < c1; ++c8) {
                 if (hint) cp_async16_hint(dst + c8 * kBlk, R.src[i] + c8 * 128, nb, pol);
@@ -189,58 +190,68 @@ struct PairProducer {
             }
         }
     }
-
-    // Region r of the buffer for its use-th tile: wait until its owners freed it, copy, and let the full
-    // barrier's phase complete once this thread's copies landed (each of the 64 threads arrives once).
-    template <int R>
+    // Region R of buffer B for its use-th tile: wait until its owners freed it, copy, and let the full barrier's
+    // phase complete once this thread's copies landed (each of the 128 threads arrives once, `.noinc`). The row flags
+    // go with the early region (its owner reads them): the 16 flag writers' plain arrival (release) orders them, so
+    // full(B, early) counts 128 + 16.
+    template <int B, int R>
     __device__ __forceinline__ void region(const Rows &rows, int use) const
     {
-        if (use > 0) mbar_wait(c.empty(buf, R), (use - 1) & 1);
-        trace(a, use, R == kEarly ? 1 : 3);
-        if constexpr (R == kEarly) {  // the row flags go with the early region (its owner reads them); the
-            if (cl == 0) {             // plain arrival (release) orders them, so full(b, early) counts 64 + 8
+        if (use > 0) mbar_wait(c.empty(B, R), (use - 1) & 1);
+        trace(a, use, 1 + 4 * B + 2 * R);
+        if constexpr (R == kEarly) {
+            if (cl == 0) {
 #pragma unroll
-                for (int i = 0; i < kRows; ++i) c.sValid[buf * kBN + 8 * i + rg] = (rows.ok >> i) & 1u;
-                mbar_arrive(c.full(buf, R));
+                for (int i = 0; i < kRows; ++i) c.sValid[B * kBN + 16 * i + g] = (rows.ok >> i) & 1u;
+                mbar_arrive(c.full(B, R));
             }
         }
-        // buffer 0: early = blocks 0..3, late = 4..8; buffer 1: early = 4..8 ("fast") or 4..7, late = 0..3
-        // (and 8: "high")
-        if (buf == 0) {
-            if constexpr (R == kEarly) copy(rows, 0, 4);
-            else copy(rows, 4, 9);
+        // buffer 0: early = blocks 0..3, late = 4..8; buffer 1: early = 4..8 ("fast") or 4..7, late = 0..3 (and 8:
+        // "high")
+        if constexpr (B == 0) {
+            if constexpr (R == kEarly) copy(rows, 0, 0, 4);
+            else copy(rows, 0, 4, 9);
         } else if constexpr (FAST) {
-            if constexpr (R == kEarly) copy(rows, 4, 9);
-            else copy(rows, 0, 4);
+            if constexpr (R == kEarly) copy(rows, 1, 4, 9);
+            else copy(rows, 1, 0, 4);
         } else {
             if constexpr (R == kEarly) {
-                copy(rows, 4, 8);
+                copy(rows, 1, 4, 8);
             } else {
-                copy(rows, 0, 4);
-                copy(rows, 8, 9);
+                copy(rows, 1, 0, 4);
+                copy(rows, 1, 8, 9);
             }
         }
-        cp_async_mbar_arrive_noinc(c.full(buf, R));
-        trace(a, use, R == kEarly ? 2 : 4);
+        cp_async_mbar_arrive_noinc(c.full(B, R));
+        trace(a, use, 2 + 4 * B + 2 * R);
     }
 
     __device__ __forceinline__ void run() const
     {
         const int np = (c.nt + 1) / 2;
-        int cur[kRows], nxt[kRows];  // this pair's and the next pair's indices of this buffer's tile
-        int t = c.next_tile(0);
-        if (buf == 1) t = c.next_tile(t + 1);  // nt_all (an odd count's last pair): a tile of zeros
-        fetch(t, cur);
+        int c0[kRows], c1[kRows], n0[kRows], n1[kRows];
+        int t0 = c.next_tile(0);
+        int t1 = c.next_tile(t0 + 1);
+        fetch(t0, c0);
+        fetch(t1, c1);
         for (int k = 0; k < np; ++k) {
-            t = c.next_tile(c.next_tile(t + 1) + 1);
-            fetch(t, nxt);
-            Rows rows;
-            locate(cur, rows);
+            t0 = c.next_tile(t1 + 1);
+            t1 = c.next_tile(t0 + 1);
+            fetch(t0, n0);
+            fetch(t1, n1);
+            Rows r0, r1;
+            locate(c0, r0);
+            locate(c1, r1);
             trace(a, k, 0);
-            region<kEarly>(rows, k);
-            region<kLate>(rows, k);
+            region<0, kEarly>(r0, k);
+            region<1, kEarly>(r1, k);
+            region<0, kLate>(r0, k);
+            region<1, kLate>(r1, k);
 #pragma unroll
-            for (int i = 0; i < kRows; ++i) cur[i] = nxt[i];
+            for (int i = 0; i < kRows; ++i) {
+                c0[i] = n0[i];
+                c1[i] = n1[i];
+            }
         }
         cp_async_wait_all();
     }
@@ -663,8 +674,8 @@ __global__ void __launch_bounds__(kThreads, 1) attn_sm90p_kernel(const __grid_co
     pdl_launch_dependents();  // the combine (split mode) may be scheduled; it waits for this grid
     if (c.tid == 0) {
 #pragma unroll
-        for (int i = 0; i < 4; ++i)  // full[b][r]: one buffer's 64 producer threads (+ 8 flag writers: early)
-            mbar_init(c.bar_full + 8 * i, (i & 1) == kEarly ? 72 : 64);
+        for (int i = 0; i < 4; ++i)  // full[b][r]: the 128 producer threads (+ 16 flag writers: early)
+            mbar_init(c.bar_full + 8 * i, (i & 1) == kEarly ? 144 : 128);
         for (int i = 4; i < 8; ++i) mbar_init(c.bar_full + 8 * i, 128);  // empty: one consumer warpgroup
         fence_mbarrier_init();
     }
