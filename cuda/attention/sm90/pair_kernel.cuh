@@ -63,9 +63,20 @@
 #include "attention/sm90/trace.cuh"
 #include "attention/sm90/variants.cuh"
 
+// SMLA_SM90P_QTMA_SCAN (default 0; built and compiled, not yet run on a GPU): the wide kernel's prologue for the pair
+// kernel. Q comes by TMA from one thread (where the launcher described q) instead of the consumers' 256 cp.async, and
+// the 256 consumer threads scan the tiles (scan_tiles_vec) instead of all 384 threads after Q's copies: the
+// thirty-first session's trace put this kernel's tile scan at ~12,900 cycles from the CTA's start (the wide
+// kernel's ~3,900: there the scan's loads do not queue behind Q's) and its second pair at ~42,000.
+#ifndef SMLA_SM90P_QTMA_SCAN
+#define SMLA_SM90P_QTMA_SCAN 0
+#endif
+
 namespace attn {
 namespace sm90 {
 namespace pair {
+
+constexpr bool kQTmaScan = SMLA_SM90P_QTMA_SCAN != 0;
 
 
 // setmaxnreg: the three warpgroups share the launch allocation, 3 x 168 (plan.cuh).
@@ -84,10 +95,11 @@ struct Smem {
     static constexpr Region valid = region_after(bar, 2 * kBN * 4);  // int [2][64]: row valid, per buffer
     static constexpr Region mrow = region_after(valid, 2 * kHT * 4); // float [2][64]: m0, m1 of the exchange
     static constexpr Region mask = region_after(mrow, kMaskWords * 4);  // the non-empty tiles
-    static constexpr int used = mask.end();
+    static constexpr Region qbar = region_after(mask, 8);                // Q's TMA mbarrier (kQTmaScan, a.q_tma)
+    static constexpr int used = qbar.end();
     static constexpr int bytes = used + 1024;  // slack to align the base to 1024 B
     static_assert(q.off % 1024 == 0 && k.off % 1024 == 0 && plo.off % 1024 == 0, "swizzled tiles");
-    static_assert(bar.off % 8 == 0, "mbarriers are 8-byte");
+    static_assert(bar.off % 8 == 0 && qbar.off % 8 == 0, "mbarriers are 8-byte");
     static_assert(2 * kHT * 8 <= kBlk, "the epilogue's row sums reuse the P_lo block");
     static_assert(bytes <= 227 * 1024, "sm_90 opt-in shared memory per block");
 };
@@ -672,17 +684,24 @@ __global__ void __launch_bounds__(kThreads, 1) attn_sm90p_kernel(const __grid_co
 
     trace(a, kTraceEdge, kTrStart);
     pdl_launch_dependents();  // the combine (split mode) may be scheduled; it waits for this grid
+    // kQTmaScan: Q by TMA where the launcher described q (decided on the slice's tile count before the scan, as the
+    // wide kernel's q_by_tma: the consumers wait for a TMA that was issued even where every tile is then empty)
+    const bool q_tma = kQTmaScan && a.q_tma && c.nt_all > 0;
+    const uint32_t qbar = c.base + Smem::qbar.off;
     if (c.tid == 0) {
 #pragma unroll
         for (int i = 0; i < 4; ++i)  // full[b][r]: the 128 producer threads (+ 16 flag writers: early)
             mbar_init(c.bar_full + 8 * i, (i & 1) == kEarly ? 144 : 128);
         for (int i = 4; i < 8; ++i) mbar_init(c.bar_full + 8 * i, 128);  // empty: one consumer warpgroup
+        if (q_tma) mbar_init(qbar, 1);
         fence_mbarrier_init();
     }
-    if (c.tid < 256) issue_q<kHT, 256>(a, c, c.h0);
+    if (!q_tma && c.tid < 256) issue_q<kHT, 256>(a, c, c.h0);
     if (c.tid < kMaskWords) c.mask[c.tid] = 0u;
     __syncthreads();
-    skip_empty_tiles<256, 4, kThreads>(a, c, c.mask, kBarStart);
+    if (q_tma && c.tid == 0) tma_q(a, c.sQ, c.h0, static_cast<int>(c.si), static_cast<int>(c.bi), qbar);
+    if constexpr (kQTmaScan) skip_empty_tiles_by_consumers<kThreads>(a, c, c.mask, kBarStart, [] {});
+    else skip_empty_tiles<256, 4, kThreads>(a, c, c.mask, kBarStart);
     trace(a, kTraceEdge, kTrScanned);
     if (c.tid >= 256) {
         setmaxnreg_dec<kProducerRegs>();
@@ -690,16 +709,20 @@ __global__ void __launch_bounds__(kThreads, 1) attn_sm90p_kernel(const __grid_co
         return;
     }
     setmaxnreg_inc<kConsumerRegs>();
+    const auto wait_q = [&](const auto &wg) {
+        if (q_tma) mbar_wait(qbar, 0);  // TMA's bytes are visible to wgmma once the phase completes
+        else wg.wait_q();
+    };
     if (c.tid < 128) {
         PairConsumer<0, ABL, FAST> wg(a, c);
-        wg.wait_q();
+        wait_q(wg);
         wg.run((c.nt + 1) / 2);
         trace(a, kTraceEdge, kTrEpilogue);
         wg.epilogue();
         trace(a, kTraceEdge, kTrEnd);
     } else {
         PairConsumer<1, ABL, FAST> wg(a, c);
-        wg.wait_q();
+        wait_q(wg);
         wg.run((c.nt + 1) / 2);
         trace(a, kTraceEdge, kTrEpilogue);
         wg.epilogue();
@@ -720,7 +743,8 @@ int launch(Args &a, int64_t grid, cudaStream_t s, int dev, smla_status *st)
 // The table entry (bf16 K only).
 constexpr KernelEntry entry()
 {
-    return KernelEntry{Family::sm90p, false, kHT, kBN, Smem::bytes, 1, kThreads, &launch};
+    return KernelEntry{Family::sm90p, false, kHT, kBN, Smem::bytes, 1, kThreads, &launch, /*fuses=*/false,
+                       /*q_tma=*/kQTmaScan};
 }
 
 }  // namespace pair
