@@ -78,7 +78,6 @@ namespace pair {
 
 constexpr bool kQTmaScan = SMLA_SM90P_QTMA_SCAN != 0;
 
-
 // setmaxnreg: the three warpgroups share the launch allocation, 3 x 168 (plan.cuh).
 constexpr int kConsumerRegs = 224, kProducerRegs = 56;
 static_assert(2 * kConsumerRegs + kProducerRegs <= 3 * 168, "the launch allocation: 64K / 384 -> 168");
@@ -150,11 +149,11 @@ struct Cta : CtaCommon {
 template <int ABL, bool FAST>
 struct PairProducer {
     static constexpr bool kNoLoad = (ABL & 1) != 0;
-    static constexpr int kRows = 4;
+    static constexpr int kRows = 4;  // rows per thread and tile: 128 threads x 4 rows x 1 chunk per block
     const Args &a;
     const Cta &c;
     const KvSource kv;
-    const int g, cl;
+    const int g, cl;  // rows 16 i + g of each tile, 16-byte chunk cl of each column block
     const bool hint;
     const uint64_t pol;
 
@@ -169,6 +168,7 @@ struct PairProducer {
     {
     }
 
+    // The indices of this thread's rows of slice tile t (nt_all: none, all -1).
     __device__ __forceinline__ void fetch(int t, int (&idx)[kRows]) const
     {
 #pragma unroll
@@ -241,6 +241,8 @@ struct PairProducer {
     __device__ __forceinline__ void run() const
     {
         const int np = (c.nt + 1) / 2;
+        // this pair's (c0, c1) and the next pair's (n0, n1) indices of its two tiles (an odd count's last t1 is
+        // nt_all: a tile of zeros)
         int c0[kRows], c1[kRows], n0[kRows], n1[kRows];
         int t0 = c.next_tile(0);
         int t1 = c.next_tile(t0 + 1);
