@@ -718,6 +718,7 @@ __global__ void __launch_bounds__(kThreads, 1) attn_sm90p_kernel(const __grid_co
     if (c.tid < 128) {
         PairConsumer<0, ABL, FAST> wg(a, c);
         wait_q(wg);
+        trace(a, kTraceEdge, kTrQ);
         wg.run((c.nt + 1) / 2);
         trace(a, kTraceEdge, kTrEpilogue);
         wg.epilogue();
