@@ -157,7 +157,7 @@ NARROW2 = narrow_rows((("consumer 0", WG0), ("consumer 1", WG1)), ((0, PR0), (2,
 EDGES = [
     ("prologue: start -> tile 0 issued (producer warp 0)", (PR0, None, 0), (PR0, None, 8)),
     ("prologue: start -> tile scan done", (WG0, None, 0), (WG0, None, 1)),
-    ("prologue: start -> Q landed (WG0; wide kernel)", (WG0, None, 0), (WG0, None, 4)),
+    ("prologue: start -> Q landed (WG0)", (WG0, None, 0), (WG0, None, 4)),
     ("prologue: start -> tile 0 landed (producer warp 0)", (PR0, None, 0), (PR0, 0, 3)),
     ("prologue: start -> WG0 saw tile 0 landed", (WG0, None, 0), (WG0, 0, 1)),
     ("prologue: start -> tile 0's S done (WG0)", (WG0, None, 0), (WG0, 0, 2)),
