@@ -152,10 +152,8 @@ struct PairProducer {
     static constexpr int kRows = 4;  // rows per thread and tile: 128 threads x 4 rows x 1 chunk per block
     const Args &a;
     const Cta &c;
-    const KvSource kv;
-    const int g, cl;  // rows 16 i + g of each tile, 16-byte chunk cl of each column block
-    const bool hint;
-    const uint64_t pol;
+    const ProducerLane lp;  // its chunk lp.cl of each column block, the row source, the L2 policy (producer.cuh)
+    const int g;            // rows 16 i + g of each tile (g = 4 warp + lane / 8)
 
     struct Rows {
         const uint8_t *src[kRows];
@@ -163,8 +161,7 @@ struct PairProducer {
     };
 
     __device__ __forceinline__ PairProducer(const Args &a_, const Cta &cta)
-        : a(a_), c(cta), kv(a_), g((cta.tid - 256) >> 3), cl(cta.lane & 7), hint(a_.evict_last != 0),
-          pol(a_.evict_last ? policy_evict_last() : 0)
+        : a(a_), c(cta), lp(a_, cta.tid - 256, cta.lane), g((cta.tid - 256) >> 3)
     {
     }
 
@@ -172,34 +169,27 @@ struct PairProducer {
     __device__ __forceinline__ void fetch(int t, int (&idx)[kRows]) const
     {
 #pragma unroll
-        for (int i = 0; i < kRows; ++i) {
-            const int pos = (c.j0 + t) * kBN + 16 * i + g;
-            idx[i] = (t < c.nt_all && pos < c.L) ? __ldg(c.idx_row + pos) : -1;
-        }
+        for (int i = 0; i < kRows; ++i) idx[i] = tile_row_index(c, t, 16 * i + g);
     }
     __device__ __forceinline__ void locate(const int (&idx)[kRows], Rows &R) const
     {
         R.ok = 0;
 #pragma unroll
         for (int i = 0; i < kRows; ++i) {
-            const bool ok = kv.valid(idx[i]);
-            R.src[i] = kv.row(idx[i], ok) + cl * 16;
+            const bool ok = lp.kv.valid(idx[i]);
+            R.src[i] = lp.kv.row(idx[i], ok) + lp.cl * 16;
             R.ok |= (ok ? 1u : 0u) << i;
         }
     }
-    // Column blocks [c0, c1) of this thread's rows into K buffer b (row r = 16 i + g: r & 7 = g & 7).
+    // Column blocks [c0, c1) of this thread's rows into K buffer b.
     __device__ __forceinline__ void copy(const Rows &R, int b, int c0, int c1) const
     {
-        const uint32_t kb = c.kbuf(b) + g * 128 + ((cl ^ (g & 7)) << 4);
 #pragma unroll
         for (int i = 0; i < kRows; ++i) {
             const int nb = (((R.ok >> i) & 1u) && !kNoLoad) ? 16 : 0;
-            const uint32_t dst = kb + 16 * i * 128;
+            const uint32_t dst = lp.chunk_dst(c.kbuf(b), 16 * i + g);
 #pragma unroll
-            for (int c8 = c0; c8 < c1; ++c8) {
-                if (hint) cp_async16_hint(dst + c8 * kBlk, R.src[i] + c8 * 128, nb, pol);
-                else cp_async16(dst + c8 * kBlk, R.src[i] + c8 * 128, nb);
-            }
+            for (int c8 = c0; c8 < c1; ++c8) lp.copy16(dst + c8 * kBlk, R.src[i] + c8 * 128, nb);
         }
     }
     // Region R of buffer B for its use-th tile: wait until its owners freed it, copy, and let the full barrier's
@@ -212,7 +202,7 @@ struct PairProducer {
         if (use > 0) mbar_wait(c.empty(B, R), (use - 1) & 1);
         trace(a, use, 1 + 4 * B + 2 * R);
         if constexpr (R == kEarly) {
-            if (cl == 0) {
+            if (lp.cl == 0) {
 #pragma unroll
                 for (int i = 0; i < kRows; ++i) c.sValid[B * kBN + 16 * i + g] = (rows.ok >> i) & 1u;
                 mbar_arrive(c.full(B, R));
