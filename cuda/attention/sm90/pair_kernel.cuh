@@ -71,12 +71,20 @@
 #ifndef SMLA_SM90P_QTMA_SCAN
 #define SMLA_SM90P_QTMA_SCAN 0
 #endif
+// SMLA_SM90P_SPECULATE (default 0, only with SMLA_SM90P_QTMA_SCAN; not yet run on a GPU): the wide kernel's speculated
+// tile 0 for the pair kernel. While the consumers scan, the producer copies slice tile 0 into K buffer 0 (both
+// regions) and writes its row flags; after the scan it keeps them where tile 0 runs (it arrives on the two full
+// barriers, which then complete once the whole tile landed), else lets them land and copies as without.
+#ifndef SMLA_SM90P_SPECULATE
+#define SMLA_SM90P_SPECULATE 0
+#endif
 
 namespace attn {
 namespace sm90 {
 namespace pair {
 
 constexpr bool kQTmaScan = SMLA_SM90P_QTMA_SCAN != 0;
+constexpr bool kSpeculate = kQTmaScan && SMLA_SM90P_SPECULATE != 0;
 
 // setmaxnreg: the three warpgroups share the launch allocation, 3 x 168 (plan.cuh).
 constexpr int kConsumerRegs = 224, kProducerRegs = 56;
@@ -181,6 +189,12 @@ struct PairProducer {
             R.ok |= (ok ? 1u : 0u) << i;
         }
     }
+    // The row flags of this thread's rows of buffer b (lanes of chunk 0).
+    __device__ __forceinline__ void flags(const Rows &R, int b) const
+    {
+#pragma unroll
+        for (int i = 0; i < kRows; ++i) c.sValid[b * kBN + 16 * i + g] = (R.ok >> i) & 1u;
+    }
     // Column blocks [c0, c1) of this thread's rows into K buffer b.
     __device__ __forceinline__ void copy(const Rows &R, int b, int c0, int c1) const
     {
@@ -196,17 +210,22 @@ struct PairProducer {
     // phase complete once this thread's copies landed (each of the 128 threads arrives once, `.noinc`). The row flags
     // go with the early region (its owner reads them): the 16 flag writers' plain arrival (release) orders them, so
     // full(B, early) counts 128 + 16.
+    // speculated: the copies and row flags are speculate()'s (buffer 0's first use), only the arrivals remain.
     template <int B, int R>
-    __device__ __forceinline__ void region(const Rows &rows, int use) const
+    __device__ __forceinline__ void region(const Rows &rows, int use, bool speculated = false) const
     {
         if (use > 0) mbar_wait(c.empty(B, R), (use - 1) & 1);
         trace(a, use, 1 + 4 * B + 2 * R);
         if constexpr (R == kEarly) {
             if (lp.cl == 0) {
-#pragma unroll
-                for (int i = 0; i < kRows; ++i) c.sValid[B * kBN + 16 * i + g] = (rows.ok >> i) & 1u;
+                if (!speculated) flags(rows, B);
                 mbar_arrive(c.full(B, R));
             }
+        }
+        if (speculated) {
+            cp_async_mbar_arrive_noinc(c.full(B, R));
+            trace(a, use, 2 + 4 * B + 2 * R);
+            return;
         }
         // buffer 0: early = blocks 0..3, late = 4..8; buffer 1: early = 4..8 ("fast") or 4..7, late = 0..3 (and 8:
         // "high")
@@ -228,7 +247,19 @@ struct PairProducer {
         trace(a, use, 2 + 4 * B + 2 * R);
     }
 
-    __device__ __forceinline__ void run() const
+    // kSpeculate: slice tile 0 into buffer 0 with its row flags, before the tile scan (the slice has a tile).
+    __device__ __forceinline__ void speculate() const
+    {
+        int idx[kRows];
+        Rows R;
+        fetch(0, idx);
+        locate(idx, R);
+        if (lp.cl == 0) flags(R, 0);
+        copy(R, 0, 0, 9);
+    }
+
+    // speculated: speculate() ran.
+    __device__ __forceinline__ void run(bool speculated) const
     {
         const int np = (c.nt + 1) / 2;
         // this pair's (c0, c1) and the next pair's (n0, n1) indices of its two tiles (an odd count's last t1 is
@@ -236,6 +267,8 @@ struct PairProducer {
         int c0[kRows], c1[kRows], n0[kRows], n1[kRows];
         int t0 = c.next_tile(0);
         int t1 = c.next_tile(t0 + 1);
+        const bool have0 = speculated && c.nt > 0 && t0 == 0;
+        if (speculated && !have0) cp_async_wait_all();  // a wasted guess lands before buffer 0 is rewritten
         fetch(t0, c0);
         fetch(t1, c1);
         for (int k = 0; k < np; ++k) {
@@ -247,9 +280,11 @@ struct PairProducer {
             locate(c0, r0);
             locate(c1, r1);
             trace(a, k, 0);
-            region<0, kEarly>(r0, k);
+            const bool spec0 = have0 && k == 0;  // buffer 0's copies issued: both its arrivals first
+            region<0, kEarly>(r0, k, spec0);
+            if (spec0) region<0, kLate>(r0, k, true);
             region<1, kEarly>(r1, k);
-            region<0, kLate>(r0, k);
+            if (!spec0) region<0, kLate>(r0, k);
             region<1, kLate>(r1, k);
 #pragma unroll
             for (int i = 0; i < kRows; ++i) {
@@ -659,6 +694,7 @@ struct PairConsumer {
             c.sL[W * kHT + r0 + 8] = l[1];
         }
         named_sync(kBarL, 256);  // every S is done too: Q's region may hold the staged output
+        trace(a, kTraceEdge, kTrStats);
         const auto stat = [&](int hf, int rl) { return RowStat{m[hf], c.sL[rl] + c.sL[kHT + rl], m[hf]}; };
         finish_o_cols(a, c, c.h0, r0, 256 * W, t4, o, stat, c.sQ, kBarOut + W);
     }
@@ -692,12 +728,18 @@ __global__ void __launch_bounds__(kThreads, 1) attn_sm90p_kernel(const __grid_co
     if (c.tid < kMaskWords) c.mask[c.tid] = 0u;
     __syncthreads();
     if (q_tma && c.tid == 0) tma_q(a, c.sQ, c.h0, static_cast<int>(c.si), static_cast<int>(c.bi), qbar);
-    if constexpr (kQTmaScan) skip_empty_tiles_by_consumers<kThreads>(a, c, c.mask, kBarStart, [] {});
-    else skip_empty_tiles<256, 4, kThreads>(a, c, c.mask, kBarStart);
+    const bool spec = kSpeculate && c.nt_all > 0;
+    if constexpr (kQTmaScan) {
+        skip_empty_tiles_by_consumers<kThreads>(a, c, c.mask, kBarStart, [&] {
+            if (spec) PairProducer<ABL, FAST>(a, c).speculate();
+        });
+    } else {
+        skip_empty_tiles<256, 4, kThreads>(a, c, c.mask, kBarStart);
+    }
     trace(a, kTraceEdge, kTrScanned);
     if (c.tid >= 256) {
         setmaxnreg_dec<kProducerRegs>();
-        PairProducer<ABL, FAST>(a, c).run();
+        PairProducer<ABL, FAST>(a, c).run(spec);
         return;
     }
     setmaxnreg_inc<kConsumerRegs>();
