@@ -78,12 +78,6 @@
 #ifndef SMLA_SM90P_SPECULATE
 #define SMLA_SM90P_SPECULATE 0
 #endif
-// SMLA_SM90P_FREE_FIRST (default 0; not yet run on a GPU): in "fast" WG0 waits for its local product and frees buffer 0's
-// early region before it waits for WG1's max (FlashMLA's order), instead of after: the producer's first region of
-// the next pair is then not held by WG1's softmax (the thirty-first session's trace: WG0 waits ~490 cycles there).
-#ifndef SMLA_SM90P_FREE_FIRST
-#define SMLA_SM90P_FREE_FIRST 0
-#endif
 
 namespace attn {
 namespace sm90 {
@@ -91,7 +85,6 @@ namespace pair {
 
 constexpr bool kQTmaScan = SMLA_SM90P_QTMA_SCAN != 0;
 constexpr bool kSpeculate = kQTmaScan && SMLA_SM90P_SPECULATE != 0;
-constexpr bool kFreeFirst = SMLA_SM90P_FREE_FIRST != 0;
 
 // setmaxnreg: the three warpgroups share the launch allocation, 3 x 168 (plan.cuh).
 constexpr int kConsumerRegs = 224, kProducerRegs = 56;
@@ -630,23 +623,15 @@ struct PairConsumer {
         probs(s, m0, hi, lo);
         pv_local(hi, lo);
         trace(a, k, 2);
-        constexpr bool kFree = kFreeFirst && kNoLo;  // the early region freed before the wait for m1
-        if constexpr (kFree) {
-            wg_wait0();
-            local_done(hi, lo);
-            release(0, kEarly);
-        }
         named_sync(kBarM1, 256);
         trace(a, k, 3);
         get_m(1, m1);
 #pragma unroll
         for (int i = 0; i < 2; ++i) f[i] = m0[i] == -INFINITY ? 1.f : ex2(m0[i] - base_of(m1[i]));
-        if constexpr (!kFree) {
-            wg_wait0();
-            local_done(hi, lo);
-        }
+        wg_wait0();
+        local_done(hi, lo);
         trace(a, k, 4);
-        if constexpr (kNoLo && !kFree) release(0, kEarly);  // else WG1 frees it (lo_block)
+        if constexpr (kNoLo) release(0, kEarly);  // else WG1 frees it (lo_block)
         rescale_p(hi, lo, f);
         store_p(hi, lo);  // P0 relative to m1, for WG1
         named_arrive(kBarP0, 256);
