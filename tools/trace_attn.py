@@ -154,7 +154,9 @@ NARROW2 = narrow_rows((("consumer 0", WG0), ("consumer 1", WG1)), ((0, PR0), (2,
     ("tile k: producer 0 landed -> consumer 0 saw it landed", (PR0, 0, 3), (WG0, 0, 1)),
     ("tile k+2 issued (producer 0) after consumer 0's P V done", (WG0, 0, 4), (PR0, 2, 2)),
 ]
-EDGES = [
+# Edge rows (step EDGE): the prologue (a wide kernel's tiles, or the pair kernel's own events: PAIR_PROLOGUE), then
+# the epilogue, the same events in both kernels.
+PROLOGUE = [
     ("prologue: start -> tile 0 issued (producer warp 0)", (PR0, None, 0), (PR0, None, 8)),
     ("prologue: start -> tile scan done", (WG0, None, 0), (WG0, None, 1)),
     ("prologue: start -> Q landed (WG0)", (WG0, None, 0), (WG0, None, 4)),
@@ -162,6 +164,21 @@ EDGES = [
     ("prologue: start -> WG0 saw tile 0 landed", (WG0, None, 0), (WG0, 0, 1)),
     ("prologue: start -> tile 0's S done (WG0)", (WG0, None, 0), (WG0, 0, 2)),
     ("prologue: start -> tile 1's top (WG0)", (WG0, None, 0), (WG0, 1, 0)),
+]
+# the pair kernel's (PairEv and the producer's events in sm90/pair_kernel.cuh; edge event 8: the speculated tile 0
+# issued, SMLA_SM90P_SPECULATE)
+PAIR_PROLOGUE = [
+    ("prologue: start -> speculated tile 0 issued (producer warp 0)", (PR0, None, 0), (PR0, None, 8)),
+    ("prologue: start -> tile scan done (WG0)", (WG0, None, 0), (WG0, None, 1)),
+    ("prologue: start -> tile scan done (producer warp 0)", (PR0, None, 0), (PR0, None, 1)),
+    ("prologue: start -> Q landed (WG0)", (WG0, None, 0), (WG0, None, 4)),
+    ("prologue: start -> buffer 0 early region issued (producer)", (PR0, None, 0), (PR0, 0, 2)),
+    ("prologue: start -> buffer 1 late region issued (producer)", (PR0, None, 0), (PR0, 0, 8)),
+    ("prologue: start -> pair 0's top (WG0: tile 0's S done)", (WG0, None, 0), (WG0, 0, 0)),
+    ("prologue: start -> pair 0's top (WG1: tile 1's S done)", (WG1, None, 0), (WG1, 0, 0)),
+    ("prologue: start -> pair 1's top (WG0)", (WG0, None, 0), (WG0, 1, 0)),
+]
+EPILOGUE = [
     ("epilogue WG0", (WG0, None, 2), (WG0, None, 3)),
     ("epilogue WG1", (WG1, None, 2), (WG1, None, 3)),
 ] + [(f"epilogue {wg}: {name}", (slot, None, a), (slot, None, b))
@@ -205,7 +222,7 @@ def summarize(t, kernel):
             lines.append(f"{label:<56} {m:>9.0f} cyc {m / 1800:>7.3f} us   (min {min(vals)}, max {max(vals)}, n {len(vals)})")
         else:
             lines.append(f"{label:<56}  (not recorded)")
-    for label, a, b in EDGES:
+    for label, a, b in (PAIR_PROLOGUE if kernel == "sm90p" else PROLOGUE) + EPILOGUE:
         vals = intervals(t, a, b, 0)
         if vals:
             m = sum(vals) / len(vals)

@@ -63,18 +63,20 @@
 #include "attention/sm90/trace.cuh"
 #include "attention/sm90/variants.cuh"
 
-// SMLA_SM90P_QTMA_SCAN (default 0; built and compiled, not yet run on a GPU): the wide kernel's prologue for the pair
-// kernel. Q comes by TMA from one thread (where the launcher described q) instead of the consumers' 256 cp.async, and
-// the 256 consumer threads scan the tiles (scan_tiles_vec) instead of all 384 threads after Q's copies: the
-// thirty-first session's trace put this kernel's tile scan at ~12,900 cycles from the CTA's start (the wide
-// kernel's ~3,900: there the scan's loads do not queue behind Q's) and its second pair at ~42,000.
+// SMLA_SM90P_QTMA_SCAN (default 0): the wide kernel's prologue for the pair kernel. Q comes by TMA from one thread
+// (where the launcher described q) instead of the consumers' 256 cp.async, and the 256 consumer threads scan the tiles
+// (scan_tiles_vec) instead of all 384 threads after Q's copies. Measured (H100, thirty-second session): correct (first
+// check, 713 sm90p tests with SPECULATE on top), no faster (h=128 32K fast 5,257 / 5,322 us against 5,255 / 5,257),
+// and with SPECULATE the traced tile scan still ends ~13,400 cycles after the CTA's start (~12,900 before; the wide
+// kernel's ~3,900): the queue this was to remove is not what delays it. Kept off until that is found.
 #ifndef SMLA_SM90P_QTMA_SCAN
 #define SMLA_SM90P_QTMA_SCAN 0
 #endif
-// SMLA_SM90P_SPECULATE (default 0, only with SMLA_SM90P_QTMA_SCAN; not yet run on a GPU): the wide kernel's speculated
-// tile 0 for the pair kernel. While the consumers scan, the producer copies slice tile 0 into K buffer 0 (both
-// regions) and writes its row flags; after the scan it keeps them where tile 0 runs (it arrives on the two full
-// barriers, which then complete once the whole tile landed), else lets them land and copies as without.
+// SMLA_SM90P_SPECULATE (default 0, only with SMLA_SM90P_QTMA_SCAN): the wide kernel's speculated tile 0 for the pair
+// kernel. While the consumers scan, the producer copies slice tile 0 into K buffer 0 (both regions) and writes its row
+// flags; after the scan it keeps them where tile 0 runs (it arrives on the two full barriers, which then complete once
+// the whole tile landed), else lets them land and copies as without. Measured with QTMA_SCAN (thirty-second session):
+// correct (713 sm90p tests), no faster (5,290 / 5,375 us).
 #ifndef SMLA_SM90P_SPECULATE
 #define SMLA_SM90P_SPECULATE 0
 #endif
@@ -256,6 +258,7 @@ struct PairProducer {
         locate(idx, R);
         if (lp.cl == 0) flags(R, 0);
         copy(R, 0, 0, 9);
+        trace(a, kTraceEdge, kTrSpec);
     }
 
     // speculated: speculate() ran.
