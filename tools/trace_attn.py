@@ -95,8 +95,10 @@ PAIR = [
     # the producer's four warps fill every region in turn (events 1 + 4 b + 2 r: region r of buffer b free, + 1 issued)
     ("producer: buffer 0 early: wait for its free", (PR0, 0, 0), (PR0, 0, 1)),
     ("producer: buffer 0 early: free -> issued", (PR0, 0, 1), (PR0, 0, 2)),
+    ("producer: buffer 0 early: free -> flags written", (PR0, 0, 1), (PR0, 0, 9)),
     ("producer: buffer 1 early: wait for its free", (PR0, 0, 2), (PR0, 0, 5)),
     ("producer: buffer 1 early: free -> issued", (PR0, 0, 5), (PR0, 0, 6)),
+    ("producer: buffer 1 early: free -> flags written", (PR0, 0, 5), (PR0, 0, 11)),
     ("producer: buffer 0 late: wait for its free", (PR0, 0, 6), (PR0, 0, 3)),
     ("producer: buffer 0 late: free -> issued", (PR0, 0, 3), (PR0, 0, 4)),
     ("producer: buffer 1 late: wait for its free", (PR0, 0, 4), (PR0, 0, 7)),
@@ -184,7 +186,8 @@ EPILOGUE = [
 ] + [(f"epilogue {wg}: {name}", (slot, None, a), (slot, None, b))
      for wg, slot in (("WG0", WG0), ("WG1", WG1))
      for name, a, b in (("start -> row statistics met", 2, 5), ("statistics -> row factors ready", 5, 6),
-                        ("factors -> first block met", 6, 7), ("first block met -> stores issued (end)", 7, 3))] + [
+                        ("factors -> first block met", 6, 7), ("first block met -> stores issued", 7, 9),
+                        ("stores issued -> end (WG0: the rows' lse, max_logits)", 9, 3))] + [
     ("WG0 epilogue start -> WG1 epilogue start", (WG0, None, 2), (WG1, None, 2)),
     ("whole CTA (WG0 start -> WG1 end)", (WG0, None, 0), (WG1, None, 3)),
 ]

@@ -120,7 +120,7 @@ constexpr int kEarly = 0, kLate = 1;
 // pair's first S chain issued (its early region landed), 8 remote P V done, 9 the next late region
 // landed, 10 the next S done. WG1: 0 start, 1 WG0's max received, 2 P1 published, 3 P0 received, 4 local
 // P V done, 5..8 as WG0's 7..10. Producer (each warp): 0 a pair's start; buffer b's early region free 1 + 4 b,
-// its copies issued 2 + 4 b, its late region free 3 + 4 b, its copies issued 4 + 4 b.
+// its row flags written 9 + 2 b, its copies issued 2 + 4 b, its late region free 3 + 4 b, its copies issued 4 + 4 b.
 template <int W>
 struct PairEv {
     static constexpr int kFirst = W == 0 ? 7 : 5, kRemoteDone = kFirst + 1, kLate = kFirst + 2, kS = kFirst + 3;
@@ -223,6 +223,7 @@ struct PairProducer {
                 if (!speculated) flags(rows, B);
                 mbar_arrive(c.full(B, R));
             }
+            trace(a, use, 9 + 2 * B);  // the flags written: its copies start
         }
         if (speculated) {
             cp_async_mbar_arrive_noinc(c.full(B, R));

@@ -355,6 +355,7 @@ __device__ __forceinline__ void finish_cols_direct(const Args &a, const CtaCommo
     trace(a, kTraceEdge, kTrStaged);
     if constexpr (STAGE) stage_out_cols(a, c, h0, r0, col0, t4, o, f, stage, bar);
     else store_out_cols_regs(a, c, h0, r0, col0, t4, o, f);
+    trace(a, kTraceEdge, kTrOut);
     if (col0 == 0 && t4 == 0) {
 #pragma unroll
         for (int hf = 0; hf < 2; ++hf) {
