@@ -187,7 +187,7 @@ EPILOGUE = [
      for wg, slot in (("WG0", WG0), ("WG1", WG1))
      for name, a, b in (("start -> row statistics met", 2, 5), ("statistics -> row factors ready", 5, 6),
                         ("factors -> first block met", 6, 7), ("first block met -> stores issued", 7, 9),
-                        ("stores issued -> end (WG0: the rows' lse, max_logits)", 9, 3))] + [
+                        ("stores issued -> end (the stats writer: lse, max_logits)", 9, 3))] + [
     ("WG0 epilogue start -> WG1 epilogue start", (WG0, None, 2), (WG1, None, 2)),
     ("whole CTA (WG0 start -> WG1 end)", (WG0, None, 0), (WG1, None, 3)),
 ]

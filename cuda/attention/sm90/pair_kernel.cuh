@@ -65,10 +65,11 @@
 
 // SMLA_SM90P_QTMA_SCAN (default 0): the wide kernel's prologue for the pair kernel. Q comes by TMA from one thread
 // (where the launcher described q) instead of the consumers' 256 cp.async, and the 256 consumer threads scan the tiles
-// (scan_tiles_vec) instead of all 384 threads after Q's copies. Measured (H100, thirty-second session): correct (first
-// check, 713 sm90p tests with SPECULATE on top), no faster (h=128 32K fast 5,257 / 5,322 us against 5,255 / 5,257),
-// and with SPECULATE the traced tile scan still ends ~13,400 cycles after the CTA's start (~12,900 before; the wide
-// kernel's ~3,900): the queue this was to remove is not what delays it. Kept off until that is found.
+// (scan_tiles_vec) instead of all 384 threads after Q's copies. Measured (H100, thirty-second session, its command in
+// benchmarks/README.md, issue 16): correct (first check, 713 sm90p tests with SPECULATE on top), no faster (h=128 32K
+// fast 5,257 / 5,322 us against 5,255 / 5,257), and with SPECULATE the traced tile scan still ends ~13,400 cycles
+// after the CTA's start (~12,900 before; the wide kernel's ~3,900): the queue this was to remove is not what delays
+// it. Kept off until that is found.
 #ifndef SMLA_SM90P_QTMA_SCAN
 #define SMLA_SM90P_QTMA_SCAN 0
 #endif
@@ -82,8 +83,8 @@
 #endif
 // SMLA_SM90P_FLAGS_LAST (default 0; compiled, not yet run): the producer writes an early region's row flags (lanes of
 // chunk 0, then their arrival) after the region's copies instead of before, so the copies' issue does not wait behind
-// that branch (the thirty-second session's trace: buffer 0's early region took 738 cycles to issue, the other regions
-// 316-433 for as many copies). The full barrier counts the same arrivals either way.
+// that branch (the thirty-second session's trace: buffer 0's early region, 16 copies a thread, took 738 cycles to
+// issue, the other regions 316-433 for 16-20). The full barrier counts the same arrivals either way.
 #ifndef SMLA_SM90P_FLAGS_LAST
 #define SMLA_SM90P_FLAGS_LAST 0
 #endif
@@ -98,7 +99,9 @@ namespace sm90 {
 namespace pair {
 
 constexpr bool kQTmaScan = SMLA_SM90P_QTMA_SCAN != 0;
-constexpr bool kSpeculate = kQTmaScan && SMLA_SM90P_SPECULATE != 0;
+static_assert(SMLA_SM90P_SPECULATE == 0 || SMLA_SM90P_QTMA_SCAN != 0,
+              "SMLA_SM90P_SPECULATE copies tile 0 while the consumers scan: it needs SMLA_SM90P_QTMA_SCAN");
+constexpr bool kSpeculate = SMLA_SM90P_SPECULATE != 0;
 constexpr bool kFlagsLast = SMLA_SM90P_FLAGS_LAST != 0;
 constexpr int kStatsCol0 = SMLA_SM90P_STATS_WG1 != 0 ? 256 : 0;  // the column start of the warpgroup writing them
 
@@ -134,7 +137,8 @@ constexpr int kEarly = 0, kLate = 1;
 // pair's first S chain issued (its early region landed), 8 remote P V done, 9 the next late region
 // landed, 10 the next S done. WG1: 0 start, 1 WG0's max received, 2 P1 published, 3 P0 received, 4 local
 // P V done, 5..8 as WG0's 7..10. Producer (each warp): 0 a pair's start; buffer b's early region free 1 + 4 b,
-// its row flags written 9 + 2 b (with kFlagsLast: after its copies), its copies issued 2 + 4 b, its late region free 3 + 4 b, its copies issued 4 + 4 b.
+// its row flags written 9 + 2 b (with kFlagsLast: after its copies), its copies issued 2 + 4 b, its late region free
+// 3 + 4 b, its copies issued 4 + 4 b.
 template <int W>
 struct PairEv {
     static constexpr int kFirst = W == 0 ? 7 : 5, kRemoteDone = kFirst + 1, kLate = kFirst + 2, kS = kFirst + 3;
