@@ -274,6 +274,21 @@ LAST = [
 ]
 
 
+def cta_times(t):
+    """When (the global timer, us from the earliest start) and where (SM) each recorded CTA ran: CTAs of one wave
+    that start within a few us of each other run their boundaries (Q, indices, output) in step."""
+    rows = [(c[WG0][EDGE][10], c[WG1][EDGE][11], c[WG0][EDGE][12]) for c in t if c[WG0][EDGE][10] and c[WG1][EDGE][11]]
+    if not rows:
+        return []
+    t0 = min(r[0] for r in rows)
+    starts = sorted((r[0] - t0) / 1000 for r in rows)
+    lines = ["CTA (start us, run us, SM): " + ", ".join(f"({(s - t0) / 1000:.1f}, {(e - s) / 1000:.1f}, {sm})"
+                                                        for s, e, sm in rows)]
+    lines.append(f"CTA starts: spread {starts[-1] - starts[0]:.1f} us over {len(rows)} CTAs, "
+                 f"mean run {sum(e - s for s, e, _ in rows) / len(rows) / 1000:.1f} us")
+    return lines
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--kernel", default="sm90", choices=["sm90", "sm90p", "sm90t", "sm90d", "sm90n"])
@@ -332,6 +347,7 @@ def main():
         return 1
     print(f"# kernel {args.kernel}, {case}, {args.precision}, ablation {args.ablate}; " + lines[0])
     print("\n".join(lines[1:]))
+    print("\n".join(cta_times(t)))
     if args.steps and args.kernel == "sm90":
         k0, k1 = (int(x) for x in args.steps.split("-"))
         print("\n".join(per_step(t, k0, k1)))

@@ -41,6 +41,14 @@ __device__ __forceinline__ void cp_async4(uint32_t dst, const void *src, int src
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
 __device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_group 0;\n" ::: "memory"); }
 
+// The global nanosecond timer (the same clock on every SM).
+__device__ __forceinline__ uint64_t globaltimer()
+{
+    uint64_t t;
+    asm volatile("mov.u64 %0, %globaltimer;\n" : "=l"(t));
+    return t;
+}
+
 // L2 policy that keeps K rows resident (prefill: neighbouring query rows share most of their top-k).
 __device__ __forceinline__ uint64_t policy_evict_last()
 {

@@ -14,6 +14,7 @@
 #pragma once
 
 #include "attention/args.cuh"
+#include "attention/ptx.cuh"
 
 namespace attn {
 namespace sm90 {
@@ -27,10 +28,12 @@ constexpr int kTraceEdge = kTraceSteps - 1;  // the step of the prologue / epilo
 // Edge events (step kTraceEdge), every slot: kernel start, the tile scan done, epilogue start and end; the
 // consumers' Q landed (the wide kernel); the direct output's stages (finish_cols_direct, ConsumerBase::early_out:
 // the row statistics met, the rows' factors ready, the warpgroup met at its first staged block, stage_out_cols);
-// the producers' speculated tile 0 issued; the direct output's stores issued (before the rows' lse and max_logits).
+// the producers' speculated tile 0 issued; the direct output's stores issued (before the rows' lse and max_logits);
+// with the start and the end, the global timer (one clock for all SMs: whether CTAs start in step) and the SM id.
 enum TraceEdge {
     kTrStart = 0, kTrScanned = 1, kTrEpilogue = 2, kTrEnd = 3, kTrQ = 4,
-    kTrStats = 5, kTrStaged = 6, kTrStageMet = 7, kTrSpec = 8, kTrOut = 9
+    kTrStats = 5, kTrStaged = 6, kTrStageMet = 7, kTrSpec = 8, kTrOut = 9,
+    kTrGStart = 10, kTrGEnd = 11, kTrSm = 12  // with kTrStart / kTrEnd: the global timer (ns) and the SM
 };
 
 __device__ __forceinline__ void trace(const Args &a, int step, int ev)
@@ -44,7 +47,14 @@ __device__ __forceinline__ void trace(const Args &a, int step, int ev)
     const int slot = w == 0 ? 0 : (w == 4 ? 1 : (w == 8 ? 2 : (w == 10 ? 3 : -1)));
     if (slot < 0) return;
     uint64_t *const buf = reinterpret_cast<uint64_t *>(a.p.run.attn_trace);
-    buf[((cta * kTraceSlots + slot) * kTraceSteps + step) * kTraceEvents + ev] = clock64();
+    uint64_t *const row = buf + ((cta * kTraceSlots + slot) * kTraceSteps + step) * kTraceEvents;
+    row[ev] = clock64();
+    if (step == kTraceEdge && (ev == kTrStart || ev == kTrEnd)) {  // when (all SMs' clock) and where the CTA ran
+        row[ev == kTrStart ? kTrGStart : kTrGEnd] = globaltimer();
+        uint32_t sm;
+        asm volatile("mov.u32 %0, %%smid;\n" : "=r"(sm));
+        row[kTrSm] = sm;
+    }
 #else
     (void)a, (void)step, (void)ev;
 #endif
