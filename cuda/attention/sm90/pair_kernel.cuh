@@ -81,18 +81,6 @@
 #ifndef SMLA_SM90P_SPECULATE
 #define SMLA_SM90P_SPECULATE 0
 #endif
-// SMLA_SM90P_FLAGS_LAST (default 0; compiled, not yet run): the producer writes an early region's row flags (lanes of
-// chunk 0, then their arrival) after the region's copies instead of before, so the copies' issue does not wait behind
-// that branch (the thirty-second session's trace: buffer 0's early region, 16 copies a thread, took 738 cycles to
-// issue, the other regions 316-433 for 16-20). The full barrier counts the same arrivals either way.
-#ifndef SMLA_SM90P_FLAGS_LAST
-#define SMLA_SM90P_FLAGS_LAST 0
-#endif
-// SMLA_SM90P_STATS_WG1 (default 0; compiled, not yet run): WG1 writes the rows' lse and max_logits after its stores
-// instead of WG0 (both hold the rows' statistics); its stores ended ~4,200 cycles before WG0's in that trace.
-#ifndef SMLA_SM90P_STATS_WG1
-#define SMLA_SM90P_STATS_WG1 0
-#endif
 
 namespace attn {
 namespace sm90 {
@@ -102,8 +90,6 @@ constexpr bool kQTmaScan = SMLA_SM90P_QTMA_SCAN != 0;
 static_assert(SMLA_SM90P_SPECULATE == 0 || SMLA_SM90P_QTMA_SCAN != 0,
               "SMLA_SM90P_SPECULATE copies tile 0 while the consumers scan: it needs SMLA_SM90P_QTMA_SCAN");
 constexpr bool kSpeculate = SMLA_SM90P_SPECULATE != 0;
-constexpr bool kFlagsLast = SMLA_SM90P_FLAGS_LAST != 0;
-constexpr int kStatsCol0 = SMLA_SM90P_STATS_WG1 != 0 ? 256 : 0;  // the column start of the warpgroup writing them
 
 // setmaxnreg: the three warpgroups share the launch allocation, 3 x 168 (plan.cuh).
 constexpr int kConsumerRegs = 224, kProducerRegs = 56;
@@ -137,8 +123,7 @@ constexpr int kEarly = 0, kLate = 1;
 // pair's first S chain issued (its early region landed), 8 remote P V done, 9 the next late region
 // landed, 10 the next S done. WG1: 0 start, 1 WG0's max received, 2 P1 published, 3 P0 received, 4 local
 // P V done, 5..8 as WG0's 7..10. Producer (each warp): 0 a pair's start; buffer b's early region free 1 + 4 b,
-// its row flags written 9 + 2 b (with kFlagsLast: after its copies), its copies issued 2 + 4 b, its late region free
-// 3 + 4 b, its copies issued 4 + 4 b.
+// its row flags written 9 + 2 b, its copies issued 2 + 4 b, its late region free 3 + 4 b, its copies issued 4 + 4 b.
 template <int W>
 struct PairEv {
     static constexpr int kFirst = W == 0 ? 7 : 5, kRemoteDone = kFirst + 1, kLate = kFirst + 2, kS = kFirst + 3;
@@ -236,17 +221,13 @@ struct PairProducer {
     {
         if (use > 0) mbar_wait(c.empty(B, R), (use - 1) & 1);
         trace(a, use, 1 + 4 * B + 2 * R);
-        // the early region's row flags and their writers' arrival (kFlagsLast: after the copies)
-        const auto put_flags = [&] {
-            if constexpr (R == kEarly) {
-                if (lp.cl == 0) {
-                    if (!speculated) flags(rows, B);
-                    mbar_arrive(c.full(B, R));
-                }
-                trace(a, use, 9 + 2 * B);
+        if constexpr (R == kEarly) {
+            if (lp.cl == 0) {
+                if (!speculated) flags(rows, B);
+                mbar_arrive(c.full(B, R));
             }
-        };
-        if (!kFlagsLast || speculated) put_flags();
+            trace(a, use, 9 + 2 * B);  // the flags written: its copies start
+        }
         if (speculated) {
             cp_async_mbar_arrive_noinc(c.full(B, R));
             trace(a, use, 2 + 4 * B + 2 * R);
@@ -269,7 +250,6 @@ struct PairProducer {
             }
         }
         cp_async_mbar_arrive_noinc(c.full(B, R));
-        if constexpr (kFlagsLast) put_flags();
         trace(a, use, 2 + 4 * B + 2 * R);
     }
 
@@ -723,7 +703,7 @@ struct PairConsumer {
         named_sync(kBarL, 256);  // every S is done too: Q's region may hold the staged output
         trace(a, kTraceEdge, kTrStats);
         const auto stat = [&](int hf, int rl) { return RowStat{m[hf], c.sL[rl] + c.sL[kHT + rl], m[hf]}; };
-        finish_o_cols<false, kStatsCol0>(a, c, c.h0, r0, 256 * W, t4, o, stat, c.sQ, kBarOut + W);
+        finish_o_cols(a, c, c.h0, r0, 256 * W, t4, o, stat, c.sQ, kBarOut + W);
     }
 };
 
