@@ -11,6 +11,10 @@
 #   PHASE=trace: a profiling build of this tree and tools/trace_attn.py on the wide and the pair kernel
 #     (when each warpgroup passes each point of its schedule); in a copy made by tools/variant_tree.sh
 #     (which carries this script) it traces that copy.
+#   PHASE=grid: a profiling build of this tree; for the wide and the pair kernel and each first-wave spread of
+#     STAGGERS (ns, default "0 80000"; SMLA_ATTN_STAGGER_NS, sm90/plan.cuh), tools/trace_attn.py's whole-grid rows
+#     (how crowded the CTA starts are) and its prologue / epilogue rows, then the prefill benchmark (h=128 / 64 32K
+#     "fast") alternating over the spreads, two rounds. One build for all: the spread is a run-time setting there.
 # Run from the repository root on the device: bash tools/gpu_issue16.sh (PHASE=trace bash ...).
 set -u
 cd "$(dirname "$0")/.."
@@ -22,6 +26,27 @@ if [ "${PHASE:-ab}" = trace ]; then
   for k in sm90 sm90p; do
     timeout 60 python3 tools/trace_attn.py --kernel $k --precision fast > "$OUT/trace_$k.txt" 2>&1
     echo "== trace $k (rc $?)"; cat "$OUT/trace_$k.txt"
+  done
+  exit 0
+fi
+if [ "${PHASE:-ab}" = grid ]; then
+  export PYTHONPATH=$PWD/src
+  SMLA_PROFILE_BUILD=1 python3 setup.py build_ext --inplace -j "$(nproc)" > "$OUT/build.log" 2>&1 || { tail -30 "$OUT/build.log"; exit 1; }
+  for k in sm90p sm90; do
+    for st in ${STAGGERS:-0 80000}; do
+      echo "== trace $k, stagger $st ns"
+      timeout 60 python3 tools/trace_attn.py --kernel $k --precision fast --stagger-ns "$st" > "$OUT/grid_${k}_$st.txt" 2>&1
+      grep -E "^grid|prologue|^epilogue WG[01] |whole CTA|period" "$OUT/grid_${k}_$st.txt"
+    done
+  done
+  for i in 1 2; do
+    for k in sm90p sm90; do
+      for st in ${STAGGERS:-0 80000}; do
+        echo "== bench $k, stagger $st ns (round $i)"
+        SMLA_ATTN_STAGGER_NS=$st timeout 60 python3 benchmarks/bench_sparse_mla_prefill.py --shape 128,32768 --shape 64,32768 \
+          --precision fast --no-baseline --iters 10 --kernel $k 2>&1 | grep -v "^#" | sed -n 2,3p
+      done
+    done
   done
   exit 0
 fi

@@ -10,11 +10,14 @@ prefill (--h 16 or 32), per tile of its consumer and two of its producer warps (
 warpgroups and two producer warps). Nsight Compute's
 stall samples say which instruction waits; this says what the other warpgroup and the producer were
 doing meanwhile (hand-off latencies, how long a K region takes to land after its copies were issued).
-Needs a profiling build (SMLA_PROFILE_BUILD=1: the timestamps are compiled in only there).
+Then every CTA's start and end on the global timer: how crowded the CTA starts are (a call whose CTAs all take the
+same time can run its waves in step, every SM loading Q and storing its output at once). Needs a profiling build
+(SMLA_PROFILE_BUILD=1: the timestamps are compiled in only there).
 
     SMLA_PROFILE_BUILD=1 python3 setup.py build_ext --inplace
     (a mid-run wave: build a copy made by tools/variant_tree.sh OUT.tar.gz SMLA_TRACE_CTA0=3960)
     PYTHONPATH=src python3 tools/trace_attn.py [--kernel sm90|sm90p|sm90t|sm90d|sm90n] [--precision fast|high] [--h 128]
+        [--stagger-ns N]  (the first wave spread over N ns: does the spread last? the grid rows below)
         [--steps A-B]  (the wide kernel's steps A .. B - 1 one by one; with SMLA_SM90_PERSISTENT=1 a step is a use of
                         the K ring, so an item boundary shows as one step)
 """
@@ -28,6 +31,7 @@ import bench_sparse_mla_prefill as bp  # noqa: E402
 from _gpu import open_gpu  # noqa: E402
 
 CTAS, SLOTS, STEPS, EVENTS = 16, 4, 48, 16  # sm90/trace.cuh: kTraceCtas, kTraceSlots, kTraceSteps, kTraceEvents
+ALL_CTAS = 16384  # sm90/trace.cuh, kTraceAllCtas: every CTA's (start, end, SM, 0) after the stage records
 EDGE = STEPS - 1
 WG0, WG1, PR0, PR1 = range(4)  # slots: WG0's first warp, WG1's first, the producers' first and third
 
@@ -289,6 +293,39 @@ def cta_times(t):
     return lines
 
 
+def crowd(starts_us):
+    """The mean number of other CTAs that start in the same microsecond as a CTA (1-us bins): ~1-2 where the SMs'
+    CTA boundaries are spread over time, up to the SM count where every SM starts its next CTA at once."""
+    bins = {}
+    for s in starts_us:
+        bins[int(s)] = bins.get(int(s), 0) + 1
+    n = sum(bins.values())
+    return sum(c * c for c in bins.values()) / n - 1 if n else 0.0
+
+
+def grid_times(all_rows):
+    """The whole grid's start and end times (sm90/trace.cuh, kTraceAllCtas): how crowded the CTA starts are in the
+    first wave, the middle half of the call and its last tenth, and the CTAs' run times there."""
+    rows = [(s, e, sm) for s, e, sm, _ in all_rows if s and e]
+    if not rows:
+        return []
+    t0 = min(r[0] for r in rows)
+    t1 = max(r[1] for r in rows)
+    span = (t1 - t0) / 1000
+    lines = [f"grid: {len(rows)} CTAs on {len(set(r[2] for r in rows))} SMs, {span:.1f} us from the first start "
+             "to the last end"]
+    parts = (("first tenth", 0.0, 0.1), ("middle half", 0.25, 0.75), ("last tenth", 0.9, 1.0))
+    for name, a, b in parts:
+        sel = [r for r in rows if a * span <= (r[0] - t0) / 1000 < b * span]
+        if not sel:
+            continue
+        runs = sorted((e - s) / 1000 for s, e, _ in sel)
+        lines.append(f"grid, CTAs starting in the {name}: {len(sel)}, crowd {crowd([(s - t0) / 1000 for s, _, _ in sel]):.1f}"
+                     f" (other CTAs starting in the same us), run us min / median / max {runs[0]:.1f} / "
+                     f"{runs[len(runs) // 2]:.1f} / {runs[-1]:.1f}")
+    return lines
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--kernel", default="sm90", choices=["sm90", "sm90p", "sm90t", "sm90d", "sm90n"])
@@ -299,6 +336,9 @@ def main():
                     help="sm90n: the kernel's consumer warpgroups, by default its rule (sm90/narrow_plan.cuh, "
                          "bf16_consumers: two at h 17-32 in \"high\"); 2 for a build with SMLA_NARROW_BF16_CW=2")
     ap.add_argument("--ablate", type=int, default=0, help="the ablation variant traced (SMLA_ATTN_ABLATE; 0: the full kernel)")
+    ap.add_argument("--stagger-ns", type=int, default=0,
+                    help="the first wave's start spread of the bf16 wide and pair kernels (SMLA_ATTN_STAGGER_NS, "
+                         "sm90/plan.cuh: stagger_first_wave); 0: none")
     ap.add_argument("--steps", default="", help="A-B: the wide kernel's steps A .. B - 1 one by one (per_step)")
     args = ap.parse_args()
     gpu = open_gpu("trace_attn", args.kernel)
@@ -308,7 +348,7 @@ def main():
     if not smla.build_info().get("ablation"):
         print("not a profiling build (smla.build_info()['ablation'] is False): rebuild with SMLA_PROFILE_BUILD=1")
         return 1
-    buf = torch.zeros(CTAS * SLOTS * STEPS * EVENTS, dtype=torch.int64, device="cuda")
+    buf = torch.zeros(CTAS * SLOTS * STEPS * EVENTS + 4 * ALL_CTAS, dtype=torch.int64, device="cuda")
     h = args.h
     if args.kernel == "sm90d":  # the decode benchmark's s_q=1, b=128 case on the fp8 cache, at most 16 heads
         h, b = min(args.h, 16), 128
@@ -331,6 +371,7 @@ def main():
             return smla.sparse_mla_prefill(q, kv, idx, softmax_scale=bp.SCALE, precision=args.precision)
 
     os.environ["SMLA_ATTN_ABLATE"] = str(args.ablate)
+    os.environ["SMLA_ATTN_STAGGER_NS"] = str(args.stagger_ns)
     call()
     torch.cuda.synchronize()
     os.environ["SMLA_ATTN_TRACE"] = str(buf.data_ptr())
@@ -339,15 +380,18 @@ def main():
         torch.cuda.synchronize()
     finally:
         del os.environ["SMLA_ATTN_TRACE"]
-    t = buf.view(CTAS, SLOTS, STEPS, EVENTS).cpu().tolist()
+    flat = buf.cpu()
+    t = flat[:CTAS * SLOTS * STEPS * EVENTS].view(CTAS, SLOTS, STEPS, EVENTS).tolist()
+    all_rows = flat[CTAS * SLOTS * STEPS * EVENTS:].view(ALL_CTAS, 4).tolist()
     consumers = args.consumers or (2 if 16 < h <= 32 and args.precision == "high" else 1)
     lines = summarize(t, "sm90n2" if args.kernel == "sm90n" and consumers == 2 else args.kernel)
     if not lines:
         print("nothing recorded")
         return 1
-    print(f"# kernel {args.kernel}, {case}, {args.precision}, ablation {args.ablate}; " + lines[0])
+    print(f"# kernel {args.kernel}, {case}, {args.precision}, ablation {args.ablate}, stagger {args.stagger_ns} ns; "
+          + lines[0])
     print("\n".join(lines[1:]))
-    print("\n".join(cta_times(t)))
+    print("\n".join(cta_times(t) + grid_times(all_rows)))
     if args.steps and args.kernel == "sm90":
         k0, k1 = (int(x) for x in args.steps.split("-"))
         print("\n".join(per_step(t, k0, k1)))

@@ -31,8 +31,8 @@ static int env_int(const char *name, long lo, long hi, int dflt, int *v)
 }
 
 #if defined(SMLA_ATTN_ABLATION)
-/* Unset or empty: *v = 0. Else a decimal or 0x-prefixed unsigned 64-bit integer (a device address). */
-static int env_u64(const char *name, uint64_t *v)
+/* Unset or empty: *v = 0. Else a decimal or 0x-prefixed unsigned 64-bit integer (what: its meaning, for the error). */
+static int env_u64(const char *name, const char *what, uint64_t *v)
 {
     const char *e = getenv(name);
     *v = 0;
@@ -42,7 +42,7 @@ static int env_u64(const char *name, uint64_t *v)
     unsigned long long x = strtoull(e, &end, 0);
     while (end && (*end == ' ' || *end == '\t')) end++;
     if (errno || end == e || *end || *e == '-') {
-        PyErr_Format(PyExc_ValueError, "%s: expected an unsigned 64-bit integer (a device address), got '%s'", name, e);
+        PyErr_Format(PyExc_ValueError, "%s: expected an unsigned 64-bit integer (%s), got '%s'", name, what, e);
         return -1;
     }
     *v = (uint64_t)x;
@@ -90,7 +90,9 @@ int smla_read_settings(smla_run *r)
         return -1;
 #undef SMLA_NAMES
 #if defined(SMLA_ATTN_ABLATION)
-    if (env_u64("SMLA_ATTN_TRACE", &r->attn_trace) < 0) return -1;  /* profiling builds only */
+    if (env_u64("SMLA_ATTN_TRACE", "a device address", &r->attn_trace) < 0 ||
+        env_u64("SMLA_ATTN_STAGGER_NS", "nanoseconds", &r->attn_stagger_ns) < 0)
+        return -1;  /* profiling builds only */
 #endif
     r->fused_combine = combine == 0;
     const int sup = smla_cpu_isa_supported();

@@ -100,14 +100,6 @@ namespace sm90 {
 #ifndef SMLA_SM90_QREG
 #define SMLA_SM90_QREG 0
 #endif
-// SMLA_SM90_STAGGER_NS (default 0; an experiment, not yet measured): in a grid of at least 4 waves (one CTA per SM),
-// the first wave's CTA b (b < the SMs) of the bf16 wide and pair kernels waits b / SMs of this many ns before it
-// starts, so that the SMs' CTA boundaries are spread over time instead of meeting in one burst of Q loads, index
-// loads and output stores (the pair kernel's mid-run trace, thirty-third session: the tile scan ends ~11,100 cycles
-// after the CTA's start against the wide kernel's ~3,900, and buffer 0's first region is issued ~7,100 after it).
-#ifndef SMLA_SM90_STAGGER_NS
-#define SMLA_SM90_STAGGER_NS 0
-#endif
 constexpr int kQRegSteps = SMLA_SM90_QREG;
 static_assert(kQRegSteps >= 0 && kQRegSteps <= 12 && kQRegSteps % 2 == 0, "SMLA_SM90_QREG: 0..12, even");
 // The rule: S's k-steps with Q from registers in a kernel variant (the fp8 kernel's budget has no room, and "high"
@@ -122,19 +114,27 @@ constexpr bool kOutStsm = SMLA_SM90_OUT_STSM != 0;
 constexpr bool kLazyMax = SMLA_SM90_LAZY_MAX != 0, kPersistent = SMLA_SM90_PERSISTENT != 0;
 static_assert(!kLazyMax || kStagedOut, "the lazy max writes max_logits from the true max (finish_half_direct)");
 constexpr bool kSpecSoftmax = SMLA_SM90_SPEC_SOFTMAX != 0 && kLazyMax;  // it speculates on the lazy max
-constexpr int kStaggerNs = SMLA_SM90_STAGGER_NS;
-static_assert(kStaggerNs >= 0, "SMLA_SM90_STAGGER_NS: a delay in ns");
 
-// kStaggerNs: the first wave's wait (above); a no-op by default.
+// The first wave spread out (profiling builds only: SMLA_ATTN_STAGGER_NS, run.attn_stagger_ns; an experiment): in a
+// grid of at least 4 waves of one CTA per SM, CTA b < the SMs of the bf16 wide and pair kernels waits b / SMs of that
+// many ns before it starts, so that the SMs' CTA boundaries (Q loads, index loads, output stores) start spread over
+// time instead of in one burst. The thirty-third session's mid-run traces (benchmarks/README.md, issue 16) found the
+// pair kernel's CTAs starting in step (16 CTAs of one wave within 0.1 us, the wide kernel's within 1.8 us) and its
+// prologue ~20,000 cycles long; the same spread as a compile-time switch (40 or 80 us) measured no faster (pair kernel
+// 1-2% slower, wide kernel within the spread). Whether the spread lasts past the first wave is what
+// tools/trace_attn.py --stagger-ns measures (its whole-grid start times).
 __device__ __forceinline__ void stagger_first_wave(const Args &a)
 {
-    if constexpr (kStaggerNs > 0) {
-        const uint32_t sms = static_cast<uint32_t>(a.n_sms);
-        if (sms > 0 && blockIdx.x < sms && gridDim.x >= 4u * sms) {
-            const uint64_t d = static_cast<uint64_t>(kStaggerNs) * blockIdx.x / sms, t0 = globaltimer();
-            while (globaltimer() - t0 < d) __nanosleep(256);
-        }
+#if defined(SMLA_ATTN_ABLATION)
+    const uint64_t spread = a.p.run.attn_stagger_ns;
+    const uint32_t sms = static_cast<uint32_t>(a.n_sms);
+    if (spread > 0 && sms > 0 && blockIdx.x < sms && gridDim.x >= 4u * sms) {
+        const uint64_t d = spread * blockIdx.x / sms, t0 = globaltimer();
+        while (globaltimer() - t0 < d) __nanosleep(256);
     }
+#else
+    (void)a;
+#endif
 }
 
 constexpr int kHT = 64, kBN = 64;              // heads per CTA, tokens per K tile

@@ -339,6 +339,19 @@ __device__ __forceinline__ void tma_load_4d(uint32_t dst, const void *map, int c
                  : "memory");
 }
 
+// Shared src to the box of the 4-d tensor map at map at coordinates c0..c3 (the box's parts outside the array are not
+// written), with L2 policy pol, in the thread's bulk-async group.
+__device__ __forceinline__ void tma_store_4d(const void *map, uint32_t src, int c0, int c1, int c2, int c3, uint64_t pol)
+{
+    asm volatile("cp.async.bulk.tensor.4d.global.shared::cta.tile.bulk_group.L2::cache_hint"
+                 " [%0, {%1, %2, %3, %4}], [%5], %6;\n" ::"l"(map),
+                 "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(src), "l"(pol)
+                 : "memory");
+}
+__device__ __forceinline__ void bulk_commit() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
+// Until the thread's bulk-async groups have read their shared-memory sources.
+__device__ __forceinline__ void bulk_wait_read0() { asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory"); }
+
 __device__ __forceinline__ void st_shared_u16(uint32_t addr, uint16_t v)
 {
     asm volatile("st.shared.u16 [%0], %1;\n" ::"r"(addr), "h"(v) : "memory");

@@ -3,7 +3,8 @@
 // instruction waits, this says when, per tile, each warpgroup passes each point of its schedule, so the
 // waits of one warpgroup can be matched with what the other (or the producer) was doing meanwhile.
 // tools/trace_attn.py sets SMLA_ATTN_TRACE (run.attn_trace) to a device buffer of
-// [kTraceCtas][kTraceSlots][kTraceSteps][kTraceEvents] uint64 and prints the result.
+// [kTraceCtas][kTraceSlots][kTraceSteps][kTraceEvents] uint64 (then every CTA's start / end: kTraceAllCtas below)
+// and prints the result.
 //
 // CTAs SMLA_TRACE_CTA0 .. + kTraceCtas - 1 record (by default the first wave's; a later wave's CTAs show the
 // steady state's prologue and epilogue, which the first wave's all-at-once Q loads do not); slot = the recording warp: 0 WG0's first warp, 1 WG1's first, 2 and
@@ -36,24 +37,36 @@ enum TraceEdge {
     kTrGStart = 10, kTrGEnd = 11, kTrSm = 12  // with kTrStart / kTrEnd: the global timer (ns) and the SM
 };
 
+// Every CTA's start and end (the global timer, ns) and SM, after the per-CTA stage records: [kTraceAllCtas][4]
+// (start, end, SM, 0) for CTAs 0 .. kTraceAllCtas - 1 (tools/trace_attn.py: whether a call's CTAs start in step).
+constexpr int kTraceAllCtas = 16384;
+constexpr int64_t kTraceAllOff = static_cast<int64_t>(kTraceCtas) * kTraceSlots * kTraceSteps * kTraceEvents;
+
 __device__ __forceinline__ void trace(const Args &a, int step, int ev)
 {
 #if defined(SMLA_ATTN_ABLATION)
-    const int64_t cta = static_cast<int64_t>(blockIdx.x) - kTraceCta0;
-    if (!a.p.run.attn_trace || cta < 0 || cta >= kTraceCtas || (threadIdx.x & 31) != 0 || step < 0 ||
-        step >= kTraceSteps)
-        return;
+    if (!a.p.run.attn_trace || (threadIdx.x & 31) != 0 || step < 0 || step >= kTraceSteps) return;
     const int w = threadIdx.x >> 5;
     const int slot = w == 0 ? 0 : (w == 4 ? 1 : (w == 8 ? 2 : (w == 10 ? 3 : -1)));
     if (slot < 0) return;
     uint64_t *const buf = reinterpret_cast<uint64_t *>(a.p.run.attn_trace);
+    const int64_t cta = static_cast<int64_t>(blockIdx.x) - kTraceCta0;
+    const bool staged = cta >= 0 && cta < kTraceCtas;  // one of the CTAs whose stages are recorded
     uint64_t *const row = buf + ((cta * kTraceSlots + slot) * kTraceSteps + step) * kTraceEvents;
-    row[ev] = clock64();
-    if (step == kTraceEdge && (ev == kTrStart || ev == kTrEnd)) {  // when (all SMs' clock) and where the CTA ran
-        row[ev == kTrStart ? kTrGStart : kTrGEnd] = globaltimer();
-        uint32_t sm;
-        asm volatile("mov.u32 %0, %%smid;\n" : "=r"(sm));
+    if (staged) row[ev] = clock64();
+    if (step != kTraceEdge || (ev != kTrStart && ev != kTrEnd)) return;
+    // the start and the end: when (all SMs' clock) and where the CTA ran; for the whole grid WG0's start, WG1's end
+    const uint64_t g = globaltimer();
+    uint32_t sm;
+    asm volatile("mov.u32 %0, %%smid;\n" : "=r"(sm));
+    if (staged) {
+        row[ev == kTrStart ? kTrGStart : kTrGEnd] = g;
         row[kTrSm] = sm;
+    }
+    if (blockIdx.x < kTraceAllCtas && slot == (ev == kTrStart ? 0 : 1)) {
+        uint64_t *const all = buf + kTraceAllOff + 4 * static_cast<int64_t>(blockIdx.x);
+        all[ev == kTrStart ? 0 : 1] = g;
+        all[2] = sm;
     }
 #else
     (void)a, (void)step, (void)ev;
