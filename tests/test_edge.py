@@ -702,11 +702,11 @@ def test_malformed_switch_raises_at_the_first_op_and_in_build_info(monkeypatch, 
     _op()
 
 
-@pytest.mark.parametrize("var", ["SMLA_ATTN_TRACE", "SMLA_ATTN_STAGGER_NS"])
+@pytest.mark.parametrize("var", ["SMLA_ATTN_TRACE", "SMLA_ATTN_STAGGER_NS", "SMLA_ATTN_JITTER_NS"])
 @pytest.mark.parametrize("value", ["abc", "-1", "12x", "99999999999999999999999"])
 def test_trace_switch_of_profiling_builds_is_parsed_strictly(monkeypatch, var, value):
     """SMLA_ATTN_TRACE (a device address for the sm90 kernels' stage timestamps, tools/trace_attn.py) and
-    SMLA_ATTN_STAGGER_NS (the first wave's start spread, sm90/plan.cuh) are read only by profiling builds
+    SMLA_ATTN_STAGGER_NS / SMLA_ATTN_JITTER_NS (the CTAs' start spread, sm90/plan.cuh) are read only by profiling builds
     (SMLA_PROFILE_BUILD=1); other builds ignore them."""
     monkeypatch.delenv(var, raising=False)
     profiling = smla.build_info()["ablation"]

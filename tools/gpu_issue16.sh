@@ -11,10 +11,11 @@
 #   PHASE=trace: a profiling build of this tree and tools/trace_attn.py on the wide and the pair kernel
 #     (when each warpgroup passes each point of its schedule); in a copy made by tools/variant_tree.sh
 #     (which carries this script) it traces that copy.
-#   PHASE=grid: a profiling build of this tree; for the wide and the pair kernel and each first-wave spread of
-#     STAGGERS (ns, default "0 80000"; SMLA_ATTN_STAGGER_NS, sm90/plan.cuh), tools/trace_attn.py's whole-grid rows
-#     (how crowded the CTA starts are) and its prologue / epilogue rows, then the prefill benchmark (h=128 / 64 32K
-#     "fast") alternating over the spreads, two rounds. One build for all: the spread is a run-time setting there.
+#   PHASE=grid: a profiling build of this tree; for the wide and the pair kernel and each start spread of SPREADS
+#     ("first-wave spread:per-CTA jitter" in ns, default "0:0 80000:0 0:4000"; SMLA_ATTN_STAGGER_NS /
+#     SMLA_ATTN_JITTER_NS, sm90/plan.cuh), tools/trace_attn.py's whole-grid rows (how crowded the CTA starts are) and
+#     its prologue / epilogue rows, then the prefill benchmark (h=128 / 64 32K "fast") alternating over the spreads,
+#     two rounds. One build for all: the spreads are run-time settings there.
 # Run from the repository root on the device: bash tools/gpu_issue16.sh (PHASE=trace bash ...).
 set -u
 cd "$(dirname "$0")/.."
@@ -32,19 +33,21 @@ fi
 if [ "${PHASE:-ab}" = grid ]; then
   export PYTHONPATH=$PWD/src
   SMLA_PROFILE_BUILD=1 python3 setup.py build_ext --inplace -j "$(nproc)" > "$OUT/build.log" 2>&1 || { tail -30 "$OUT/build.log"; exit 1; }
+  SP=${SPREADS:-0:0 80000:0 0:4000}
   for k in sm90p sm90; do
-    for st in ${STAGGERS:-0 80000}; do
-      echo "== trace $k, stagger $st ns"
-      timeout 60 python3 tools/trace_attn.py --kernel $k --precision fast --stagger-ns "$st" > "$OUT/grid_${k}_$st.txt" 2>&1
-      grep -E "^grid|prologue|^epilogue WG[01] |whole CTA|period" "$OUT/grid_${k}_$st.txt"
+    for sp in $SP; do
+      echo "== trace $k, spread $sp"
+      timeout 60 python3 tools/trace_attn.py --kernel $k --precision fast --stagger-ns "${sp%%:*}" --jitter-ns "${sp#*:}" \
+        > "$OUT/grid_${k}_${sp/:/_}.txt" 2>&1
+      grep -E "^grid|prologue|^epilogue WG[01] |whole CTA|period" "$OUT/grid_${k}_${sp/:/_}.txt"
     done
   done
   for i in 1 2; do
     for k in sm90p sm90; do
-      for st in ${STAGGERS:-0 80000}; do
-        echo "== bench $k, stagger $st ns (round $i)"
-        SMLA_ATTN_STAGGER_NS=$st timeout 60 python3 benchmarks/bench_sparse_mla_prefill.py --shape 128,32768 --shape 64,32768 \
-          --precision fast --no-baseline --iters 10 --kernel $k 2>&1 | grep -v "^#" | sed -n 2,3p
+      for sp in $SP; do
+        echo "== bench $k, spread $sp (round $i)"
+        SMLA_ATTN_STAGGER_NS=${sp%%:*} SMLA_ATTN_JITTER_NS=${sp#*:} timeout 60 python3 benchmarks/bench_sparse_mla_prefill.py \
+          --shape 128,32768 --shape 64,32768 --precision fast --no-baseline --iters 10 --kernel $k 2>&1 | grep -v "^#" | sed -n 2,3p
       done
     done
   done

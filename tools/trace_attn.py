@@ -17,7 +17,8 @@ same time can run its waves in step, every SM loading Q and storing its output a
     SMLA_PROFILE_BUILD=1 python3 setup.py build_ext --inplace
     (a mid-run wave: build a copy made by tools/variant_tree.sh OUT.tar.gz SMLA_TRACE_CTA0=3960)
     PYTHONPATH=src python3 tools/trace_attn.py [--kernel sm90|sm90p|sm90t|sm90d|sm90n] [--precision fast|high] [--h 128]
-        [--stagger-ns N]  (the first wave spread over N ns: does the spread last? the grid rows below)
+        [--stagger-ns N] [--jitter-ns J]  (the first wave spread over N ns, every CTA delayed by up to J ns: do the
+                        waves stay apart? the grid rows below)
         [--steps A-B]  (the wide kernel's steps A .. B - 1 one by one; with SMLA_SM90_PERSISTENT=1 a step is a use of
                         the K ring, so an item boundary shows as one step)
 """
@@ -338,7 +339,9 @@ def main():
     ap.add_argument("--ablate", type=int, default=0, help="the ablation variant traced (SMLA_ATTN_ABLATE; 0: the full kernel)")
     ap.add_argument("--stagger-ns", type=int, default=0,
                     help="the first wave's start spread of the bf16 wide and pair kernels (SMLA_ATTN_STAGGER_NS, "
-                         "sm90/plan.cuh: stagger_first_wave); 0: none")
+                         "sm90/plan.cuh: stagger_start); 0: none")
+    ap.add_argument("--jitter-ns", type=int, default=0,
+                    help="each CTA's pseudo-random start delay below this (SMLA_ATTN_JITTER_NS, the same kernels); 0: none")
     ap.add_argument("--steps", default="", help="A-B: the wide kernel's steps A .. B - 1 one by one (per_step)")
     args = ap.parse_args()
     gpu = open_gpu("trace_attn", args.kernel)
@@ -372,6 +375,7 @@ def main():
 
     os.environ["SMLA_ATTN_ABLATE"] = str(args.ablate)
     os.environ["SMLA_ATTN_STAGGER_NS"] = str(args.stagger_ns)
+    os.environ["SMLA_ATTN_JITTER_NS"] = str(args.jitter_ns)
     call()
     torch.cuda.synchronize()
     os.environ["SMLA_ATTN_TRACE"] = str(buf.data_ptr())
@@ -388,7 +392,8 @@ def main():
     if not lines:
         print("nothing recorded")
         return 1
-    print(f"# kernel {args.kernel}, {case}, {args.precision}, ablation {args.ablate}, stagger {args.stagger_ns} ns; "
+    print(f"# kernel {args.kernel}, {case}, {args.precision}, ablation {args.ablate}, stagger {args.stagger_ns} ns, "
+          f"jitter {args.jitter_ns} ns; "
           + lines[0])
     print("\n".join(lines[1:]))
     print("\n".join(cta_times(t) + grid_times(all_rows)))

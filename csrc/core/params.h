@@ -15,7 +15,7 @@ extern "C" {
 
 /* Run-time settings of one call: the binding reads the environment switches (SMLA_NUM_THREADS,
  * SMLA_CPU_ISA, SMLA_ATTN_KERNEL, SMLA_ATTN_COMBINE, SMLA_ATTN_ABLATE, SMLA_ATTN_TRACE,
- * SMLA_ATTN_STAGGER_NS) under the GIL, parses them strictly and passes them
+ * SMLA_ATTN_STAGGER_NS, SMLA_ATTN_JITTER_NS) under the GIL, parses them strictly and passes them
  * in every params struct; kernels never read the environment (another thread may be writing it). */
 typedef struct {
     int num_threads;   /* CPU threads for this call, >= 1; 0 = OpenMP's default */
@@ -28,7 +28,9 @@ typedef struct {
     uint64_t attn_trace; /* profiling builds: device address of the sm90 kernels' stage-timestamp buffer
                             (SMLA_ATTN_TRACE, cuda/attention/sm90/trace.cuh, tools/trace_attn.py); 0 = none */
     uint64_t attn_stagger_ns; /* profiling builds: the first wave's start spread of the bf16 wide and pair kernels in
-                                 ns (SMLA_ATTN_STAGGER_NS, cuda/attention/sm90/plan.cuh, stagger_first_wave); 0 = none */
+                                 ns (SMLA_ATTN_STAGGER_NS, cuda/attention/sm90/plan.cuh, stagger_start); 0 = none */
+    uint64_t attn_jitter_ns;  /* profiling builds: each CTA's pseudo-random start delay below this many ns, the same
+                                 kernels (SMLA_ATTN_JITTER_NS, stagger_start); 0 = none */
 } smla_run;
 
 /* A paged KV cache [num_blocks, block_size, entry]; slot = block * block_size + offset. */

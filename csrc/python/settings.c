@@ -91,7 +91,8 @@ int smla_read_settings(smla_run *r)
 #undef SMLA_NAMES
 #if defined(SMLA_ATTN_ABLATION)
     if (env_u64("SMLA_ATTN_TRACE", "a device address", &r->attn_trace) < 0 ||
-        env_u64("SMLA_ATTN_STAGGER_NS", "nanoseconds", &r->attn_stagger_ns) < 0)
+        env_u64("SMLA_ATTN_STAGGER_NS", "nanoseconds", &r->attn_stagger_ns) < 0 ||
+        env_u64("SMLA_ATTN_JITTER_NS", "nanoseconds", &r->attn_jitter_ns) < 0)
         return -1;  /* profiling builds only */
 #endif
     r->fused_combine = combine == 0;

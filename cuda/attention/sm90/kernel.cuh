@@ -92,7 +92,7 @@ __global__ void __launch_bounds__(kThreads, 1) attn_sm90_kernel(const __grid_con
 {
     pdl_wait();  // before any global access: the stream's previous kernel is complete (common.cuh)
     static_assert(FP8 || !XO, "the crossover is written for the fp8 producer");
-    if constexpr (!FP8) stagger_first_wave(a);
+    if constexpr (!FP8) stagger_start(a);
     extern __shared__ uint8_t smem_raw[];
     Cta<XO> c(a, smem_raw);
     uint32_t *const mask = reinterpret_cast<uint32_t *>(c.smem + Smem::mask.off);

@@ -714,7 +714,7 @@ template <int ABL, bool FAST>
 __global__ void __launch_bounds__(kThreads, 1) attn_sm90p_kernel(const __grid_constant__ Args a)
 {
     pdl_wait();  // before any global access: the stream's previous kernel is complete (common.cuh)
-    stagger_first_wave(a);
+    stagger_start(a);
     extern __shared__ uint8_t smem_raw[];
     Cta c(a, smem_raw, grid_pos(a));
 

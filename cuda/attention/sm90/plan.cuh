@@ -115,23 +115,26 @@ constexpr bool kLazyMax = SMLA_SM90_LAZY_MAX != 0, kPersistent = SMLA_SM90_PERSI
 static_assert(!kLazyMax || kStagedOut, "the lazy max writes max_logits from the true max (finish_half_direct)");
 constexpr bool kSpecSoftmax = SMLA_SM90_SPEC_SOFTMAX != 0 && kLazyMax;  // it speculates on the lazy max
 
-// The first wave spread out (profiling builds only: SMLA_ATTN_STAGGER_NS, run.attn_stagger_ns; an experiment): in a
-// grid of at least 4 waves of one CTA per SM, CTA b < the SMs of the bf16 wide and pair kernels waits b / SMs of that
+// The CTAs' starts spread out (profiling builds only; an experiment): SMLA_ATTN_STAGGER_NS (run.attn_stagger_ns): in
+// a grid of at least 4 waves of one CTA per SM, CTA b < the SMs of the bf16 wide and pair kernels waits b / SMs of that
 // many ns before it starts, so that the SMs' CTA boundaries (Q loads, index loads, output stores) start spread over
-// time instead of in one burst. The thirty-third session's mid-run traces (benchmarks/README.md, issue 16) found the
-// pair kernel's CTAs starting in step (16 CTAs of one wave within 0.1 us, the wide kernel's within 1.8 us) and its
-// prologue ~20,000 cycles long; the same spread as a compile-time switch (40 or 80 us) measured no faster (pair kernel
-// 1-2% slower, wide kernel within the spread). Whether the spread lasts past the first wave is what
-// tools/trace_attn.py --stagger-ns measures (its whole-grid start times).
-__device__ __forceinline__ void stagger_first_wave(const Args &a)
+// time instead of in one burst; SMLA_ATTN_JITTER_NS (run.attn_jitter_ns): every CTA of such a grid waits a
+// pseudo-random part of that many ns (a hash of b), so that waves which fall back into step are pulled apart again at
+// each start. The thirty-third session's mid-run traces (benchmarks/README.md, issue 16) found the pair kernel's CTAs
+// starting in step (16 CTAs of one wave within 0.1 us, the wide kernel's within 1.8 us) and its prologue ~20,000
+// cycles long; the first-wave spread as a compile-time switch (40 or 80 us) measured no faster (pair kernel 1-2%
+// slower, wide kernel within the spread). Whether the spread lasts is what tools/trace_attn.py --stagger-ns /
+// --jitter-ns measure (its whole-grid start times).
+__device__ __forceinline__ void stagger_start(const Args &a)
 {
 #if defined(SMLA_ATTN_ABLATION)
-    const uint64_t spread = a.p.run.attn_stagger_ns;
-    const uint32_t sms = static_cast<uint32_t>(a.n_sms);
-    if (spread > 0 && sms > 0 && blockIdx.x < sms && gridDim.x >= 4u * sms) {
-        const uint64_t d = spread * blockIdx.x / sms, t0 = globaltimer();
-        while (globaltimer() - t0 < d) __nanosleep(256);
-    }
+    const uint64_t spread = a.p.run.attn_stagger_ns, jitter = a.p.run.attn_jitter_ns;
+    const uint32_t sms = static_cast<uint32_t>(a.n_sms), b = blockIdx.x;
+    if ((spread == 0 && jitter == 0) || sms == 0 || gridDim.x < 4u * sms) return;
+    uint64_t d = b < sms ? spread * b / sms : 0;
+    if (jitter > 0) d += ((b * 2654435761u) >> 8) % jitter;  // Knuth's multiplicative hash of b
+    const uint64_t t0 = globaltimer();
+    while (globaltimer() - t0 < d) __nanosleep(256);
 #else
     (void)a;
 #endif
