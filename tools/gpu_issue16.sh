@@ -11,7 +11,8 @@
 #   PHASE=trace: a profiling build of this tree and tools/trace_attn.py on the wide and the pair kernel
 #     (when each warpgroup passes each point of its schedule); in a copy made by tools/variant_tree.sh
 #     (which carries this script) it traces that copy.
-#   PHASE=grid: a profiling build of this tree; for the wide and the pair kernel and each start spread of SPREADS
+#   PHASE=grid: a profiling build of a copy of this tree tracing a mid-run wave (TRACE_CTA0, default 3960; about
+#     2.5 minutes on 16 cores); for the wide and the pair kernel and each start spread of SPREADS
 #     ("first-wave spread:per-CTA jitter" in ns, default "0:0 80000:0 0:4000"; SMLA_ATTN_STAGGER_NS /
 #     SMLA_ATTN_JITTER_NS, sm90/plan.cuh), tools/trace_attn.py's whole-grid rows (how crowded the CTA starts are) and
 #     its prologue / epilogue rows, then the prefill benchmark (h=128 / 64 32K "fast") alternating over the spreads,
@@ -31,6 +32,9 @@ if [ "${PHASE:-ab}" = trace ]; then
   exit 0
 fi
 if [ "${PHASE:-ab}" = grid ]; then
+  # in a copy whose stage traces record a mid-run wave (SMLA_TRACE_CTA0, default 3960: the 31st of h=128 32K)
+  bash tools/variant_tree.sh /tmp/i16_grid.tar.gz SMLA_TRACE_CTA0="${TRACE_CTA0:-3960}" > /dev/null || exit 1
+  rm -rf /tmp/i16_grid && mkdir -p /tmp/i16_grid && tar xzf /tmp/i16_grid.tar.gz -C /tmp/i16_grid && cd /tmp/i16_grid
   export PYTHONPATH=$PWD/src
   SMLA_PROFILE_BUILD=1 python3 setup.py build_ext --inplace -j "$(nproc)" > "$OUT/build.log" 2>&1 || { tail -30 "$OUT/build.log"; exit 1; }
   SP=${SPREADS:-0:0 80000:0 0:4000}
