@@ -247,8 +247,8 @@ EncodeTiledFn tensor_map_encoder()
 // m: the bf16 array at base as [b][s_q][h][d] (q, q_pe or out; strides in elements, d contiguous), boxes of 64
 // values x 64 heads with the 128-byte swizzle of the kernels' Q / K blocks; heads past h read as zeros (and are not
 // written). False where TMA cannot take it: a base or a stride that is not a multiple of 16 bytes.
-bool encode_rows_map(CUtensorMap *m, const uint16_t *base, int64_t d, const smla_attn_params *p, int64_t sb, int64_t ss,
-                  int64_t sh)
+bool encode_rows_map(CUtensorMap *m, const uint16_t *base, int64_t d, const smla_attn_params *p, int64_t sb,
+                     int64_t ss, int64_t sh)
 {
     const EncodeTiledFn enc = tensor_map_encoder();
     if (!enc) return false;

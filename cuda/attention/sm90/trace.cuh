@@ -29,12 +29,10 @@ constexpr int kTraceEdge = kTraceSteps - 1;  // the step of the prologue / epilo
 // Edge events (step kTraceEdge), every slot: kernel start, the tile scan done, epilogue start and end; the
 // consumers' Q landed (the wide kernel); the direct output's stages (finish_cols_direct, ConsumerBase::early_out:
 // the row statistics met, the rows' factors ready, the warpgroup met at its first staged block, stage_out_cols);
-// the producers' speculated tile 0 issued; the direct output's stores issued (before the rows' lse and max_logits);
-// with the start and the end, the global timer (one clock for all SMs: whether CTAs start in step) and the SM id.
+// the producers' speculated tile 0 issued; the direct output's stores issued (before the rows' lse and max_logits).
 enum TraceEdge {
     kTrStart = 0, kTrScanned = 1, kTrEpilogue = 2, kTrEnd = 3, kTrQ = 4,
-    kTrStats = 5, kTrStaged = 6, kTrStageMet = 7, kTrSpec = 8, kTrOut = 9,
-    kTrGStart = 10, kTrGEnd = 11, kTrSm = 12  // with kTrStart / kTrEnd: the global timer (ns) and the SM
+    kTrStats = 5, kTrStaged = 6, kTrStageMet = 7, kTrSpec = 8, kTrOut = 9
 };
 
 // Every CTA's start and end (the global timer, ns) and SM, after the per-CTA stage records: [kTraceAllCtas][4]
@@ -51,23 +49,18 @@ __device__ __forceinline__ void trace(const Args &a, int step, int ev)
     if (slot < 0) return;
     uint64_t *const buf = reinterpret_cast<uint64_t *>(a.p.run.attn_trace);
     const int64_t cta = static_cast<int64_t>(blockIdx.x) - kTraceCta0;
-    const bool staged = cta >= 0 && cta < kTraceCtas;  // one of the CTAs whose stages are recorded
-    uint64_t *const row = buf + ((cta * kTraceSlots + slot) * kTraceSteps + step) * kTraceEvents;
-    if (staged) row[ev] = clock64();
-    if (step != kTraceEdge || (ev != kTrStart && ev != kTrEnd)) return;
-    // the start and the end: when (all SMs' clock) and where the CTA ran; for the whole grid WG0's start, WG1's end
+    if (cta >= 0 && cta < kTraceCtas)
+        buf[((cta * kTraceSlots + slot) * kTraceSteps + step) * kTraceEvents + ev] = clock64();
+    // the whole grid (WG0's start, WG1's end): when, on the clock all SMs share, and where each CTA ran
+    if (step != kTraceEdge || (ev != kTrStart && ev != kTrEnd) || slot != (ev == kTrStart ? 0 : 1) ||
+        blockIdx.x >= kTraceAllCtas)
+        return;
     const uint64_t g = globaltimer();
     uint32_t sm;
     asm volatile("mov.u32 %0, %%smid;\n" : "=r"(sm));
-    if (staged) {
-        row[ev == kTrStart ? kTrGStart : kTrGEnd] = g;
-        row[kTrSm] = sm;
-    }
-    if (blockIdx.x < kTraceAllCtas && slot == (ev == kTrStart ? 0 : 1)) {
-        uint64_t *const all = buf + kTraceAllOff + 4 * static_cast<int64_t>(blockIdx.x);
-        all[ev == kTrStart ? 0 : 1] = g;
-        all[2] = sm;
-    }
+    uint64_t *const all = buf + kTraceAllOff + 4 * static_cast<int64_t>(blockIdx.x);
+    all[ev == kTrStart ? 0 : 1] = g;
+    all[2] = sm;
 #else
     (void)a, (void)step, (void)ev;
 #endif
