@@ -43,26 +43,13 @@ struct Args {
     // the tensor-memory accelerator (launch.cu, set_q_maps): q_map / qpe_map, else 0 and the kernel loads Q by
     // cp.async. Last, and 64-byte aligned as CUtensorMap is.
     int q_tma;
-    // SMLA_O_TMA: the staged direct output by TMA (sm90/score_tile.cuh, stage_out_cols) where the launcher could
-    // describe out (one split; launch.cu, set_o_map): o_map, else 0 and the threads store it.
-    int o_tma;
-    CUtensorMap q_map, qpe_map, o_map;
+    CUtensorMap q_map, qpe_map;
 };
 
 // The bf16 wide kernel loads its Q tile by TMA where it can (Args::q_tma; launch.cu, set_q_maps). 0: always by
 // cp.async, as the other kernels do.
 #ifndef SMLA_Q_TMA
 #define SMLA_Q_TMA 1
-#endif
-// The staged direct output of the sm90 kernels (stage_out_cols: the wide, pair and three-buffer kernels) by TMA,
-// one 64-column block per store from one thread of the warpgroup (an experiment, not yet measured in this form):
-// 1 that thread waits until its blocks were read (cp.async.bulk.wait_group.read) before it goes on, 2 it does not
-// wait (FlashMLA's sm90 prefill stores its output so and exits). 0: the threads' 16-byte stores. The
-// twenty-fifth session's form (all blocks after one meeting, then the wait; d599710) measured no faster in the wide
-// kernel; the thirty-third session's traces found the pair kernel's CTAs ending in step, its last stores issued
-// ~5,000 cycles after its output was staged.
-#ifndef SMLA_O_TMA
-#define SMLA_O_TMA 0
 #endif
 
 // What one CTA of query row (bi, si) and top-k split sp reads: the row's indices, its top-k length L

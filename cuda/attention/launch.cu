@@ -244,11 +244,11 @@ EncodeTiledFn tensor_map_encoder()
     return fn;
 }
 
-// m: the bf16 array at base as [b][s_q][h][d] (q, q_pe or out; strides in elements, d contiguous), boxes of 64
-// values x 64 heads with the 128-byte swizzle of the kernels' Q / K blocks; heads past h read as zeros (and are not
-// written). False where TMA cannot take it: a base or a stride that is not a multiple of 16 bytes.
-bool encode_rows_map(CUtensorMap *m, const uint16_t *base, int64_t d, const smla_attn_params *p, int64_t sb,
-                     int64_t ss, int64_t sh)
+// m: the bf16 array at base as [b][s_q][h][d] (q or q_pe; strides in elements, d contiguous), boxes of 64 values x
+// 64 heads with the 128-byte swizzle of the kernels' Q / K blocks; heads past h read as zeros. False where TMA
+// cannot take it: a base or a stride that is not a multiple of 16 bytes.
+bool encode_q_map(CUtensorMap *m, const uint16_t *base, int64_t d, const smla_attn_params *p, int64_t sb, int64_t ss,
+                  int64_t sh)
 {
     const EncodeTiledFn enc = tensor_map_encoder();
     if (!enc) return false;
@@ -277,20 +277,10 @@ void set_q_maps(Args &a, const KernelEntry &k)
     a.q_tma = 0;
     if (!SMLA_Q_TMA || !k.q_tma) return;
     const int64_t d = p.q_pe ? kDv : kDqk;
-    if (!encode_rows_map(&a.q_map, p.q, d, &p, p.q_stride_b, p.q_stride_s, p.q_stride_h)) return;
-    if (p.q_pe && !encode_rows_map(&a.qpe_map, p.q_pe, kDqk - kDv, &p, p.q_pe_stride_b, p.q_pe_stride_s, p.q_pe_stride_h))
+    if (!encode_q_map(&a.q_map, p.q, d, &p, p.q_stride_b, p.q_stride_s, p.q_stride_h)) return;
+    if (p.q_pe && !encode_q_map(&a.qpe_map, p.q_pe, kDqk - kDv, &p, p.q_pe_stride_b, p.q_pe_stride_s, p.q_pe_stride_h))
         return;
     a.q_tma = 1;
-}
-
-// a.o_map for the kernels' staged direct output by TMA (SMLA_O_TMA, args.cuh; one split): a.o_tma = 1 where it
-// encodes. Kernels that do not stage their output ignore it.
-void set_o_map(Args &a)
-{
-    const smla_attn_params &p = a.p;
-    a.o_tma = 0;
-    if (!SMLA_O_TMA || a.n_splits != 1) return;
-    a.o_tma = encode_rows_map(&a.o_map, p.out, kDv, &p, p.out_stride_b, p.out_stride_s, p.out_stride_h) ? 1 : 0;
 }
 
 // Workspace bytes per split: fp32 partial O [rows, h, 512] and lse [rows, h].
@@ -358,7 +348,6 @@ int run_attention(const smla_attn_params *p, bool is_decode, smla_status *st)
         if (fit < ns) ns = fit < 2 ? 1 : static_cast<int>(fit);
     }
     a.n_splits = ns;
-    set_o_map(a);
     if (ns > 1) {
         a.o_part = static_cast<float *>(p->workspace);
         a.lse_part = a.o_part + static_cast<int64_t>(ns) * L.rows * p->h * kDv;

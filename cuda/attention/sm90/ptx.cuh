@@ -328,6 +328,19 @@ __device__ __forceinline__ void bulk_copy_g2s(uint32_t dst, const void *src, uin
                  : "memory");
 }
 
+// bytes (a multiple of 16, src 16-byte aligned) of global memory into L2, by the bulk-copy engine (no completion).
+__device__ __forceinline__ void bulk_prefetch_l2(const void *src, uint32_t bytes)
+{
+    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(src), "r"(bytes) : "memory");
+}
+// The number of SMs (%nsmid: the largest SM id + 1).
+__device__ __forceinline__ int sm_count()
+{
+    int n;
+    asm volatile("mov.u32 %0, %%nsmid;\n" : "=r"(n));
+    return n;
+}
+
 // One box of the 4-d tensor map at map (a __grid_constant__ parameter's address) at coordinates c0..c3 into
 // shared dst, completing its bytes on the mbarrier bar (the caller expected them), with L2 policy pol.
 __device__ __forceinline__ void tma_load_4d(uint32_t dst, const void *map, int c0, int c1, int c2, int c3, uint32_t bar,
@@ -338,19 +351,6 @@ __device__ __forceinline__ void tma_load_4d(uint32_t dst, const void *map, int c
                  "l"(map), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(bar), "l"(pol)
                  : "memory");
 }
-
-// Shared src to the box of the 4-d tensor map at map at coordinates c0..c3 (the box's parts outside the array are not
-// written), with L2 policy pol, in the thread's bulk-async group.
-__device__ __forceinline__ void tma_store_4d(const void *map, uint32_t src, int c0, int c1, int c2, int c3, uint64_t pol)
-{
-    asm volatile("cp.async.bulk.tensor.4d.global.shared::cta.tile.bulk_group.L2::cache_hint"
-                 " [%0, {%1, %2, %3, %4}], [%5], %6;\n" ::"l"(map),
-                 "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(src), "l"(pol)
-                 : "memory");
-}
-__device__ __forceinline__ void bulk_commit() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
-// Until the thread's bulk-async groups have read their shared-memory sources.
-__device__ __forceinline__ void bulk_wait_read0() { asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory"); }
 
 __device__ __forceinline__ void st_shared_u16(uint32_t addr, uint16_t v)
 {

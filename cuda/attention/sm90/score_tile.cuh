@@ -263,29 +263,12 @@ __device__ __forceinline__ void stage_out_cols(const Args &a, const CtaCommon &c
     };
     const int tw = c.tid & 127;
     uint16_t *const out_row = p.out + c.bi * p.out_stride_b + c.si * p.out_stride_s + col0;
-    // SMLA_O_TMA (args.cuh): blocks [b0, b1) of the stage out by TMA from the warpgroup's last thread (which is no row's
-    // statistics writer); the caller met at bar after its threads' stores and their proxy fence
-    const bool tma = SMLA_O_TMA != 0 && a.o_tma != 0;
-    const auto tma_out = [&](int b0, int b1) {
-        if (tw != 127) return;
-        const uint64_t pol = policy_evict_first();  // O is not read again
-#pragma unroll 1
-        for (int b = b0; b < b1; ++b)
-            tma_store_4d(&a.o_map, stage + ((k0 >> 3) + b) * kBlk, col0 + 64 * b, h0, static_cast<int>(c.si),
-                         static_cast<int>(c.bi), pol);
-        bulk_commit();
-    };
     if constexpr (kOutPipe) {
 #pragma unroll
         for (int j = 0; j < kChunks / 8; ++j) {
             put(8 * j, 8 * j + 8);
-            if (tma) fence_async_smem();  // the stage's stores, read by the TMA (the async proxy)
             named_sync(bar, 128);
             if (j == 0) trace(a, kTraceEdge, kTrStageMet);
-            if (tma) {
-                tma_out(j, j + 1);
-                continue;
-            }
 #pragma unroll
             for (int k = 0; k < 4; ++k) {  // 64 rows x 8 chunks over 128 threads
                 const int row = 16 * k + (tw >> 3), cc = 8 * j + (tw & 7);
@@ -296,23 +279,17 @@ __device__ __forceinline__ void stage_out_cols(const Args &a, const CtaCommon &c
         }
     } else {
         put(0, kChunks);
-        if (tma) fence_async_smem();
         named_sync(bar, 128);
         trace(a, kTraceEdge, kTrStageMet);
-        if (tma) {
-            tma_out(0, kChunks / 8);
-        } else {
 #pragma unroll 4
-            for (int k = 0; k < kChunks / 2; ++k) {  // 64 rows x kChunks chunks over 128 threads
-                const unsigned q = 128u * k + tw;  // unsigned: the division by a constant is a shift or a multiply
-                const int row = static_cast<int>(q / kChunks), cc = static_cast<int>(q % kChunks);
-                if (h0 + row >= c.h) break;  // rows ascend with k
-                const uint4 v = ld_shared_v4(blk_addr(stage, row, k0 + cc));
-                st_global_cs_v4(out_row + (h0 + row) * p.out_stride_h + 8 * cc, v);
-            }
+        for (int k = 0; k < kChunks / 2; ++k) {  // 64 rows x kChunks chunks over 128 threads
+            const unsigned q = 128u * k + tw;  // unsigned: the division by a constant is a shift or a multiply
+            const int row = static_cast<int>(q / kChunks), cc = static_cast<int>(q % kChunks);
+            if (h0 + row >= c.h) break;  // rows ascend with k
+            const uint4 v = ld_shared_v4(blk_addr(stage, row, k0 + cc));
+            st_global_cs_v4(out_row + (h0 + row) * p.out_stride_h + 8 * cc, v);
         }
     }
-    if (SMLA_O_TMA == 1 && tma && tw == 127) bulk_wait_read0();  // SMLA_O_TMA 2: no wait (FlashMLA's way)
 }
 
 // The same columns straight from registers (the persistent kernel's output, which leaves Q's region to the next item's
