@@ -16,7 +16,8 @@
 #     ("first-wave spread:per-CTA jitter" in ns, default "0:0 80000:0 0:4000"; SMLA_ATTN_STAGGER_NS /
 #     SMLA_ATTN_JITTER_NS, sm90/plan.cuh), tools/trace_attn.py's whole-grid rows (how crowded the CTA starts are) and
 #     its prologue / epilogue rows, then the prefill benchmark (h=128 / 64 32K "fast") alternating over the spreads,
-#     two rounds. One build for all: the spreads are run-time settings there.
+#     two rounds. One build for all: the spreads are run-time settings there. GRID_SWITCHES="NAME=VALUE ...": more
+#     compile-time switches of that copy (tools/variant_tree.sh), e.g. SMLA_SM90P_PREFETCH_NEXT=3.
 # Run from the repository root on the device: bash tools/gpu_issue16.sh (PHASE=trace bash ...).
 set -u
 cd "$(dirname "$0")/.."
@@ -33,7 +34,7 @@ if [ "${PHASE:-ab}" = trace ]; then
 fi
 if [ "${PHASE:-ab}" = grid ]; then
   # in a copy whose stage traces record a mid-run wave (SMLA_TRACE_CTA0, default 3960: the 31st of h=128 32K)
-  bash tools/variant_tree.sh /tmp/i16_grid.tar.gz SMLA_TRACE_CTA0="${TRACE_CTA0:-3960}" > /dev/null || exit 1
+  bash tools/variant_tree.sh /tmp/i16_grid.tar.gz SMLA_TRACE_CTA0="${TRACE_CTA0:-3960}" ${GRID_SWITCHES:-} > /dev/null || exit 1
   rm -rf /tmp/i16_grid && mkdir -p /tmp/i16_grid && tar xzf /tmp/i16_grid.tar.gz -C /tmp/i16_grid && cd /tmp/i16_grid
   export PYTHONPATH=$PWD/src
   SMLA_PROFILE_BUILD=1 python3 setup.py build_ext --inplace -j "$(nproc)" > "$OUT/build.log" 2>&1 || { tail -30 "$OUT/build.log"; exit 1; }

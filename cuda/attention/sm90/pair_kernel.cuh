@@ -83,9 +83,9 @@
 #endif
 
 // SMLA_SM90P_PREFETCH_NEXT (default 0: off): N > 0: N pairs before its last, the producer's first warp asks L2 for the
-// Q rows and the indices of the CTA one wave later (blockIdx.x + the SM count), so that the next CTA's prologue reads
-// them from L2 rather than DRAM. Why: the pair kernel's CTAs run in step (thirty-third / thirty-fourth sessions), so
-// every SM's Q and output go through DRAM in one burst at each CTA boundary.
+// Q rows and the indices of the CTA one wave later (blockIdx.x + the SM count, Args::n_sms), so that the next CTA's
+// prologue reads them from L2 rather than DRAM. Why: the pair kernel's CTAs run in step (thirty-third / thirty-fourth
+// sessions), so every SM's Q and output go through DRAM in one burst at each CTA boundary.
 #ifndef SMLA_SM90P_PREFETCH_NEXT
 #define SMLA_SM90P_PREFETCH_NEXT 0
 #endif
@@ -279,7 +279,7 @@ struct PairProducer {
     __device__ __forceinline__ void prefetch_next() const
     {
         if (c.tid >= 256 + 32) return;
-        const int64_t bx = static_cast<int64_t>(blockIdx.x) + sm_count();
+        const int64_t bx = static_cast<int64_t>(blockIdx.x) + a.n_sms;
         if (bx >= static_cast<int64_t>(gridDim.x)) return;
         const GridPos g = grid_pos_of(a, bx);
         const smla_attn_params &p = a.p;
@@ -332,8 +332,8 @@ struct PairProducer {
                 c0[i] = n0[i];
                 c1[i] = n1[i];
             }
-            if (SMLA_SM90P_PREFETCH_NEXT > 0 && k == (np > SMLA_SM90P_PREFETCH_NEXT ? np - 1 - SMLA_SM90P_PREFETCH_NEXT : 0))
-                prefetch_next();
+            constexpr int kPf = SMLA_SM90P_PREFETCH_NEXT;
+            if (kPf > 0 && k == (np > kPf ? np - 1 - kPf : 0)) prefetch_next();
         }
         cp_async_wait_all();
     }
