@@ -15,7 +15,8 @@ same time can run its waves in step, every SM loading Q and storing its output a
 (SMLA_PROFILE_BUILD=1: the timestamps are compiled in only there).
 
     SMLA_PROFILE_BUILD=1 python3 setup.py build_ext --inplace
-    (a mid-run wave: build a copy made by tools/variant_tree.sh OUT.tar.gz SMLA_TRACE_CTA0=3960)
+    (a mid-run wave: build a copy made by tools/variant_tree.sh OUT.tar.gz SMLA_TRACE_CTA0=3960; with SMLA_TRACE_LIGHT=1
+     as well only each step's start and the prologue / epilogue edges are stamped: cheaper stamps, fewer rows)
     PYTHONPATH=src python3 tools/trace_attn.py [--kernel sm90|sm90p|sm90t|sm90d|sm90n] [--precision fast|high] [--h 128]
         [--stagger-ns N] [--jitter-ns J]  (the first wave spread over N ns, every CTA delayed by up to J ns: do the
                         waves stay apart? the grid rows below)

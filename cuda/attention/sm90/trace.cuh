@@ -23,6 +23,12 @@ namespace sm90 {
 #ifndef SMLA_TRACE_CTA0
 #define SMLA_TRACE_CTA0 0
 #endif
+// SMLA_TRACE_LIGHT = 1: only each step's event 0 (its start) and the edge events are recorded, so that the stamps
+// cost less (the pair kernel's full set made its profiling build ~15% slower than the default build, the wide
+// kernel's ~5%: thirty-fourth session) and the step period and the CTA's boundaries can be read untouched by them.
+#ifndef SMLA_TRACE_LIGHT
+#define SMLA_TRACE_LIGHT 0
+#endif
 constexpr int kTraceCtas = 16, kTraceSlots = 4, kTraceSteps = 48, kTraceEvents = 16;
 constexpr int kTraceCta0 = SMLA_TRACE_CTA0;
 constexpr int kTraceEdge = kTraceSteps - 1;  // the step of the prologue / epilogue events
@@ -43,6 +49,7 @@ constexpr int64_t kTraceAllOff = static_cast<int64_t>(kTraceCtas) * kTraceSlots 
 __device__ __forceinline__ void trace(const Args &a, int step, int ev)
 {
 #if defined(SMLA_ATTN_ABLATION)
+    if (SMLA_TRACE_LIGHT && ev != 0 && step != kTraceEdge) return;
     if (!a.p.run.attn_trace || (threadIdx.x & 31) != 0 || step < 0 || step >= kTraceSteps) return;
     const int w = threadIdx.x >> 5;
     const int slot = w == 0 ? 0 : (w == 4 ? 1 : (w == 8 ? 2 : (w == 10 ? 3 : -1)));
