@@ -273,7 +273,6 @@ struct PairProducer {
         trace(a, kTraceEdge, kTrSpec);
     }
 
-    // speculated: speculate() ran.
     // SMLA_SM90P_PREFETCH_NEXT: the next wave's CTA's Q rows (64 heads, each its latent and RoPE parts) and index row
     // into L2, from the producer's first warp (two heads a lane; a part whose address is not 16-byte aligned is left).
     __device__ __forceinline__ void prefetch_next() const
@@ -300,6 +299,8 @@ struct PairProducer {
             if (n >= 4) pf(s.idx + s.j0 * kBN, static_cast<uint32_t>(4 * n) & ~15u);
         }
     }
+
+    // speculated: speculate() ran.
     __device__ __forceinline__ void run(bool speculated) const
     {
         const int np = (c.nt + 1) / 2;
