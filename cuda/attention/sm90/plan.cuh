@@ -54,6 +54,14 @@ namespace sm90 {
 #ifndef SMLA_SM90_STAGED_OUT
 #define SMLA_SM90_STAGED_OUT 1  // direct output rows staged through Q's smem, 16-byte stores
 #endif
+// The direct output's row statistics (lse, max_logits: row_stats_out, sm90/score_tile.cuh) written before the
+// output's stores instead of after them. Why: a store waits for room in the SM's queue, so the few statistics stores
+// issued last wait behind the whole output (the wide kernel's WG0 ends ~1,800 cycles after its last output store was
+// issued, the pair kernel's ~5,200: thirty-third / thirty-fourth sessions), and the CTA ends with them; first, their
+// double log lies on the way to the first staged block instead. 0 (off, not yet measured): after.
+#ifndef SMLA_SM90_STATS_FIRST
+#define SMLA_SM90_STATS_FIRST 0
+#endif
 #ifndef SMLA_SM90_LAZY_MAX
 #define SMLA_SM90_LAZY_MAX 1  // the wide kernel's reference max moves only by more than 8 (log2)
 #endif
@@ -110,7 +118,7 @@ constexpr bool kSpeculate = SMLA_SM90_SPECULATE != 0, kStagedOut = SMLA_SM90_STA
 constexpr bool kConsumerScan = SMLA_SM90_CONSUMER_SCAN != 0;
 constexpr bool kOutPipe = SMLA_SM90_OUT_PIPE != 0;
 constexpr bool kEarlyOut = SMLA_SM90_EARLY_OUT != 0;
-constexpr bool kOutStsm = SMLA_SM90_OUT_STSM != 0;
+constexpr bool kOutStsm = SMLA_SM90_OUT_STSM != 0, kStatsFirst = SMLA_SM90_STATS_FIRST != 0;
 constexpr bool kLazyMax = SMLA_SM90_LAZY_MAX != 0, kPersistent = SMLA_SM90_PERSISTENT != 0;
 static_assert(!kLazyMax || kStagedOut, "the lazy max writes max_logits from the true max (finish_half_direct)");
 constexpr bool kSpecSoftmax = SMLA_SM90_SPEC_SOFTMAX != 0 && kLazyMax;  // it speculates on the lazy max
