@@ -85,7 +85,7 @@
 // SMLA_SM90P_PREFETCH_NEXT (default 0: off): N > 0: N pairs before its last, the producer's first warp asks L2 for the
 // Q rows and the indices of the CTA one wave later (blockIdx.x + the SM count, Args::n_sms), so that the next CTA's
 // prologue reads them from L2 rather than DRAM. Why: the pair kernel's CTAs run in step (thirty-third / thirty-fourth
-// sessions), so every SM's Q and output go through DRAM in one burst at each CTA boundary.
+// sessions' traces, H100), so every SM's Q and output may go through DRAM in one burst at each CTA boundary.
 #ifndef SMLA_SM90P_PREFETCH_NEXT
 #define SMLA_SM90P_PREFETCH_NEXT 0
 #endif

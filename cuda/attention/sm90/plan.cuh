@@ -57,8 +57,8 @@ namespace sm90 {
 // The direct output's row statistics (lse, max_logits: row_stats_out, sm90/score_tile.cuh) written before the
 // output's stores instead of after them. Why: a store waits for room in the SM's queue, so the few statistics stores
 // issued last wait behind the whole output (the wide kernel's WG0 ends ~1,800 cycles after its last output store was
-// issued, the pair kernel's ~5,200: thirty-third / thirty-fourth sessions), and the CTA ends with them; first, their
-// double log lies on the way to the first staged block instead. 0 (off, not yet measured): after.
+// issued, the pair kernel's ~5,200: thirty-third / thirty-fourth sessions' traces, H100), and the CTA ends with them;
+// first, their double log lies on the way to the first staged block instead. 0 (off, not yet measured): after.
 #ifndef SMLA_SM90_STATS_FIRST
 #define SMLA_SM90_STATS_FIRST 0
 #endif

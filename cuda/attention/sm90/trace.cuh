@@ -25,7 +25,8 @@ namespace sm90 {
 #endif
 // SMLA_TRACE_LIGHT = 1: only each step's event 0 (its start) and the edge events are recorded, so that the stamps
 // cost less (the pair kernel's full set made its profiling build ~15% slower than the default build, the wide
-// kernel's ~5%: thirty-fourth session) and the step period and the CTA's boundaries can be read untouched by them.
+// kernel's ~5%: thirty-fourth session, H100) and the step period and the CTA's boundaries can be read untouched by
+// them.
 #ifndef SMLA_TRACE_LIGHT
 #define SMLA_TRACE_LIGHT 0
 #endif
