@@ -89,6 +89,15 @@
 #ifndef SMLA_SM90P_PREFETCH_NEXT
 #define SMLA_SM90P_PREFETCH_NEXT 0
 #endif
+// SMLA_SM90P_ONE_BODY (default 0): every pair, the last included, runs the loop's one copy of the pair's code, which
+// issues the next pair's S only where there is a next pair (a run-time branch), instead of the last pair being its own
+// instantiation (NEXT = false). Why: the kernel's executed code is ~7,700 instructions (~123 KB, the wide kernel's
+// ~4,400) and 13.7% of its warps' stall samples are "no instruction" (instruction cache misses; the wide kernel's
+// 1.9%): Nsight Compute on an H100, thirty-fifth session. The last pair's copy (~700-800 instructions a warpgroup)
+// runs once per CTA, so it is fetched cold each time and pushes the loop's code out.
+#ifndef SMLA_SM90P_ONE_BODY
+#define SMLA_SM90P_ONE_BODY 0
+#endif
 
 namespace attn {
 namespace sm90 {
@@ -98,6 +107,7 @@ constexpr bool kQTmaScan = SMLA_SM90P_QTMA_SCAN != 0;
 static_assert(SMLA_SM90P_SPECULATE == 0 || SMLA_SM90P_QTMA_SCAN != 0,
               "SMLA_SM90P_SPECULATE copies tile 0 while the consumers scan: it needs SMLA_SM90P_QTMA_SCAN");
 constexpr bool kSpeculate = SMLA_SM90P_SPECULATE != 0;
+constexpr bool kOneBody = SMLA_SM90P_ONE_BODY != 0;
 
 // setmaxnreg: the three warpgroups share the launch allocation, 3 x 168 (plan.cuh).
 constexpr int kConsumerRegs = 224, kProducerRegs = 56;
@@ -608,17 +618,28 @@ struct PairConsumer {
         if (np > 0) {
             s_first(s, 0);
             s_rest(s, 0);
+            if constexpr (kOneBody) {
 #pragma unroll 1
-            for (int k = 0; k + 1 < np; ++k) pair<true>(s, k);
-            pair<false>(s, np - 1);
+                for (int k = 0;; ++k) {
+                    const bool more = k + 1 < np;
+                    pair<true>(s, k, more);
+                    if (!more) break;
+                }
+            } else {
+#pragma unroll 1
+                for (int k = 0; k + 1 < np; ++k) pair<true>(s, k, true);
+                pair<false>(s, np - 1, false);
+            }
         }
     }
 
+    // NEXT: the code that queues the next pair's S is compiled in; more: there is a next pair (run time: NEXT's one
+    // copy of the code for every pair, kOneBody).
     template <bool NEXT>
-    __device__ __forceinline__ void pair(float (&s)[32], int k)
+    __device__ __forceinline__ void pair(float (&s)[32], int k, bool more)
     {
-        if constexpr (W == 0) pair0<NEXT>(s, k);
-        else pair1<NEXT>(s, k);
+        if constexpr (W == 0) pair0<NEXT>(s, k, more);
+        else pair1<NEXT>(s, k, more);
     }
 
     // The local product (this pair's first commit group) completed: its registers may change again.
@@ -655,7 +676,7 @@ struct PairConsumer {
 
     // WG0's pair k: its tile's softmax and local product, the exchange, WG1's P.
     template <bool NEXT>
-    __device__ __forceinline__ void pair0(float (&s)[32], int k)
+    __device__ __forceinline__ void pair0(float (&s)[32], int k, bool more)
     {
         float mx[2], m0[2], m1[2], f[2];
         uint32_t hi[16], lo[16];
@@ -686,6 +707,11 @@ struct PairConsumer {
         named_sync(kBarP1, 256);
         trace(a, k, 6);
         pv_remote();
+        if (kOneBody && !more) {  // the last pair: as NEXT = false, out of the one copy (the caller's loop ends)
+            after_remote<false>(s, k);
+            release(1, kLate);
+            return;
+        }
         after_remote<NEXT>(s, k);
         release(1, kLate);
         next_first<NEXT>(s, k);
@@ -694,7 +720,7 @@ struct PairConsumer {
 
     // WG1's pair k: its tile's softmax after WG0's max, P1 for WG0, local and remote products.
     template <bool NEXT>
-    __device__ __forceinline__ void pair1(float (&s)[32], int k)
+    __device__ __forceinline__ void pair1(float (&s)[32], int k, bool more)
     {
         float mx[2], m0[2], m1[2];
         uint32_t hi[16], lo[16];
@@ -720,6 +746,7 @@ struct PairConsumer {
         after_remote<NEXT>(s, k);
         if constexpr (!kNoLo) release(0, kEarly);  // WG0's P_lo was in it (lo_block)
         release(0, kLate);
+        if (kOneBody && !more) return;  // the last pair (the caller's loop ends)
         next_first<NEXT>(s, k);
         if constexpr (NEXT) s_rest(s, k + 1);
     }
