@@ -48,6 +48,13 @@ namespace sm90 {
 // twenty-eighth session, two calls of two alternated rounds): WG1's store phase 2,890 instead of ~3,470 cycles, but h=128
 // 32K "fast" 4,465.5 / 4,560.4 / 4,522.7 / 4,527.8 us against the tree's 4,535.7 / 4,569.5 / 4,531.4 / 4,570.4 and
 // h=64 within the spread: under 1%, and one fp8 kernel spills 4 B with it. 0 (off): 4-byte shared stores.
+// The staged output's stores (kOutPipe) with each thread's four row addresses (stage and output) taken once for all
+// blocks, instead of per store (a 64-bit multiply and the swizzle each): the epilogue's store phase was ~550
+// instructions of the code a CTA runs once (the pair kernel's epilogue ~2,000), which an H100 fetches cold at every
+// CTA (the pair kernel's "no instruction" stalls, Nsight Compute, thirty-fifth session). 0: the addresses per store.
+#ifndef SMLA_SM90_OUT_HOIST
+#define SMLA_SM90_OUT_HOIST 0
+#endif
 #ifndef SMLA_SM90_OUT_STSM
 #define SMLA_SM90_OUT_STSM 0
 #endif
@@ -117,6 +124,7 @@ constexpr bool kBf16Cluster = SMLA_SM90_BF16_CLUSTER != 0;
 constexpr bool kSpeculate = SMLA_SM90_SPECULATE != 0, kStagedOut = SMLA_SM90_STAGED_OUT != 0;
 constexpr bool kConsumerScan = SMLA_SM90_CONSUMER_SCAN != 0;
 constexpr bool kOutPipe = SMLA_SM90_OUT_PIPE != 0;
+constexpr bool kOutHoist = SMLA_SM90_OUT_HOIST != 0;
 constexpr bool kEarlyOut = SMLA_SM90_EARLY_OUT != 0;
 constexpr bool kOutStsm = SMLA_SM90_OUT_STSM != 0, kStatsFirst = SMLA_SM90_STATS_FIRST != 0;
 constexpr bool kLazyMax = SMLA_SM90_LAZY_MAX != 0, kPersistent = SMLA_SM90_PERSISTENT != 0;
