@@ -63,15 +63,15 @@
 #include "attention/sm90/trace.cuh"
 #include "attention/sm90/variants.cuh"
 
-// SMLA_SM90P_QTMA_SCAN (default 0): the wide kernel's prologue for the pair kernel. Q comes by TMA from one thread
+// SMLA_SM90P_QTMA_SCAN (default 1): the wide kernel's prologue for the pair kernel. Q comes by TMA from one thread
 // (where the launcher described q) instead of the consumers' 256 cp.async, and the 256 consumer threads scan the tiles
-// (scan_tiles_vec) instead of all 384 threads after Q's copies. Measured (H100, thirty-second session, its command in
-// benchmarks/README.md, issue 16): correct (first check, 713 sm90p tests with SPECULATE on top), no faster (h=128 32K
-// fast 5,257 / 5,322 us against 5,255 / 5,257), and with SPECULATE the traced tile scan still ends ~13,400 cycles
-// after the CTA's start (~12,900 before; the wide kernel's ~3,900): the queue this was to remove is not what delays
-// it. Kept off until that is found.
+// (scan_tiles_vec) instead of all 384 threads after Q's copies. Measured no faster in the thirty-second session (H100,
+// h=128 32K fast 5,257 / 5,322 us against 5,255 / 5,257), when the kernel's boundary was bound by instruction fetch
+// (SMLA_SM90P_ONE_BODY below); with ONE_BODY, 4,513 / 4,316 against 4,668 / 4,395 us (h=64 equal; thirty-fifth
+// session, call 2). On since then (the attention suites passed with it, same session). 0: Q by the consumers'
+// cp.async, the tiles scanned by all threads after them.
 #ifndef SMLA_SM90P_QTMA_SCAN
-#define SMLA_SM90P_QTMA_SCAN 0
+#define SMLA_SM90P_QTMA_SCAN 1
 #endif
 // SMLA_SM90P_SPECULATE (default 0, only with SMLA_SM90P_QTMA_SCAN): the wide kernel's speculated tile 0 for the pair
 // kernel. While the consumers scan, the producer copies slice tile 0 into K buffer 0 (both regions) and writes its row
@@ -89,14 +89,19 @@
 #ifndef SMLA_SM90P_PREFETCH_NEXT
 #define SMLA_SM90P_PREFETCH_NEXT 0
 #endif
-// SMLA_SM90P_ONE_BODY (default 0): every pair, the last included, runs the loop's one copy of the pair's code, which
-// issues the next pair's S only where there is a next pair (a run-time branch), instead of the last pair being its own
-// instantiation (NEXT = false). Why: the kernel's executed code is ~7,700 instructions (~123 KB, the wide kernel's
-// ~4,400) and 13.7% of its warps' stall samples are "no instruction" (instruction cache misses; the wide kernel's
-// 1.9%): Nsight Compute on an H100, thirty-fifth session. The last pair's copy (~700-800 instructions a warpgroup)
-// runs once per CTA, so it is fetched cold each time and pushes the loop's code out.
+// SMLA_SM90P_ONE_BODY (default 1): every pair, the last included, runs the loop's one copy of the pair's code, which
+// returns early where there is no next pair (the caller's loop then ends), instead of the last pair being its own
+// instantiation (NEXT = false). Why: the kernel ran ~7,700 distinct instructions (~120 KB; the wide kernel ~4,400) and
+// 13.7% of its warps' stall samples were "no instruction" (instruction cache misses; the wide kernel's 1.9%):
+// Nsight Compute on an H100, thirty-fifth session, tools/sass_regions.py. The last pair's copy (~600-700 instructions
+// a warpgroup) ran once per CTA, fetched cold each time, beside the epilogue (~2,000) and the prologue. Measured
+// (same session, H100, tools/gpu_variants.sh): h=128 32K fast 4,411 / 4,553 us against 5,208 / 5,244, h=64 2,447 /
+// 2,375 against 2,889 / 2,884 (15-17% faster); with QTMA_SCAN and SMLA_SM90_OUT_HOIST "high" 6,101 / 3,121 against
+// 6,881 / 3,659. "No instruction" then 3.4% of the samples. (A run-time branch around the next pair's S chain instead
+// made ptxas serialise every wgmma, C7518; the early return does not.) "high" spills 4 B with it. 0: the last pair
+// as its own instantiation.
 #ifndef SMLA_SM90P_ONE_BODY
-#define SMLA_SM90P_ONE_BODY 0
+#define SMLA_SM90P_ONE_BODY 1
 #endif
 
 namespace attn {
@@ -611,7 +616,8 @@ struct PairConsumer {
     // Pairs k = 0 .. np - 1: tile 2k in buffer 0, 2k + 1 in buffer 1 (an odd count's last pair has a
     // tile of zeros with no valid row in buffer 1, so that every pair is whole). Every path through a
     // pair waits for the same tensor-core groups: a branch around a wgmma would make the compiler
-    // serialise every wgmma of the kernel. So the last pair is its own instantiation (NEXT = false).
+    // serialise every wgmma of the kernel. So the last pair returns early from the loop's copy (kOneBody:
+    // the early return is no such branch) or is its own instantiation (NEXT = false).
     __device__ __forceinline__ void run(int np)
     {
         float s[32];

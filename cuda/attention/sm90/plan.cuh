@@ -49,11 +49,13 @@ namespace sm90 {
 // 32K "fast" 4,465.5 / 4,560.4 / 4,522.7 / 4,527.8 us against the tree's 4,535.7 / 4,569.5 / 4,531.4 / 4,570.4 and
 // h=64 within the spread: under 1%, and one fp8 kernel spills 4 B with it. 0 (off): 4-byte shared stores.
 // The staged output's stores (kOutPipe) with each thread's four row addresses (stage and output) taken once for all
-// blocks, instead of per store (a 64-bit multiply and the swizzle each): the epilogue's store phase was ~550
-// instructions of the code a CTA runs once (the pair kernel's epilogue ~2,000), which an H100 fetches cold at every
-// CTA (the pair kernel's "no instruction" stalls, Nsight Compute, thirty-fifth session). 0: the addresses per store.
+// blocks, instead of per store (a 64-bit multiply and the swizzle each): the store phase was ~550 of the ~2,000
+// instructions of the pair kernel's epilogue, code a CTA runs once and an H100 fetched cold at every CTA (Nsight
+// Compute, thirty-fifth session); with it ~430 fewer. Measured with SMLA_SM90P_ONE_BODY and QTMA_SCAN (same session,
+// H100): the pair kernel within the spread of those two alone (h=128 32K fast 4,313-4,636 us, h=64 2,379-2,473 with or
+// without stmatrix); the attention suites passed with it (and stmatrix). 0: the addresses per store.
 #ifndef SMLA_SM90_OUT_HOIST
-#define SMLA_SM90_OUT_HOIST 0
+#define SMLA_SM90_OUT_HOIST 1
 #endif
 #ifndef SMLA_SM90_OUT_STSM
 #define SMLA_SM90_OUT_STSM 0
