@@ -264,18 +264,20 @@ __device__ __forceinline__ void stage_out_cols(const Args &a, const CtaCommon &c
     };
     const int tw = c.tid & 127;
     uint16_t *const out_row = p.out + c.bi * p.out_stride_b + c.si * p.out_stride_s + col0;
-    if constexpr (kOutPipe && kOutHoist) {
-        // 64 rows x 8 chunks of a block over 128 threads: this thread's rows 16 k + tw / 8 (k < 4) and chunk tw % 8 of
-        // every block, their stage and output addresses taken once (block j: + j kBlk, + 64 j columns)
+    if constexpr (kOutPipe) {
+        // 64 rows x 8 chunks of a block over 128 threads: this thread's rows 16 k + tw / 8 (k < 4), chunk tw % 8 of
+        // every block; kOutHoist: their stage and output addresses taken once (block j: + j kBlk, + 64 j columns)
         uint32_t sa[4];
         uint16_t *op[4];
         bool ok[4];
+        if constexpr (kOutHoist) {
 #pragma unroll
-        for (int k = 0; k < 4; ++k) {
-            const int row = 16 * k + (tw >> 3);
-            ok[k] = h0 + row < c.h;
-            sa[k] = blk_addr(stage, row, k0 + (tw & 7));
-            op[k] = out_row + (h0 + row) * p.out_stride_h + 8 * (tw & 7);
+            for (int k = 0; k < 4; ++k) {
+                const int row = 16 * k + (tw >> 3);
+                ok[k] = h0 + row < c.h;
+                sa[k] = blk_addr(stage, row, k0 + (tw & 7));
+                op[k] = out_row + (h0 + row) * p.out_stride_h + 8 * (tw & 7);
+            }
         }
 #pragma unroll
         for (int j = 0; j < kChunks / 8; ++j) {
@@ -283,21 +285,15 @@ __device__ __forceinline__ void stage_out_cols(const Args &a, const CtaCommon &c
             named_sync(bar, 128);
             if (j == 0) trace(a, kTraceEdge, kTrStageMet);
 #pragma unroll
-            for (int k = 0; k < 4; ++k)
-                if (ok[k]) st_global_cs_v4(op[k] + 64 * j, ld_shared_v4(sa[k] + j * kBlk));  // streaming: not read again
-        }
-    } else if constexpr (kOutPipe) {
-#pragma unroll
-        for (int j = 0; j < kChunks / 8; ++j) {
-            put(8 * j, 8 * j + 8);
-            named_sync(bar, 128);
-            if (j == 0) trace(a, kTraceEdge, kTrStageMet);
-#pragma unroll
-            for (int k = 0; k < 4; ++k) {  // 64 rows x 8 chunks over 128 threads
-                const int row = 16 * k + (tw >> 3), cc = 8 * j + (tw & 7);
-                if (h0 + row >= c.h) break;  // rows ascend with k
-                const uint4 v = ld_shared_v4(blk_addr(stage, row, k0 + cc));
-                st_global_cs_v4(out_row + (h0 + row) * p.out_stride_h + 8 * cc, v);  // streaming: not read again
+            for (int k = 0; k < 4; ++k) {
+                if constexpr (kOutHoist) {
+                    if (ok[k]) st_global_cs_v4(op[k] + 64 * j, ld_shared_v4(sa[k] + j * kBlk));  // streaming
+                } else {
+                    const int row = 16 * k + (tw >> 3), cc = 8 * j + (tw & 7);
+                    if (h0 + row >= c.h) break;  // rows ascend with k
+                    const uint4 v = ld_shared_v4(blk_addr(stage, row, k0 + cc));
+                    st_global_cs_v4(out_row + (h0 + row) * p.out_stride_h + 8 * cc, v);  // streaming: not read again
+                }
             }
         }
     } else {
