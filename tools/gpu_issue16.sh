@@ -17,7 +17,7 @@
 #     SMLA_ATTN_JITTER_NS, sm90/plan.cuh), tools/trace_attn.py's whole-grid rows (how crowded the CTA starts are) and
 #     its prologue / epilogue rows, then the prefill benchmark (h=128 / 64 32K "fast") alternating over the spreads,
 #     two rounds. One build for all: the spreads are run-time settings there. GRID_SWITCHES="NAME=VALUE ...": more
-#     compile-time switches of that copy (tools/variant_tree.sh), e.g. SMLA_SM90P_PREFETCH_NEXT=3.
+#     compile-time switches of that copy (tools/variant_tree.sh), e.g. SMLA_TRACE_LIGHT=1.
 # Run from the repository root on the device: bash tools/gpu_issue16.sh (PHASE=trace bash ...).
 set -u
 cd "$(dirname "$0")/.."

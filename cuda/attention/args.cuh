@@ -51,12 +51,6 @@ struct Args {
 #ifndef SMLA_Q_TMA
 #define SMLA_Q_TMA 1
 #endif
-// Prefill's K rows carry an L2 evict_last hint (Args::evict_last: rows of neighbouring queries share K). 0: the
-// default policy, so that L2 has more room for the CTA boundaries' Q reads and output writes (an experiment for the
-// pair kernel, whose CTAs cross their boundaries together: benchmarks/README.md, issue 16, thirty-fourth session).
-#ifndef SMLA_PREFILL_K_EVICT_LAST
-#define SMLA_PREFILL_K_EVICT_LAST 1
-#endif
 
 // What one CTA of query row (bi, si) and top-k split sp reads: the row's indices, its top-k length L
 // (topk_length clamped to [0, topk]) and its tiles [j0, j1) of bn tokens (j1 <= j0: none).

@@ -333,7 +333,7 @@ int run_attention(const smla_attn_params *p, bool is_decode, smla_status *st)
     a.n_ht = static_cast<int>(L.n_ht);
     a.scale_log2 = smla_attn_scale_log2(p->softmax_scale);
     a.ml_factor = smla_attn_to_ln(p->softmax_scale, a.scale_log2);
-    a.evict_last = is_decode ? 0 : SMLA_PREFILL_K_EVICT_LAST;
+    a.evict_last = is_decode ? 0 : 1;
     a.n_sms = L.props.sms;
     a.o_part = nullptr;
     a.lse_part = nullptr;

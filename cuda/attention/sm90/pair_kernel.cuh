@@ -82,13 +82,6 @@
 #define SMLA_SM90P_SPECULATE 0
 #endif
 
-// SMLA_SM90P_PREFETCH_NEXT (default 0: off): N > 0: N pairs before its last, the producer's first warp asks L2 for the
-// Q rows and the indices of the CTA one wave later (blockIdx.x + the SM count, Args::n_sms), so that the next CTA's
-// prologue reads them from L2 rather than DRAM. Why: the pair kernel's CTAs run in step (thirty-third / thirty-fourth
-// sessions' traces, H100), so every SM's Q and output may go through DRAM in one burst at each CTA boundary.
-#ifndef SMLA_SM90P_PREFETCH_NEXT
-#define SMLA_SM90P_PREFETCH_NEXT 0
-#endif
 // SMLA_SM90P_ONE_BODY (default 1): every pair, the last included, runs the loop's one copy of the pair's code, which
 // returns early where there is no next pair (the caller's loop then ends), instead of the last pair being its own
 // instantiation (NEXT = false). Why: the kernel ran ~7,700 distinct instructions (~120 KB; the wide kernel ~4,400) and
@@ -288,33 +281,6 @@ struct PairProducer {
         trace(a, kTraceEdge, kTrSpec);
     }
 
-    // SMLA_SM90P_PREFETCH_NEXT: the next wave's CTA's Q rows (64 heads, each its latent and RoPE parts) and index row
-    // into L2, from the producer's first warp (two heads a lane; a part whose address is not 16-byte aligned is left).
-    __device__ __forceinline__ void prefetch_next() const
-    {
-        if (c.tid >= 256 + 32) return;
-        const int64_t bx = static_cast<int64_t>(blockIdx.x) + a.n_sms;
-        if (bx >= static_cast<int64_t>(gridDim.x)) return;
-        const GridPos g = grid_pos_of(a, bx);
-        const smla_attn_params &p = a.p;
-        const int lane = c.tid - 256;
-        const auto pf = [](const void *src, uint32_t bytes) {
-            if ((reinterpret_cast<uintptr_t>(src) & 15u) == 0) bulk_prefetch_l2(src, bytes);
-        };
-#pragma unroll
-        for (int i = 0; i < 2; ++i) {
-            const int h = g.ht * kHT + 2 * lane + i;
-            if (h >= c.h) break;
-            pf(smla_q_at(&p, g.bi, g.si, h, 0), 2 * kDv);
-            pf(smla_q_at(&p, g.bi, g.si, h, kDv), 2 * (kDqk - kDv));
-        }
-        if (lane == 0) {
-            const RowSlice s = row_slice(a, g.bi, g.si, g.sp, kBN);
-            const int n = min(s.L - s.j0 * kBN, (s.j1 - s.j0) * kBN);  // the slice's indices; whole 16-byte pieces only
-            if (n >= 4) pf(s.idx + s.j0 * kBN, static_cast<uint32_t>(4 * n) & ~15u);
-        }
-    }
-
     // speculated: speculate() ran.
     __device__ __forceinline__ void run(bool speculated) const
     {
@@ -348,8 +314,6 @@ struct PairProducer {
                 c0[i] = n0[i];
                 c1[i] = n1[i];
             }
-            constexpr int kPf = SMLA_SM90P_PREFETCH_NEXT;
-            if (kPf > 0 && k == (np > kPf ? np - 1 - kPf : 0)) prefetch_next();
         }
         cp_async_wait_all();
     }

@@ -48,6 +48,9 @@ namespace sm90 {
 // twenty-eighth session, two calls of two alternated rounds): WG1's store phase 2,890 instead of ~3,470 cycles, but h=128
 // 32K "fast" 4,465.5 / 4,560.4 / 4,522.7 / 4,527.8 us against the tree's 4,535.7 / 4,569.5 / 4,531.4 / 4,570.4 and
 // h=64 within the spread: under 1%, and one fp8 kernel spills 4 B with it. 0 (off): 4-byte shared stores.
+#ifndef SMLA_SM90_OUT_STSM
+#define SMLA_SM90_OUT_STSM 0
+#endif
 // The staged output's stores (kOutPipe) with each thread's four row addresses (stage and output) taken once for all
 // blocks, instead of per store (a 64-bit multiply and the swizzle each): the store phase was ~550 of the ~2,000
 // instructions of the pair kernel's epilogue, code a CTA runs once and an H100 fetched cold at every CTA (Nsight
@@ -57,19 +60,8 @@ namespace sm90 {
 #ifndef SMLA_SM90_OUT_HOIST
 #define SMLA_SM90_OUT_HOIST 1
 #endif
-#ifndef SMLA_SM90_OUT_STSM
-#define SMLA_SM90_OUT_STSM 0
-#endif
 #ifndef SMLA_SM90_STAGED_OUT
 #define SMLA_SM90_STAGED_OUT 1  // direct output rows staged through Q's smem, 16-byte stores
-#endif
-// The direct output's row statistics (lse, max_logits: row_stats_out, sm90/score_tile.cuh) written before the
-// output's stores instead of after them. Why: a store waits for room in the SM's queue, so the few statistics stores
-// issued last wait behind the whole output (the wide kernel's WG0 ends ~1,800 cycles after its last output store was
-// issued, the pair kernel's ~5,200: thirty-third / thirty-fourth sessions' traces, H100), and the CTA ends with them;
-// first, their double log lies on the way to the first staged block instead. 0 (off, not yet measured): after.
-#ifndef SMLA_SM90_STATS_FIRST
-#define SMLA_SM90_STATS_FIRST 0
 #endif
 #ifndef SMLA_SM90_LAZY_MAX
 #define SMLA_SM90_LAZY_MAX 1  // the wide kernel's reference max moves only by more than 8 (log2)
@@ -128,7 +120,7 @@ constexpr bool kConsumerScan = SMLA_SM90_CONSUMER_SCAN != 0;
 constexpr bool kOutPipe = SMLA_SM90_OUT_PIPE != 0;
 constexpr bool kOutHoist = SMLA_SM90_OUT_HOIST != 0;
 constexpr bool kEarlyOut = SMLA_SM90_EARLY_OUT != 0;
-constexpr bool kOutStsm = SMLA_SM90_OUT_STSM != 0, kStatsFirst = SMLA_SM90_STATS_FIRST != 0;
+constexpr bool kOutStsm = SMLA_SM90_OUT_STSM != 0;
 constexpr bool kLazyMax = SMLA_SM90_LAZY_MAX != 0, kPersistent = SMLA_SM90_PERSISTENT != 0;
 static_assert(!kLazyMax || kStagedOut, "the lazy max writes max_logits from the true max (finish_half_direct)");
 constexpr bool kSpecSoftmax = SMLA_SM90_SPEC_SOFTMAX != 0 && kLazyMax;  // it speculates on the lazy max

@@ -203,8 +203,7 @@ __device__ __forceinline__ void finish_cols(const Args &a, const CtaCommon &c, i
 //
 // row_factor: the factor of row hr's output (finish_row's arithmetic: out_factor, 1 / l, 0 for an empty row); the lse
 // (a double log) only for attn_sink's factor. row_stats_out: by the row's lead (the quad lead of the warpgroup of
-// column 0), its lse and max_logits (row_lse, row_max_logit), after its stores: the log's latency then overlaps them
-// (kStatsFirst, plan.cuh: before them, not queued behind them).
+// column 0), its lse and max_logits (row_lse, row_max_logit), after its stores: the log's latency then overlaps them.
 __device__ __forceinline__ float row_factor(const Args &a, int hr, const RowStat &rs)
 {
     const smla_attn_params &p = a.p;
@@ -354,7 +353,7 @@ __device__ __forceinline__ void store_out_cols_regs(const Args &a, const CtaComm
 }
 
 // Both: both rows' factors first (their double divisions side by side), then hand(f) (the wide kernel's WG0 hands them
-// to WG1 there: ConsumerBase::early_out), stage_out_cols, then the rows' lse (kStatsFirst, plan.cuh: before it).
+// to WG1 there: ConsumerBase::early_out), stage_out_cols, then the rows' lse.
 struct NoHandOver {
     __device__ __forceinline__ void operator()(const float (&)[2]) const {}
 };
@@ -371,21 +370,17 @@ __device__ __forceinline__ void finish_cols_direct(const Args &a, const CtaCommo
         if (hr < c.h) f[hf] = row_factor(a, hr, stat(hf, r0 + 8 * hf));
     }
     hand(f);
-    const auto stats = [&] {
-        if (col0 == 0 && t4 == 0) {
-#pragma unroll
-            for (int hf = 0; hf < 2; ++hf) {
-                const int hr = h0 + r0 + 8 * hf;
-                if (hr < c.h) row_stats_out(a, c, hr, stat(hf, r0 + 8 * hf));
-            }
-        }
-    };
-    if constexpr (kStatsFirst) stats();  // plan.cuh: not queued behind the output's stores
     trace(a, kTraceEdge, kTrStaged);
     if constexpr (STAGE) stage_out_cols(a, c, h0, r0, col0, t4, o, f, stage, bar);
     else store_out_cols_regs(a, c, h0, r0, col0, t4, o, f);
     trace(a, kTraceEdge, kTrOut);
-    if constexpr (!kStatsFirst) stats();
+    if (col0 == 0 && t4 == 0) {
+#pragma unroll
+        for (int hf = 0; hf < 2; ++hf) {
+            const int hr = h0 + r0 + 8 * hf;
+            if (hr < c.h) row_stats_out(a, c, hr, stat(hf, r0 + 8 * hf));
+        }
+    }
 }
 
 // The rule: a call's output goes through shared memory (finish_cols_direct) where it is direct (no top-k split) and
