@@ -1024,6 +1024,27 @@ def test_narrow_lazy_maximum(kind, h, mult, precision, monkeypatch):
         check_decode(out, lse, out_ref, lse_ref, name=name, precision=precision, out_abs=out_abs)
 
 
+@pytest.mark.parametrize("precision", ref.PRECISIONS)
+@pytest.mark.parametrize("mult", [4.0, 32.0, 1e-3])
+@pytest.mark.parametrize("h", [64, 100, 128])
+@pytest.mark.parametrize("family", ["sm90", "sm90p"])
+def test_prefill_lazy_maximum(family, h, mult, precision, monkeypatch):
+    """The wide kernel (sm90) and the pair kernel (sm90p, SMLA_SM90P_LAZY_MAX) take P against a lazy maximum
+    where they keep one: a tile whose maximum is within 2^8 of it (log2 domain) keeps it, a larger jump moves
+    it (in the pair kernel both warpgroups agree on it once per pair of tiles), and max_logits is the true
+    maximum. The scales of the dims and narrow tests (x4, x32: the maxima jump often and far; x1e-3: hardly
+    at all), with top-k lengths and sinks, against the float64 oracle."""
+    if not _is_hopper():
+        pytest.skip("the sm90 kernels need a compute capability 9.0 GPU")
+    monkeypatch.setenv("SMLA_ATTN_KERNEL", family)
+    c = prefill_case(37, h, 4096, 2048, seed=2500 + h + int(mult), tl_mode="rand", sink_mode="mixed",
+                     scale=PRE_SCALE * mult)
+    out_ref, lse_ref, ml_ref, out_abs = prefill_oracle(c, return_abs=True)
+    out, lse, ml = run_prefill(c, precision=precision)
+    check_prefill(out, lse, ml, out_ref, lse_ref, ml_ref, name=f"{family} h{h} x{mult} {precision}",
+                  precision=precision, out_abs=out_abs)
+
+
 def _small_head_prefill_grid():
     cases = []
     shapes = [(62, 592, 128), (213, 8192, 2048), (5, 32, 2048), (300, 1840, 256)]

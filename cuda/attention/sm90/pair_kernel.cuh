@@ -97,6 +97,17 @@
 #define SMLA_SM90P_ONE_BODY 1
 #endif
 
+// SMLA_SM90P_LAZY_MAX (default 0): the lazy maximum of the wide kernel (sm90/score_tile.cuh, move_ref_max) for the
+// pair kernel. The maximum both warpgroups agree on per pair moves only where a tile's maximum exceeds it by more than
+// kLazySlack (log2 units, attention/softmax.cuh), so P <= 2^8 and WG0's two rescales of O and its P's rescale (and
+// WG1's rescale of O) are skipped by their warp votes in most pairs (with the exact maximum they ran in most pairs:
+// the maximum of a row creeps up in ~1 of t tiles, and a warp holds 16 rows). Each warpgroup keeps the true maximum of
+// its own tiles beside it for max_logits (added in the epilogue): 1 in registers, 2 in shared memory (one load and
+// store a tile by each quad's lead: 2 registers fewer). 0: the running maximum itself.
+#ifndef SMLA_SM90P_LAZY_MAX
+#define SMLA_SM90P_LAZY_MAX 0
+#endif
+
 namespace attn {
 namespace sm90 {
 namespace pair {
@@ -106,6 +117,7 @@ static_assert(SMLA_SM90P_SPECULATE == 0 || SMLA_SM90P_QTMA_SCAN != 0,
               "SMLA_SM90P_SPECULATE copies tile 0 while the consumers scan: it needs SMLA_SM90P_QTMA_SCAN");
 constexpr bool kSpeculate = SMLA_SM90P_SPECULATE != 0;
 constexpr bool kOneBody = SMLA_SM90P_ONE_BODY != 0;
+constexpr bool kLazy = SMLA_SM90P_LAZY_MAX != 0, kLazySmem = SMLA_SM90P_LAZY_MAX == 2;
 
 // setmaxnreg: the three warpgroups share the launch allocation, 3 x 168 (plan.cuh).
 constexpr int kConsumerRegs = 224, kProducerRegs = 56;
@@ -124,7 +136,8 @@ struct Smem {
     static constexpr Region mrow = region_after(valid, 2 * kHT * 4); // float [2][64]: m0, m1 of the exchange
     static constexpr Region mask = region_after(mrow, kMaskWords * 4);  // the non-empty tiles
     static constexpr Region qbar = region_after(mask, 8);                // Q's TMA mbarrier (kQTmaScan, a.q_tma)
-    static constexpr int used = qbar.end();
+    static constexpr Region mtrue = region_after(qbar, 2 * kHT * 4);     // float [2][64]: kLazy's true maxima
+    static constexpr int used = mtrue.end();
     static constexpr int bytes = used + 1024;  // slack to align the base to 1024 B
     static_assert(q.off % 1024 == 0 && k.off % 1024 == 0 && plo.off % 1024 == 0, "swizzled tiles");
     static_assert(bar.off % 8 == 0 && qbar.off % 8 == 0, "mbarriers are 8-byte");
@@ -152,6 +165,7 @@ struct Cta : CtaCommon {
     float *sM;       // [2][64]: m0 (WG0), m1 (WG1)
     uint32_t *mask;  // [kMaskWords]: the non-empty tiles
     double *sL;      // [2][64], the epilogue's row sums (over the P_lo block)
+    float *sMt;      // [2][64]: kLazy's true row maxima (kLazySmem: through the loop; else the epilogue's)
 
     __device__ __forceinline__ Cta(const Args &a, uint8_t *smem_raw, const GridPos &gp)
         : CtaCommon(a, smem_raw, gp, Smem::q.off, Smem::k.off, Smem::bar.off, Smem::valid.off)
@@ -161,6 +175,7 @@ struct Cta : CtaCommon {
         sM = reinterpret_cast<float *>(smem + Smem::mrow.off);
         mask = reinterpret_cast<uint32_t *>(smem + Smem::mask.off);
         sL = reinterpret_cast<double *>(smem + Smem::plo.off);
+        sMt = reinterpret_cast<float *>(smem + Smem::mtrue.off);
     }
     // full[b][r] and empty[b][r] (CtaCommon's bar_full is the first of the 8)
     __device__ __forceinline__ uint32_t full(int b, int r) const { return bar_full + 8 * (2 * b + r); }
@@ -345,7 +360,8 @@ struct PairConsumer {
     const Cta &c;
     const int t4, r0;  // rows r0, r0 + 8 of the 64 heads
     float o[128];         // O[r0 / r0 + 8][256 W + 8 jn + 2 t4 + {0, 1}] at o[4 jn + {0, 1} / {2, 3}]
-    float m[2] = {-INFINITY, -INFINITY};
+    float m[2] = {-INFINITY, -INFINITY};    // the maximum P is taken against (kLazy: the lazy reference)
+    float mt[2] = {-INFINITY, -INFINITY};   // kLazy, not kLazySmem: the true maximum of this warpgroup's tiles
     double l[2] = {0.0, 0.0};  // row sums of this warpgroup's tiles (see sm80/tile.cuh)
 
     __device__ __forceinline__ PairConsumer(const Args &a_, const Cta &cta)
@@ -353,6 +369,7 @@ struct PairConsumer {
     {
 #pragma unroll
         for (int i = 0; i < 128; ++i) o[i] = 0.f;
+        if (kLazySmem && t4 == 0) c.sMt[W * kHT + r0] = c.sMt[W * kHT + r0 + 8] = -INFINITY;
     }
 
     __device__ __forceinline__ void wait_q() const
@@ -422,10 +439,20 @@ struct PairConsumer {
     }
 
     // --- softmax -----------------------------------------------------------------------------------
-    // Mask (row flags of buffer W), scale, the tile's row maxima (sm90/score_tile.cuh).
-    __device__ __forceinline__ void mask_scores(float (&s)[32], float (&mx)[2]) const
+    // Mask (row flags of buffer W), scale, the tile's row maxima (sm90/score_tile.cuh); kLazy: the true maxima.
+    __device__ __forceinline__ void mask_scores(float (&s)[32], float (&mx)[2])
     {
         sm90::mask_scores(c.sValid + W * kBN, a.scale_log2, t4, m, s, mx);
+        if constexpr (kLazySmem) {
+            if (t4 == 0) {
+                float *const p = c.sMt + W * kHT + r0;  // only this thread reads and writes its rows' entries
+                p[0] = fmaxf(p[0], mx[0]);
+                p[8] = fmaxf(p[8], mx[1]);
+            }
+        } else if constexpr (kLazy) {
+            mt[0] = fmaxf(mt[0], mx[0]);
+            mt[1] = fmaxf(mt[1], mx[1]);
+        }
     }
 
     // The exponent base of row max mn (0 for a row with nothing yet: its p are all 0).
@@ -566,12 +593,14 @@ struct PairConsumer {
         v[0] = c.sM[w * kHT + r0];
         v[1] = c.sM[w * kHT + r0 + 8];
     }
-    // This warpgroup's new running max mn = max(ref, mx) per row, published for the peer (barrier bar).
+    // This warpgroup's new maximum mn per row after its tile's mx, published for the peer (barrier bar): max(ref, mx),
+    // or kLazy ref unless mx exceeds it by more than kLazySlack (NaN keeps it, as fmaxf).
     __device__ __forceinline__ void publish_max(const float (&ref)[2], const float (&mx)[2], float (&mn)[2],
                                                 int bar) const
     {
-        mn[0] = fmaxf(ref[0], mx[0]);
-        mn[1] = fmaxf(ref[1], mx[1]);
+#pragma unroll
+        for (int i = 0; i < 2; ++i)
+            mn[i] = kLazy ? (mx[i] > ref[i] + kLazySlack ? mx[i] : ref[i]) : fmaxf(ref[i], mx[i]);
         put_m(W, mn);
         named_arrive(bar, 256);
     }
@@ -733,10 +762,16 @@ struct PairConsumer {
         if (t4 == 0) {
             c.sL[W * kHT + r0] = l[0];
             c.sL[W * kHT + r0 + 8] = l[1];
+            if constexpr (kLazy && !kLazySmem) {
+                c.sMt[W * kHT + r0] = mt[0];
+                c.sMt[W * kHT + r0 + 8] = mt[1];
+            }
         }
         named_sync(kBarL, 256);  // every S is done too: Q's region may hold the staged output
         trace(a, kTraceEdge, kTrStats);
-        const auto stat = [&](int hf, int rl) { return RowStat{m[hf], c.sL[rl] + c.sL[kHT + rl], m[hf]}; };
+        const auto stat = [&](int hf, int rl) {
+            return RowStat{m[hf], c.sL[rl] + c.sL[kHT + rl], kLazy ? fmaxf(c.sMt[rl], c.sMt[kHT + rl]) : m[hf]};
+        };
         finish_o_cols(a, c, c.h0, r0, 256 * W, t4, o, stat, c.sQ, kBarOut + W);
     }
 };
