@@ -7,7 +7,7 @@
 # those that fail or hang; TESTS="pytest args" (and TESTS_K, a -k expression) runs those tests on each
 # tree, one tree at a time (four test processes side by side ran out of device memory on the h=128
 # s_q=4096 prefill cases); then a benchmark (BENCH, default bench_sparse_mla_decode.py) alternates
-# between the trees (ARGS, default the small-head decode shapes), twice, its lines (LINES, default 4)
+# between the trees (ARGS, default the small-head decode shapes), ROUNDS times (default 2), its lines (LINES, default 4)
 # after each tree's name. REBUILD="globs": see below (a faster build when only some objects differ).
 set -u
 cd "$(dirname "$0")/.."
@@ -60,7 +60,7 @@ if [ -n "${TESTS:-}" ]; then
 fi
 BENCH=${BENCH:-bench_sparse_mla_decode.py}
 ARGS=${ARGS:---shape 16,1,128 --shape 32,1,128 --shape 8,1,128 --no-graph --no-baseline --iters 30}
-for i in 1 2; do
+for i in $(seq 1 "${ROUNDS:-2}"); do
   for d in "${ok[@]}"; do
     echo "== $(basename "$d") (round $i)"
     (cd "$d" && PYTHONPATH="$d/src" timeout 150 python3 "benchmarks/$BENCH" $ARGS 2>&1 | grep -v "^#" | tail -n "${LINES:-4}")

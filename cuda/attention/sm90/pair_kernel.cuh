@@ -105,7 +105,7 @@
 // its own tiles beside it for max_logits (added in the epilogue): 1 in registers, 2 in shared memory (one load and
 // store a tile by each quad's lead: 2 registers fewer). 0: the running maximum itself.
 #ifndef SMLA_SM90P_LAZY_MAX
-#define SMLA_SM90P_LAZY_MAX 0
+#define SMLA_SM90P_LAZY_MAX 2
 #endif
 
 namespace attn {
