@@ -141,6 +141,13 @@ const KernelEntry *smallest_holding(Family fam, bool fp8, int64_t h, const DevPr
 // The dims kernel is the default for fp8 caches at h <= 16 when b * s_q * kDimsRowsPerSm >= the SMs.
 constexpr int64_t kDimsRowsPerSm = 4;
 
+// SMLA_SM90P_AUTO (default 0): auto picks the pair kernel (sm90p) over a bf16 K source for h > 32 where the call's
+// rows fill the SMs (b * s_q >= SMs: prefill, large decode batches; fewer rows split the top-k, which the wide kernel
+// merges in the same launch). 0: the wide kernel there.
+#ifndef SMLA_SM90P_AUTO
+#define SMLA_SM90P_AUTO 0
+#endif
+
 // The kernel for h heads over a cache of format fp8 (b * s_q = rows) on device d, by these rules:
 // 1. On a compute capability 9.0 device (sm_90a code runs nowhere else) of a binary that has the sm90
 //    kernels (SMLA_HAVE_SM90), unless the call asked for portable: for h <= 32 the register kernel
@@ -169,7 +176,8 @@ bool choose(int64_t h, bool fp8, bool fast, int64_t rows, int request, const Dev
         if (!k && !fp8 && fast && request == kSm90t) k = first_fitting(Family::sm90t, fp8, d);
         if (!k && request != kSm90 && request != kSm90p && request != kSm90t)
             k = smallest_holding(Family::sm90n, fp8, h, d);
-        if (!k && !fp8 && request == kSm90p) k = first_fitting(Family::sm90p, fp8, d);
+        const bool pair_auto = SMLA_SM90P_AUTO && request == kAuto && h > 32 && rows >= d.sms;
+        if (!k && !fp8 && (request == kSm90p || pair_auto)) k = first_fitting(Family::sm90p, fp8, d);
         if (!k && (h > 32 || request != kAuto)) k = first_fitting(Family::sm90, fp8, d);
         if (k) {
             *out = make_choice(k, d);

@@ -60,16 +60,17 @@ extern const KernelList kSm90tBf16Kernels;  // sm90/tri_bf16.cu
 // One plain launch of KERNEL (an attention kernel of Args) over `grid` CTAs of `threads` threads and `smem`
 // bytes of dynamic shared memory, its shared-memory limit raised once per device first: the launch of the
 // families without a fused split (sm80, the pair, register and dims kernels; the wide and narrow ones
-// also choose a cooperative launch).
+// also choose a cooperative launch); cluster > 1: in clusters of that many CTAs along x (grid a multiple of it).
 template <auto KERNEL>
-int launch_kernel(Args &a, int64_t grid, int threads, int smem, cudaStream_t s, int dev, smla_status *st)
+int launch_kernel(Args &a, int64_t grid, int threads, int smem, cudaStream_t s, int dev, smla_status *st,
+                  int cluster = 1)
 {
     static OncePerDevice configured;
     if (configured.needed(dev)) {
         SMLA_CUDA_CHECK(st, cudaFuncSetAttribute(KERNEL, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
         configured.mark(dev);
     }
-    smla_launch(KERNEL, dim3(static_cast<unsigned>(grid)), dim3(threads), smem, s, 1, a);
+    smla_launch(KERNEL, dim3(static_cast<unsigned>(grid)), dim3(threads), smem, s, cluster, a);
     SMLA_CUDA_LAUNCH_CHECK(st);
     return SMLA_OK;
 }

@@ -108,6 +108,18 @@
 #define SMLA_SM90P_LAZY_MAX 2
 #endif
 
+// SMLA_SM90P_CLUSTER (default 0): with two head tiles and no top-k split, a row's two CTAs launched as a cluster of 2
+// (the wide kernel's SMLA_SM90_BF16_CLUSTER, plan.cuh: side by side in one GPC, for the L2; nothing in the kernel uses
+// the cluster).
+#ifndef SMLA_SM90P_CLUSTER
+#define SMLA_SM90P_CLUSTER 0
+#endif
+// SMLA_SM90P_OUT_STSM (default 0): the staged output by stmatrix in the pair kernel only (SMLA_SM90_OUT_STSM, plan.cuh,
+// for every staging kernel: an fp8 wide kernel spills with it).
+#ifndef SMLA_SM90P_OUT_STSM
+#define SMLA_SM90P_OUT_STSM 0
+#endif
+
 namespace attn {
 namespace sm90 {
 namespace pair {
@@ -118,6 +130,7 @@ static_assert(SMLA_SM90P_SPECULATE == 0 || SMLA_SM90P_QTMA_SCAN != 0,
 constexpr bool kSpeculate = SMLA_SM90P_SPECULATE != 0;
 constexpr bool kOneBody = SMLA_SM90P_ONE_BODY != 0;
 constexpr bool kLazy = SMLA_SM90P_LAZY_MAX != 0, kLazySmem = SMLA_SM90P_LAZY_MAX == 2;
+constexpr bool kCluster = SMLA_SM90P_CLUSTER != 0, kOutStsmPair = SMLA_SM90P_OUT_STSM != 0 || kOutStsm;
 
 // setmaxnreg: the three warpgroups share the launch allocation, 3 x 168 (plan.cuh).
 constexpr int kConsumerRegs = 224, kProducerRegs = 56;
@@ -772,7 +785,7 @@ struct PairConsumer {
         const auto stat = [&](int hf, int rl) {
             return RowStat{m[hf], c.sL[rl] + c.sL[kHT + rl], kLazy ? fmaxf(c.sMt[rl], c.sMt[kHT + rl]) : m[hf]};
         };
-        finish_o_cols(a, c, c.h0, r0, 256 * W, t4, o, stat, c.sQ, kBarOut + W);
+        finish_o_cols<false, kOutStsmPair>(a, c, c.h0, r0, 256 * W, t4, o, stat, c.sQ, kBarOut + W);
     }
 };
 
@@ -844,9 +857,12 @@ __global__ void __launch_bounds__(kThreads, 1) attn_sm90p_kernel(const __grid_co
 
 int launch(Args &a, int64_t grid, cudaStream_t s, int dev, smla_status *st)
 {
+    // kCluster: a row's two head tiles are CTAs 2 m, 2 m + 1 (grid_pos_of)
+    const int cluster = kCluster && a.n_ht == 2 && a.n_splits == 1 ? 2 : 1;
     return with_variant(a, [&](auto abl, auto fast) {
         return launch_kernel<attn_sm90p_kernel<decltype(abl)::value, decltype(fast)::value>>(a, grid, kThreads,
-                                                                                            Smem::bytes, s, dev, st);
+                                                                                            Smem::bytes, s, dev, st,
+                                                                                            cluster);
     });
 }
 

@@ -226,7 +226,7 @@ __device__ __forceinline__ void row_stats_out(const Args &a, const CtaCommon &c,
 // col0 + 2 N - 1 out. kOutPipe (plan.cuh): one 64-column block at a time, staged, met at bar, stored, so that the
 // next block's staging runs while the SM drains this one's stores (an SM writes ~32 B a cycle: 64 KB take ~2,000
 // cycles, issue 16, twenty-sixth session); else all blocks staged, one meeting, all stored.
-template <int N>
+template <bool STSM = kOutStsm, int N>
 __device__ __forceinline__ void stage_out_cols(const Args &a, const CtaCommon &c, int h0, int r0, int col0, int t4,
                                                const float (&o)[N], const float (&f)[2], uint32_t stage, int bar)
 {
@@ -234,10 +234,10 @@ __device__ __forceinline__ void stage_out_cols(const Args &a, const CtaCommon &c
     static_assert(kChunks % 8 == 0, "whole 64-column blocks");
     const smla_attn_params &p = a.p;
     const int k0 = col0 >> 3;  // col0 is a multiple of 64
-    // chunks [j0, j1) of this thread's rows into the stage (kOutStsm: whole 64-column blocks by stmatrix, rows past h
+    // chunks [j0, j1) of this thread's rows into the stage (STSM: whole 64-column blocks by stmatrix, rows past h
     // included: their factor is 0 and the stores below skip them)
     const auto put = [&](int j0, int j1) {
-        if constexpr (kOutStsm) {
+        if constexpr (STSM) {
 #pragma unroll
             for (int jb = j0; jb < j1; jb += 8) {
                 uint32_t pk[16];  // the A-fragment order of store_p_frags: k-step kk = chunks jb + 2 kk, + 1
@@ -359,8 +359,8 @@ __device__ __forceinline__ void store_out_cols_regs(const Args &a, const CtaComm
 struct NoHandOver {
     __device__ __forceinline__ void operator()(const float (&)[2]) const {}
 };
-// STAGE = false: from registers (store_out_cols_regs; stage and bar unused).
-template <bool STAGE = true, int N, class Stat, class Hand = NoHandOver>
+// STAGE = false: from registers (store_out_cols_regs; stage and bar unused); STSM: stage_out_cols's.
+template <bool STAGE = true, bool STSM = kOutStsm, int N, class Stat, class Hand = NoHandOver>
 __device__ __forceinline__ void finish_cols_direct(const Args &a, const CtaCommon &c, int h0, int r0, int col0, int t4,
                                                    const float (&o)[N], Stat stat, uint32_t stage, int bar,
                                                    Hand hand = {})
@@ -378,7 +378,7 @@ __device__ __forceinline__ void finish_cols_direct(const Args &a, const CtaCommo
     }
     hand(f);
     trace(a, kTraceEdge, kTrStaged);
-    if constexpr (STAGE) stage_out_cols(a, c, h0, r0, col0, t4, o, f, stage, bar);
+    if constexpr (STAGE) stage_out_cols<STSM>(a, c, h0, r0, col0, t4, o, f, stage, bar);
     else store_out_cols_regs(a, c, h0, r0, col0, t4, o, f);
     trace(a, kTraceEdge, kTrOut);
     if (col0 == 0 && t4 == 0) {
@@ -396,8 +396,8 @@ __device__ __forceinline__ bool staged_direct(const Args &a) { return kStagedOut
 
 // The writer of a warpgroup's O columns: finish_cols_direct where staged_direct, else finish_cols. stage: Q's region
 // (dead once every S is done), bar: the warpgroup's named barrier. SPLITS: a kernel that always writes split
-// partials (no direct output's code).
-template <bool SPLITS = false, int N, class Stat>
+// partials (no direct output's code). STSM: stage_out_cols's.
+template <bool SPLITS = false, bool STSM = kOutStsm, int N, class Stat>
 __device__ __forceinline__ void finish_o_cols(const Args &a, const CtaCommon &c, int h0, int r0, int col0, int t4,
                                               const float (&o)[N], Stat stat, uint32_t stage, int bar)
 {
@@ -405,7 +405,7 @@ __device__ __forceinline__ void finish_o_cols(const Args &a, const CtaCommon &c,
         finish_cols<1>(a, c, h0, r0, col0, t4, o, stat);
     } else if constexpr (kStagedOut) {
         if (!staged_direct(a)) finish_cols<1>(a, c, h0, r0, col0, t4, o, stat);  // staged: not direct, so a split
-        else finish_cols_direct(a, c, h0, r0, col0, t4, o, stat, stage, bar);
+        else finish_cols_direct<true, STSM>(a, c, h0, r0, col0, t4, o, stat, stage, bar);
     } else {
         finish_cols(a, c, h0, r0, col0, t4, o, stat);
     }
