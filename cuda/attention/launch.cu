@@ -8,8 +8,9 @@
 //   (a bf16 kv[s_kv, 576] seen as one block of s_kv rows, b = 1) is never split: it has thousands of
 //   rows, and neighbouring tokens, whose top-k sets overlap, run at the same time, so K rows are
 //   loaded with an L2 evict_last hint.
-// - On sm_90: h > 32 the warp-specialised wgmma kernel (sm90/kernel.cuh), h <= 32 the narrow wgmma
-//   kernel with tokens on M (sm90/narrow_kernel.cuh); on request the pair kernel (sm90/pair_kernel.cuh)
+// - On sm_90: h > 32 the warp-specialised wgmma kernels, over a bf16 K source the pair kernel
+//   (sm90/pair_kernel.cuh) where the rows fill the SMs, else the wide kernel (sm90/kernel.cuh); h <= 32 the
+//   narrow wgmma kernel with tokens on M (sm90/narrow_kernel.cuh); on request the other families
 //   and, for fp8 caches at h <= 32, the register kernel (sm90/reg_kernel.cuh; slower than the narrow
 //   one so far: benchmarks/README.md); for fp8 caches at h <= 16 the dims kernel (sm90/dims_kernel.cuh,
 //   heads on mma.sync's M, the dims across warps), by default where the call has enough rows.
@@ -141,11 +142,16 @@ const KernelEntry *smallest_holding(Family fam, bool fp8, int64_t h, const DevPr
 // The dims kernel is the default for fp8 caches at h <= 16 when b * s_q * kDimsRowsPerSm >= the SMs.
 constexpr int64_t kDimsRowsPerSm = 4;
 
-// SMLA_SM90P_AUTO (default 0): auto picks the pair kernel (sm90p) over a bf16 K source for h > 32 where the call's
+// SMLA_SM90P_AUTO (default 1): auto picks the pair kernel (sm90p) over a bf16 K source for h > 32 where the call's
 // rows fill the SMs (b * s_q >= SMs: prefill, large decode batches; fewer rows split the top-k, which the wide kernel
-// merges in the same launch). 0: the wide kernel there.
+// merges in the same launch). Measured (H100, thirty-sixth session, calls 3 and 4, the pair kernel with its lazy
+// maximum, before its cluster and stmatrix switches): "fast" at every prefill shape of issue 16 level with or faster
+// than the wide kernel (h=128 32K 4,470-4,542 us against 4,514-4,597, h=64 2,301-2,318 against 2,376-2,403, h=64 8K
+// 2,123-2,182 against 2,235-2,264), "high" faster at h=128 8K (5,398-5,487 against 5,736-5,746) and slower at h=64
+// 128K (3,421-3,459 against 3,138-3,255). The whole CUDA suite passed with it (same session, call 5). 0: the wide
+// kernel there.
 #ifndef SMLA_SM90P_AUTO
-#define SMLA_SM90P_AUTO 0
+#define SMLA_SM90P_AUTO 1
 #endif
 
 // The kernel for h heads over a cache of format fp8 (b * s_q = rows) on device d, by these rules:
@@ -154,8 +160,8 @@ constexpr int64_t kDimsRowsPerSm = 4;
 //    (sm90r, fp8 only) when the call asked for it; for h <= 16 over fp8 the dims kernel (sm90d) when
 //    asked for, or by default (auto) with rows * kDimsRowsPerSm >= SMs; else the narrow kernel (sm90n;
 //    each the smallest head tile that holds h) unless the call asked for sm90 or sm90p; the pair
-//    kernel (sm90p, bf16 K only) when the call asked for it (level with the wide one in "fast", slower in
-//    "high": benchmarks/README.md, issue 16, thirty-fifth session); the three-buffer kernel (sm90t, bf16 K,
+//    kernel (sm90p, bf16 K only) when the call asked for it, or by default (SMLA_SM90P_AUTO) for h > 32 where
+//    rows >= SMs (benchmarks/README.md, issue 16, thirty-sixth session); the three-buffer kernel (sm90t, bf16 K,
 //    precision "fast") when the call asked for it; the wide kernel for h > 32, when the call asked for sm90, or for sm90n / sm90p / sm90r / sm90t where
 //    that kernel does not apply. Only kernels whose shared memory fits (else the rules below).
 // 2. sm80: the head tile is the smallest one that holds h (the largest one for more heads than

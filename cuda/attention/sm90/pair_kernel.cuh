@@ -97,27 +97,32 @@
 #define SMLA_SM90P_ONE_BODY 1
 #endif
 
-// SMLA_SM90P_LAZY_MAX (default 0): the lazy maximum of the wide kernel (sm90/score_tile.cuh, move_ref_max) for the
+// SMLA_SM90P_LAZY_MAX (default 2): the lazy maximum of the wide kernel (sm90/score_tile.cuh, move_ref_max) for the
 // pair kernel. The maximum both warpgroups agree on per pair moves only where a tile's maximum exceeds it by more than
 // kLazySlack (log2 units, attention/softmax.cuh), so P <= 2^8 and WG0's two rescales of O and its P's rescale (and
 // WG1's rescale of O) are skipped by their warp votes in most pairs (with the exact maximum they ran in most pairs:
 // the maximum of a row creeps up in ~1 of t tiles, and a warp holds 16 rows). Each warpgroup keeps the true maximum of
-// its own tiles beside it for max_logits (added in the epilogue): 1 in registers, 2 in shared memory (one load and
-// store a tile by each quad's lead: 2 registers fewer). 0: the running maximum itself.
+// its own tiles beside it for max_logits (added in the epilogue): 1 in registers ("high" then spills 16 B), 2 in shared
+// memory (one load and store a tile by each quad's lead; no spill). Measured (H100, thirty-sixth session, calls 1 and
+// 3, tools/gpu_variants.sh): h=128 32K "fast" 4,509 / 4,572 us against 4,720 / 4,833, h=64 2,352-2,365 against
+// 2,444-2,481; "high" within the spread. 0: the running maximum itself.
 #ifndef SMLA_SM90P_LAZY_MAX
 #define SMLA_SM90P_LAZY_MAX 2
 #endif
-
-// SMLA_SM90P_CLUSTER (default 0): with two head tiles and no top-k split, a row's two CTAs launched as a cluster of 2
+// SMLA_SM90P_CLUSTER (default 1): with two head tiles and no top-k split, a row's two CTAs launched as a cluster of 2
 // (the wide kernel's SMLA_SM90_BF16_CLUSTER, plan.cuh: side by side in one GPC, for the L2; nothing in the kernel uses
-// the cluster).
+// the cluster). Measured (H100, thirty-sixth session, call 4, four alternated rounds): h=128 32K "fast" 4,386-4,447
+// us against 4,470-4,542, with SMLA_SM90P_OUT_STSM 4,330-4,345 against 4,424-4,487; "high" and h=64 within the spread.
+// 0: the CTAs scheduled one by one.
 #ifndef SMLA_SM90P_CLUSTER
-#define SMLA_SM90P_CLUSTER 0
+#define SMLA_SM90P_CLUSTER 1
 #endif
-// SMLA_SM90P_OUT_STSM (default 0): the staged output by stmatrix in the pair kernel only (SMLA_SM90_OUT_STSM, plan.cuh,
-// for every staging kernel: an fp8 wide kernel spills with it).
+// SMLA_SM90P_OUT_STSM (default 1): the staged output by stmatrix in the pair kernel's "fast" variant only
+// (SMLA_SM90_OUT_STSM, plan.cuh, is every staging kernel's, and an fp8 wide kernel spills with it). Measured (same
+// call): h=64 32K "fast" 2,238-2,279 us against 2,301-2,472 (h=128 4,424-4,487 against 4,470-4,542); in "high" 1-3%
+// slower (h=64 3,062-3,136 against 2,992-3,040), so "high" keeps the 4-byte shared stores. 0: those in both.
 #ifndef SMLA_SM90P_OUT_STSM
-#define SMLA_SM90P_OUT_STSM 0
+#define SMLA_SM90P_OUT_STSM 1
 #endif
 
 namespace attn {
@@ -130,7 +135,9 @@ static_assert(SMLA_SM90P_SPECULATE == 0 || SMLA_SM90P_QTMA_SCAN != 0,
 constexpr bool kSpeculate = SMLA_SM90P_SPECULATE != 0;
 constexpr bool kOneBody = SMLA_SM90P_ONE_BODY != 0;
 constexpr bool kLazy = SMLA_SM90P_LAZY_MAX != 0, kLazySmem = SMLA_SM90P_LAZY_MAX == 2;
-constexpr bool kCluster = SMLA_SM90P_CLUSTER != 0, kOutStsmPair = SMLA_SM90P_OUT_STSM != 0 || kOutStsm;
+constexpr bool kCluster = SMLA_SM90P_CLUSTER != 0;
+// The staged output's stores (stage_out_cols, score_tile.cuh) of a variant: stmatrix in "fast" (SMLA_SM90P_OUT_STSM)
+constexpr bool out_stsm(bool fast) { return (SMLA_SM90P_OUT_STSM != 0 && fast) || kOutStsm; }
 
 // setmaxnreg: the three warpgroups share the launch allocation, 3 x 168 (plan.cuh).
 constexpr int kConsumerRegs = 224, kProducerRegs = 56;
@@ -785,7 +792,7 @@ struct PairConsumer {
         const auto stat = [&](int hf, int rl) {
             return RowStat{m[hf], c.sL[rl] + c.sL[kHT + rl], kLazy ? fmaxf(c.sMt[rl], c.sMt[kHT + rl]) : m[hf]};
         };
-        finish_o_cols<false, kOutStsmPair>(a, c, c.h0, r0, 256 * W, t4, o, stat, c.sQ, kBarOut + W);
+        finish_o_cols<false, out_stsm(FAST)>(a, c, c.h0, r0, 256 * W, t4, o, stat, c.sQ, kBarOut + W);
     }
 };
 
