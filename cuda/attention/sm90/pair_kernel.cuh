@@ -97,17 +97,17 @@
 #define SMLA_SM90P_ONE_BODY 1
 #endif
 
-// SMLA_SM90P_LAZY_MAX (default 2): the lazy maximum of the wide kernel (sm90/score_tile.cuh, move_ref_max) for the
+// SMLA_SM90P_LAZY_MAX (default 1): the lazy maximum of the wide kernel (sm90/score_tile.cuh, move_ref_max) for the
 // pair kernel. The maximum both warpgroups agree on per pair moves only where a tile's maximum exceeds it by more than
 // kLazySlack (log2 units, attention/softmax.cuh), so P <= 2^8 and WG0's two rescales of O and its P's rescale (and
 // WG1's rescale of O) are skipped by their warp votes in most pairs (with the exact maximum they ran in most pairs:
 // the maximum of a row creeps up in ~1 of t tiles, and a warp holds 16 rows). Each warpgroup keeps the true maximum of
-// its own tiles beside it for max_logits (added in the epilogue): 1 in registers ("high" then spills 16 B), 2 in shared
-// memory (one load and store a tile by each quad's lead; no spill). Measured (H100, thirty-sixth session, calls 1 and
-// 3, tools/gpu_variants.sh): h=128 32K "fast" 4,509 / 4,572 us against 4,720 / 4,833, h=64 2,352-2,365 against
+// its own tiles beside it for max_logits (added in the epilogue) in shared memory, one load and store a tile by each
+// quad's lead (in registers "high" spilled 16 B, and measured no faster). Measured (H100, thirty-sixth session, calls
+// 1 and 3, tools/gpu_variants.sh): h=128 32K "fast" 4,509 / 4,572 us against 4,720 / 4,833, h=64 2,352-2,365 against
 // 2,444-2,481; "high" within the spread. 0: the running maximum itself.
 #ifndef SMLA_SM90P_LAZY_MAX
-#define SMLA_SM90P_LAZY_MAX 2
+#define SMLA_SM90P_LAZY_MAX 1
 #endif
 // SMLA_SM90P_CLUSTER (default 1): with two head tiles and no top-k split, a row's two CTAs launched as a cluster of 2
 // (the wide kernel's SMLA_SM90_BF16_CLUSTER, plan.cuh: side by side in one GPC, for the L2; nothing in the kernel uses
@@ -134,7 +134,7 @@ static_assert(SMLA_SM90P_SPECULATE == 0 || SMLA_SM90P_QTMA_SCAN != 0,
               "SMLA_SM90P_SPECULATE copies tile 0 while the consumers scan: it needs SMLA_SM90P_QTMA_SCAN");
 constexpr bool kSpeculate = SMLA_SM90P_SPECULATE != 0;
 constexpr bool kOneBody = SMLA_SM90P_ONE_BODY != 0;
-constexpr bool kLazy = SMLA_SM90P_LAZY_MAX != 0, kLazySmem = SMLA_SM90P_LAZY_MAX == 2;
+constexpr bool kLazy = SMLA_SM90P_LAZY_MAX != 0;
 constexpr bool kCluster = SMLA_SM90P_CLUSTER != 0;
 // The staged output's stores (stage_out_cols, score_tile.cuh) of a variant: stmatrix in "fast" (SMLA_SM90P_OUT_STSM)
 constexpr bool out_stsm(bool fast) { return (SMLA_SM90P_OUT_STSM != 0 && fast) || kOutStsm; }
@@ -185,7 +185,7 @@ struct Cta : CtaCommon {
     float *sM;       // [2][64]: m0 (WG0), m1 (WG1)
     uint32_t *mask;  // [kMaskWords]: the non-empty tiles
     double *sL;      // [2][64], the epilogue's row sums (over the P_lo block)
-    float *sMt;      // [2][64]: kLazy's true row maxima (kLazySmem: through the loop; else the epilogue's)
+    float *sMt;      // [2][64]: kLazy's true row maxima
 
     __device__ __forceinline__ Cta(const Args &a, uint8_t *smem_raw, const GridPos &gp)
         : CtaCommon(a, smem_raw, gp, Smem::q.off, Smem::k.off, Smem::bar.off, Smem::valid.off)
@@ -380,8 +380,7 @@ struct PairConsumer {
     const Cta &c;
     const int t4, r0;  // rows r0, r0 + 8 of the 64 heads
     float o[128];         // O[r0 / r0 + 8][256 W + 8 jn + 2 t4 + {0, 1}] at o[4 jn + {0, 1} / {2, 3}]
-    float m[2] = {-INFINITY, -INFINITY};    // the maximum P is taken against (kLazy: the lazy reference)
-    float mt[2] = {-INFINITY, -INFINITY};   // kLazy, not kLazySmem: the true maximum of this warpgroup's tiles
+    float m[2] = {-INFINITY, -INFINITY};  // the maximum P is taken against (kLazy: lazy; c.sMt the true one)
     double l[2] = {0.0, 0.0};  // row sums of this warpgroup's tiles (see sm80/tile.cuh)
 
     __device__ __forceinline__ PairConsumer(const Args &a_, const Cta &cta)
@@ -389,7 +388,7 @@ struct PairConsumer {
     {
 #pragma unroll
         for (int i = 0; i < 128; ++i) o[i] = 0.f;
-        if (kLazySmem && t4 == 0) c.sMt[W * kHT + r0] = c.sMt[W * kHT + r0 + 8] = -INFINITY;
+        if (kLazy && t4 == 0) c.sMt[W * kHT + r0] = c.sMt[W * kHT + r0 + 8] = -INFINITY;
     }
 
     __device__ __forceinline__ void wait_q() const
@@ -463,15 +462,10 @@ struct PairConsumer {
     __device__ __forceinline__ void mask_scores(float (&s)[32], float (&mx)[2])
     {
         sm90::mask_scores(c.sValid + W * kBN, a.scale_log2, t4, m, s, mx);
-        if constexpr (kLazySmem) {
-            if (t4 == 0) {
-                float *const p = c.sMt + W * kHT + r0;  // only this thread reads and writes its rows' entries
-                p[0] = fmaxf(p[0], mx[0]);
-                p[8] = fmaxf(p[8], mx[1]);
-            }
-        } else if constexpr (kLazy) {
-            mt[0] = fmaxf(mt[0], mx[0]);
-            mt[1] = fmaxf(mt[1], mx[1]);
+        if (kLazy && t4 == 0) {
+            float *const p = c.sMt + W * kHT + r0;  // only this thread reads and writes its rows' entries
+            p[0] = fmaxf(p[0], mx[0]);
+            p[8] = fmaxf(p[8], mx[1]);
         }
     }
 
@@ -782,10 +776,6 @@ struct PairConsumer {
         if (t4 == 0) {
             c.sL[W * kHT + r0] = l[0];
             c.sL[W * kHT + r0 + 8] = l[1];
-            if constexpr (kLazy && !kLazySmem) {
-                c.sMt[W * kHT + r0] = mt[0];
-                c.sMt[W * kHT + r0 + 8] = mt[1];
-            }
         }
         named_sync(kBarL, 256);  // every S is done too: Q's region may hold the staged output
         trace(a, kTraceEdge, kTrStats);

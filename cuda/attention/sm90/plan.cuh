@@ -60,13 +60,6 @@ namespace sm90 {
 #ifndef SMLA_SM90_OUT_HOIST
 #define SMLA_SM90_OUT_HOIST 1
 #endif
-// SMLA_SM90_STATS_EARLY (default 0): in the staged direct output (finish_cols_direct, score_tile.cuh) every lane takes its
-// rows' lse (a double log) beside their factors (a double division), before the stage, and the rows' lead stores it
-// after the output's stores; 0: the lead takes the lse after the stores. Why: the pair kernel's trace (thirty-sixth
-// session, H100) has its lead warpgroup 1,724 cycles from its stores issued to its end, its peer (no lse) 601.
-#ifndef SMLA_SM90_STATS_EARLY
-#define SMLA_SM90_STATS_EARLY 0
-#endif
 #ifndef SMLA_SM90_STAGED_OUT
 #define SMLA_SM90_STAGED_OUT 1  // direct output rows staged through Q's smem, 16-byte stores
 #endif
@@ -128,7 +121,6 @@ constexpr bool kOutPipe = SMLA_SM90_OUT_PIPE != 0;
 constexpr bool kOutHoist = SMLA_SM90_OUT_HOIST != 0;
 constexpr bool kEarlyOut = SMLA_SM90_EARLY_OUT != 0;
 constexpr bool kOutStsm = SMLA_SM90_OUT_STSM != 0;
-constexpr bool kStatsEarly = SMLA_SM90_STATS_EARLY != 0;
 constexpr bool kLazyMax = SMLA_SM90_LAZY_MAX != 0, kPersistent = SMLA_SM90_PERSISTENT != 0;
 static_assert(!kLazyMax || kStagedOut, "the lazy max writes max_logits from the true max (finish_half_direct)");
 constexpr bool kSpecSoftmax = SMLA_SM90_SPEC_SOFTMAX != 0 && kLazyMax;  // it speculates on the lazy max

@@ -211,13 +211,11 @@ __device__ __forceinline__ float row_factor(const Args &a, int hr, const RowStat
     const double lse_d = p.attn_sink ? row_lse(rs.m, rs.l, a.ml_factor) : 0.0;
     return out_factor(p, hr, none ? 0.f : static_cast<float>(1.0 / rs.l), none, lse_d);
 }
-// lse_d: the row's lse where the caller took it already (kStatsEarly), else NaN (taken here).
-__device__ __forceinline__ void row_stats_out(const Args &a, const CtaCommon &c, int hr, const RowStat &rs,
-                                              double lse_d = NAN)
+__device__ __forceinline__ void row_stats_out(const Args &a, const CtaCommon &c, int hr, const RowStat &rs)
 {
     const smla_attn_params &p = a.p;
     p.lse[c.bi * p.lse_stride_b + c.si * p.lse_stride_s + hr * p.lse_stride_h] =
-        static_cast<float>(kStatsEarly ? lse_d : row_lse(rs.m, rs.l, a.ml_factor));
+        static_cast<float>(row_lse(rs.m, rs.l, a.ml_factor));
     if (p.max_logits)
         p.max_logits[c.bi * p.ml_stride_b + c.si * p.ml_stride_s + hr * p.ml_stride_h] = row_max_logit(rs.mt, a.ml_factor);
 }
@@ -366,15 +364,10 @@ __device__ __forceinline__ void finish_cols_direct(const Args &a, const CtaCommo
                                                    Hand hand = {})
 {
     float f[2] = {0.f, 0.f};
-    double lse_d[2] = {0.0, 0.0};  // kStatsEarly: the rows' lse, taken here by every lane
 #pragma unroll
     for (int hf = 0; hf < 2; ++hf) {
         const int hr = h0 + r0 + 8 * hf;
-        if (hr < c.h) {
-            const RowStat rs = stat(hf, r0 + 8 * hf);
-            f[hf] = row_factor(a, hr, rs);
-            if constexpr (kStatsEarly) lse_d[hf] = row_lse(rs.m, rs.l, a.ml_factor);
-        }
+        if (hr < c.h) f[hf] = row_factor(a, hr, stat(hf, r0 + 8 * hf));
     }
     hand(f);
     trace(a, kTraceEdge, kTrStaged);
@@ -385,7 +378,7 @@ __device__ __forceinline__ void finish_cols_direct(const Args &a, const CtaCommo
 #pragma unroll
         for (int hf = 0; hf < 2; ++hf) {
             const int hr = h0 + r0 + 8 * hf;
-            if (hr < c.h) row_stats_out(a, c, hr, stat(hf, r0 + 8 * hf), lse_d[hf]);
+            if (hr < c.h) row_stats_out(a, c, hr, stat(hf, r0 + 8 * hf));
         }
     }
 }
