@@ -78,9 +78,8 @@
 // flags; after the scan it keeps them where tile 0 runs (it arrives on the two full barriers, which then complete once
 // the whole tile landed), else lets them land and copies as without. Measured with QTMA_SCAN (thirty-second session):
 // correct (713 sm90p tests), no faster (5,290 / 5,375 us); again with ONE_BODY and the lazy maximum (thirty-sixth
-// session, H100): within the spread (h=128 32K fast 4,512-4,568 against 4,526-4,622 us), as the first pair also waits
-// for tile 1, copied after the scan (its trace: the first copies 3,580 cycles after the scan's end). 2: slice tiles 0
-// and 1 both, into buffers 0 and 1 (the first pair whole; kept where the slice's first two non-empty tiles are 0, 1).
+// session, H100, calls 3 and 8): within the spread (h=128 32K fast 4,512-4,568 against 4,526-4,622 us), and copying
+// both tiles of the first pair during the scan 1.5-3% slower (4,509-4,622 against 4,416-4,478; code in d6d2fd1).
 #ifndef SMLA_SM90P_SPECULATE
 #define SMLA_SM90P_SPECULATE 0
 #endif
@@ -128,14 +127,6 @@
 #define SMLA_SM90P_OUT_STSM 1
 #endif
 
-// SMLA_SM90P_STATS_FIRST (default 0): in a direct output, WG1 writes every row's lse and max_logits before it stages its
-// columns, and WG0 none (else WG0's quad leads write them after their output's stores). Why: the thirty-sixth
-// session's trace has WG0 end 1,724 cycles after its stores were issued, WG1 601: the rows' statistics wait behind 32 KB
-// of output stores. (WG1 writing them after its stores measured no faster in the thirty-third session.)
-#ifndef SMLA_SM90P_STATS_FIRST
-#define SMLA_SM90P_STATS_FIRST 0
-#endif
-
 namespace attn {
 namespace sm90 {
 namespace pair {
@@ -143,10 +134,10 @@ namespace pair {
 constexpr bool kQTmaScan = SMLA_SM90P_QTMA_SCAN != 0;
 static_assert(SMLA_SM90P_SPECULATE == 0 || SMLA_SM90P_QTMA_SCAN != 0,
               "SMLA_SM90P_SPECULATE copies tile 0 while the consumers scan: it needs SMLA_SM90P_QTMA_SCAN");
-constexpr bool kSpeculate = SMLA_SM90P_SPECULATE != 0, kSpecPair = SMLA_SM90P_SPECULATE == 2;
+constexpr bool kSpeculate = SMLA_SM90P_SPECULATE != 0;
 constexpr bool kOneBody = SMLA_SM90P_ONE_BODY != 0;
 constexpr bool kLazy = SMLA_SM90P_LAZY_MAX != 0;
-constexpr bool kCluster = SMLA_SM90P_CLUSTER != 0, kStatsFirst = SMLA_SM90P_STATS_FIRST != 0;
+constexpr bool kCluster = SMLA_SM90P_CLUSTER != 0;
 // The staged output's stores (stage_out_cols, score_tile.cuh) of a variant: stmatrix in "fast" (SMLA_SM90P_OUT_STSM)
 constexpr bool out_stsm(bool fast) { return (SMLA_SM90P_OUT_STSM != 0 && fast) || kOutStsm; }
 
@@ -315,19 +306,15 @@ struct PairProducer {
         trace(a, use, 2 + 4 * B + 2 * R);
     }
 
-    // kSpeculate: slice tile 0 into buffer 0 with its row flags, before the tile scan (the slice has a tile); kSpecPair
-    // and a second tile: tile 1 into buffer 1 too.
+    // kSpeculate: slice tile 0 into buffer 0 with its row flags, before the tile scan (the slice has a tile).
     __device__ __forceinline__ void speculate() const
     {
         int idx[kRows];
         Rows R;
-#pragma unroll 1
-        for (int t = 0; t < (kSpecPair && c.nt_all > 1 ? 2 : 1); ++t) {
-            fetch(t, idx);
-            locate(idx, R);
-            if (lp.cl == 0) flags(R, t);
-            copy(R, t, 0, 9);
-        }
+        fetch(0, idx);
+        locate(idx, R);
+        if (lp.cl == 0) flags(R, 0);
+        copy(R, 0, 0, 9);
         trace(a, kTraceEdge, kTrSpec);
     }
 
@@ -341,10 +328,7 @@ struct PairProducer {
         int t0 = c.next_tile(0);
         int t1 = c.next_tile(t0 + 1);
         const bool have0 = speculated && c.nt > 0 && t0 == 0;
-        // kSpecPair: tile 1 was copied into buffer 1 where the slice has two tiles; kept where it runs second
-        const bool have1 = kSpecPair && have0 && c.nt_all > 1 && t1 == 1;
-        if (speculated && !(have0 && (have1 || !kSpecPair || c.nt_all < 2)))
-            cp_async_wait_all();  // a wasted guess lands before its buffer is rewritten
+        if (speculated && !have0) cp_async_wait_all();  // a wasted guess lands before buffer 0 is rewritten
         fetch(t0, c0);
         fetch(t1, c1);
         for (int k = 0; k < np; ++k) {
@@ -356,12 +340,12 @@ struct PairProducer {
             locate(c0, r0);
             locate(c1, r1);
             trace(a, k, 0);
-            const bool spec0 = have0 && k == 0, spec1 = have1 && k == 0;  // copies issued: their arrivals first
+            const bool spec0 = have0 && k == 0;  // buffer 0's copies issued: both its arrivals first
             region<0, kEarly>(r0, k, spec0);
             if (spec0) region<0, kLate>(r0, k, true);
-            region<1, kEarly>(r1, k, spec1);
+            region<1, kEarly>(r1, k);
             if (!spec0) region<0, kLate>(r0, k);
-            region<1, kLate>(r1, k, spec1);
+            region<1, kLate>(r1, k);
 #pragma unroll
             for (int i = 0; i < kRows; ++i) {
                 c0[i] = n0[i];
@@ -800,14 +784,7 @@ struct PairConsumer {
         const auto stat = [&](int hf, int rl) {
             return RowStat{m[hf], c.sL[rl] + c.sL[kHT + rl], kLazy ? fmaxf(c.sMt[rl], c.sMt[kHT + rl]) : m[hf]};
         };
-        if (kStatsFirst && W == 1 && t4 == 0 && staged_direct(a)) {
-#pragma unroll
-            for (int hf = 0; hf < 2; ++hf) {
-                const int hr = c.h0 + r0 + 8 * hf;
-                if (hr < c.h) row_stats_out(a, c, hr, stat(hf, r0 + 8 * hf));
-            }
-        }
-        finish_o_cols<false, out_stsm(FAST), !kStatsFirst>(a, c, c.h0, r0, 256 * W, t4, o, stat, c.sQ, kBarOut + W);
+        finish_o_cols<false, out_stsm(FAST)>(a, c, c.h0, r0, 256 * W, t4, o, stat, c.sQ, kBarOut + W);
     }
 };
 

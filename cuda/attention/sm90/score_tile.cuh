@@ -357,9 +357,8 @@ __device__ __forceinline__ void store_out_cols_regs(const Args &a, const CtaComm
 struct NoHandOver {
     __device__ __forceinline__ void operator()(const float (&)[2]) const {}
 };
-// STAGE = false: from registers (store_out_cols_regs; stage and bar unused); STSM: stage_out_cols's; STATS = false:
-// the rows' lse and max_logits are the caller's.
-template <bool STAGE = true, bool STSM = kOutStsm, bool STATS = true, int N, class Stat, class Hand = NoHandOver>
+// STAGE = false: from registers (store_out_cols_regs; stage and bar unused); STSM: stage_out_cols's.
+template <bool STAGE = true, bool STSM = kOutStsm, int N, class Stat, class Hand = NoHandOver>
 __device__ __forceinline__ void finish_cols_direct(const Args &a, const CtaCommon &c, int h0, int r0, int col0, int t4,
                                                    const float (&o)[N], Stat stat, uint32_t stage, int bar,
                                                    Hand hand = {})
@@ -375,7 +374,7 @@ __device__ __forceinline__ void finish_cols_direct(const Args &a, const CtaCommo
     if constexpr (STAGE) stage_out_cols<STSM>(a, c, h0, r0, col0, t4, o, f, stage, bar);
     else store_out_cols_regs(a, c, h0, r0, col0, t4, o, f);
     trace(a, kTraceEdge, kTrOut);
-    if (STATS && col0 == 0 && t4 == 0) {
+    if (col0 == 0 && t4 == 0) {
 #pragma unroll
         for (int hf = 0; hf < 2; ++hf) {
             const int hr = h0 + r0 + 8 * hf;
@@ -390,8 +389,8 @@ __device__ __forceinline__ bool staged_direct(const Args &a) { return kStagedOut
 
 // The writer of a warpgroup's O columns: finish_cols_direct where staged_direct, else finish_cols. stage: Q's region
 // (dead once every S is done), bar: the warpgroup's named barrier. SPLITS: a kernel that always writes split
-// partials (no direct output's code). STSM, STATS: finish_cols_direct's.
-template <bool SPLITS = false, bool STSM = kOutStsm, bool STATS = true, int N, class Stat>
+// partials (no direct output's code). STSM: stage_out_cols's.
+template <bool SPLITS = false, bool STSM = kOutStsm, int N, class Stat>
 __device__ __forceinline__ void finish_o_cols(const Args &a, const CtaCommon &c, int h0, int r0, int col0, int t4,
                                               const float (&o)[N], Stat stat, uint32_t stage, int bar)
 {
@@ -399,7 +398,7 @@ __device__ __forceinline__ void finish_o_cols(const Args &a, const CtaCommon &c,
         finish_cols<1>(a, c, h0, r0, col0, t4, o, stat);
     } else if constexpr (kStagedOut) {
         if (!staged_direct(a)) finish_cols<1>(a, c, h0, r0, col0, t4, o, stat);  // staged: not direct, so a split
-        else finish_cols_direct<true, STSM, STATS>(a, c, h0, r0, col0, t4, o, stat, stage, bar);
+        else finish_cols_direct<true, STSM>(a, c, h0, r0, col0, t4, o, stat, stage, bar);
     } else {
         finish_cols(a, c, h0, r0, col0, t4, o, stat);
     }
