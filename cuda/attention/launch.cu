@@ -144,12 +144,11 @@ constexpr int64_t kDimsRowsPerSm = 4;
 
 // SMLA_SM90P_AUTO (default 1): auto picks the pair kernel (sm90p) over a bf16 K source for h > 32 where the call's
 // rows fill the SMs (b * s_q >= SMs: prefill, large decode batches; fewer rows split the top-k, which the wide kernel
-// merges in the same launch). Measured (H100, thirty-sixth session, calls 3 and 4, the pair kernel with its lazy
-// maximum, before its cluster and stmatrix switches): "fast" at every prefill shape of issue 16 level with or faster
-// than the wide kernel (h=128 32K 4,470-4,542 us against 4,514-4,597, h=64 2,301-2,318 against 2,376-2,403, h=64 8K
-// 2,123-2,182 against 2,235-2,264), "high" faster at h=128 8K (5,398-5,487 against 5,736-5,746) and slower at h=64
-// 128K (3,421-3,459 against 3,138-3,255). The whole CUDA suite passed with it (same session, call 5). 0: the wide
-// kernel there.
+// merges in the same launch). Measured (H100, thirty-sixth session, call 7, bench_sparse_mla_prefill.py --kernel
+// auto|sm90 over issue 16's shapes, two rounds): "fast" faster than the wide kernel at h=128 8K / 32K / 128K
+// (4,373-4,407 us against 4,545-4,739 at 32K) and h=64 8K / 128K, level at h=64 32K; "high" faster at h=128 8K
+// (5,092-5,131 against 5,557-5,602), slower at h=64 128K (3,565-3,600 against 3,354-3,501). The whole CUDA suite
+// passed with it (same session, calls 5 and 7). 0: the wide kernel there.
 #ifndef SMLA_SM90P_AUTO
 #define SMLA_SM90P_AUTO 1
 #endif

@@ -93,8 +93,8 @@
 // (same session, H100, tools/gpu_variants.sh): h=128 32K fast 4,411 / 4,553 us against 5,208 / 5,244, h=64 2,447 /
 // 2,375 against 2,889 / 2,884 (15-17% faster); with QTMA_SCAN and SMLA_SM90_OUT_HOIST "high" 6,101 / 3,121 against
 // 6,881 / 3,659. "No instruction" then 3.4% of the samples. (A run-time branch around the next pair's S chain instead
-// made ptxas serialise every wgmma, C7518; the early return does not.) "high" spills 4 B with it. 0: the last pair
-// as its own instantiation.
+// made ptxas serialise every wgmma, C7518; the early return does not.) "high" spilled 4 B with it until the lazy
+// maximum below (none since). 0: the last pair as its own instantiation.
 #ifndef SMLA_SM90P_ONE_BODY
 #define SMLA_SM90P_ONE_BODY 1
 #endif
@@ -158,7 +158,7 @@ struct Smem {
     static constexpr Region mrow = region_after(valid, 2 * kHT * 4); // float [2][64]: m0, m1 of the exchange
     static constexpr Region mask = region_after(mrow, kMaskWords * 4);  // the non-empty tiles
     static constexpr Region qbar = region_after(mask, 8);                // Q's TMA mbarrier (kQTmaScan, a.q_tma)
-    static constexpr Region mtrue = region_after(qbar, 2 * kHT * 4);     // float [2][64]: kLazy's true maxima
+    static constexpr Region mtrue = region_after(qbar, kLazy ? 2 * kHT * 4 : 0);  // float [2][64]: kLazy's true maxima
     static constexpr int used = mtrue.end();
     static constexpr int bytes = used + 1024;  // slack to align the base to 1024 B
     static_assert(q.off % 1024 == 0 && k.off % 1024 == 0 && plo.off % 1024 == 0, "swizzled tiles");
@@ -609,14 +609,13 @@ struct PairConsumer {
         v[0] = c.sM[w * kHT + r0];
         v[1] = c.sM[w * kHT + r0 + 8];
     }
-    // This warpgroup's new maximum mn per row after its tile's mx, published for the peer (barrier bar): max(ref, mx),
-    // or kLazy ref unless mx exceeds it by more than kLazySlack (NaN keeps it, as fmaxf).
+    // This warpgroup's new maximum mn per row after its tile's mx (next_ref_max, sm90/score_tile.cuh: kLazy's rule),
+    // published for the peer (barrier bar).
     __device__ __forceinline__ void publish_max(const float (&ref)[2], const float (&mx)[2], float (&mn)[2],
                                                 int bar) const
     {
 #pragma unroll
-        for (int i = 0; i < 2; ++i)
-            mn[i] = kLazy ? (mx[i] > ref[i] + kLazySlack ? mx[i] : ref[i]) : fmaxf(ref[i], mx[i]);
+        for (int i = 0; i < 2; ++i) mn[i] = next_ref_max<kLazy>(ref[i], mx[i]);
         put_m(W, mn);
         named_arrive(bar, 256);
     }

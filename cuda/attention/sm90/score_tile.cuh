@@ -107,11 +107,17 @@ __device__ __forceinline__ void mask_scores(const int *valid, float scale_log2, 
 // attention/softmax.cuh, so P <= 2^8 and O is rescaled rarely; NaN keeps it; otherwise the running max), the true
 // max m_t (max_logits), O's factor alpha and nb, minus the base P is taken against. lse = m_r + log2(l) holds for
 // any reference. True if the reference moved.
+// next_ref_max: the rule alone (also the pair kernel's, agreed once per pair of tiles).
+template <bool LAZY>
+__device__ __forceinline__ float next_ref_max(float m_r, float mx)
+{
+    return LAZY ? (mx > m_r + kLazySlack ? mx : m_r) : fmaxf(m_r, mx);
+}
 template <bool LAZY = kLazyMax>
 __device__ __forceinline__ bool move_ref_max(float mx, float &m_r, float &m_t, float &alpha, float &nb)
 {
     m_t = fmaxf(m_t, mx);
-    const float mn = LAZY ? (mx > m_r + kLazySlack ? mx : m_r) : fmaxf(m_r, mx);
+    const float mn = next_ref_max<LAZY>(m_r, mx);
     const float base = mn == -INFINITY ? 0.f : mn;
     alpha = ex2(m_r - base);
     nb = -base;
