@@ -152,8 +152,7 @@ struct ScoreWarpgroup : ConsumerBase<ABL, XO, FAST, SPLIT, 0> {
     using B::a, B::g, B::t4, B::r0, B::o;
     float m_r[2] = {-INFINITY, -INFINITY};  // the reference max of P = 2^(S - m_r) (see softmax)
     float m_t[2] = {-INFINITY, -INFINITY};  // the true row max (max_logits)
-    RowSum l_acc[2];  // the loop's row sums (RowSum, sm90/score_tile.cuh)
-    double l_r[2];    // their values over the quad (reduce_row_sums), for the epilogue
+    double l_r[2] = {0.0, 0.0};  // row sums in double (see sm80/tile.cuh)
     // The persistent kernel's item after the first (sm90/kernel.cuh): before this warpgroup first writes what WG1 still
     // reads from the last item (P_lo, "high": its first tile's publish; the row factors: the epilogue), it meets WG1's
     // arrival at kBarItem (item_sync, once). false in the one-item kernel.
@@ -249,7 +248,7 @@ struct ScoreWarpgroup : ConsumerBase<ABL, XO, FAST, SPLIT, 0> {
     }
     __device__ __forceinline__ void add_row_sums(const float (&alpha)[2], const float (&rs)[2])
     {
-        scale_add_row_sums(l_acc, alpha, rs);
+        scale_add_row_sums(l_r, alpha, rs);
     }
     // Row i's new reference max from the tile's max mx (move_ref_max, sm90/score_tile.cuh); true if it moved.
     __device__ __forceinline__ bool new_max(int i, float mx, float (&alpha)[2], float (&nb)[2])
@@ -308,7 +307,7 @@ struct ScoreWarpgroup : ConsumerBase<ABL, XO, FAST, SPLIT, 0> {
     }
 
     // The rows' sums over the quad (each thread held its columns' share).
-    __device__ __forceinline__ void reduce_row_sums() { quad_sum_rows(l_acc, l_r); }
+    __device__ __forceinline__ void reduce_row_sums() { quad_sum_rows(l_r); }
 
     __device__ __forceinline__ void item_sync()
     {

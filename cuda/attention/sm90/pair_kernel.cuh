@@ -383,7 +383,7 @@ struct PairConsumer {
     const int t4, r0;  // rows r0, r0 + 8 of the 64 heads
     float o[128];         // O[r0 / r0 + 8][256 W + 8 jn + 2 t4 + {0, 1}] at o[4 jn + {0, 1} / {2, 3}]
     float m[2] = {-INFINITY, -INFINITY};  // the maximum P is taken against (kLazy: lazy; c.sMt the true one)
-    RowSum l[2];  // row sums of this warpgroup's tiles (RowSum, sm90/score_tile.cuh)
+    double l[2] = {0.0, 0.0};  // row sums of this warpgroup's tiles (see sm80/tile.cuh)
 
     __device__ __forceinline__ PairConsumer(const Args &a_, const Cta &cta)
         : a(a_), c(cta), t4(cta.lane & 3), r0(16 * ((cta.tid >> 5) & 3) + (cta.lane >> 2))
@@ -488,17 +488,16 @@ struct PairConsumer {
     __device__ __forceinline__ void rescale(const float (&f)[2])
     {
         rescale_rows(o, f);
-        l[0].scale(f[0]);
-        l[1].scale(f[1]);
+        l[0] *= static_cast<double>(f[0]);
+        l[1] *= static_cast<double>(f[1]);
     }
 
-    // P = 2^(S - base) in place (fp32), its A fragments (hi; lo: high only) and this thread's share of the tile's row
-    // sums rs (added to l by add_sums once the local product is issued: off the path to it).
+    // P = 2^(S - base) in place (fp32), its A fragments (hi; lo: high only) and the row sums.
     __device__ __forceinline__ void probs(float (&s)[32], const float (&mn)[2], uint32_t (&hi)[16],
-                                          uint32_t (&lo)[16], float (&rs)[2])
+                                          uint32_t (&lo)[16])
     {
         const float b0 = base_of(mn[0]), b1 = base_of(mn[1]);
-        rs[0] = rs[1] = 0.f;
+        float rs[2] = {0.f, 0.f};
 #pragma unroll
         for (int jn = 0; jn < 8; ++jn) {
             s[4 * jn + 0] = ex2(s[4 * jn + 0] - b0);
@@ -516,11 +515,8 @@ struct PairConsumer {
                 split_bf16x2(s[4 * jn + 2], s[4 * jn + 3], hi[f + 1], lo[f + 1]);
             }
         }
-    }
-    __device__ __forceinline__ void add_sums(const float (&rs)[2])
-    {
-        l[0].add(rs[0]);
-        l[1].add(rs[1]);
+        l[0] += static_cast<double>(rs[0]);
+        l[1] += static_cast<double>(rs[1]);
     }
 
     // Where warpgroup w's P_lo goes ("high"): WG0's into block 0 of K buffer 0, dead once WG0's local
@@ -696,16 +692,15 @@ struct PairConsumer {
     template <bool NEXT>
     __device__ __forceinline__ void pair0(float (&s)[32], int k, bool more)
     {
-        float mx[2], m0[2], m1[2], f[2], rs[2];
+        float mx[2], m0[2], m1[2], f[2];
         uint32_t hi[16], lo[16];
         trace(a, k, 0);
         mask_scores(s, mx);
         publish_max(m, mx, m0, kBarM0);
         trace(a, k, 1);
         move_max(m0);
-        probs(s, m0, hi, lo, rs);
+        probs(s, m0, hi, lo);
         pv_local(hi, lo);
-        add_sums(rs);
         trace(a, k, 2);
         named_sync(kBarM1, 256);
         trace(a, k, 3);
@@ -741,7 +736,7 @@ struct PairConsumer {
     template <bool NEXT>
     __device__ __forceinline__ void pair1(float (&s)[32], int k, bool more)
     {
-        float mx[2], m0[2], m1[2], rs[2];
+        float mx[2], m0[2], m1[2];
         uint32_t hi[16], lo[16];
         trace(a, k, 0);
         mask_scores(s, mx);
@@ -750,9 +745,8 @@ struct PairConsumer {
         get_m(0, m0);
         publish_max(m0, mx, m1, kBarM1);
         move_max(m1);
-        probs(s, m1, hi, lo, rs);
+        probs(s, m1, hi, lo);
         pv_local(hi, lo);  // before P1's store: its product starts sooner (1-2% faster in "high", equal in "fast")
-        add_sums(rs);
         store_p(hi, lo);
         named_arrive(kBarP1, 256);
         trace(a, k, 2);
@@ -775,11 +769,14 @@ struct PairConsumer {
     __device__ __forceinline__ void epilogue()
     {
         named_sync(kBarL, 256);  // both loops are over: the P_lo block is free for the row sums
-        double lq[2];
-        quad_sum_rows(l, lq);
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+            l[i] += __shfl_xor_sync(0xffffffffu, l[i], 1);
+            l[i] += __shfl_xor_sync(0xffffffffu, l[i], 2);
+        }
         if (t4 == 0) {
-            c.sL[W * kHT + r0] = lq[0];
-            c.sL[W * kHT + r0 + 8] = lq[1];
+            c.sL[W * kHT + r0] = l[0];
+            c.sL[W * kHT + r0 + 8] = l[1];
         }
         named_sync(kBarL, 256);  // every S is done too: Q's region may hold the staged output
         trace(a, kTraceEdge, kTrStats);

@@ -125,48 +125,13 @@ __device__ __forceinline__ bool move_ref_max(float mx, float &m_r, float &m_t, f
     m_r = mn;
     return moved;
 }
-// SMLA_ROW_SUM_F2 (default 1): a thread's running row sums in the tile loops as an unevaluated pair of floats (RowSum:
-// hi + lo, a ~48-bit significand, error-free sums and products) instead of a double, so that the loops run no FP64
-// instruction; the epilogue takes the pair's value in double (value()) and goes on as before. Why: Nsight Compute's
-// stall samples of the pair kernel (H100, issue 16, thirty-seventh session, h=128 32K "fast") put 11.5% of WG0's loop
-// samples and 4.6% of WG1's on the one DFMA of each (l = l alpha + rs), "math" stalls (waiting for the FP64 pipe), the
-// next DFMA right behind it almost none. The row sums keep their accuracy (the reason they were double: thousands of
-// fp32 adds would cost ~1e-7 relative, at the lse tolerance near 0). 0: a double, l alpha + rs by one DFMA.
-#ifndef SMLA_ROW_SUM_F2
-#define SMLA_ROW_SUM_F2 1
-#endif
-struct RowSum {
-#if SMLA_ROW_SUM_F2
-    float hi = 0.f, lo = 0.f;
-    // *= f: hi f exactly as hi' + e (fmaf), lo' = lo f + e
-    __device__ __forceinline__ void scale(float f)
-    {
-        const float p = hi * f;
-        lo = fmaf(lo, f, fmaf(hi, f, -p));
-        hi = p;
-    }
-    // += x: hi + x exactly as s + e (two-sum, six adds; either may be the larger), e into lo
-    __device__ __forceinline__ void add(float x)
-    {
-        const float s = hi + x, bv = s - hi;
-        lo += (hi - (s - bv)) + (x - bv);
-        hi = s;
-    }
-    __device__ __forceinline__ void scale_add(float f, float x)
-    {
-        scale(f);
-        add(x);
-    }
-    __device__ __forceinline__ double value() const { return static_cast<double>(hi) + static_cast<double>(lo); }
-#else
-    double v = 0.0;
-    __device__ __forceinline__ void scale(float f) { v *= static_cast<double>(f); }
-    __device__ __forceinline__ void add(float x) { v += static_cast<double>(x); }
-    __device__ __forceinline__ void scale_add(float f, float x) { v = v * static_cast<double>(f) + static_cast<double>(x); }
-    __device__ __forceinline__ double value() const { return v; }
-#endif
-};
-// A thread's shares of its rows' sums (double) summed over its quad, whose four threads hold a row's columns.
+// The rows' sums in double (see sm80/tile.cuh): rescaled by alpha, plus this thread's tile sums rs; quad_sum_rows: over
+// the quad, whose four threads hold a row's columns.
+__device__ __forceinline__ void scale_add_row_sums(double (&l)[2], const float (&alpha)[2], const float (&rs)[2])
+{
+    l[0] = l[0] * static_cast<double>(alpha[0]) + static_cast<double>(rs[0]);
+    l[1] = l[1] * static_cast<double>(alpha[1]) + static_cast<double>(rs[1]);
+}
 __device__ __forceinline__ void quad_sum_rows(double (&l)[2])
 {
 #pragma unroll
@@ -174,19 +139,6 @@ __device__ __forceinline__ void quad_sum_rows(double (&l)[2])
         l[i] += __shfl_xor_sync(0xffffffffu, l[i], 1);
         l[i] += __shfl_xor_sync(0xffffffffu, l[i], 2);
     }
-}
-// The rows' running sums rescaled by alpha, plus this thread's tile sums rs; quad_sum_rows: their values (double) over
-// the quad.
-__device__ __forceinline__ void scale_add_row_sums(RowSum (&l)[2], const float (&alpha)[2], const float (&rs)[2])
-{
-    l[0].scale_add(alpha[0], rs[0]);
-    l[1].scale_add(alpha[1], rs[1]);
-}
-__device__ __forceinline__ void quad_sum_rows(const RowSum (&acc)[2], double (&l)[2])
-{
-    l[0] = acc[0].value();
-    l[1] = acc[1].value();
-    quad_sum_rows(l);
 }
 
 // A [64 heads x 64 tokens] bf16 A-fragment set (p[4 kk + 2 hf + rr]: row r0 + 8 rr, tokens 16 kk + 8 hf +

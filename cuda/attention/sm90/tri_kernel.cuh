@@ -241,8 +241,7 @@ struct ScoreWg {
     float o[64];                  // O[:, 0:128]: o[4 jn + {0, 1} / {2, 3}] rows r0 / r0 + 8, columns 8 jn + 2 t4
     uint32_t qr[kQrSteps][4];     // Q's RoPE part: the A fragments of k-steps 32..35
     float m_r[2] = {-INFINITY, -INFINITY}, m_t[2] = {-INFINITY, -INFINITY};
-    RowSum l_acc[2];  // the loop's row sums (RowSum, sm90/score_tile.cuh)
-    double l_r[2];    // their values over the quad, for the epilogue
+    double l_r[2] = {0.0, 0.0};
 
     __device__ __forceinline__ ScoreWg(const Args &a_, const Cta &cta)
         : a(a_), c(cta), lane(cta.lane), t4(cta.lane & 3), r0(16 * ((cta.tid >> 5) & 3) + (cta.lane >> 2))
@@ -329,7 +328,7 @@ struct ScoreWg {
             p[f] = pack_bf16x2(p0, p1);
             p[f + 1] = pack_bf16x2(p2, p3);
         }
-        scale_add_row_sums(l_acc, alpha, rs);
+        scale_add_row_sums(l_r, alpha, rs);
     }
     // P into buffer b's RoPE block (p_desc's layout: per k-step one stmatrix x4, matrix m = rows + 8 (m & 1), tokens
     // + 8 (m >> 1), the fragment registers' order) and alpha, then kBarP + b.
@@ -415,7 +414,7 @@ struct ScoreWg {
     // to WG1 through its last 256 B) or a split partial (the statistics through its start).
     __device__ __forceinline__ void epilogue()
     {
-        quad_sum_rows(l_acc, l_r);
+        quad_sum_rows(l_r);
         if (staged_direct(a)) {
             const auto stat = [&](int hf, int) { return RowStat{m_r[hf], l_r[hf], m_t[hf]}; };
             finish_cols_direct(a, c, c.h0, r0, 0, t4, o, stat, c.sQ, kBarOut, [&](const float (&f)[2]) {
