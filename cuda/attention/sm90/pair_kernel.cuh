@@ -30,6 +30,7 @@
 // block and buffer 1's RoPE block joins its early region (20 of S's 36 k-steps, freed by WG1 after its
 // local product), so WG1's next S waits only for blocks 0..3.
 // Each warpgroup's first S chain reads only its early region (the k-step order of kstep()).
+// SMLA_SM90P_QUARTERS (below, off by default): in "fast", each region freed and reloaded in quarters of its V rows.
 //
 // Per pair of tiles (t0 in buffer 0, t1 in buffer 1; an odd count's last t1 is a tile of zeros with no
 // valid row):
@@ -127,6 +128,21 @@
 #define SMLA_SM90P_OUT_STSM 1
 #endif
 
+// SMLA_SM90P_QUARTERS (default 0; an experiment, not yet run correctly on a GPU): in "fast", each K region comes back
+// in quarters. A product over a region's V blocks (the local or the remote P V) is four commit groups, one a k-step (16
+// tokens: V rows 16 q .. 16 q + 15), and its warpgroup frees quarter q (those rows of the region's V blocks) as k-step q
+// completes, the region's other block (8: RoPE, P0's carrier) with the last; the producer's thread (g, cl) holds rows
+// 16 q + g, so it reloads its row q once quarter q is free. So a region's copies start while the product that frees it
+// still runs, where they start after it now (the consumers' waits for K regions, ~1,100-1,850 cycles a pair each, are
+// waits for that chain, not for L2: issue 16, thirty-seventh session, the ablation without L2 reads). "high" keeps whole
+// regions (its buffer 0 early region carries WG0's P_lo). Status: the first form had WG1's two products pending as 8
+// wgmma groups, and the sm90p prefill tests hung on an H100 (same session, call 4); wgmma.wait_group takes 0..7, so at
+// most 7 are pending now (WG1's remote product as 3 groups), compiled, not run. With 0 the pair kernel's device code is
+// the one before the switch (cuobjdump, both variants).
+#ifndef SMLA_SM90P_QUARTERS
+#define SMLA_SM90P_QUARTERS 0
+#endif
+
 namespace attn {
 namespace sm90 {
 namespace pair {
@@ -140,6 +156,9 @@ constexpr bool kLazy = SMLA_SM90P_LAZY_MAX != 0;
 constexpr bool kCluster = SMLA_SM90P_CLUSTER != 0;
 // The staged output's stores (stage_out_cols, score_tile.cuh) of a variant: stmatrix in "fast" (SMLA_SM90P_OUT_STSM)
 constexpr bool out_stsm(bool fast) { return (SMLA_SM90P_OUT_STSM != 0 && fast) || kOutStsm; }
+// The parts a K region is freed and reloaded in (SMLA_SM90P_QUARTERS): 4 in "fast", else 1.
+constexpr bool kQuarters = SMLA_SM90P_QUARTERS != 0;
+constexpr int quarters(bool fast) { return kQuarters && fast ? 4 : 1; }
 
 // setmaxnreg: the three warpgroups share the launch allocation, 3 x 168 (plan.cuh).
 constexpr int kConsumerRegs = 224, kProducerRegs = 56;
@@ -153,7 +172,8 @@ struct Smem {
     static constexpr Region q = first_region(kTileBytes);            // Q, 9 column blocks
     static constexpr Region k = region_after(q, 2 * kTileBytes);     // K buffers 0, 1
     static constexpr Region plo = region_after(k, kBlk);             // P_lo of buffer 1's tile (high)
-    static constexpr Region bar = region_after(plo, 64);             // full[b][r] at 8 (2b + r), empty at 32 + ..
+    // mbarriers: full[b][r] at 8 (2b + r), empty[b][r] at 32 + 8 (2b + r); kQuarters: empty[b][r][q] at 32 + 8 (4 (2b + r) + q)
+    static constexpr Region bar = region_after(plo, kQuarters ? 32 + 16 * 8 : 64);
     static constexpr Region valid = region_after(bar, 2 * kBN * 4);  // int [2][64]: row valid, per buffer
     static constexpr Region mrow = region_after(valid, 2 * kHT * 4); // float [2][64]: m0, m1 of the exchange
     static constexpr Region mask = region_after(mrow, kMaskWords * 4);  // the non-empty tiles
@@ -199,9 +219,12 @@ struct Cta : CtaCommon {
         sL = reinterpret_cast<double *>(smem + Smem::plo.off);
         sMt = reinterpret_cast<float *>(smem + Smem::mtrue.off);
     }
-    // full[b][r] and empty[b][r] (CtaCommon's bar_full is the first of the 8)
+    // full[b][r] and empty[b][r][q] (quarter q of the region, kQuarters; CtaCommon's bar_full is the first)
     __device__ __forceinline__ uint32_t full(int b, int r) const { return bar_full + 8 * (2 * b + r); }
-    __device__ __forceinline__ uint32_t empty(int b, int r) const { return bar_full + 32 + 8 * (2 * b + r); }
+    __device__ __forceinline__ uint32_t empty(int b, int r, int q = 0) const
+    {
+        return bar_full + 32 + 8 * (kQuarters ? 4 * (2 * b + r) + q : 2 * b + r);
+    }
     __device__ __forceinline__ uint32_t kbuf(int b) const { return sK + b * kTileBytes; }
 };
 
@@ -216,6 +239,8 @@ template <int ABL, bool FAST>
 struct PairProducer {
     static constexpr bool kNoLoad = (ABL & 1) != 0;
     static constexpr int kRows = 4;  // rows per thread and tile: 128 threads x 4 rows x 1 chunk per block
+    static constexpr int kQ = quarters(FAST);
+    static_assert(kQ == 1 || kQ == kRows, "a quarter of a region is one row of each producer thread");
     const Args &a;
     const Cta &c;
     const ProducerLane lp;  // its chunk lp.cl of each column block, the row source, the L2 policy (producer.cuh)
@@ -253,21 +278,23 @@ struct PairProducer {
 #pragma unroll
         for (int i = 0; i < kRows; ++i) c.sValid[b * kBN + 16 * i + g] = (R.ok >> i) & 1u;
     }
-    // Column blocks [c0, c1) of this thread's rows into K buffer b.
+    // Column blocks [c0, c1) of this thread's row i (row 16 i + g of the tile) into K buffer b; copy: of all its rows.
+    __device__ __forceinline__ void copy_row(const Rows &R, int b, int i, int c0, int c1) const
+    {
+        const int nb = (((R.ok >> i) & 1u) && !kNoLoad) ? 16 : 0;
+        const uint32_t dst = lp.chunk_dst(c.kbuf(b), 16 * i + g);
+#pragma unroll
+        for (int c8 = c0; c8 < c1; ++c8) lp.copy16(dst + c8 * kBlk, R.src[i] + c8 * 128, nb);
+    }
     __device__ __forceinline__ void copy(const Rows &R, int b, int c0, int c1) const
     {
 #pragma unroll
-        for (int i = 0; i < kRows; ++i) {
-            const int nb = (((R.ok >> i) & 1u) && !kNoLoad) ? 16 : 0;
-            const uint32_t dst = lp.chunk_dst(c.kbuf(b), 16 * i + g);
-#pragma unroll
-            for (int c8 = c0; c8 < c1; ++c8) lp.copy16(dst + c8 * kBlk, R.src[i] + c8 * 128, nb);
-        }
+        for (int i = 0; i < kRows; ++i) copy_row(R, b, i, c0, c1);
     }
-    // Region R of buffer B for its use-th tile: wait until its owners freed it, copy, and let the full barrier's
-    // phase complete once this thread's copies landed (each of the 128 threads arrives once, `.noinc`). The row flags
-    // go with the early region (its owner reads them): the 16 flag writers' plain arrival (release) orders them, so
-    // full(B, early) counts 128 + 16.
+    // Region R of buffer B for its use-th tile: wait until its owners freed it (quarter by quarter: kQ), copy, and let
+    // the full barrier's phase complete once this thread's copies landed (each of the 128 threads arrives once,
+    // `.noinc`). The row flags go with the early region (its owner reads them; its owner frees quarter 0 after its
+    // mask): the 16 flag writers' plain arrival (release) orders them, so full(B, early) counts 128 + 16.
     // speculated: the copies and row flags are speculate()'s (buffer 0's first use), only the arrivals remain.
     template <int B, int R>
     __device__ __forceinline__ void region(const Rows &rows, int use, bool speculated = false) const
@@ -288,7 +315,15 @@ struct PairProducer {
         }
         // buffer 0: early = blocks 0..3, late = 4..8; buffer 1: early = 4..8 ("fast") or 4..7, late = 0..3 (and 8:
         // "high")
-        if constexpr (B == 0) {
+        if constexpr (kQ > 1) {  // "fast" in quarters: row i of the V blocks once quarter i is free, block 8 last
+            constexpr int v0 = (B == 0) == (R == kEarly) ? 0 : 4;
+#pragma unroll
+            for (int i = 0; i < kRows; ++i) {
+                if (i > 0 && use > 0) mbar_wait(c.empty(B, R, i), (use - 1) & 1);
+                copy_row(rows, B, i, v0, v0 + 4);
+            }
+            if constexpr (v0 == 4) copy(rows, B, 8, 9);
+        } else if constexpr (B == 0) {
             if constexpr (R == kEarly) copy(rows, 0, 0, 4);
             else copy(rows, 0, 4, 9);
         } else if constexpr (FAST) {
@@ -374,6 +409,11 @@ template <int W, int ABL, bool FAST>
 struct PairConsumer {
     static constexpr bool kNoS = (ABL & 2) != 0, kNoPV = (ABL & 4) != 0, kNoLo = FAST || (ABL & 16) != 0;
     static constexpr int kPeer = 1 - W;
+    static constexpr int kQ = quarters(FAST);  // commit groups per P V product, parts a region is freed in
+    // The remote product's commit groups: WG1's local and remote products are pending together, and a warpgroup may
+    // have at most 7 wgmma groups pending (wgmma.wait_group's range, 0..7; 8 hung the pair kernel's tests in the
+    // thirty-seventh session's call 4), so WG1's remote product is 3 groups (k-steps 0, 1, then 2 and 3).
+    static constexpr int kRemoteGroups = kQ == 4 && W == 1 ? 3 : kQ;
     // WG1 frees the regions of its pair before it acquires its next early region; WG0 queues its next S chain
     // 0 behind its remote product first (its early region was freed long before). after_remote, next_first.
     static constexpr bool kReleaseFirst = W == 1;
@@ -405,7 +445,28 @@ struct PairConsumer {
         mbar_wait(c.full(b, r), use & 1);
         fence_async_smem();  // the producer's cp.async data, read by wgmma (the async proxy)
     }
-    __device__ __forceinline__ void release(int b, int r) const { mbar_arrive(c.empty(b, r)); }
+    __device__ __forceinline__ void release(int b, int r, int q = 0) const { mbar_arrive(c.empty(b, r, q)); }
+    // Waits for the product over region (b, r) (its G commit groups, with AFTER groups issued behind them), freeing
+    // the region's quarters as they complete (kQ = 4: quarter q with group q, the last group's with the rest), or the
+    // whole region (kQ = 1).
+    template <int AFTER, int G = kQ>
+    __device__ __forceinline__ void free_region(int b, int r) const
+    {
+        static_assert(AFTER + G <= 7 && (G == kQ || (kQ == 4 && G == 3)), "at most 7 wgmma groups pending");
+        if constexpr (kQ == 4) {
+            wg_wait<AFTER + G - 1>();
+            release(b, r, 0);
+            wg_wait<AFTER + G - 2>();
+            release(b, r, 1);
+            if constexpr (G == 4) {
+                wg_wait<AFTER + 1>();
+                release(b, r, 2);
+            }
+        }
+        wg_wait<AFTER>();
+        if constexpr (kQ == 4 && G == 3) release(b, r, 2);
+        release(b, r, kQ - 1);
+    }
 
     // --- S ---------------------------------------------------------------------------------------
     // d (+)= k-steps i0 .. i1 - 1 (in kstep order) over buffer W's tile.
@@ -564,7 +625,7 @@ struct PairConsumer {
     {
         return desc_at(vd, (4 * W) * kBlk + (16 * kk) * 128);
     }
-    // O += P V over this warpgroup's own tile, P from registers (one commit group).
+    // O += P V over this warpgroup's own tile, P from registers (kQ commit groups).
     __device__ __forceinline__ void pv_local(uint32_t (&hi)[16], uint32_t (&lo)[16])
     {
         if constexpr (!kNoPV) {
@@ -575,11 +636,15 @@ struct PairConsumer {
                 const uint64_t dv = v_desc(vd, kk);
                 wgmma_n256_rs(o, reinterpret_cast<const uint32_t(&)[4]>(hi[4 * kk]), dv);
                 if constexpr (!kNoLo) wgmma_n256_rs(o, reinterpret_cast<const uint32_t(&)[4]>(lo[4 * kk]), dv);
+                if constexpr (kQ == 4) wg_commit();  // k-step kk reads V rows 16 kk ..: quarter kk (free_region)
             }
+        } else if constexpr (kQ == 4) {
+#pragma unroll
+            for (int kk = 0; kk < 3; ++kk) wg_commit();
         }
-        wg_commit();
+        if constexpr (kQ == 1 || kNoPV) wg_commit();
     }
-    // O += P V over the peer's tile, its P from smem (one commit group).
+    // O += P V over the peer's tile, its P from smem (kRemoteGroups commit groups).
     __device__ __forceinline__ void pv_remote()
     {
         if constexpr (!kNoPV) {
@@ -591,9 +656,15 @@ struct PairConsumer {
                 const uint64_t dv = v_desc(vd, kk);
                 wgmma_n256_tb(o, desc_at(hd, kk * 32), dv);
                 if constexpr (!kNoLo) wgmma_n256_tb(o, desc_at(ld, kk * 32), dv);
+                if constexpr (kQ == 4) {  // as pv_local; kRemoteGroups = 3: k-steps 2 and 3 together
+                    if (kk < kRemoteGroups - 1 || kk == 3) wg_commit();
+                }
             }
+        } else if constexpr (kQ == 4) {
+#pragma unroll
+            for (int kk = 0; kk < kRemoteGroups - 1; ++kk) wg_commit();
         }
-        wg_commit();
+        if constexpr (kQ == 1 || kNoPV) wg_commit();
     }
 
     // --- the exchange of maxima ---------------------------------------------------------------------
@@ -663,17 +734,20 @@ struct PairConsumer {
         fence_regs(hi);
         if constexpr (!kNoLo) fence_regs(lo);
     }
-    // Queues the next pair's first S chain behind the remote product (NEXT), then waits for the latter.
-    // kReleaseFirst: only waits (the caller frees its regions, then calls next_first).
+    // Queues the next pair's first S chain behind the remote product (NEXT), then waits for the latter (kQ = 4: freeing
+    // the peer buffer's late region it read; kQ = 1: the caller frees it). kReleaseFirst: no S chain (the caller calls
+    // next_first).
     template <bool NEXT>
     __device__ __forceinline__ void after_remote(float (&s)[32], int k)
     {
         if constexpr (NEXT && !kReleaseFirst) {
             s_first(s, k + 1);
             trace(a, k, PairEv<W>::kFirst);
-            wg_wait1();
+            if constexpr (kQ == 4) free_region<1, kRemoteGroups>(kPeer, kLate);
+            else wg_wait1();
         } else {
-            wg_wait0();
+            if constexpr (kQ == 4) free_region<0, kRemoteGroups>(kPeer, kLate);
+            else wg_wait0();
         }
         trace(a, k, PairEv<W>::kRemoteDone);
         fence_regs(o);
@@ -707,10 +781,11 @@ struct PairConsumer {
         get_m(1, m1);
 #pragma unroll
         for (int i = 0; i < 2; ++i) f[i] = m0[i] == -INFINITY ? 1.f : ex2(m0[i] - base_of(m1[i]));
-        wg_wait0();
+        if constexpr (kQ == 4) free_region<0>(0, kEarly);
+        else wg_wait0();
         local_done(hi, lo);
         trace(a, k, 4);
-        if constexpr (kNoLo) release(0, kEarly);  // else WG1 frees it (lo_block)
+        if constexpr (kQ == 1 && kNoLo) release(0, kEarly);  // else WG1 frees it (lo_block)
         rescale_p(hi, lo, f);
         store_p(hi, lo);  // P0 relative to m1, for WG1
         named_arrive(kBarP0, 256);
@@ -723,11 +798,11 @@ struct PairConsumer {
         pv_remote();
         if (kOneBody && !more) {  // the last pair: as NEXT = false, out of the one copy (the caller's loop ends)
             after_remote<false>(s, k);
-            release(1, kLate);
+            if constexpr (kQ == 1) release(1, kLate);
             return;
         }
         after_remote<NEXT>(s, k);
-        release(1, kLate);
+        if constexpr (kQ == 1) release(1, kLate);
         next_first<NEXT>(s, k);
         if constexpr (NEXT) s_rest(s, k + 1);
     }
@@ -753,13 +828,14 @@ struct PairConsumer {
         named_sync(kBarP0, 256);
         trace(a, k, 3);
         pv_remote();
-        wg_wait1();
+        if constexpr (kQ == 4) free_region<kRemoteGroups>(1, kEarly);  // the local product, the remote one's behind it
+        else wg_wait1();
         local_done(hi, lo);
         trace(a, k, 4);
-        release(1, kEarly);
+        if constexpr (kQ == 1) release(1, kEarly);
         after_remote<NEXT>(s, k);
         if constexpr (!kNoLo) release(0, kEarly);  // WG0's P_lo was in it (lo_block)
-        release(0, kLate);
+        if constexpr (kQ == 1) release(0, kLate);
         if (kOneBody && !more) return;  // the last pair (the caller's loop ends)
         next_first<NEXT>(s, k);
         if constexpr (NEXT) s_rest(s, k + 1);
@@ -808,7 +884,7 @@ __global__ void __launch_bounds__(kThreads, 1) attn_sm90p_kernel(const __grid_co
 #pragma unroll
         for (int i = 0; i < 4; ++i)  // full[b][r]: the 128 producer threads (+ 16 flag writers: early)
             mbar_init(c.bar_full + 8 * i, (i & 1) == kEarly ? 144 : 128);
-        for (int i = 4; i < 8; ++i) mbar_init(c.bar_full + 8 * i, 128);  // empty: one consumer warpgroup
+        for (int i = 4; i < (kQuarters ? 20 : 8); ++i) mbar_init(c.bar_full + 8 * i, 128);  // empty: one consumer warpgroup
         if (q_tma) mbar_init(qbar, 1);
         fence_mbarrier_init();
     }

@@ -227,6 +227,9 @@ __device__ __forceinline__ void wgmma_n128_tb(float (&d)[64], uint64_t da, uint6
 }
 // Waits until at most one wgmma group of this warpgroup is pending (groups complete in order).
 __device__ __forceinline__ void wg_wait1() { asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory"); }
+// Waits until at most N wgmma groups of this warpgroup are pending.
+template <int N>
+__device__ __forceinline__ void wg_wait() { asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory"); }
 // This thread's arrival on the mbarrier, made once every cp.async it issued so far has landed (.noinc:
 // it is one of the arrivals the barrier was initialised to expect).
 __device__ __forceinline__ void cp_async_mbar_arrive_noinc(uint32_t bar)
