@@ -30,7 +30,7 @@
 // block and buffer 1's RoPE block joins its early region (20 of S's 36 k-steps, freed by WG1 after its
 // local product), so WG1's next S waits only for blocks 0..3.
 // Each warpgroup's first S chain reads only its early region (the k-step order of kstep()).
-// SMLA_SM90P_QUARTERS (below, off by default): in "fast", each region freed and reloaded in quarters of its V rows.
+// SMLA_SM90P_PARTS (below, 1 by default): in "fast", each region freed and reloaded in 2 or 4 parts of its V rows.
 //
 // Per pair of tiles (t0 in buffer 0, t1 in buffer 1; an odd count's last t1 is a tile of zeros with no
 // valid row):
@@ -128,20 +128,22 @@
 #define SMLA_SM90P_OUT_STSM 1
 #endif
 
-// SMLA_SM90P_QUARTERS (default 0; an experiment, not yet run correctly on a GPU): in "fast", each K region comes back
-// in quarters. A product over a region's V blocks (the local or the remote P V) is four commit groups, one a k-step (16
-// tokens: V rows 16 q .. 16 q + 15), and its warpgroup frees quarter q (those rows of the region's V blocks) as k-step q
-// completes, the region's other block (8: RoPE, P0's carrier) with the last; the producer's thread (g, cl) holds rows
-// 16 q + g, so it reloads its row q once quarter q is free. So a region's copies start while the product that frees it
-// still runs, where they start after it now (the consumers' waits for K regions, ~1,100-1,850 cycles a pair each, are
-// waits for that chain, not for L2: issue 16, thirty-seventh session, the ablation without L2 reads). "high" keeps whole
-// regions (its buffer 0 early region carries WG0's P_lo). Status: the first form had WG1's two products pending as 8
-// wgmma groups, and the sm90p prefill tests hung on an H100 (same session, call 4); wgmma.wait_group takes 0..7, so at
-// most 7 are pending now (WG1's remote product as 3 groups), compiled, not run. With 0 the pair kernel's device code is
-// the one before the switch (cuobjdump, both variants).
-#ifndef SMLA_SM90P_QUARTERS
-#define SMLA_SM90P_QUARTERS 0
+// SMLA_SM90P_PARTS (default 1; 2 and 4 are an experiment, not yet run correctly on a GPU): in "fast", each K region
+// comes back in 2 or 4 parts. A product over a region's V blocks (the local or the remote P V) is that many commit
+// groups (4: one a k-step of 16 tokens, V rows 16 q .. 16 q + 15; 2: two k-steps each), and its warpgroup frees part
+// q (those rows of the region's V blocks) as group q completes, the region's other block (8: RoPE, P0's carrier) with
+// the last; the producer's thread (g, cl) holds rows 16 i + g, so it reloads its rows of part q once part q is free.
+// So a region's copies start while the product that frees it still runs, where they start after it now (the
+// consumers' waits for K regions, ~1,100-1,850 cycles a pair each, are waits for that chain, not for L2: issue 16,
+// thirty-seventh session, the ablation without L2 reads). "high" keeps whole regions (its buffer 0 early region
+// carries WG0's P_lo). Status: 4 parts with WG1's two products pending as 8 wgmma groups hung the sm90p prefill tests
+// on an H100 (same session, call 4; code in 94a2552); wgmma.wait_group takes 0..7, so at most 7 are pending now
+// (WG1's remote product as 3 groups); 2 parts keep at most 4. Compiled, not run. With 1 the pair kernel's device code
+// is the one before the switch (cuobjdump, both variants).
+#ifndef SMLA_SM90P_PARTS
+#define SMLA_SM90P_PARTS 1
 #endif
+static_assert(SMLA_SM90P_PARTS == 1 || SMLA_SM90P_PARTS == 2 || SMLA_SM90P_PARTS == 4, "SMLA_SM90P_PARTS: 1, 2 or 4");
 
 namespace attn {
 namespace sm90 {
@@ -156,9 +158,9 @@ constexpr bool kLazy = SMLA_SM90P_LAZY_MAX != 0;
 constexpr bool kCluster = SMLA_SM90P_CLUSTER != 0;
 // The staged output's stores (stage_out_cols, score_tile.cuh) of a variant: stmatrix in "fast" (SMLA_SM90P_OUT_STSM)
 constexpr bool out_stsm(bool fast) { return (SMLA_SM90P_OUT_STSM != 0 && fast) || kOutStsm; }
-// The parts a K region is freed and reloaded in (SMLA_SM90P_QUARTERS): 4 in "fast", else 1.
-constexpr bool kQuarters = SMLA_SM90P_QUARTERS != 0;
-constexpr int quarters(bool fast) { return kQuarters && fast ? 4 : 1; }
+// The parts a K region is freed and reloaded in (SMLA_SM90P_PARTS): in "fast", else 1; kSplit: any variant has parts.
+constexpr bool kSplit = SMLA_SM90P_PARTS > 1;
+constexpr int parts(bool fast) { return fast ? SMLA_SM90P_PARTS : 1; }
 
 // setmaxnreg: the three warpgroups share the launch allocation, 3 x 168 (plan.cuh).
 constexpr int kConsumerRegs = 224, kProducerRegs = 56;
@@ -172,8 +174,8 @@ struct Smem {
     static constexpr Region q = first_region(kTileBytes);            // Q, 9 column blocks
     static constexpr Region k = region_after(q, 2 * kTileBytes);     // K buffers 0, 1
     static constexpr Region plo = region_after(k, kBlk);             // P_lo of buffer 1's tile (high)
-    // mbarriers: full[b][r] at 8 (2b + r), empty[b][r] at 32 + 8 (2b + r); kQuarters: empty[b][r][q] at 32 + 8 (4 (2b + r) + q)
-    static constexpr Region bar = region_after(plo, kQuarters ? 32 + 16 * 8 : 64);
+    // mbarriers: full[b][r] at 8 (2b + r), empty[b][r] at 32 + 8 (2b + r); kSplit: empty[b][r][q] at 32 + 8 (4 (2b + r) + q)
+    static constexpr Region bar = region_after(plo, kSplit ? 32 + 16 * 8 : 64);
     static constexpr Region valid = region_after(bar, 2 * kBN * 4);  // int [2][64]: row valid, per buffer
     static constexpr Region mrow = region_after(valid, 2 * kHT * 4); // float [2][64]: m0, m1 of the exchange
     static constexpr Region mask = region_after(mrow, kMaskWords * 4);  // the non-empty tiles
@@ -219,11 +221,11 @@ struct Cta : CtaCommon {
         sL = reinterpret_cast<double *>(smem + Smem::plo.off);
         sMt = reinterpret_cast<float *>(smem + Smem::mtrue.off);
     }
-    // full[b][r] and empty[b][r][q] (quarter q of the region, kQuarters; CtaCommon's bar_full is the first)
+    // full[b][r] and empty[b][r][q] (part q of the region, kSplit; CtaCommon's bar_full is the first)
     __device__ __forceinline__ uint32_t full(int b, int r) const { return bar_full + 8 * (2 * b + r); }
     __device__ __forceinline__ uint32_t empty(int b, int r, int q = 0) const
     {
-        return bar_full + 32 + 8 * (kQuarters ? 4 * (2 * b + r) + q : 2 * b + r);
+        return bar_full + 32 + 8 * (kSplit ? 4 * (2 * b + r) + q : 2 * b + r);
     }
     __device__ __forceinline__ uint32_t kbuf(int b) const { return sK + b * kTileBytes; }
 };
@@ -239,8 +241,7 @@ template <int ABL, bool FAST>
 struct PairProducer {
     static constexpr bool kNoLoad = (ABL & 1) != 0;
     static constexpr int kRows = 4;  // rows per thread and tile: 128 threads x 4 rows x 1 chunk per block
-    static constexpr int kQ = quarters(FAST);
-    static_assert(kQ == 1 || kQ == kRows, "a quarter of a region is one row of each producer thread");
+    static constexpr int kP = parts(FAST), kRowsPart = kRows / kP;  // a region's parts, this thread's rows in one
     const Args &a;
     const Cta &c;
     const ProducerLane lp;  // its chunk lp.cl of each column block, the row source, the L2 policy (producer.cuh)
@@ -291,9 +292,9 @@ struct PairProducer {
 #pragma unroll
         for (int i = 0; i < kRows; ++i) copy_row(R, b, i, c0, c1);
     }
-    // Region R of buffer B for its use-th tile: wait until its owners freed it (quarter by quarter: kQ), copy, and let
+    // Region R of buffer B for its use-th tile: wait until its owners freed it (part by part: kP), copy, and let
     // the full barrier's phase complete once this thread's copies landed (each of the 128 threads arrives once,
-    // `.noinc`). The row flags go with the early region (its owner reads them; its owner frees quarter 0 after its
+    // `.noinc`). The row flags go with the early region (its owner reads them; its owner frees part 0 after its
     // mask): the 16 flag writers' plain arrival (release) orders them, so full(B, early) counts 128 + 16.
     // speculated: the copies and row flags are speculate()'s (buffer 0's first use), only the arrivals remain.
     template <int B, int R>
@@ -315,11 +316,11 @@ struct PairProducer {
         }
         // buffer 0: early = blocks 0..3, late = 4..8; buffer 1: early = 4..8 ("fast") or 4..7, late = 0..3 (and 8:
         // "high")
-        if constexpr (kQ > 1) {  // "fast" in quarters: row i of the V blocks once quarter i is free, block 8 last
+        if constexpr (kP > 1) {  // "fast" in parts: row i of the V blocks once its part is free, block 8 last
             constexpr int v0 = (B == 0) == (R == kEarly) ? 0 : 4;
 #pragma unroll
             for (int i = 0; i < kRows; ++i) {
-                if (i > 0 && use > 0) mbar_wait(c.empty(B, R, i), (use - 1) & 1);
+                if (i > 0 && i % kRowsPart == 0 && use > 0) mbar_wait(c.empty(B, R, i / kRowsPart), (use - 1) & 1);
                 copy_row(rows, B, i, v0, v0 + 4);
             }
             if constexpr (v0 == 4) copy(rows, B, 8, 9);
@@ -409,11 +410,13 @@ template <int W, int ABL, bool FAST>
 struct PairConsumer {
     static constexpr bool kNoS = (ABL & 2) != 0, kNoPV = (ABL & 4) != 0, kNoLo = FAST || (ABL & 16) != 0;
     static constexpr int kPeer = 1 - W;
-    static constexpr int kQ = quarters(FAST);  // commit groups per P V product, parts a region is freed in
+    static constexpr int kP = parts(FAST);  // commit groups per P V product, parts a region is freed in
     // The remote product's commit groups: WG1's local and remote products are pending together, and a warpgroup may
     // have at most 7 wgmma groups pending (wgmma.wait_group's range, 0..7; 8 hung the pair kernel's tests in the
-    // thirty-seventh session's call 4), so WG1's remote product is 3 groups (k-steps 0, 1, then 2 and 3).
-    static constexpr int kRemoteGroups = kQ == 4 && W == 1 ? 3 : kQ;
+    // thirty-seventh session's call 4), so with 4 parts WG1's remote product is 3 groups (k-steps 0, 1, then 2 and 3).
+    static constexpr int kRemoteGroups = kP == 4 && W == 1 ? 3 : kP;
+    // A product of G commit groups (kP > 1) commits after k-step kk when this is true.
+    static constexpr bool commit_after(int kk, int g) { return g == 3 ? kk != 2 : (kk + 1) % (4 / g) == 0; }
     // WG1 frees the regions of its pair before it acquires its next early region; WG0 queues its next S chain
     // 0 behind its remote product first (its early region was freed long before). after_remote, next_first.
     static constexpr bool kReleaseFirst = W == 1;
@@ -447,25 +450,24 @@ struct PairConsumer {
     }
     __device__ __forceinline__ void release(int b, int r, int q = 0) const { mbar_arrive(c.empty(b, r, q)); }
     // Waits for the product over region (b, r) (its G commit groups, with AFTER groups issued behind them), freeing
-    // the region's quarters as they complete (kQ = 4: quarter q with group q, the last group's with the rest), or the
-    // whole region (kQ = 1).
-    template <int AFTER, int G = kQ>
+    // the region's parts as they complete (kP > 1: part q with group q, the last group's with the rest).
+    template <int AFTER, int G = kP>
     __device__ __forceinline__ void free_region(int b, int r) const
     {
-        static_assert(AFTER + G <= 7 && (G == kQ || (kQ == 4 && G == 3)), "at most 7 wgmma groups pending");
-        if constexpr (kQ == 4) {
-            wg_wait<AFTER + G - 1>();
-            release(b, r, 0);
+        static_assert(kP > 1 && AFTER + G <= 7 && (G == kP || (kP == 4 && G == 3)), "at most 7 wgmma groups pending");
+        wg_wait<AFTER + G - 1>();
+        release(b, r, 0);
+        if constexpr (G >= 3) {
             wg_wait<AFTER + G - 2>();
             release(b, r, 1);
-            if constexpr (G == 4) {
-                wg_wait<AFTER + 1>();
-                release(b, r, 2);
-            }
+        }
+        if constexpr (G == 4) {
+            wg_wait<AFTER + 1>();
+            release(b, r, 2);
         }
         wg_wait<AFTER>();
-        if constexpr (kQ == 4 && G == 3) release(b, r, 2);
-        release(b, r, kQ - 1);
+        if constexpr (G == 3) release(b, r, 2);
+        release(b, r, kP - 1);
     }
 
     // --- S ---------------------------------------------------------------------------------------
@@ -625,7 +627,7 @@ struct PairConsumer {
     {
         return desc_at(vd, (4 * W) * kBlk + (16 * kk) * 128);
     }
-    // O += P V over this warpgroup's own tile, P from registers (kQ commit groups).
+    // O += P V over this warpgroup's own tile, P from registers (kP commit groups).
     __device__ __forceinline__ void pv_local(uint32_t (&hi)[16], uint32_t (&lo)[16])
     {
         if constexpr (!kNoPV) {
@@ -636,13 +638,15 @@ struct PairConsumer {
                 const uint64_t dv = v_desc(vd, kk);
                 wgmma_n256_rs(o, reinterpret_cast<const uint32_t(&)[4]>(hi[4 * kk]), dv);
                 if constexpr (!kNoLo) wgmma_n256_rs(o, reinterpret_cast<const uint32_t(&)[4]>(lo[4 * kk]), dv);
-                if constexpr (kQ == 4) wg_commit();  // k-step kk reads V rows 16 kk ..: quarter kk (free_region)
+                if constexpr (kP > 1) {  // k-step kk reads V rows 16 kk .. (free_region)
+                    if (commit_after(kk, kP)) wg_commit();
+                }
             }
-        } else if constexpr (kQ == 4) {
+        } else if constexpr (kP > 1) {
 #pragma unroll
-            for (int kk = 0; kk < 3; ++kk) wg_commit();
+            for (int i = 0; i + 1 < kP; ++i) wg_commit();
         }
-        if constexpr (kQ == 1 || kNoPV) wg_commit();
+        if constexpr (kP == 1 || kNoPV) wg_commit();
     }
     // O += P V over the peer's tile, its P from smem (kRemoteGroups commit groups).
     __device__ __forceinline__ void pv_remote()
@@ -656,15 +660,15 @@ struct PairConsumer {
                 const uint64_t dv = v_desc(vd, kk);
                 wgmma_n256_tb(o, desc_at(hd, kk * 32), dv);
                 if constexpr (!kNoLo) wgmma_n256_tb(o, desc_at(ld, kk * 32), dv);
-                if constexpr (kQ == 4) {  // as pv_local; kRemoteGroups = 3: k-steps 2 and 3 together
-                    if (kk < kRemoteGroups - 1 || kk == 3) wg_commit();
+                if constexpr (kP > 1) {  // as pv_local
+                    if (commit_after(kk, kRemoteGroups)) wg_commit();
                 }
             }
-        } else if constexpr (kQ == 4) {
+        } else if constexpr (kP > 1) {
 #pragma unroll
-            for (int kk = 0; kk < kRemoteGroups - 1; ++kk) wg_commit();
+            for (int i = 0; i + 1 < kRemoteGroups; ++i) wg_commit();
         }
-        if constexpr (kQ == 1 || kNoPV) wg_commit();
+        if constexpr (kP == 1 || kNoPV) wg_commit();
     }
 
     // --- the exchange of maxima ---------------------------------------------------------------------
@@ -734,8 +738,8 @@ struct PairConsumer {
         fence_regs(hi);
         if constexpr (!kNoLo) fence_regs(lo);
     }
-    // Queues the next pair's first S chain behind the remote product (NEXT), then waits for the latter (kQ = 4: freeing
-    // the peer buffer's late region it read; kQ = 1: the caller frees it). kReleaseFirst: no S chain (the caller calls
+    // Queues the next pair's first S chain behind the remote product (NEXT), then waits for the latter (kP > 1: freeing
+    // the peer buffer's late region it read; kP = 1: the caller frees it). kReleaseFirst: no S chain (the caller calls
     // next_first).
     template <bool NEXT>
     __device__ __forceinline__ void after_remote(float (&s)[32], int k)
@@ -743,10 +747,10 @@ struct PairConsumer {
         if constexpr (NEXT && !kReleaseFirst) {
             s_first(s, k + 1);
             trace(a, k, PairEv<W>::kFirst);
-            if constexpr (kQ == 4) free_region<1, kRemoteGroups>(kPeer, kLate);
+            if constexpr (kP > 1) free_region<1, kRemoteGroups>(kPeer, kLate);
             else wg_wait1();
         } else {
-            if constexpr (kQ == 4) free_region<0, kRemoteGroups>(kPeer, kLate);
+            if constexpr (kP > 1) free_region<0, kRemoteGroups>(kPeer, kLate);
             else wg_wait0();
         }
         trace(a, k, PairEv<W>::kRemoteDone);
@@ -781,11 +785,11 @@ struct PairConsumer {
         get_m(1, m1);
 #pragma unroll
         for (int i = 0; i < 2; ++i) f[i] = m0[i] == -INFINITY ? 1.f : ex2(m0[i] - base_of(m1[i]));
-        if constexpr (kQ == 4) free_region<0>(0, kEarly);
+        if constexpr (kP > 1) free_region<0>(0, kEarly);
         else wg_wait0();
         local_done(hi, lo);
         trace(a, k, 4);
-        if constexpr (kQ == 1 && kNoLo) release(0, kEarly);  // else WG1 frees it (lo_block)
+        if constexpr (kP == 1 && kNoLo) release(0, kEarly);  // else WG1 frees it (lo_block)
         rescale_p(hi, lo, f);
         store_p(hi, lo);  // P0 relative to m1, for WG1
         named_arrive(kBarP0, 256);
@@ -798,11 +802,11 @@ struct PairConsumer {
         pv_remote();
         if (kOneBody && !more) {  // the last pair: as NEXT = false, out of the one copy (the caller's loop ends)
             after_remote<false>(s, k);
-            if constexpr (kQ == 1) release(1, kLate);
+            if constexpr (kP == 1) release(1, kLate);
             return;
         }
         after_remote<NEXT>(s, k);
-        if constexpr (kQ == 1) release(1, kLate);
+        if constexpr (kP == 1) release(1, kLate);
         next_first<NEXT>(s, k);
         if constexpr (NEXT) s_rest(s, k + 1);
     }
@@ -828,14 +832,14 @@ struct PairConsumer {
         named_sync(kBarP0, 256);
         trace(a, k, 3);
         pv_remote();
-        if constexpr (kQ == 4) free_region<kRemoteGroups>(1, kEarly);  // the local product, the remote one's behind it
+        if constexpr (kP > 1) free_region<kRemoteGroups>(1, kEarly);  // the local product, the remote one's behind it
         else wg_wait1();
         local_done(hi, lo);
         trace(a, k, 4);
-        if constexpr (kQ == 1) release(1, kEarly);
+        if constexpr (kP == 1) release(1, kEarly);
         after_remote<NEXT>(s, k);
         if constexpr (!kNoLo) release(0, kEarly);  // WG0's P_lo was in it (lo_block)
-        if constexpr (kQ == 1) release(0, kLate);
+        if constexpr (kP == 1) release(0, kLate);
         if (kOneBody && !more) return;  // the last pair (the caller's loop ends)
         next_first<NEXT>(s, k);
         if constexpr (NEXT) s_rest(s, k + 1);
@@ -884,7 +888,7 @@ __global__ void __launch_bounds__(kThreads, 1) attn_sm90p_kernel(const __grid_co
 #pragma unroll
         for (int i = 0; i < 4; ++i)  // full[b][r]: the 128 producer threads (+ 16 flag writers: early)
             mbar_init(c.bar_full + 8 * i, (i & 1) == kEarly ? 144 : 128);
-        for (int i = 4; i < (kQuarters ? 20 : 8); ++i) mbar_init(c.bar_full + 8 * i, 128);  // empty: one consumer warpgroup
+        for (int i = 4; i < (kSplit ? 20 : 8); ++i) mbar_init(c.bar_full + 8 * i, 128);  // empty: one consumer warpgroup
         if (q_tma) mbar_init(qbar, 1);
         fence_mbarrier_init();
     }
