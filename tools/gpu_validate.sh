@@ -15,7 +15,7 @@ T0=$(date +%s); el() { echo "[$(( $(date +%s) - T0 )) s] $*"; }
 python3 setup.py build_ext --inplace -j "$(nproc)" > "$OUT/build.log" 2>&1 || { tail -40 "$OUT/build.log"; exit 1; }
 grep -iE "warning|spill" "$OUT/build.log" | grep -v "0 bytes spill" | head -5
 el build done
-P="timeout ${TL:-200} python3 -m pytest -q -rf --tb=line -p no:cacheprovider -m cuda"
+P="bash tools/deadline.sh ${TL:-200} python3 -m pytest -q -rf --tb=line -p no:cacheprovider -m cuda"
 A=tests/test_cuda_attention.py
 $P $A -k "decode_grid" > "$OUT/t_attn_decode.log" 2>&1 &
 $P $A -k "prefill_grid" > "$OUT/t_attn_prefill.log" 2>&1 &  # the grids run each case at both precisions
@@ -31,7 +31,7 @@ el tests done
 if [ -n "${SANITIZE:-}" ]; then
   # torch's caching allocator off: each tensor its own cudaMalloc, so memcheck sees every array's bounds
   # (inside a cached block an overrun is not an error) and no process hoards freed memory
-  CS="env PYTORCH_NO_CUDA_MEMORY_CACHING=1 timeout ${TL:-200} compute-sanitizer"
+  CS="bash tools/deadline.sh ${TL:-200} env PYTORCH_NO_CUDA_MEMORY_CACHING=1 compute-sanitizer"
   PA="python3 -m pytest -q -p no:cacheprovider -m cuda $A"
   $CS --print-limit 20 --tool memcheck $PA -k "vs_cpu_and_reference or all_invalid or split or graph or small_heads and auto and (b5 or sq62)" \
     > "$OUT/s_memcheck.log" 2>&1 &
@@ -51,15 +51,15 @@ for f in "$OUT"/s_*.log; do
 done
 [ -e "$OUT/s_racecheck.log" ] && gzip -f "$OUT/s_racecheck.log"  # one block of lines per hazard
 for f in "$OUT"/t_*.log; do echo "== $(basename "$f"): $(tail -n 1 "$f" | cut -c1-200)"; grep -E "^FAILED" "$f" | cut -c1-220 | head -8; done
-[ -n "${DEMO:-}" ] && { timeout 90 python3 -m smla demo > "$OUT/demo.log" 2>&1; echo "== demo (rc $?)"; tail -n 12 "$OUT/demo.log"; }
+[ -n "${DEMO:-}" ] && { bash tools/deadline.sh 90 python3 -m smla demo > "$OUT/demo.log" 2>&1; echo "== demo (rc $?)"; tail -n 12 "$OUT/demo.log"; }
 IFS=';' read -r -a BENCHES <<< "${BENCHES:-bench_sparse_mla_decode.py --quick;bench_sparse_mla_prefill.py --quick;bench_memory_ops.py --quick;bench_layer.py}"
 [ "${BENCHES:-}" = none ] && BENCHES=()  # BENCHES=none: tests only
 for b in "${BENCHES[@]}"; do
   set -- $b
-  timeout "${TB:-100}" python3 "benchmarks/$1" "${@:2}" --json "$OUT/${1%.py}.json" > "$OUT/${1%.py}.log" 2>&1
+  bash tools/deadline.sh "${TB:-100}" python3 "benchmarks/$1" "${@:2}" --json "$OUT/${1%.py}.json" > "$OUT/${1%.py}.log" 2>&1
   echo "== $1 (rc $?)"; grep -v "^#" "$OUT/${1%.py}.log" | tail -n 24
 done
 el bench done
 if [ -n "${ABLATE:-}" ]; then
-  timeout 200 python3 tools/ablate.py > "$OUT/ablate.txt" 2>&1; echo "== ablate (rc $?)"; cat "$OUT/ablate.txt"
+  bash tools/deadline.sh 200 python3 tools/ablate.py > "$OUT/ablate.txt" 2>&1; echo "== ablate (rc $?)"; cat "$OUT/ablate.txt"
 fi

@@ -13,6 +13,7 @@ set -u
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/smla-out}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
+D="$PWD/tools/deadline.sh"  # time limits that hold when a process cannot be ended (a GPU kernel that never finishes)
 J=$(( $(nproc) / ($# + 1) )); [ "$J" -lt 1 ] && J=1
 trees=("$PWD")
 for t in "$@"; do
@@ -43,7 +44,7 @@ ok=()
 for d in "${trees[@]}"; do
   [ -e "$d/.build_failed" ] && continue
   if [ -n "${FIRST:-}" ] && [ "$d" != "$PWD" ]; then  # small cases, a hang reported as such
-    (cd "$d" && PYTHONPATH="$d/src" timeout 100 python3 tools/gpu_first_check.py --family "$FIRST" --timeout 80 \
+    (cd "$d" && PYTHONPATH="$d/src" bash "$D" 100 python3 tools/gpu_first_check.py --family "$FIRST" --timeout 80 \
        > "$OUT/first_$(basename "$d").log" 2>&1)
     rc=$?; echo "== first check $(basename "$d"): rc $rc"
     [ "$rc" = 0 ] || { grep -E "FAIL|HANG|CRASH" "$OUT/first_$(basename "$d").log" | head -3; continue; }
@@ -52,7 +53,7 @@ for d in "${trees[@]}"; do
 done
 if [ -n "${TESTS:-}" ]; then
   for d in "${ok[@]}"; do
-    (cd "$d" && PYTHONPATH="$d/src" timeout 240 python3 -m pytest -q -rf --tb=line -p no:cacheprovider -m cuda $TESTS \
+    (cd "$d" && PYTHONPATH="$d/src" bash "$D" 240 python3 -m pytest -q -rf --tb=line -p no:cacheprovider -m cuda $TESTS \
        -k "${TESTS_K:-}" > "$OUT/tests_$(basename "$d").log" 2>&1
      echo "== tests $(basename "$d"): $(tail -n 1 "$OUT/tests_$(basename "$d").log" | cut -c1-160)"
      grep -E "^FAILED" "$OUT/tests_$(basename "$d").log" | head -4)
@@ -63,6 +64,7 @@ ARGS=${ARGS:---shape 16,1,128 --shape 32,1,128 --shape 8,1,128 --no-graph --no-b
 for i in $(seq 1 "${ROUNDS:-2}"); do
   for d in "${ok[@]}"; do
     echo "== $(basename "$d") (round $i)"
-    (cd "$d" && PYTHONPATH="$d/src" timeout 150 python3 "benchmarks/$BENCH" $ARGS 2>&1 | grep -v "^#" | tail -n "${LINES:-4}")
+    (cd "$d" && PYTHONPATH="$d/src" bash "$D" 150 python3 "benchmarks/$BENCH" $ARGS > "$OUT/bench.log" 2>&1)
+    grep -v "^#" "$OUT/bench.log" | tail -n "${LINES:-4}"  # from a file: a hung process would hold a pipe open
   done
 done
