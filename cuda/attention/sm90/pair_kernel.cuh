@@ -139,7 +139,8 @@
 // carries WG0's P_lo). Status: 4 parts with WG1's two products pending as 8 wgmma groups hung the sm90p prefill tests
 // on an H100 (same session, call 4; code in 94a2552); wgmma.wait_group takes 0..7, so at most 7 are pending now
 // (WG1's remote product as 3 groups); 2 parts keep at most 4. Compiled, not run. With 1 the pair kernel's device code
-// is the one before the switch (cuobjdump, both variants).
+// is the one before the switch but for two back-to-back mbarrier arrivals of WG1 in "high" in the other order
+// (cuobjdump).
 #ifndef SMLA_SM90P_PARTS
 #define SMLA_SM90P_PARTS 1
 #endif
@@ -450,13 +451,15 @@ struct PairConsumer {
     }
     __device__ __forceinline__ void release(int b, int r, int q = 0) const { mbar_arrive(c.empty(b, r, q)); }
     // Waits for the product over region (b, r) (its G commit groups, with AFTER groups issued behind them), freeing
-    // the region's parts as they complete (kP > 1: part q with group q, the last group's with the rest).
+    // the region's parts as they complete (part q with group q, the last group's with the rest; kP = 1: the region).
     template <int AFTER, int G = kP>
     __device__ __forceinline__ void free_region(int b, int r) const
     {
-        static_assert(kP > 1 && AFTER + G <= 7 && (G == kP || (kP == 4 && G == 3)), "at most 7 wgmma groups pending");
-        wg_wait<AFTER + G - 1>();
-        release(b, r, 0);
+        static_assert(AFTER + G <= 7 && (G == kP || (kP == 4 && G == 3)), "at most 7 wgmma groups pending");
+        if constexpr (G >= 2) {
+            wg_wait<AFTER + G - 1>();
+            release(b, r, 0);
+        }
         if constexpr (G >= 3) {
             wg_wait<AFTER + G - 2>();
             release(b, r, 1);
@@ -738,20 +741,17 @@ struct PairConsumer {
         fence_regs(hi);
         if constexpr (!kNoLo) fence_regs(lo);
     }
-    // Queues the next pair's first S chain behind the remote product (NEXT), then waits for the latter (kP > 1: freeing
-    // the peer buffer's late region it read; kP = 1: the caller frees it). kReleaseFirst: no S chain (the caller calls
-    // next_first).
+    // Queues the next pair's first S chain behind the remote product (NEXT), then waits for the latter, freeing the
+    // peer buffer's late region it read (free_region). kReleaseFirst: no S chain (the caller calls next_first).
     template <bool NEXT>
     __device__ __forceinline__ void after_remote(float (&s)[32], int k)
     {
         if constexpr (NEXT && !kReleaseFirst) {
             s_first(s, k + 1);
             trace(a, k, PairEv<W>::kFirst);
-            if constexpr (kP > 1) free_region<1, kRemoteGroups>(kPeer, kLate);
-            else wg_wait1();
+            free_region<1, kRemoteGroups>(kPeer, kLate);
         } else {
-            if constexpr (kP > 1) free_region<0, kRemoteGroups>(kPeer, kLate);
-            else wg_wait0();
+            free_region<0, kRemoteGroups>(kPeer, kLate);
         }
         trace(a, k, PairEv<W>::kRemoteDone);
         fence_regs(o);
@@ -785,11 +785,10 @@ struct PairConsumer {
         get_m(1, m1);
 #pragma unroll
         for (int i = 0; i < 2; ++i) f[i] = m0[i] == -INFINITY ? 1.f : ex2(m0[i] - base_of(m1[i]));
-        if constexpr (kP > 1) free_region<0>(0, kEarly);
+        if constexpr (kNoLo) free_region<0>(0, kEarly);  // else WG1 frees it (lo_block)
         else wg_wait0();
         local_done(hi, lo);
         trace(a, k, 4);
-        if constexpr (kP == 1 && kNoLo) release(0, kEarly);  // else WG1 frees it (lo_block)
         rescale_p(hi, lo, f);
         store_p(hi, lo);  // P0 relative to m1, for WG1
         named_arrive(kBarP0, 256);
@@ -802,11 +801,9 @@ struct PairConsumer {
         pv_remote();
         if (kOneBody && !more) {  // the last pair: as NEXT = false, out of the one copy (the caller's loop ends)
             after_remote<false>(s, k);
-            if constexpr (kP == 1) release(1, kLate);
             return;
         }
         after_remote<NEXT>(s, k);
-        if constexpr (kP == 1) release(1, kLate);
         next_first<NEXT>(s, k);
         if constexpr (NEXT) s_rest(s, k + 1);
     }
@@ -832,14 +829,11 @@ struct PairConsumer {
         named_sync(kBarP0, 256);
         trace(a, k, 3);
         pv_remote();
-        if constexpr (kP > 1) free_region<kRemoteGroups>(1, kEarly);  // the local product, the remote one's behind it
-        else wg_wait1();
+        free_region<kRemoteGroups>(1, kEarly);  // the local product, the remote one's groups behind it
         local_done(hi, lo);
         trace(a, k, 4);
-        if constexpr (kP == 1) release(1, kEarly);
         after_remote<NEXT>(s, k);
         if constexpr (!kNoLo) release(0, kEarly);  // WG0's P_lo was in it (lo_block)
-        if constexpr (kP == 1) release(0, kLate);
         if (kOneBody && !more) return;  // the last pair (the caller's loop ends)
         next_first<NEXT>(s, k);
         if constexpr (NEXT) s_rest(s, k + 1);

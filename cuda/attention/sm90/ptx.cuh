@@ -115,7 +115,10 @@ __device__ __forceinline__ void setmaxnreg_dec()
 }
 __device__ __forceinline__ void wg_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void wg_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
-__device__ __forceinline__ void wg_wait0() { asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory"); }
+// Waits until at most N wgmma groups of this warpgroup are pending (wait_group takes N in 0..7); wg_wait0: none.
+template <int N>
+__device__ __forceinline__ void wg_wait() { asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory"); }
+__device__ __forceinline__ void wg_wait0() { wg_wait<0>(); }
 // Keeps the compiler from moving reads / writes of wgmma accumulators across the async region.
 template <int N>
 __device__ __forceinline__ void fence_regs(float (&r)[N])
@@ -226,10 +229,7 @@ __device__ __forceinline__ void wgmma_n128_tb(float (&d)[64], uint64_t da, uint6
         : "l"(da), "l"(db), "r"(1));
 }
 // Waits until at most one wgmma group of this warpgroup is pending (groups complete in order).
-__device__ __forceinline__ void wg_wait1() { asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory"); }
-// Waits until at most N wgmma groups of this warpgroup are pending.
-template <int N>
-__device__ __forceinline__ void wg_wait() { asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory"); }
+__device__ __forceinline__ void wg_wait1() { wg_wait<1>(); }
 // This thread's arrival on the mbarrier, made once every cp.async it issued so far has landed (.noinc:
 // it is one of the arrivals the barrier was initialised to expect).
 __device__ __forceinline__ void cp_async_mbar_arrive_noinc(uint32_t bar)
