@@ -161,8 +161,8 @@ constexpr int64_t kDimsRowsPerSm = 4;
 //    each the smallest head tile that holds h) unless the call asked for sm90 or sm90p; the pair
 //    kernel (sm90p, bf16 K only) when the call asked for it, or by default (SMLA_SM90P_AUTO) for h > 32 where
 //    rows >= SMs (benchmarks/README.md, issue 16, thirty-sixth session); the three-buffer kernel (sm90t, bf16 K,
-//    precision "fast") when the call asked for it; the wide kernel for h > 32, when the call asked for sm90, or for sm90n / sm90p / sm90r / sm90t where
-//    that kernel does not apply. Only kernels whose shared memory fits (else the rules below).
+//    precision "fast") when the call asked for it; the wide kernel for h > 32, when the call asked for sm90, or
+//    for sm90n / sm90p / sm90r / sm90t where that kernel does not apply. Only kernels whose shared memory fits (else the rules below).
 // 2. sm80: the head tile is the smallest one that holds h (the largest one for more heads than
 //    that), with the largest K tile that fits the device's shared memory; when none does, the
 //    smallest head tile's largest fitting K tile (the fallback, ~100 KB, fits every sm_80+ GPU).

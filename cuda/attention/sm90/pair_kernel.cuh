@@ -175,7 +175,8 @@ struct Smem {
     static constexpr Region q = first_region(kTileBytes);            // Q, 9 column blocks
     static constexpr Region k = region_after(q, 2 * kTileBytes);     // K buffers 0, 1
     static constexpr Region plo = region_after(k, kBlk);             // P_lo of buffer 1's tile (high)
-    // mbarriers: full[b][r] at 8 (2b + r), empty[b][r] at 32 + 8 (2b + r); kSplit: empty[b][r][q] at 32 + 8 (4 (2b + r) + q)
+    // mbarriers: full[b][r] at 8 (2b + r), empty[b][r] at 32 + 8 (2b + r); kSplit: empty[b][r][q] at
+    // 32 + 8 (4 (2b + r) + q)
     static constexpr Region bar = region_after(plo, kSplit ? 32 + 16 * 8 : 64);
     static constexpr Region valid = region_after(bar, 2 * kBN * 4);  // int [2][64]: row valid, per buffer
     static constexpr Region mrow = region_after(valid, 2 * kHT * 4); // float [2][64]: m0, m1 of the exchange
@@ -882,7 +883,7 @@ __global__ void __launch_bounds__(kThreads, 1) attn_sm90p_kernel(const __grid_co
 #pragma unroll
         for (int i = 0; i < 4; ++i)  // full[b][r]: the 128 producer threads (+ 16 flag writers: early)
             mbar_init(c.bar_full + 8 * i, (i & 1) == kEarly ? 144 : 128);
-        for (int i = 4; i < (kSplit ? 20 : 8); ++i) mbar_init(c.bar_full + 8 * i, 128);  // empty: one consumer warpgroup
+        for (int i = 4; i < (kSplit ? 20 : 8); ++i) mbar_init(c.bar_full + 8 * i, 128);  // empty: a consumer WG
         if (q_tma) mbar_init(qbar, 1);
         fence_mbarrier_init();
     }
