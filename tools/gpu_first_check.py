@@ -14,6 +14,7 @@ CASES = [  # (kind, h, s_q, s_kv or topk, topk, tl_mode)
     ("prefill", 64, 5, 128, 128, "none"), ("prefill", 128, 13, 1840, 256, "rand"),
     ("prefill", 64, 7, 4096, 2048, "zero"), ("prefill", 100, 9, 700, 320, "rand"),
     ("prefill", 16, 11, 8192, 2048, "none"), ("prefill", 64, 3, 64, 64, "none"),
+    ("prefill", 128, 1056, 8192, 2048, "rand"),  # 2,112 CTAs: every SM busy (a hang that few CTAs do not show)
     ("decode", 64, 2, 0, 300, "rand"), ("decode", 128, 1, 0, 2048, "none"),
     ("decode8", 16, 1, 0, 2048, "none"), ("decode8", 3, 2, 0, 300, "rand"), ("decode8", 32, 1, 0, 2112, "zero"),
     ("decode8", 20, 3, 0, 64, "rand"),
@@ -31,9 +32,12 @@ for kind, h, s_q, n, topk, tl in CASES:
         try:
             if kind == "prefill":
                 c = T.prefill_case(s_q, h, n, topk, seed=7, tl_mode=tl, sink_mode="mixed")
-                out_ref, lse_ref, ml_ref, out_abs = T.prefill_oracle(c, return_abs=True)
+                rows = None if s_q <= 64 else torch.arange(0, s_q, s_q // 16, device=c["q"].device)
+                out_ref, lse_ref, ml_ref, out_abs = T.prefill_oracle(c, rows=rows, return_abs=True)
                 out, lse, ml = T.run_prefill(c, precision=prec)
                 torch.cuda.synchronize()
+                if rows is not None:  # the oracle of a few rows (the kernel ran on all)
+                    out, lse, ml = out[rows], lse[rows], ml[rows]
                 T.check_prefill(out, lse, ml, out_ref, lse_ref, ml_ref, name=name, precision=prec, out_abs=out_abs)
             else:
                 cd = "bf16" if kind == "decode" else "fp8_ds_mla"

@@ -144,6 +144,17 @@
 #ifndef SMLA_SM90P_PARTS
 #define SMLA_SM90P_PARTS 1
 #endif
+// SMLA_SM90P_LEAN_PRODUCER (default 0, an experiment): the producer's copies in one form per launch and its row
+// addresses without a division. As it was, each 16-byte copy is two predicated instructions (with and without the L2
+// policy: ProducerLane::copy16 tests Args::evict_last at run time) and each row's cache block a 32-bit division by
+// block_size (~20 instructions a row, 8 rows a pair); the producer issued ~730 instructions a pair, beside the
+// consumers' ~690 and ~630 on the same schedulers (Nsight Compute, issue 16, thirty-seventh session), and its loop is
+// a third of the loops' code (the kernel was bound by instruction fetch before SMLA_SM90P_ONE_BODY). With it the
+// producer's loop is instantiated once per form (a launch runs one) and the division is a multiply-shift whose
+// divisor the producer makes during the tile scan.
+#ifndef SMLA_SM90P_LEAN_PRODUCER
+#define SMLA_SM90P_LEAN_PRODUCER 0
+#endif
 static_assert(SMLA_SM90P_PARTS == 1 || SMLA_SM90P_PARTS == 2 || SMLA_SM90P_PARTS == 4, "SMLA_SM90P_PARTS: 1, 2 or 4");
 
 namespace attn {
@@ -162,6 +173,7 @@ constexpr bool out_stsm(bool fast) { return (SMLA_SM90P_OUT_STSM != 0 && fast) |
 // The parts a K region is freed and reloaded in (SMLA_SM90P_PARTS): in "fast", else 1; kSplit: any variant has parts.
 constexpr bool kSplit = SMLA_SM90P_PARTS > 1;
 constexpr int parts(bool fast) { return fast ? SMLA_SM90P_PARTS : 1; }
+constexpr bool kLeanProducer = SMLA_SM90P_LEAN_PRODUCER != 0;
 
 // setmaxnreg: the three warpgroups share the launch allocation, 3 x 168 (plan.cuh).
 constexpr int kConsumerRegs = 224, kProducerRegs = 56;
@@ -248,14 +260,16 @@ struct PairProducer {
     const Cta &c;
     const ProducerLane lp;  // its chunk lp.cl of each column block, the row source, the L2 policy (producer.cuh)
     const int g;            // rows 16 i + g of each tile (g = 4 warp + lane / 8)
+    const smla_udiv bs_div;  // kLeanProducer: the cache's block_size as a multiply-shift divisor
+    static constexpr int kHintAny = ProducerLane::kHintAny;
 
     struct Rows {
         const uint8_t *src[kRows];
         uint32_t ok;
     };
 
-    __device__ __forceinline__ PairProducer(const Args &a_, const Cta &cta)
-        : a(a_), c(cta), lp(a_, cta.tid - 256, cta.lane), g((cta.tid - 256) >> 3)
+    __device__ __forceinline__ PairProducer(const Args &a_, const Cta &cta, smla_udiv bs_div_ = smla_udiv{0u, 0u})
+        : a(a_), c(cta), lp(a_, cta.tid - 256, cta.lane), g((cta.tid - 256) >> 3), bs_div(bs_div_)
     {
     }
 
@@ -271,7 +285,7 @@ struct PairProducer {
 #pragma unroll
         for (int i = 0; i < kRows; ++i) {
             const bool ok = lp.kv.valid(idx[i]);
-            R.src[i] = lp.kv.row(idx[i], ok) + lp.cl * 16;
+            R.src[i] = (kLeanProducer ? lp.kv.row(idx[i], ok, bs_div) : lp.kv.row(idx[i], ok)) + lp.cl * 16;
             R.ok |= (ok ? 1u : 0u) << i;
         }
     }
@@ -282,24 +296,27 @@ struct PairProducer {
         for (int i = 0; i < kRows; ++i) c.sValid[b * kBN + 16 * i + g] = (R.ok >> i) & 1u;
     }
     // Column blocks [c0, c1) of this thread's row i (row 16 i + g of the tile) into K buffer b; copy: of all its rows.
+    // HINT: the copies' form (ProducerLane::copy16_as).
+    template <int HINT>
     __device__ __forceinline__ void copy_row(const Rows &R, int b, int i, int c0, int c1) const
     {
         const int nb = (((R.ok >> i) & 1u) && !kNoLoad) ? 16 : 0;
         const uint32_t dst = lp.chunk_dst(c.kbuf(b), 16 * i + g);
 #pragma unroll
-        for (int c8 = c0; c8 < c1; ++c8) lp.copy16(dst + c8 * kBlk, R.src[i] + c8 * 128, nb);
+        for (int c8 = c0; c8 < c1; ++c8) lp.copy16_as<HINT>(dst + c8 * kBlk, R.src[i] + c8 * 128, nb);
     }
+    template <int HINT>
     __device__ __forceinline__ void copy(const Rows &R, int b, int c0, int c1) const
     {
 #pragma unroll
-        for (int i = 0; i < kRows; ++i) copy_row(R, b, i, c0, c1);
+        for (int i = 0; i < kRows; ++i) copy_row<HINT>(R, b, i, c0, c1);
     }
     // Region R of buffer B for its use-th tile: wait until its owners freed it (part by part: kP), copy, and let
     // the full barrier's phase complete once this thread's copies landed (each of the 128 threads arrives once,
     // `.noinc`). The row flags go with the early region (its owner reads them; its owner frees part 0 after its
     // mask): the 16 flag writers' plain arrival (release) orders them, so full(B, early) counts 128 + 16.
     // speculated: the copies and row flags are speculate()'s (buffer 0's first use), only the arrivals remain.
-    template <int B, int R>
+    template <int B, int R, int HINT>
     __device__ __forceinline__ void region(const Rows &rows, int use, bool speculated = false) const
     {
         if (use > 0) mbar_wait(c.empty(B, R), (use - 1) & 1);
@@ -323,21 +340,21 @@ struct PairProducer {
 #pragma unroll
             for (int i = 0; i < kRows; ++i) {
                 if (i > 0 && i % kRowsPart == 0 && use > 0) mbar_wait(c.empty(B, R, i / kRowsPart), (use - 1) & 1);
-                copy_row(rows, B, i, v0, v0 + 4);
+                copy_row<HINT>(rows, B, i, v0, v0 + 4);
             }
-            if constexpr (v0 == 4) copy(rows, B, 8, 9);
+            if constexpr (v0 == 4) copy<HINT>(rows, B, 8, 9);
         } else if constexpr (B == 0) {
-            if constexpr (R == kEarly) copy(rows, 0, 0, 4);
-            else copy(rows, 0, 4, 9);
+            if constexpr (R == kEarly) copy<HINT>(rows, 0, 0, 4);
+            else copy<HINT>(rows, 0, 4, 9);
         } else if constexpr (FAST) {
-            if constexpr (R == kEarly) copy(rows, 1, 4, 9);
-            else copy(rows, 1, 0, 4);
+            if constexpr (R == kEarly) copy<HINT>(rows, 1, 4, 9);
+            else copy<HINT>(rows, 1, 0, 4);
         } else {
             if constexpr (R == kEarly) {
-                copy(rows, 1, 4, 8);
+                copy<HINT>(rows, 1, 4, 8);
             } else {
-                copy(rows, 1, 0, 4);
-                copy(rows, 1, 8, 9);
+                copy<HINT>(rows, 1, 0, 4);
+                copy<HINT>(rows, 1, 8, 9);
             }
         }
         cp_async_mbar_arrive_noinc(c.full(B, R));
@@ -352,12 +369,22 @@ struct PairProducer {
         fetch(0, idx);
         locate(idx, R);
         if (lp.cl == 0) flags(R, 0);
-        copy(R, 0, 0, 9);
+        copy<kHintAny>(R, 0, 0, 9);
         trace(a, kTraceEdge, kTrSpec);
     }
 
-    // speculated: speculate() ran.
+    // speculated: speculate() ran. kLeanProducer: the loop in the call's copy form.
     __device__ __forceinline__ void run(bool speculated) const
+    {
+        if constexpr (kLeanProducer) {
+            if (a.evict_last) run_as<ProducerLane::kHintLast>(speculated);
+            else run_as<ProducerLane::kHintNone>(speculated);
+        } else {
+            run_as<kHintAny>(speculated);
+        }
+    }
+    template <int HINT>
+    __device__ __forceinline__ void run_as(bool speculated) const
     {
         const int np = (c.nt + 1) / 2;
         // this pair's (c0, c1) and the next pair's (n0, n1) indices of its two tiles (an odd count's last t1 is
@@ -379,11 +406,11 @@ struct PairProducer {
             locate(c1, r1);
             trace(a, k, 0);
             const bool spec0 = have0 && k == 0;  // buffer 0's copies issued: both its arrivals first
-            region<0, kEarly>(r0, k, spec0);
-            if (spec0) region<0, kLate>(r0, k, true);
-            region<1, kEarly>(r1, k);
-            if (!spec0) region<0, kLate>(r0, k);
-            region<1, kLate>(r1, k);
+            region<0, kEarly, HINT>(r0, k, spec0);
+            if (spec0) region<0, kLate, HINT>(r0, k, true);
+            region<1, kEarly, HINT>(r1, k);
+            if (!spec0) region<0, kLate, HINT>(r0, k);
+            region<1, kLate, HINT>(r1, k);
 #pragma unroll
             for (int i = 0; i < kRows; ++i) {
                 c0[i] = n0[i];
@@ -892,17 +919,20 @@ __global__ void __launch_bounds__(kThreads, 1) attn_sm90p_kernel(const __grid_co
     __syncthreads();
     if (q_tma && c.tid == 0) tma_q(a, c.sQ, c.h0, static_cast<int>(c.si), static_cast<int>(c.bi), qbar);
     const bool spec = kSpeculate && c.nt_all > 0;
+    smla_udiv bs_div{0u, 0u};  // kLeanProducer: made by the producer threads while the consumers scan
     if constexpr (kQTmaScan) {
         skip_empty_tiles_by_consumers<kThreads>(a, c, c.mask, kBarStart, [&] {
+            if (kLeanProducer) bs_div = smla_udiv_of(static_cast<uint64_t>(a.p.kv.block_size));
             if (spec) PairProducer<ABL, FAST>(a, c).speculate();
         });
     } else {
+        if (kLeanProducer && c.tid >= 256) bs_div = smla_udiv_of(static_cast<uint64_t>(a.p.kv.block_size));
         skip_empty_tiles<256, 4, kThreads>(a, c, c.mask, kBarStart);
     }
     trace(a, kTraceEdge, kTrScanned);
     if (c.tid >= 256) {
         setmaxnreg_dec<kProducerRegs>();
-        PairProducer<ABL, FAST>(a, c).run(spec);
+        PairProducer<ABL, FAST>(a, c, bs_div).run(spec);
         return;
     }
     setmaxnreg_inc<kConsumerRegs>();

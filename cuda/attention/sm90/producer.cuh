@@ -42,6 +42,14 @@ struct KvSource {
         return smla_cache_entry_valid(kv_base, static_cast<uint32_t>(idx), block_size, p.kv.block_stride,
                                       p.kv.entry_stride);
     }
+    // The same with the division by block_size as a multiply-shift (bs_div = smla_udiv_of(block_size), made once by
+    // the caller). A block_size >= 2^31 has bs_div.m = 0, which gives block 0: right, as every slot is below 2^31.
+    __device__ __forceinline__ const uint8_t *row(int idx, bool ok, smla_udiv bs_div) const
+    {
+        if (!ok) return kv_base;
+        return smla_cache_entry_udiv(kv_base, static_cast<uint32_t>(idx), block_size, bs_div, p.kv.block_stride,
+                                     p.kv.entry_stride);
+    }
 };
 
 // A bf16 producer lane's place (the wide and the three-buffer kernels): warp pw of the producer warps from thread P0,
@@ -67,6 +75,16 @@ struct ProducerLane {
         if (a.evict_last) cp_async16_hint(dst, src, nb, pol);
         else cp_async16(dst, src, nb);
     }
+    // The same with the form decided by the caller once (kHintAny: a.evict_last per copy, i.e. both forms in the code,
+    // each predicated; kHintLast: with the evict_last policy; kHintNone: without).
+    template <int HINT>
+    __device__ __forceinline__ void copy16_as(uint32_t dst, const uint8_t *src, int nb) const
+    {
+        if constexpr (HINT == kHintLast) cp_async16_hint(dst, src, nb, pol);
+        else if constexpr (HINT == kHintNone) cp_async16(dst, src, nb);
+        else copy16(dst, src, nb);
+    }
+    static constexpr int kHintNone = 0, kHintLast = 1, kHintAny = 2;
 };
 
 // The index of row r of slice tile t of BN tokens: -1 past the slice's tiles or the row's top-k length.
