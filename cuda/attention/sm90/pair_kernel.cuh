@@ -155,6 +155,16 @@
 #ifndef SMLA_SM90P_LEAN_PRODUCER
 #define SMLA_SM90P_LEAN_PRODUCER 0
 #endif
+// SMLA_SM90P_PREFETCH_NEXT (default 0: off; an experiment): N > 0: N pairs before its last, the producer's first warp
+// asks L2 for the Q rows and the index row of the CTA one wave later (blockIdx.x + Args::n_sms), so that its prologue
+// reads them from L2 rather than DRAM. Why: the pair kernel's CTAs run in step (thirty-fourth session's grid traces),
+// so each wave boundary reads every SM's Q (132 x 72 KB) and writes its output at once; with every index -1 (nothing
+// but Q in and the output out) a wave takes 7.0 us at ~2.6 TB/s (thirty-seventh session), about the fixed cost per CTA
+// that the pair kernel has beyond FlashMLA's. (Written in the thirty-fourth session, removed unrun when that
+// session's boundary was bound by instruction fetch; here again after SMLA_SM90P_ONE_BODY fixed that.)
+#ifndef SMLA_SM90P_PREFETCH_NEXT
+#define SMLA_SM90P_PREFETCH_NEXT 0
+#endif
 static_assert(SMLA_SM90P_PARTS == 1 || SMLA_SM90P_PARTS == 2 || SMLA_SM90P_PARTS == 4, "SMLA_SM90P_PARTS: 1, 2 or 4");
 
 namespace attn {
@@ -373,6 +383,33 @@ struct PairProducer {
         trace(a, kTraceEdge, kTrSpec);
     }
 
+    // SMLA_SM90P_PREFETCH_NEXT: the next wave's CTA's Q rows (64 heads, each its latent and RoPE parts) and index row
+    // into L2, from the producer's first warp (two heads a lane; a part whose address is not 16-byte aligned is left).
+    __device__ __forceinline__ void prefetch_next() const
+    {
+        if (c.tid >= 256 + 32) return;
+        const int64_t bx = static_cast<int64_t>(blockIdx.x) + a.n_sms;
+        if (bx >= static_cast<int64_t>(gridDim.x)) return;
+        const GridPos gp = grid_pos_of(a, bx);
+        const smla_attn_params &p = a.p;
+        const int lane = c.tid - 256;
+        const auto pf = [](const void *src, uint32_t bytes) {
+            if ((reinterpret_cast<uintptr_t>(src) & 15u) == 0) bulk_prefetch_l2(src, bytes);
+        };
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+            const int h = gp.ht * kHT + 2 * lane + i;
+            if (h >= c.h) break;
+            pf(smla_q_at(&p, gp.bi, gp.si, h, 0), 2 * kDv);
+            pf(smla_q_at(&p, gp.bi, gp.si, h, kDv), 2 * (kDqk - kDv));
+        }
+        if (lane == 0) {
+            const RowSlice sl = row_slice(a, gp.bi, gp.si, gp.sp, kBN);
+            const int n = min(sl.L - sl.j0 * kBN, (sl.j1 - sl.j0) * kBN);  // the slice's indices; whole 16-byte pieces
+            if (n >= 4) pf(sl.idx + sl.j0 * kBN, static_cast<uint32_t>(4 * n) & ~15u);
+        }
+    }
+
     // speculated: speculate() ran. kLeanProducer: the loop in the call's copy form.
     __device__ __forceinline__ void run(bool speculated) const
     {
@@ -416,6 +453,8 @@ struct PairProducer {
                 c0[i] = n0[i];
                 c1[i] = n1[i];
             }
+            constexpr int kPf = SMLA_SM90P_PREFETCH_NEXT;
+            if (kPf > 0 && k == (np > kPf ? np - 1 - kPf : 0)) prefetch_next();
         }
         cp_async_wait_all();
     }

@@ -331,6 +331,12 @@ __device__ __forceinline__ void bulk_copy_g2s(uint32_t dst, const void *src, uin
                  : "memory");
 }
 
+// bytes (a multiple of 16, src 16-byte aligned) of global memory into L2, by the bulk-copy engine (no completion).
+__device__ __forceinline__ void bulk_prefetch_l2(const void *src, uint32_t bytes)
+{
+    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(src), "r"(bytes) : "memory");
+}
+
 // One box of the 4-d tensor map at map (a __grid_constant__ parameter's address) at coordinates c0..c3 into
 // shared dst, completing its bytes on the mbarrier bar (the caller expected them), with L2 policy pol.
 __device__ __forceinline__ void tma_load_4d(uint32_t dst, const void *map, int c0, int c1, int c2, int c3, uint32_t bar,
