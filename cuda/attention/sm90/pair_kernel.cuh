@@ -165,6 +165,14 @@
 #ifndef SMLA_SM90P_PREFETCH_NEXT
 #define SMLA_SM90P_PREFETCH_NEXT 0
 #endif
+// SMLA_SM90P_PREFETCH_ROWS (default 0: off; an experiment): while a pair's copies are issued, the producer asks L2 for
+// the next pair's K rows (cp.async.bulk.prefetch.L2 of each valid row's 1,152 bytes, from the lanes of chunk 0, after
+// the pair's early regions), so that the next pair's copies hit L2. Why: a region's full barrier completes when its
+// last copy lands, and ~30% of the copies miss L2 (Nsight Compute: 69.7% hits, thirty-seventh session), so nearly
+// every region may wait for a DRAM round trip; its consumers wait ~300-940 cycles a pair for each of their regions.
+#ifndef SMLA_SM90P_PREFETCH_ROWS
+#define SMLA_SM90P_PREFETCH_ROWS 0
+#endif
 static_assert(SMLA_SM90P_PARTS == 1 || SMLA_SM90P_PARTS == 2 || SMLA_SM90P_PARTS == 4, "SMLA_SM90P_PARTS: 1, 2 or 4");
 
 namespace attn {
@@ -410,6 +418,18 @@ struct PairProducer {
         }
     }
 
+    // SMLA_SM90P_PREFETCH_ROWS: the rows idx (this thread's of a tile) into L2, from the lanes of chunk 0.
+    __device__ __forceinline__ void prefetch_rows(const int (&idx)[kRows]) const
+    {
+        if (lp.cl != 0) return;
+        Rows R;
+        locate(idx, R);
+#pragma unroll
+        for (int i = 0; i < kRows; ++i) {
+            if ((R.ok >> i) & 1u) bulk_prefetch_l2(R.src[i], kRowBytes);
+        }
+    }
+
     // speculated: speculate() ran. kLeanProducer: the loop in the call's copy form.
     __device__ __forceinline__ void run(bool speculated) const
     {
@@ -446,6 +466,10 @@ struct PairProducer {
             region<0, kEarly, HINT>(r0, k, spec0);
             if (spec0) region<0, kLate, HINT>(r0, k, true);
             region<1, kEarly, HINT>(r1, k);
+            if (SMLA_SM90P_PREFETCH_ROWS != 0 && k + 1 < np) {  // the next pair's rows, while its regions are in use
+                prefetch_rows(n0);
+                prefetch_rows(n1);
+            }
             if (!spec0) region<0, kLate, HINT>(r0, k);
             region<1, kLate, HINT>(r1, k);
 #pragma unroll
