@@ -6,7 +6,7 @@
 # FIRST=family (e.g. sm90) runs tools/gpu_first_check.py on each other tree under a time limit and drops
 # those that fail or hang; TESTS="pytest args" (and TESTS_K, a -k expression) runs those tests on each
 # tree, one tree at a time (four test processes side by side ran out of device memory on the h=128
-# s_q=4096 prefill cases); then a benchmark (BENCH, default bench_sparse_mla_decode.py) alternates
+# s_q=4096 prefill cases; TEST_BASE=0 leaves out this tree's); then a benchmark (BENCH, default bench_sparse_mla_decode.py) alternates
 # between the trees (ARGS, default the small-head decode shapes), ROUNDS times (default 2), its lines (LINES, default 4)
 # after each tree's name. REBUILD="globs": see below (a faster build when only some objects differ).
 set -u
@@ -59,6 +59,7 @@ for d in "${trees[@]}"; do
 done
 if [ -n "${TESTS:-}" ]; then
   for d in "${ok[@]}"; do
+    [ "${TEST_BASE:-1}" = 0 ] && [ "$d" = "$PWD" ] && continue  # TEST_BASE=0: the other trees' tests only
     (cd "$d" && PYTHONPATH="$d/src" bash "$D" 240 python3 -m pytest -q -rf --tb=line -p no:cacheprovider -m cuda $TESTS \
        -k "${TESTS_K:-}" > "$OUT/tests_$(basename "$d").log" 2>&1
      echo "== tests $(basename "$d"): $(tail -n 1 "$OUT/tests_$(basename "$d").log" | cut -c1-160)"
