@@ -43,12 +43,12 @@ struct KvSource {
                                       p.kv.entry_stride);
     }
     // The same with the division by block_size as a multiply-shift (bs_div = smla_udiv_of(block_size), made once by
-    // the caller). A block_size >= 2^31 has bs_div.m = 0, which gives block 0: right, as every slot is below 2^31.
+    // the caller; a block_size >= 2^31 has bs_div.m = 0, which gives block 0: right, as every slot is below 2^31), and
+    // no branch: an invalid slot is taken as slot 0, whose entry is kv_base.
     __device__ __forceinline__ const uint8_t *row(int idx, bool ok, smla_udiv bs_div) const
     {
-        if (!ok) return kv_base;
-        return smla_cache_entry_udiv(kv_base, static_cast<uint32_t>(idx), block_size, bs_div, p.kv.block_stride,
-                                     p.kv.entry_stride);
+        return smla_cache_entry_udiv(kv_base, ok ? static_cast<uint32_t>(idx) : 0u, block_size, bs_div,
+                                     p.kv.block_stride, p.kv.entry_stride);
     }
 };
 
