@@ -983,14 +983,13 @@ __global__ void __launch_bounds__(kThreads, 1) attn_sm90p_kernel(const __grid_co
     __syncthreads();
     if (q_tma && c.tid == 0) tma_q(a, c.sQ, c.h0, static_cast<int>(c.si), static_cast<int>(c.bi), qbar);
     const bool spec = kSpeculate && c.nt_all > 0;
-    smla_udiv bs_div{0u, 0u};  // kLeanProducer: made by the producer threads while the consumers scan
+    smla_udiv bs_div{0u, 0u};  // kLeanProducer: made by the producer threads (while the consumers scan: kQTmaScan)
+    if (kLeanProducer && c.tid >= 256) bs_div = smla_udiv_of(static_cast<uint64_t>(a.p.kv.block_size));
     if constexpr (kQTmaScan) {
         skip_empty_tiles_by_consumers<kThreads>(a, c, c.mask, kBarStart, [&] {
-            if (kLeanProducer) bs_div = smla_udiv_of(static_cast<uint64_t>(a.p.kv.block_size));
             if (spec) PairProducer<ABL, FAST>(a, c).speculate();
         });
     } else {
-        if (kLeanProducer && c.tid >= 256) bs_div = smla_udiv_of(static_cast<uint64_t>(a.p.kv.block_size));
         skip_empty_tiles<256, 4, kThreads>(a, c, c.mask, kBarStart);
     }
     trace(a, kTraceEdge, kTrScanned);
