@@ -80,7 +80,8 @@
 // the whole tile landed), else lets them land and copies as without. Measured with QTMA_SCAN (thirty-second session):
 // correct (713 sm90p tests), no faster (5,290 / 5,375 us); again with ONE_BODY and the lazy maximum (thirty-sixth
 // session, H100, calls 3 and 8): within the spread (h=128 32K fast 4,512-4,568 against 4,526-4,622 us), and copying
-// both tiles of the first pair during the scan 1.5-3% slower (4,509-4,622 against 4,416-4,478; code in d6d2fd1).
+// both tiles of the first pair during the scan 1.5-3% slower (4,509-4,622 against 4,416-4,478; code in d6d2fd1);
+// with the lean producer and 4 parts (thirty-ninth session, H100, call 6) 4,429 / 4,048 us against 4,364 / 4,390.
 #ifndef SMLA_SM90P_SPECULATE
 #define SMLA_SM90P_SPECULATE 0
 #endif
@@ -167,7 +168,9 @@
 // so each wave boundary reads every SM's Q (132 x 72 KB) and writes its output at once; with every index -1 (nothing
 // but Q in and the output out) a wave takes 7.0 us at ~2.6 TB/s (thirty-seventh session), about the fixed cost per CTA
 // that the pair kernel has beyond FlashMLA's. (Written in the thirty-fourth session, removed unrun when that
-// session's boundary was bound by instruction fetch; here again after SMLA_SM90P_ONE_BODY fixed that.)
+// session's boundary was bound by instruction fetch; here again after SMLA_SM90P_ONE_BODY fixed that.) Measured
+// (thirty-ninth session, benchmarks/README.md): N = 3 no faster on an H200 (4,323 / 4,286 us against 4,259, h=128 32K
+// fast) and 3-7% slower with the lean producer and 4 parts on an H100 (4,487 / 4,627 against 4,364 / 4,390).
 #ifndef SMLA_SM90P_PREFETCH_NEXT
 #define SMLA_SM90P_PREFETCH_NEXT 0
 #endif
@@ -176,6 +179,8 @@
 // the pair's early regions), so that the next pair's copies hit L2. Why: a region's full barrier completes when its
 // last copy lands, and ~30% of the copies miss L2 (Nsight Compute: 69.7% hits, thirty-seventh session), so nearly
 // every region may wait for a DRAM round trip; its consumers wait ~300-940 cycles a pair for each of their regions.
+// Measured 36% slower (H200, thirty-ninth session: 5,787 / 5,795 us against 4,259 at h=128 32K fast): the prefetches'
+// own L2 traffic. Off.
 #ifndef SMLA_SM90P_PREFETCH_ROWS
 #define SMLA_SM90P_PREFETCH_ROWS 0
 #endif
