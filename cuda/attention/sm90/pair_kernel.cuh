@@ -30,7 +30,7 @@
 // block and buffer 1's RoPE block joins its early region (20 of S's 36 k-steps, freed by WG1 after its
 // local product), so WG1's next S waits only for blocks 0..3.
 // Each warpgroup's first S chain reads only its early region (the k-step order of kstep()).
-// SMLA_SM90P_PARTS (below, 1 by default): in "fast", each region freed and reloaded in 2 or 4 parts of its V rows.
+// SMLA_SM90P_PARTS (below, 4 by default): in "fast", each region freed and reloaded in 4 (or 2) parts of its V rows.
 //
 // Per pair of tiles (t0 in buffer 0, t1 in buffer 1; an odd count's last t1 is a tile of zeros with no
 // valid row):
@@ -139,26 +139,26 @@
 // thirty-seventh session, the ablation without L2 reads). "high" keeps whole regions (its buffer 0 early region
 // carries WG0's P_lo). Status: 4 parts with WG1's two products pending as 8 wgmma groups hung the sm90p prefill tests
 // on an H100 (same session, call 4; code in 94a2552); wgmma.wait_group takes 0..7, so at most 7 are pending now
-// (WG1's remote product as 3 groups); 2 parts keep at most 4. Measured on an H200 (issue 16, thirty-ninth session in
-// benchmarks/README.md: tools/gpu_variants.sh, three alternated rounds of h=128 / h=64 32K "fast"), with the lean producer:
-// 4 parts 3,899 / 3,896 / 4,224 us against 1 part 3,944-4,141 (h=64 2,268-2,278 against 2,215-2,293), 2 parts
-// 3,949-4,358; first check (the full-GPU case included), the sm90p prefill tests, memcheck and racecheck (only the
-// exchange of maxima's known reports, docs/design.md) passed. With 1 the pair kernel's device code is the one before
-// the switch but for two back-to-back mbarrier arrivals of WG1 in "high" in the other order (cuobjdump).
+// (WG1's remote product as 3 groups); 2 parts keep at most 4. Measured on an H200 (issue 16, thirty-ninth session
+// in benchmarks/README.md: tools/gpu_variants.sh, three alternated rounds of h=128 / h=64 32K "fast"), with the lean
+// producer: 4 parts 3,899 / 3,896 / 4,224 us against 1 part 3,944-4,141 (h=64 2,268-2,278 against 2,215-2,293), 2
+// parts 3,949-4,358; first check (the full-GPU case included), the sm90p prefill tests, memcheck and racecheck (only
+// the exchange of maxima's known reports, docs/design.md) passed. With 1 the pair kernel's device code is the one
+// before the switch but for two back-to-back mbarrier arrivals of WG1 in "high" in the other order (cuobjdump).
 #ifndef SMLA_SM90P_PARTS
 #define SMLA_SM90P_PARTS 4
 #endif
-// SMLA_SM90P_LEAN_PRODUCER (default 1; 0 the producer before it): the producer's copies in one form per launch and its row
-// addresses without a division. As it was, each 16-byte copy is two predicated instructions (with and without the L2
-// policy: ProducerLane::copy16 tests Args::evict_last at run time) and each row's cache block a 32-bit division by
+// SMLA_SM90P_LEAN_PRODUCER (default 1; 0 the producer before it): the producer's copies in one form per launch and its
+// row addresses without a division. As it was, each 16-byte copy is two predicated instructions (with and without the
+// L2 policy: ProducerLane::copy16 tests Args::evict_last at run time) and each row's cache block a 32-bit division by
 // block_size (~20 instructions a row, 8 rows a pair); the producer issued ~730 instructions a pair, beside the
 // consumers' ~690 and ~630 on the same schedulers (Nsight Compute, issue 16, thirty-seventh session), and its loop is
 // a third of the loops' code (the kernel was bound by instruction fetch before SMLA_SM90P_ONE_BODY). With it the
 // producer's loop is instantiated once per form (a launch runs one), the division is a multiply-shift whose
 // divisor the producer makes during the tile scan, and an invalid row's address needs no branch (KvSource::row): the
 // loop's code 710 -> 440 instructions (cuobjdump, "fast"). Measured on an H200 (issue 16, thirty-ninth session in
-// benchmarks/README.md, three alternated rounds): h=128 32K "fast" 4,107 / 3,982 / 4,141 us against 4,426 / 4,291 / 4,069,
-// h=64 2,250 / 2,293 / 2,274 against 2,326 / 2,299 / 2,297; the sm90p prefill tests passed.
+// benchmarks/README.md, three alternated rounds): h=128 32K "fast" 4,107 / 3,982 / 4,141 us against 4,426 / 4,291 /
+// 4,069, h=64 2,250 / 2,293 / 2,274 against 2,326 / 2,299 / 2,297; the sm90p prefill tests passed.
 #ifndef SMLA_SM90P_LEAN_PRODUCER
 #define SMLA_SM90P_LEAN_PRODUCER 1
 #endif
