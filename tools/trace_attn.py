@@ -166,6 +166,7 @@ NARROW2 = narrow_rows((("consumer 0", WG0), ("consumer 1", WG1)), ((0, PR0), (2,
 # the epilogue, the same events in both kernels.
 PROLOGUE = [
     ("prologue: start -> tile 0 issued (producer warp 0)", (PR0, None, 0), (PR0, None, 8)),
+    ("prologue: start -> the scan's index loads back (WG0's first warp)", (WG0, None, 0), (WG0, None, 11)),
     ("prologue: start -> tile scan done", (WG0, None, 0), (WG0, None, 1)),
     ("prologue: start -> Q landed (WG0)", (WG0, None, 0), (WG0, None, 4)),
     ("prologue: start -> tile 0 landed (producer warp 0)", (PR0, None, 0), (PR0, 0, 3)),
@@ -177,9 +178,12 @@ PROLOGUE = [
 # issued, SMLA_SM90P_SPECULATE)
 PAIR_PROLOGUE = [
     ("prologue: start -> speculated tile 0 issued (producer warp 0)", (PR0, None, 0), (PR0, None, 8)),
+    ("prologue: start -> Q's TMA issued (thread 0)", (WG0, None, 0), (WG0, None, 10)),
+    ("prologue: start -> the scan's index loads back (WG0's first warp)", (WG0, None, 0), (WG0, None, 11)),
     ("prologue: start -> tile scan done (WG0)", (WG0, None, 0), (WG0, None, 1)),
     ("prologue: start -> tile scan done (producer warp 0)", (PR0, None, 0), (PR0, None, 1)),
     ("prologue: start -> Q landed (WG0)", (WG0, None, 0), (WG0, None, 4)),
+    ("prologue: Q's TMA issued -> Q landed (WG0)", (WG0, None, 10), (WG0, None, 4)),
     ("prologue: start -> buffer 0 early region issued (producer)", (PR0, None, 0), (PR0, 0, 2)),
     ("prologue: start -> buffer 1 late region issued (producer)", (PR0, None, 0), (PR0, 0, 8)),
     ("prologue: start -> pair 0's top (WG0: tile 0's S done)", (WG0, None, 0), (WG0, 0, 0)),

@@ -991,7 +991,10 @@ __global__ void __launch_bounds__(kThreads, 1) attn_sm90p_kernel(const __grid_co
     if (!q_tma && c.tid < 256) issue_q<kHT, 256>(a, c, c.h0);
     if (c.tid < kMaskWords) c.mask[c.tid] = 0u;
     __syncthreads();
-    if (q_tma && c.tid == 0) tma_q(a, c.sQ, c.h0, static_cast<int>(c.si), static_cast<int>(c.bi), qbar);
+    if (q_tma && c.tid == 0) {
+        tma_q(a, c.sQ, c.h0, static_cast<int>(c.si), static_cast<int>(c.bi), qbar);
+        trace(a, kTraceEdge, kTrQIssued);
+    }
     const bool spec = kSpeculate && c.nt_all > 0;
     smla_udiv bs_div{0u, 0u};  // kLeanProducer: made by the producer threads (while the consumers scan: kQTmaScan)
     if (kLeanProducer && c.tid >= 256) bs_div = smla_udiv_of(static_cast<uint64_t>(a.p.kv.block_size));

@@ -36,10 +36,13 @@ constexpr int kTraceEdge = kTraceSteps - 1;  // the step of the prologue / epilo
 // Edge events (step kTraceEdge), every slot: kernel start, the tile scan done, epilogue start and end; the
 // consumers' Q landed (the wide kernel); the direct output's stages (finish_cols_direct, ConsumerBase::early_out:
 // the row statistics met, the rows' factors ready, the warpgroup met at its first staged block, stage_out_cols);
-// the producers' speculated tile 0 issued; the direct output's stores issued (before the rows' lse and max_logits).
+// the producers' speculated tile 0 issued; the direct output's stores issued (before the rows' lse and max_logits);
+// Q's TMA issued (the pair kernel's thread 0); the tile scan's own index loads back (scan_tiles_vec, WG0's first warp,
+// before the barrier that ends the scan).
 enum TraceEdge {
     kTrStart = 0, kTrScanned = 1, kTrEpilogue = 2, kTrEnd = 3, kTrQ = 4,
-    kTrStats = 5, kTrStaged = 6, kTrStageMet = 7, kTrSpec = 8, kTrOut = 9
+    kTrStats = 5, kTrStaged = 6, kTrStageMet = 7, kTrSpec = 8, kTrOut = 9,
+    kTrQIssued = 10, kTrScanLoads = 11
 };
 
 // Every CTA's start and end (the global timer, ns) and SM, after the per-CTA stage records: [kTraceAllCtas][4]
