@@ -174,16 +174,6 @@
 #ifndef SMLA_SM90P_PREFETCH_NEXT
 #define SMLA_SM90P_PREFETCH_NEXT 0
 #endif
-// SMLA_SM90P_PREFETCH_ROWS (default 0: off; an experiment): while a pair's copies are issued, the producer asks L2 for
-// the next pair's K rows (cp.async.bulk.prefetch.L2 of each valid row's 1,152 bytes, from the lanes of chunk 0, after
-// the pair's early regions), so that the next pair's copies hit L2. Why: a region's full barrier completes when its
-// last copy lands, and ~30% of the copies miss L2 (Nsight Compute: 69.7% hits, thirty-seventh session), so nearly
-// every region may wait for a DRAM round trip; its consumers wait ~300-940 cycles a pair for each of their regions.
-// Measured 36% slower (H200, thirty-ninth session: 5,787 / 5,795 us against 4,259 at h=128 32K fast): the prefetches'
-// own L2 traffic. Off.
-#ifndef SMLA_SM90P_PREFETCH_ROWS
-#define SMLA_SM90P_PREFETCH_ROWS 0
-#endif
 static_assert(SMLA_SM90P_PARTS == 1 || SMLA_SM90P_PARTS == 2 || SMLA_SM90P_PARTS == 4, "SMLA_SM90P_PARTS: 1, 2 or 4");
 
 namespace attn {
@@ -201,6 +191,7 @@ constexpr bool kCluster = SMLA_SM90P_CLUSTER != 0;
 constexpr bool out_stsm(bool fast) { return (SMLA_SM90P_OUT_STSM != 0 && fast) || kOutStsm; }
 // The parts a K region is freed and reloaded in (SMLA_SM90P_PARTS): in "fast", else 1; kSplit: any variant has parts.
 constexpr bool kSplit = SMLA_SM90P_PARTS > 1;
+constexpr int kEmptyBars = kSplit ? 16 : 4;  // empty[b][r] (kSplit: [b][r][q], 4 parts whether 2 or 4 are used)
 constexpr int parts(bool fast) { return fast ? SMLA_SM90P_PARTS : 1; }
 constexpr bool kLeanProducer = SMLA_SM90P_LEAN_PRODUCER != 0;
 
@@ -218,7 +209,7 @@ struct Smem {
     static constexpr Region plo = region_after(k, kBlk);             // P_lo of buffer 1's tile (high)
     // mbarriers: full[b][r] at 8 (2b + r), empty[b][r] at 32 + 8 (2b + r); kSplit: empty[b][r][q] at
     // 32 + 8 (4 (2b + r) + q)
-    static constexpr Region bar = region_after(plo, kSplit ? 32 + 16 * 8 : 64);
+    static constexpr Region bar = region_after(plo, 32 + 8 * kEmptyBars);
     static constexpr Region valid = region_after(bar, 2 * kBN * 4);  // int [2][64]: row valid, per buffer
     static constexpr Region mrow = region_after(valid, 2 * kHT * 4); // float [2][64]: m0, m1 of the exchange
     static constexpr Region mask = region_after(mrow, kMaskWords * 4);  // the non-empty tiles
@@ -429,18 +420,6 @@ struct PairProducer {
         }
     }
 
-    // SMLA_SM90P_PREFETCH_ROWS: the rows idx (this thread's of a tile) into L2, from the lanes of chunk 0.
-    __device__ __forceinline__ void prefetch_rows(const int (&idx)[kRows]) const
-    {
-        if (lp.cl != 0) return;
-        Rows R;
-        locate(idx, R);
-#pragma unroll
-        for (int i = 0; i < kRows; ++i) {
-            if ((R.ok >> i) & 1u) bulk_prefetch_l2(R.src[i], kRowBytes);
-        }
-    }
-
     // speculated: speculate() ran. kLeanProducer: the loop in the call's copy form.
     __device__ __forceinline__ void run(bool speculated) const
     {
@@ -477,10 +456,6 @@ struct PairProducer {
             region<0, kEarly, HINT>(r0, k, spec0);
             if (spec0) region<0, kLate, HINT>(r0, k, true);
             region<1, kEarly, HINT>(r1, k);
-            if (SMLA_SM90P_PREFETCH_ROWS != 0 && k + 1 < np) {  // the next pair's rows, while its regions are in use
-                prefetch_rows(n0);
-                prefetch_rows(n1);
-            }
             if (!spec0) region<0, kLate, HINT>(r0, k);
             region<1, kLate, HINT>(r1, k);
 #pragma unroll
@@ -732,6 +707,26 @@ struct PairConsumer {
     {
         return desc_at(vd, (4 * W) * kBlk + (16 * kk) * 128);
     }
+    // The commit groups of a P V product of G groups: with parts, one after each k-step kk that ends a part (k-step kk
+    // reads V rows 16 kk .., free_region); else one at the end; without the product (kNoPV) G empty ones, so that the
+    // waits count the same.
+    template <int G>
+    __device__ __forceinline__ void commit_part(int kk) const
+    {
+        if constexpr (kP > 1) {
+            if (commit_after(kk, G)) wg_commit();
+        }
+    }
+    template <int G>
+    __device__ __forceinline__ void commit_end() const
+    {
+        if constexpr (kNoPV) {
+#pragma unroll
+            for (int i = 0; i < G; ++i) wg_commit();
+        } else if constexpr (kP == 1) {
+            wg_commit();
+        }
+    }
     // O += P V over this warpgroup's own tile, P from registers (kP commit groups).
     __device__ __forceinline__ void pv_local(uint32_t (&hi)[16], uint32_t (&lo)[16])
     {
@@ -743,15 +738,10 @@ struct PairConsumer {
                 const uint64_t dv = v_desc(vd, kk);
                 wgmma_n256_rs(o, reinterpret_cast<const uint32_t(&)[4]>(hi[4 * kk]), dv);
                 if constexpr (!kNoLo) wgmma_n256_rs(o, reinterpret_cast<const uint32_t(&)[4]>(lo[4 * kk]), dv);
-                if constexpr (kP > 1) {  // k-step kk reads V rows 16 kk .. (free_region)
-                    if (commit_after(kk, kP)) wg_commit();
-                }
+                commit_part<kP>(kk);
             }
-        } else if constexpr (kP > 1) {
-#pragma unroll
-            for (int i = 0; i + 1 < kP; ++i) wg_commit();
         }
-        if constexpr (kP == 1 || kNoPV) wg_commit();
+        commit_end<kP>();
     }
     // O += P V over the peer's tile, its P from smem (kRemoteGroups commit groups).
     __device__ __forceinline__ void pv_remote()
@@ -765,15 +755,10 @@ struct PairConsumer {
                 const uint64_t dv = v_desc(vd, kk);
                 wgmma_n256_tb(o, desc_at(hd, kk * 32), dv);
                 if constexpr (!kNoLo) wgmma_n256_tb(o, desc_at(ld, kk * 32), dv);
-                if constexpr (kP > 1) {  // as pv_local
-                    if (commit_after(kk, kRemoteGroups)) wg_commit();
-                }
+                commit_part<kRemoteGroups>(kk);
             }
-        } else if constexpr (kP > 1) {
-#pragma unroll
-            for (int i = 0; i + 1 < kRemoteGroups; ++i) wg_commit();
         }
-        if constexpr (kP == 1 || kNoPV) wg_commit();
+        commit_end<kRemoteGroups>();
     }
 
     // --- the exchange of maxima ---------------------------------------------------------------------
@@ -984,7 +969,7 @@ __global__ void __launch_bounds__(kThreads, 1) attn_sm90p_kernel(const __grid_co
 #pragma unroll
         for (int i = 0; i < 4; ++i)  // full[b][r]: the 128 producer threads (+ 16 flag writers: early)
             mbar_init(c.bar_full + 8 * i, (i & 1) == kEarly ? 144 : 128);
-        for (int i = 4; i < (kSplit ? 20 : 8); ++i) mbar_init(c.bar_full + 8 * i, 128);  // empty: a consumer WG
+        for (int i = 0; i < kEmptyBars; ++i) mbar_init(c.empty(0, 0) + 8 * i, 128);  // empty: a consumer WG
         if (q_tma) mbar_init(qbar, 1);
         fence_mbarrier_init();
     }
