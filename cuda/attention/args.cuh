@@ -39,11 +39,16 @@ struct Args {
     int n_sms;         // the device's SMs (a persistent kernel's grid, sm90/kernel.cuh)
     int fused;         // n_splits > 1 and the kernel merges the partials itself after a grid-wide barrier
                        // (a cooperative launch; attention/combine.cuh), else the combine kernel does
+    smla_udiv bs_div;  // the cache's block_size as a multiply-shift divisor (smla_udiv_of), for the kernels that
+                       // locate slots without a division (sm90/producer.cuh, KvSource::row)
     // The bf16 wide kernel's Q tile by TMA (sm90/kernel.cuh), where the launcher could describe q (and q_pe) to
     // the tensor-memory accelerator (launch.cu, set_q_maps): q_map / qpe_map, else 0 and the kernel loads Q by
     // cp.async. Last, and 64-byte aligned as CUtensorMap is.
     int q_tma;
-    CUtensorMap q_map, qpe_map;
+    // The pair kernel's staged output by TMA (SMLA_SM90P_OUT_TMA, sm90/pair_kernel.cuh), where the launcher could
+    // describe out (set_q_maps, KernelEntry::o_tma): o_map, else 0 and the threads store it.
+    int o_tma;
+    CUtensorMap q_map, qpe_map, o_map;
 };
 
 // The bf16 wide kernel loads its Q tile by TMA where it can (Args::q_tma; launch.cu, set_q_maps). 0: always by
