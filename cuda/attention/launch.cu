@@ -382,6 +382,9 @@ int run_attention(const smla_attn_params *p, bool is_decode, smla_status *st)
                   : 0;
     if (grid > INT32_MAX)
         return smla_fail(st, SMLA_ERR_VALUE, "%s: too many query rows (%lld)", op, (long long)L.rows);
+    a.div_splits = smla_udiv_of(static_cast<uint64_t>(ns));  // grid_pos_udiv (args.cuh): all below 2^31 now
+    a.div_ht = smla_udiv_of(static_cast<uint64_t>(L.n_ht));
+    a.div_sq = smla_udiv_of(static_cast<uint64_t>(p->s_q));
     cudaStream_t s = smla_stream(p->stream);
     rc = L.choice.k->launch(a, grid, s, L.dev, st);
     if (rc != SMLA_OK || ns == 1 || a.fused) return rc;

@@ -191,6 +191,12 @@
 #ifndef SMLA_SM90P_EARLY_START
 #define SMLA_SM90P_EARLY_START 0
 #endif
+// SMLA_SM90P_GRID_UDIV (default 0: an experiment): the CTA's place in the grid by the launcher's multiply-shift divisors
+// (grid_pos_udiv, args.cuh) instead of grid_pos's three 64-bit divisions. Why: Nsight Compute (H100, issue 16, fortieth
+// session) put 1.3% of all stall samples in the CTA's constructor (grid_pos, row_slice), code every warp runs once.
+#ifndef SMLA_SM90P_GRID_UDIV
+#define SMLA_SM90P_GRID_UDIV 0
+#endif
 static_assert(SMLA_SM90P_PARTS == 1 || SMLA_SM90P_PARTS == 2 || SMLA_SM90P_PARTS == 4, "SMLA_SM90P_PARTS: 1, 2 or 4");
 
 namespace attn {
@@ -975,7 +981,7 @@ __global__ void __launch_bounds__(kThreads, 1) attn_sm90p_kernel(const __grid_co
     pdl_wait();  // before any global access: the stream's previous kernel is complete (common.cuh)
     stagger_start(a);
     extern __shared__ uint8_t smem_raw[];
-    Cta c(a, smem_raw, grid_pos(a));
+    Cta c(a, smem_raw, SMLA_SM90P_GRID_UDIV ? grid_pos_udiv(a, blockIdx.x) : grid_pos(a));
 
     trace(a, kTraceEdge, kTrStart);
     pdl_launch_dependents();  // the combine (split mode) may be scheduled; it waits for this grid
