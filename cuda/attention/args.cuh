@@ -39,17 +39,11 @@ struct Args {
     int n_sms;         // the device's SMs (a persistent kernel's grid, sm90/kernel.cuh)
     int fused;         // n_splits > 1 and the kernel merges the partials itself after a grid-wide barrier
                        // (a cooperative launch; attention/combine.cuh), else the combine kernel does
-    smla_udiv bs_div;  // the cache's block_size as a multiply-shift divisor (smla_udiv_of), for the kernels that
-                       // locate slots without a division (sm90/producer.cuh, KvSource::row)
-    smla_udiv div_splits, div_ht, div_sq;  // n_splits, n_ht and s_q as such divisors (grid_pos_udiv)
     // The bf16 wide kernel's Q tile by TMA (sm90/kernel.cuh), where the launcher could describe q (and q_pe) to
     // the tensor-memory accelerator (launch.cu, set_q_maps): q_map / qpe_map, else 0 and the kernel loads Q by
     // cp.async. Last, and 64-byte aligned as CUtensorMap is.
     int q_tma;
-    // The pair kernel's staged output by TMA (SMLA_SM90P_OUT_TMA, sm90/pair_kernel.cuh), where the launcher could
-    // describe out (set_q_maps, KernelEntry::o_tma): o_map, else 0 and the threads store it.
-    int o_tma;
-    CUtensorMap q_map, qpe_map, o_map;
+    CUtensorMap q_map, qpe_map;
 };
 
 // The bf16 wide kernel loads its Q tile by TMA where it can (Args::q_tma; launch.cu, set_q_maps). 0: always by
@@ -87,22 +81,6 @@ __device__ __forceinline__ GridPos grid_pos_of(const Args &a, int64_t bx)
     return g;
 }
 __device__ __forceinline__ GridPos grid_pos(const Args &a) { return grid_pos_of(a, blockIdx.x); }
-// The same by 32-bit multiply-shifts with the launcher's divisors (Args::div_*) instead of three 64-bit divisions (a
-// called routine each, in code every warp of a CTA runs once): the grid has fewer than 2^31 CTAs, so every quotient
-// and s_q are below 2^31 (smla_udiv_q's range).
-__device__ __forceinline__ GridPos grid_pos_udiv(const Args &a, uint32_t bx)
-{
-    GridPos g;
-    const uint32_t q = smla_udiv_q(a.div_splits, bx), row = smla_udiv_q(a.div_ht, q);
-    g.sp = static_cast<int>(bx - q * static_cast<uint32_t>(a.n_splits));
-    g.ht = static_cast<int>(q - row * static_cast<uint32_t>(a.n_ht));
-    const uint32_t r = SMLA_REVERSE_ROWS ? static_cast<uint32_t>(a.rows) - 1u - row : row;
-    const uint32_t bi = smla_udiv_q(a.div_sq, r);
-    g.row = r;
-    g.bi = bi;
-    g.si = r - bi * static_cast<uint32_t>(a.p.s_q);
-    return g;
-}
 
 struct RowSlice {
     const int32_t *idx;

@@ -257,9 +257,9 @@ EncodeTiledFn tensor_map_encoder()
     return fn;
 }
 
-// m: the bf16 array at base as [b][s_q][h][d] (q, q_pe or out; strides in elements, d contiguous), boxes of 64
-// values x 64 heads with the 128-byte swizzle of the kernels' Q / K blocks; heads past h read as zeros (and are not
-// written by a store). False where TMA cannot take it: a base or a stride that is not a multiple of 16 bytes.
+// m: the bf16 array at base as [b][s_q][h][d] (q or q_pe; strides in elements, d contiguous), boxes of 64 values x
+// 64 heads with the 128-byte swizzle of the kernels' Q / K blocks; heads past h read as zeros. False where TMA
+// cannot take it: a base or a stride that is not a multiple of 16 bytes.
 bool encode_q_map(CUtensorMap *m, const uint16_t *base, int64_t d, const smla_attn_params *p, int64_t sb, int64_t ss,
                   int64_t sh)
 {
@@ -283,15 +283,11 @@ bool encode_q_map(CUtensorMap *m, const uint16_t *base, int64_t d, const smla_at
 }
 
 // a.q_map (and a.qpe_map where q_pe is given) for a kernel that reads them (KernelEntry::q_tma): a.q_tma = 1 where
-// both encode; a.o_map (out, as q: [b][s_q][h][512], the same boxes) for a kernel that may store by it
-// (KernelEntry::o_tma): a.o_tma = 1 where it encodes.
+// both encode.
 void set_q_maps(Args &a, const KernelEntry &k)
 {
     const smla_attn_params &p = a.p;
     a.q_tma = 0;
-    a.o_tma = 0;
-    if (SMLA_Q_TMA && k.o_tma && p.out)
-        a.o_tma = encode_q_map(&a.o_map, p.out, kDv, &p, p.out_stride_b, p.out_stride_s, p.out_stride_h) ? 1 : 0;
     if (!SMLA_Q_TMA || !k.q_tma) return;
     const int64_t d = p.q_pe ? kDv : kDqk;
     if (!encode_q_map(&a.q_map, p.q, d, &p, p.q_stride_b, p.q_stride_s, p.q_stride_h)) return;
@@ -352,7 +348,6 @@ int run_attention(const smla_attn_params *p, bool is_decode, smla_status *st)
     a.ml_factor = smla_attn_to_ln(p->softmax_scale, a.scale_log2);
     a.evict_last = is_decode ? 0 : 1;
     a.n_sms = L.props.sms;
-    a.bs_div = smla_udiv_of(p->kv.block_size > 0 ? static_cast<uint64_t>(p->kv.block_size) : 1u);
     a.o_part = nullptr;
     a.lse_part = nullptr;
     set_q_maps(a, *L.choice.k);
@@ -382,9 +377,6 @@ int run_attention(const smla_attn_params *p, bool is_decode, smla_status *st)
                   : 0;
     if (grid > INT32_MAX)
         return smla_fail(st, SMLA_ERR_VALUE, "%s: too many query rows (%lld)", op, (long long)L.rows);
-    a.div_splits = smla_udiv_of(static_cast<uint64_t>(ns));  // grid_pos_udiv (args.cuh): all below 2^31 now
-    a.div_ht = smla_udiv_of(static_cast<uint64_t>(L.n_ht));
-    a.div_sq = smla_udiv_of(static_cast<uint64_t>(p->s_q));
     cudaStream_t s = smla_stream(p->stream);
     rc = L.choice.k->launch(a, grid, s, L.dev, st);
     if (rc != SMLA_OK || ns == 1 || a.fused) return rc;

@@ -37,7 +37,6 @@ struct KernelEntry {
     LaunchFn launch;
     bool fuses = false;  // can merge its own split partials (Args::fused; a cooperative launch of one wave)
     bool q_tma = false;  // reads Q by TMA where the launcher describes it (Args::q_map, set_q_maps in launch.cu)
-    bool o_tma = false;  // may store its direct output by TMA where the launcher describes it (Args::o_map)
 };
 
 struct KernelList {

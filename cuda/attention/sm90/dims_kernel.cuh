@@ -156,12 +156,14 @@ struct Warp {
     uint32_t vb[kBlocks][8][2];  // this tile's P V B fragments: token block j, k-step s, half r
     float m_r[2];                // running maxima (log2 domain) of heads g, g + 8
     double l_r[2];               // this thread's share of their row sums
+    const smla_udiv bs_div;      // the cache's block_size as a multiply-shift divisor
 
     __device__ __forceinline__ Warp(const Args &a_, const CtaCommon &c_)
         : a(a_), c(c_), kv(a_), grp(c_.tid >> 7), w((c_.tid >> 5) & 3), lane(c_.lane), g(c_.lane >> 2),
           t(c_.lane & 3), tok0(c_.j0 * kBN), tok_end(min(c_.L, (c_.j0 + c_.nt) * kBN)),
           n(c_.nt > 0 && tok_end > tok0 ? (tok_end - tok0 + kTT - 1) / kTT : 0),
-          raw(c_.smem + Smem::raw.off)
+          raw(c_.smem + Smem::raw.off),
+          bs_div(smla_udiv_of(static_cast<uint64_t>(a_.p.kv.block_size)))
     {
 #pragma unroll
         for (int i = 0; i < kDimBlocks; ++i) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
@@ -211,7 +213,7 @@ struct Warp {
     // The cache row of a valid slot (the division by block_size precomputed).
     __device__ __forceinline__ const uint8_t *row_of(int idx) const
     {
-        return a.bs_div.m ? smla_cache_entry_udiv(kv.kv_base, static_cast<uint32_t>(idx), kv.block_size, a.bs_div,
+        return bs_div.m ? smla_cache_entry_udiv(kv.kv_base, static_cast<uint32_t>(idx), kv.block_size, bs_div,
                                                 a.p.kv.block_stride, a.p.kv.entry_stride)
                         : kv.row(idx, true);
     }

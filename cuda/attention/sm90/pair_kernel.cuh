@@ -155,8 +155,7 @@
 // consumers' ~690 and ~630 on the same schedulers (Nsight Compute, issue 16, thirty-seventh session), and its loop is
 // a third of the loops' code (the kernel was bound by instruction fetch before SMLA_SM90P_ONE_BODY). With it the
 // producer's loop is instantiated once per form (a launch runs one), the division is a multiply-shift whose
-// divisor the launcher makes once per call (Args::bs_div; until the fortieth session the producer made it during the
-// tile scan, a 64-bit division), and an invalid row's address needs no branch (KvSource::row): the
+// divisor the producer makes during the tile scan, and an invalid row's address needs no branch (KvSource::row): the
 // loop's code 710 -> 440 instructions (cuobjdump, "fast"). Measured on an H200 (issue 16, thirty-ninth session in
 // benchmarks/README.md, three alternated rounds): h=128 32K "fast" 4,107 / 3,982 / 4,141 us against 4,426 / 4,291 /
 // 4,069, h=64 2,250 / 2,293 / 2,274 against 2,326 / 2,299 / 2,297; the sm90p prefill tests passed.
@@ -174,28 +173,6 @@
 // fast) and 3-7% slower with the lean producer and 4 parts on an H100 (4,487 / 4,627 against 4,364 / 4,390).
 #ifndef SMLA_SM90P_PREFETCH_NEXT
 #define SMLA_SM90P_PREFETCH_NEXT 0
-#endif
-// SMLA_SM90P_OUT_TMA (default 0: an experiment): the staged output's blocks go out by TMA stores (one thread of each
-// warpgroup issues its four, stage_out_cols in sm90/score_tile.cuh) where the launcher described out (Args::o_map),
-// instead of each thread's 16-byte loads from the stage and stores (FlashMLA's epilogue does so). Why: the epilogue
-// is ~3,600-5,900 cycles of a CTA against FlashMLA's ~2,500 (traces, issue 16, thirty-first and thirty-sixth
-// sessions); the threads' copies are ~32 instructions a thread of code run once per CTA.
-#ifndef SMLA_SM90P_OUT_TMA
-#define SMLA_SM90P_OUT_TMA 0
-#endif
-// SMLA_SM90P_EARLY_START (default 0: an experiment): the CTA's first reads go out before its __syncthreads: thread 0
-// issues Q's TMA right after the mbarriers' initialisation (it initialised Q's barrier itself) and the consumers issue
-// their first pass of the tile scan's index loads (ScanVec, producer.cuh), marking the tiles after it. Why: both are
-// DRAM reads (~3,700-10,000 cycles to the scan's end in the traces) that waited for every warp of the new CTA to reach
-// the barrier.
-#ifndef SMLA_SM90P_EARLY_START
-#define SMLA_SM90P_EARLY_START 0
-#endif
-// SMLA_SM90P_GRID_UDIV (default 0: an experiment): the CTA's place in the grid by the launcher's multiply-shift divisors
-// (grid_pos_udiv, args.cuh) instead of grid_pos's three 64-bit divisions. Why: Nsight Compute (H100, issue 16, fortieth
-// session) put 1.3% of all stall samples in the CTA's constructor (grid_pos, row_slice), code every warp runs once.
-#ifndef SMLA_SM90P_GRID_UDIV
-#define SMLA_SM90P_GRID_UDIV 0
 #endif
 static_assert(SMLA_SM90P_PARTS == 1 || SMLA_SM90P_PARTS == 2 || SMLA_SM90P_PARTS == 4, "SMLA_SM90P_PARTS: 1, 2 or 4");
 
@@ -217,8 +194,6 @@ constexpr bool kSplit = SMLA_SM90P_PARTS > 1;
 constexpr int kEmptyBars = kSplit ? 16 : 4;  // empty[b][r] (kSplit: [b][r][q], 4 parts whether 2 or 4 are used)
 constexpr int parts(bool fast) { return fast ? SMLA_SM90P_PARTS : 1; }
 constexpr bool kLeanProducer = SMLA_SM90P_LEAN_PRODUCER != 0;
-constexpr bool kOutTma = SMLA_SM90P_OUT_TMA != 0, kEarlyStart = SMLA_SM90P_EARLY_START != 0;
-static_assert(!kEarlyStart || kQTmaScan, "SMLA_SM90P_EARLY_START: Q by TMA and the consumers' scan");
 
 // setmaxnreg: the three warpgroups share the launch allocation, 3 x 168 (plan.cuh).
 constexpr int kConsumerRegs = 224, kProducerRegs = 56;
@@ -305,6 +280,7 @@ struct PairProducer {
     const Cta &c;
     const ProducerLane lp;  // its chunk lp.cl of each column block, the row source, the L2 policy (producer.cuh)
     const int g;            // rows 16 i + g of each tile (g = 4 warp + lane / 8)
+    const smla_udiv bs_div;  // kLeanProducer: the cache's block_size as a multiply-shift divisor
     static constexpr int kHintAny = ProducerLane::kHintAny;
 
     struct Rows {
@@ -312,8 +288,8 @@ struct PairProducer {
         uint32_t ok;
     };
 
-    __device__ __forceinline__ PairProducer(const Args &a_, const Cta &cta)
-        : a(a_), c(cta), lp(a_, cta.tid - 256, cta.lane), g((cta.tid - 256) >> 3)
+    __device__ __forceinline__ PairProducer(const Args &a_, const Cta &cta, smla_udiv bs_div_ = smla_udiv{0u, 0u})
+        : a(a_), c(cta), lp(a_, cta.tid - 256, cta.lane), g((cta.tid - 256) >> 3), bs_div(bs_div_)
     {
     }
 
@@ -329,7 +305,7 @@ struct PairProducer {
 #pragma unroll
         for (int i = 0; i < kRows; ++i) {
             const bool ok = lp.kv.valid(idx[i]);
-            R.src[i] = (kLeanProducer ? lp.kv.row(idx[i], ok, a.bs_div) : lp.kv.row(idx[i], ok)) + lp.cl * 16;
+            R.src[i] = (kLeanProducer ? lp.kv.row(idx[i], ok, bs_div) : lp.kv.row(idx[i], ok)) + lp.cl * 16;
             R.ok |= (ok ? 1u : 0u) << i;
         }
     }
@@ -968,7 +944,7 @@ struct PairConsumer {
         const auto stat = [&](int hf, int rl) {
             return RowStat{m[hf], c.sL[rl] + c.sL[kHT + rl], kLazy ? fmaxf(c.sMt[rl], c.sMt[kHT + rl]) : m[hf]};
         };
-        finish_o_cols<false, out_stsm(FAST), kOutTma>(a, c, c.h0, r0, 256 * W, t4, o, stat, c.sQ, kBarOut + W);
+        finish_o_cols<false, out_stsm(FAST)>(a, c, c.h0, r0, 256 * W, t4, o, stat, c.sQ, kBarOut + W);
     }
 };
 
@@ -981,7 +957,7 @@ __global__ void __launch_bounds__(kThreads, 1) attn_sm90p_kernel(const __grid_co
     pdl_wait();  // before any global access: the stream's previous kernel is complete (common.cuh)
     stagger_start(a);
     extern __shared__ uint8_t smem_raw[];
-    Cta c(a, smem_raw, SMLA_SM90P_GRID_UDIV ? grid_pos_udiv(a, blockIdx.x) : grid_pos(a));
+    Cta c(a, smem_raw, grid_pos(a));
 
     trace(a, kTraceEdge, kTrStart);
     pdl_launch_dependents();  // the combine (split mode) may be scheduled; it waits for this grid
@@ -996,33 +972,28 @@ __global__ void __launch_bounds__(kThreads, 1) attn_sm90p_kernel(const __grid_co
         for (int i = 0; i < kEmptyBars; ++i) mbar_init(c.empty(0, 0) + 8 * i, 128);  // empty: a consumer WG
         if (q_tma) mbar_init(qbar, 1);
         fence_mbarrier_init();
-        if (kEarlyStart && q_tma) {  // its own barrier, initialised and fenced: Q need not wait for the others
-            fence_async_smem();      // (the initialisation, a generic write, before the TMA's complete_tx on it)
-            tma_q(a, c.sQ, c.h0, static_cast<int>(c.si), static_cast<int>(c.bi), qbar);
-            trace(a, kTraceEdge, kTrQIssued);
-        }
     }
     if (!q_tma && c.tid < 256) issue_q<kHT, 256>(a, c, c.h0);
-    ScanVec<0, 8> scan(a, c);  // kEarlyStart: the consumers' first pass of index loads before the barrier
-    if (kEarlyStart && c.tid < 256 && scan.first() < scan.nm) scan.load(scan.first());
     if (c.tid < kMaskWords) c.mask[c.tid] = 0u;
     __syncthreads();
-    if (!kEarlyStart && q_tma && c.tid == 0) {
+    if (q_tma && c.tid == 0) {
         tma_q(a, c.sQ, c.h0, static_cast<int>(c.si), static_cast<int>(c.bi), qbar);
         trace(a, kTraceEdge, kTrQIssued);
     }
     const bool spec = kSpeculate && c.nt_all > 0;
+    smla_udiv bs_div{0u, 0u};  // kLeanProducer: made by the producer threads (while the consumers scan: kQTmaScan)
+    if (kLeanProducer && c.tid >= 256) bs_div = smla_udiv_of(static_cast<uint64_t>(a.p.kv.block_size));
     if constexpr (kQTmaScan) {
-        skip_empty_tiles_by_consumers<kThreads>(
-            a, c, c.mask, kBarStart, [&] { if (spec) PairProducer<ABL, FAST>(a, c).speculate(); },
-            kEarlyStart ? &scan : nullptr);
+        skip_empty_tiles_by_consumers<kThreads>(a, c, c.mask, kBarStart, [&] {
+            if (spec) PairProducer<ABL, FAST>(a, c).speculate();
+        });
     } else {
         skip_empty_tiles<256, 4, kThreads>(a, c, c.mask, kBarStart);
     }
     trace(a, kTraceEdge, kTrScanned);
     if (c.tid >= 256) {
         setmaxnreg_dec<kProducerRegs>();
-        PairProducer<ABL, FAST>(a, c).run(spec);
+        PairProducer<ABL, FAST>(a, c, bs_div).run(spec);
         return;
     }
     setmaxnreg_inc<kConsumerRegs>();
@@ -1065,7 +1036,7 @@ int launch(Args &a, int64_t grid, cudaStream_t s, int dev, smla_status *st)
 constexpr KernelEntry entry()
 {
     return KernelEntry{Family::sm90p, false, kHT, kBN, Smem::bytes, 1, kThreads, &launch, /*fuses=*/false,
-                       /*q_tma=*/kQTmaScan, /*o_tma=*/kOutTma};
+                       /*q_tma=*/kQTmaScan};
 }
 
 }  // namespace pair

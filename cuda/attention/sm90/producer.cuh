@@ -42,8 +42,8 @@ struct KvSource {
         return smla_cache_entry_valid(kv_base, static_cast<uint32_t>(idx), block_size, p.kv.block_stride,
                                       p.kv.entry_stride);
     }
-    // The same with the division by block_size as a multiply-shift (bs_div = smla_udiv_of(block_size), made once per
-    // call by the launcher: Args::bs_div; a block_size >= 2^31 has bs_div.m = 0, which gives block 0: right, as every slot is below 2^31), and
+    // The same with the division by block_size as a multiply-shift (bs_div = smla_udiv_of(block_size), made once by
+    // the caller; a block_size >= 2^31 has bs_div.m = 0, which gives block 0: right, as every slot is below 2^31), and
     // no branch: an invalid slot is taken as slot 0, whose entry is kv_base.
     __device__ __forceinline__ const uint8_t *row(int idx, bool ok, smla_udiv bs_div) const
     {
@@ -127,63 +127,36 @@ __device__ __forceinline__ void scan_tiles(const Args &a, const CtaCommon &c, ui
 // The same scan by the PW warps from thread T0 with 16-byte loads (kConsumerScan, plan.cuh): lane l takes the 8
 // indices 8 (l & 7) .. of tile t0 + (l >> 3), so a warp covers 4 tiles a pass with 2 loads a lane; where the row
 // is not 16-byte aligned or the 8 run past the row's top-k entries, 8 loads clamped into [0, L). BN: tokens per
-// tile, a multiple of 8 up to 64 (lanes 8 (l & 7) >= BN take none). A pass is load() then mark(); a kernel may
-// load its first pass early (first(), before the mask is zeroed and met) and run() the rest with first_loaded.
+// tile, a multiple of 8 up to 64 (lanes 8 (l & 7) >= BN take none).
 template <int T0, int PW, int BN = kBN>
-struct ScanVec {
+__device__ __forceinline__ void scan_tiles_vec(const Args &a, const CtaCommon &c, uint32_t *mask)
+{
     static_assert(BN % 8 == 0 && BN <= 64, "8 indices a lane, 8 lanes a tile");
-    const KvSource kv;
-    const int32_t *const idx;  // the CTA's index row (CtaCommon's values, copied: the mask's atomics alias nothing)
-    const int j0, L, last, topk, lane, w, nm;
-    const bool vec;
-    int v[8];
-
-    __device__ __forceinline__ ScanVec(const Args &a, const CtaCommon &c)
-        : kv(a), idx(c.idx_row), j0(c.j0), L(c.L), last(c.L - 1), topk(static_cast<int>(a.p.topk)), lane(c.lane),
-          w((c.tid - T0) >> 5), nm(c.nt_all < kMaskTiles ? c.nt_all : kMaskTiles),
-          vec((reinterpret_cast<uintptr_t>(c.idx_row) & 15u) == 0)
-    {
-    }
-    __device__ __forceinline__ int first() const { return 4 * w; }
-    // this lane's 8 indices of the pass from tile t0
-    __device__ __forceinline__ void load(int t0)
-    {
-        const int pos = (j0 + t0 + (lane >> 3)) * BN + 8 * (lane & 7);
+    const KvSource kv(a);
+    const int lane = c.lane, w = (c.tid - T0) >> 5;
+    const int nm = c.nt_all < kMaskTiles ? c.nt_all : kMaskTiles;
+    const int last = c.L - 1, topk = static_cast<int>(a.p.topk);
+    const bool vec = (reinterpret_cast<uintptr_t>(c.idx_row) & 15u) == 0;
+    for (int t0 = 4 * w; t0 < nm; t0 += 4 * PW) {
+        const int t = t0 + (lane >> 3);
+        const int pos = (c.j0 + t) * BN + 8 * (lane & 7);
+        int v[8];
         if (vec && pos + 8 <= topk) {
-            const int4 x = __ldg(reinterpret_cast<const int4 *>(idx + pos));
-            const int4 y = __ldg(reinterpret_cast<const int4 *>(idx + pos + 4));
+            const int4 x = __ldg(reinterpret_cast<const int4 *>(c.idx_row + pos));
+            const int4 y = __ldg(reinterpret_cast<const int4 *>(c.idx_row + pos + 4));
             v[0] = x.x, v[1] = x.y, v[2] = x.z, v[3] = x.w, v[4] = y.x, v[5] = y.y, v[6] = y.z, v[7] = y.w;
         } else {
 #pragma unroll
-            for (int k = 0; k < 8; ++k) v[k] = __ldg(idx + (pos + k < last ? pos + k : last));
+            for (int k = 0; k < 8; ++k) v[k] = __ldg(c.idx_row + (pos + k < last ? pos + k : last));
         }
-    }
-    // the pass's non-empty tiles into mask
-    __device__ __forceinline__ void mark(int t0, uint32_t *mask) const
-    {
-        const int t = t0 + (lane >> 3);
-        const int pos = (j0 + t) * BN + 8 * (lane & 7);
         bool any = false;
 #pragma unroll
-        for (int k = 0; k < 8; ++k) any = any || (pos + k < L && kv.valid(v[k]));
+        for (int k = 0; k < 8; ++k) any = any || (pos + k < c.L && kv.valid(v[k]));
         if (BN < 64 && 8 * (lane & 7) >= BN) any = false;  // the next tile's indices
         const uint32_t bal = __ballot_sync(0xffffffffu, any);
         if ((lane & 7) == 0 && t < nm && ((bal >> (lane & 24)) & 0xffu) != 0u) atomicOr(mask + (t >> 5), 1u << (t & 31));
     }
-    // every pass of this warp (first_loaded: the first one's loads were issued already)
-    __device__ __forceinline__ void run(const Args &a, uint32_t *mask, bool first_loaded = false)
-    {
-        for (int t0 = first(); t0 < nm; t0 += 4 * PW) {
-            if (!first_loaded || t0 != first()) load(t0);
-            mark(t0, mask);
-        }
-        trace(a, kTraceEdge, kTrScanLoads);  // profiling builds: this warp's index loads are back (the ballot used them)
-    }
-};
-template <int T0, int PW, int BN = kBN>
-__device__ __forceinline__ void scan_tiles_vec(const Args &a, const CtaCommon &c, uint32_t *mask)
-{
-    ScanVec<T0, PW, BN>(a, c).run(a, mask);
+    trace(a, kTraceEdge, kTrScanLoads);  // profiling builds: this warp's index loads are back (the ballot used them)
 }
 
 __device__ __forceinline__ void use_tile_mask(CtaCommon &c, const uint32_t *mask)
@@ -210,13 +183,11 @@ __device__ __forceinline__ void skip_empty_tiles(const Args &a, CtaCommon &c, ui
 }
 // kConsumerScan: the 256 consumer threads (8 warps from thread 0) scan (scan_tiles_vec) while the producers
 // (threads 256 ..) do pre() alone.
-// early: the consumers' ScanVec whose first pass was loaded already (nullptr: none).
 template <int NT, int BN = kBN, class Pre>
 __device__ __forceinline__ void skip_empty_tiles_by_consumers(const Args &a, CtaCommon &c, uint32_t *mask, int bar,
-                                                              Pre pre, ScanVec<0, 8, BN> *early = nullptr)
+                                                              Pre pre)
 {
     if (c.tid >= 256) pre();
-    else if (early) early->run(a, mask, true);
     else scan_tiles_vec<0, 8, BN>(a, c, mask);
     named_sync(bar, NT);
     use_tile_mask(c, mask);

@@ -348,20 +348,6 @@ __device__ __forceinline__ void tma_load_4d(uint32_t dst, const void *map, int c
                  : "memory");
 }
 
-// One box of shared src (the tensor map's swizzled layout) into the 4-d tensor map at map, coordinates c0..c3, with
-// L2 policy pol, as a bulk-group operation of this thread (bulk_commit / bulk_wait_read); parts of the box outside
-// the tensor are not written. The writers of src fence (fence_async_smem) before the issuer sees their stores.
-__device__ __forceinline__ void tma_store_4d(const void *map, uint32_t src, int c0, int c1, int c2, int c3, uint64_t pol)
-{
-    asm volatile("cp.async.bulk.tensor.4d.global.shared::cta.tile.bulk_group.L2::cache_hint"
-                 " [%0, {%1, %2, %3, %4}], [%5], %6;\n" ::"l"(map),
-                 "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(src), "l"(pol)
-                 : "memory");
-}
-// This thread's bulk-group operations so far as one group; wait until every group has read its shared source.
-__device__ __forceinline__ void bulk_commit() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
-__device__ __forceinline__ void bulk_wait_read() { asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory"); }
-
 __device__ __forceinline__ void st_shared_u16(uint32_t addr, uint16_t v)
 {
     asm volatile("st.shared.u16 [%0], %1;\n" ::"r"(addr), "h"(v) : "memory");

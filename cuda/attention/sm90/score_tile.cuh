@@ -229,14 +229,11 @@ __device__ __forceinline__ void row_stats_out(const Args &a, const CtaCommon &c,
 // stage_out_cols: this thread's rows r0, r0 + 8 (times f[0], f[1]) into the stage and the warpgroup's columns col0 ..
 // col0 + 2 N - 1 out. kOutPipe (plan.cuh): one 64-column block at a time, staged, met at bar, stored, so that the
 // next block's staging runs while the SM drains this one's stores (an SM writes ~32 B a cycle: 64 KB take ~2,000
-// cycles, issue 16, twenty-sixth session); else all blocks staged, one meeting, all stored. TMA (kOutPipe only): where
-// the launcher described out (Args::o_tma), each staged block goes out as one TMA store issued by the warpgroup's first
-// thread, which waits before it returns until the stores have read the stage (the pair kernel's SMLA_SM90P_OUT_TMA).
-template <bool STSM = kOutStsm, bool TMA = false, int N>
+// cycles, issue 16, twenty-sixth session); else all blocks staged, one meeting, all stored.
+template <bool STSM = kOutStsm, int N>
 __device__ __forceinline__ void stage_out_cols(const Args &a, const CtaCommon &c, int h0, int r0, int col0, int t4,
                                                const float (&o)[N], const float (&f)[2], uint32_t stage, int bar)
 {
-    static_assert(!TMA || kOutPipe, "the staged output by TMA is stored block by block");
     constexpr int kChunks = N / 4;  // 16-byte chunks (8 columns) of a row
     static_assert(kChunks % 8 == 0, "whole 64-column blocks");
     const smla_attn_params &p = a.p;
@@ -287,20 +284,11 @@ __device__ __forceinline__ void stage_out_cols(const Args &a, const CtaCommon &c
                 op[k] = out_row + (h0 + row) * p.out_stride_h + 8 * (tw & 7);
             }
         }
-        const bool tma = TMA && a.o_tma;
-        const uint64_t pol = TMA ? policy_evict_first() : 0;  // not read again (the threads' stores: streaming)
 #pragma unroll
         for (int j = 0; j < kChunks / 8; ++j) {
             put(8 * j, 8 * j + 8);
-            if (tma) fence_async_smem();  // this thread's staged values, visible to the TMA's reads
             named_sync(bar, 128);
             if (j == 0) trace(a, kTraceEdge, kTrStageMet);
-            if (tma) {
-                if (tw == 0)
-                    tma_store_4d(&a.o_map, stage + ((k0 >> 3) + j) * kBlk, col0 + 64 * j, h0, static_cast<int>(c.si),
-                                 static_cast<int>(c.bi), pol);
-                continue;
-            }
 #pragma unroll
             for (int k = 0; k < 4; ++k) {
                 if constexpr (kOutHoist) {
@@ -312,10 +300,6 @@ __device__ __forceinline__ void stage_out_cols(const Args &a, const CtaCommon &c
                     st_global_cs_v4(out_row + (h0 + row) * p.out_stride_h + 8 * cc, v);  // streaming: not read again
                 }
             }
-        }
-        if (tma && tw == 0) {
-            bulk_commit();
-            bulk_wait_read();  // the stage (Q's region) stays the CTA's until its stores have read it
         }
     } else {
         put(0, kChunks);
@@ -379,8 +363,8 @@ __device__ __forceinline__ void store_out_cols_regs(const Args &a, const CtaComm
 struct NoHandOver {
     __device__ __forceinline__ void operator()(const float (&)[2]) const {}
 };
-// STAGE = false: from registers (store_out_cols_regs; stage and bar unused); STSM, TMA: stage_out_cols's.
-template <bool STAGE = true, bool STSM = kOutStsm, bool TMA = false, int N, class Stat, class Hand = NoHandOver>
+// STAGE = false: from registers (store_out_cols_regs; stage and bar unused); STSM: stage_out_cols's.
+template <bool STAGE = true, bool STSM = kOutStsm, int N, class Stat, class Hand = NoHandOver>
 __device__ __forceinline__ void finish_cols_direct(const Args &a, const CtaCommon &c, int h0, int r0, int col0, int t4,
                                                    const float (&o)[N], Stat stat, uint32_t stage, int bar,
                                                    Hand hand = {})
@@ -393,7 +377,7 @@ __device__ __forceinline__ void finish_cols_direct(const Args &a, const CtaCommo
     }
     hand(f);
     trace(a, kTraceEdge, kTrStaged);
-    if constexpr (STAGE) stage_out_cols<STSM, TMA>(a, c, h0, r0, col0, t4, o, f, stage, bar);
+    if constexpr (STAGE) stage_out_cols<STSM>(a, c, h0, r0, col0, t4, o, f, stage, bar);
     else store_out_cols_regs(a, c, h0, r0, col0, t4, o, f);
     trace(a, kTraceEdge, kTrOut);
     if (col0 == 0 && t4 == 0) {
@@ -411,8 +395,8 @@ __device__ __forceinline__ bool staged_direct(const Args &a) { return kStagedOut
 
 // The writer of a warpgroup's O columns: finish_cols_direct where staged_direct, else finish_cols. stage: Q's region
 // (dead once every S is done), bar: the warpgroup's named barrier. SPLITS: a kernel that always writes split
-// partials (no direct output's code). STSM, TMA: stage_out_cols's.
-template <bool SPLITS = false, bool STSM = kOutStsm, bool TMA = false, int N, class Stat>
+// partials (no direct output's code). STSM: stage_out_cols's.
+template <bool SPLITS = false, bool STSM = kOutStsm, int N, class Stat>
 __device__ __forceinline__ void finish_o_cols(const Args &a, const CtaCommon &c, int h0, int r0, int col0, int t4,
                                               const float (&o)[N], Stat stat, uint32_t stage, int bar)
 {
@@ -420,7 +404,7 @@ __device__ __forceinline__ void finish_o_cols(const Args &a, const CtaCommon &c,
         finish_cols<1>(a, c, h0, r0, col0, t4, o, stat);
     } else if constexpr (kStagedOut) {
         if (!staged_direct(a)) finish_cols<1>(a, c, h0, r0, col0, t4, o, stat);  // staged: not direct, so a split
-        else finish_cols_direct<true, STSM, TMA>(a, c, h0, r0, col0, t4, o, stat, stage, bar);
+        else finish_cols_direct<true, STSM>(a, c, h0, r0, col0, t4, o, stat, stage, bar);
     } else {
         finish_cols(a, c, h0, r0, col0, t4, o, stat);
     }
