@@ -74,16 +74,20 @@
 #ifndef SMLA_SM90P_QTMA_SCAN
 #define SMLA_SM90P_QTMA_SCAN 1
 #endif
-// SMLA_SM90P_SPECULATE (default 0, only with SMLA_SM90P_QTMA_SCAN): the wide kernel's speculated tile 0 for the pair
-// kernel. While the consumers scan, the producer copies slice tile 0 into K buffer 0 (both regions) and writes its row
-// flags; after the scan it keeps them where tile 0 runs (it arrives on the two full barriers, which then complete once
-// the whole tile landed), else lets them land and copies as without. Measured with QTMA_SCAN (thirty-second session):
-// correct (713 sm90p tests), no faster (5,290 / 5,375 us); again with ONE_BODY and the lazy maximum (thirty-sixth
-// session, H100, calls 3 and 8): within the spread (h=128 32K fast 4,512-4,568 against 4,526-4,622 us), and copying
-// both tiles of the first pair during the scan 1.5-3% slower (4,509-4,622 against 4,416-4,478; code in d6d2fd1);
-// with the lean producer and 4 parts (thirty-ninth session, H100, call 6) 4,429 / 4,048 us against 4,364 / 4,390.
+// SMLA_SM90P_SPECULATE (default 1, only with SMLA_SM90P_QTMA_SCAN): the wide kernel's speculated tile 0 for the pair
+// kernel: 1 in "fast" only, 2 in both variants, 0 in neither. While the consumers scan, the producer copies slice tile 0
+// into K buffer 0 (both regions) and writes its row flags; after the scan it keeps them where tile 0 runs (it arrives on
+// the two full barriers, which then complete once the whole tile landed), else lets them land and copies as without.
+// Measured with QTMA_SCAN (thirty-second session): correct (713 sm90p tests), no faster (5,290 / 5,375 us); again with
+// ONE_BODY and the lazy maximum (thirty-sixth session, H100, calls 3 and 8): within the spread (h=128 32K fast
+// 4,512-4,568 against 4,526-4,622 us), and copying both tiles of the first pair during the scan 1.5-3% slower
+// (4,509-4,622 against 4,416-4,478; code in d6d2fd1); with the lean producer and 4 parts (thirty-ninth session, H100,
+// call 6) 4,429 / 4,048 us against 4,364 / 4,390. By Nsight Compute's kernel durations (fortieth session, H100, six
+// launches a tree, +-0.3%; benchmarks/README.md): "fast" 0.9% faster at h = 128 and 64, 32K (3.99-4.00 against
+// 4.03-4.04 ms; 2.13 against 2.15), level at h = 128 8K, and 0.6-0.7% faster on the causal fresh prompt
+// (tools/ab_prefill.py); "high" 0.9-1.6% slower (5.40 against 5.32-5.33 ms at h = 128 32K). So "fast" only.
 #ifndef SMLA_SM90P_SPECULATE
-#define SMLA_SM90P_SPECULATE 0
+#define SMLA_SM90P_SPECULATE 1
 #endif
 
 // SMLA_SM90P_ONE_BODY (default 1): every pair, the last included, runs the loop's one copy of the pair's code, which
@@ -183,7 +187,9 @@ namespace pair {
 constexpr bool kQTmaScan = SMLA_SM90P_QTMA_SCAN != 0;
 static_assert(SMLA_SM90P_SPECULATE == 0 || SMLA_SM90P_QTMA_SCAN != 0,
               "SMLA_SM90P_SPECULATE copies tile 0 while the consumers scan: it needs SMLA_SM90P_QTMA_SCAN");
-constexpr bool kSpeculate = SMLA_SM90P_SPECULATE != 0;
+static_assert(SMLA_SM90P_SPECULATE >= 0 && SMLA_SM90P_SPECULATE <= 2, "SMLA_SM90P_SPECULATE: 0, 1 (fast) or 2");
+// Whether a variant speculates (SMLA_SM90P_SPECULATE).
+constexpr bool speculates(bool fast) { return SMLA_SM90P_SPECULATE == 2 || (SMLA_SM90P_SPECULATE == 1 && fast); }
 constexpr bool kOneBody = SMLA_SM90P_ONE_BODY != 0;
 constexpr bool kLazy = SMLA_SM90P_LAZY_MAX != 0;
 constexpr bool kCluster = SMLA_SM90P_CLUSTER != 0;
@@ -381,7 +387,7 @@ struct PairProducer {
         trace(a, use, 2 + 4 * B + 2 * R);
     }
 
-    // kSpeculate: slice tile 0 into buffer 0 with its row flags, before the tile scan (the slice has a tile).
+    // speculates(FAST): slice tile 0 into buffer 0 with its row flags, before the tile scan (the slice has a tile).
     __device__ __forceinline__ void speculate() const
     {
         int idx[kRows];
@@ -980,7 +986,7 @@ __global__ void __launch_bounds__(kThreads, 1) attn_sm90p_kernel(const __grid_co
         tma_q(a, c.sQ, c.h0, static_cast<int>(c.si), static_cast<int>(c.bi), qbar);
         trace(a, kTraceEdge, kTrQIssued);
     }
-    const bool spec = kSpeculate && c.nt_all > 0;
+    const bool spec = speculates(FAST) && c.nt_all > 0;
     smla_udiv bs_div{0u, 0u};  // kLeanProducer: made by the producer threads (while the consumers scan: kQTmaScan)
     if (kLeanProducer && c.tid >= 256) bs_div = smla_udiv_of(static_cast<uint64_t>(a.p.kv.block_size));
     if constexpr (kQTmaScan) {
