@@ -74,12 +74,13 @@ def open_gpu(name, kernel=None):
     return torch, smla
 
 
-def time_us(torch, fn, iters, warmup, flush):
-    """Median CUDA-event time of fn in us over iters calls after warmup; flush=True zeroes a 256 MiB
-    buffer before each call so the L2 starts cold."""
-    scratch = torch.empty(256 << 20, dtype=torch.uint8, device="cuda") if flush else None
-    for _ in range(warmup):
-        fn()
+def flush_buffer(torch):
+    """The 256 MiB buffer whose zeroing before a call leaves the L2 cold (event_times_us)."""
+    return torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
+
+
+def event_times_us(torch, fn, iters, scratch=None):
+    """The CUDA-event times of iters calls of fn in us, scratch (flush_buffer, or None) zeroed before each."""
     evs = []
     for _ in range(iters):
         if scratch is not None:
@@ -90,7 +91,16 @@ def time_us(torch, fn, iters, warmup, flush):
         b.record()
         evs.append((a, b))
     torch.cuda.synchronize()
-    return statistics.median(a.elapsed_time(b) for a, b in evs) * 1e3
+    return [a.elapsed_time(b) * 1e3 for a, b in evs]
+
+
+def time_us(torch, fn, iters, warmup, flush):
+    """Median CUDA-event time of fn in us over iters calls after warmup; flush=True zeroes a 256 MiB
+    buffer before each call so the L2 starts cold."""
+    scratch = flush_buffer(torch) if flush else None
+    for _ in range(warmup):
+        fn()
+    return statistics.median(event_times_us(torch, fn, iters, scratch))
 
 
 def graph_replay_us(torch, call, iters, reps=20):

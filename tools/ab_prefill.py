@@ -54,10 +54,11 @@ def main():
     import smla
     import smla.ops as ops
     import bench_sparse_mla_prefill as B
+    from _gpu import event_times_us, flush_buffer
 
     names = ["this"] + [os.path.basename(os.path.normpath(t)) for t in args.tree]
     mods = [ops._C] + [load_ext(t, i + 1) for i, t in enumerate(args.tree)]
-    scratch = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
+    scratch = flush_buffer(torch)
     print(f"# {torch.cuda.get_device_name(0)}; kernel {args.kernel}; precision {args.precision}; trees: "
           + ", ".join(names) + f"; {args.rounds} rounds x {args.iters} calls each, L2 flushed before each call")
 
@@ -72,16 +73,7 @@ def main():
             for k in range(len(mods)):
                 v = (r + k) % len(mods)
                 ops._C = mods[v]
-                evs = []
-                for _ in range(args.iters):
-                    scratch.zero_()
-                    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                    a.record()
-                    call()
-                    b.record()
-                    evs.append((a, b))
-                torch.cuda.synchronize()
-                t = [a.elapsed_time(b) * 1e3 for a, b in evs]
+                t = event_times_us(torch, call, args.iters, scratch)
                 times[v] += t
                 rounds[v].append(statistics.median(t))
         ops._C = mods[0]
