@@ -134,7 +134,7 @@ struct ConsumerBase {
     __device__ __forceinline__ void finish(const Cta<XO> &c, const float (&mt)[2])
     {
         named_sync(kBarL, 256);  // also: every S is done, so Q's region may hold the staged output
-        trace(a, kTraceEdge, kTrStats);
+        trace_edge(a, kTrStats);
         const auto stat = [&](int hf, int rl) { return RowStat{c.sM[rl], c.sL[rl], mt[hf]}; };
         finish_o_cols<SPLITS>(a, c, c.h0, r0, col0(), t4, o, stat, c.sQ, kBarOut + wg);
     }
@@ -448,7 +448,7 @@ struct ScoreWarpgroup : ConsumerBase<ABL, XO, FAST, SPLIT, 0> {
                     sf[r0 + 8] = f[1];
                 }
                 named_arrive(kBarL, 256);
-                trace(a, kTraceEdge, kTrStats);
+                trace_edge(a, kTrStats);
             });
             return;
         }
@@ -549,10 +549,10 @@ struct ValueWarpgroup : ConsumerBase<ABL, XO, FAST, 512 - SPLIT, SPLIT> {
     {
         if (!SPLITS && B::early_out()) {  // WG0 hands over the rows' factors (ScoreWarpgroup::epilogue)
             named_sync(kBarL, 256);
-            trace(B::a, kTraceEdge, kTrStats);
+            trace_edge(B::a, kTrStats);
             const float *const sf = B::out_factors(c);
             const float f[2] = {sf[r0], sf[r0 + 8]};
-            trace(B::a, kTraceEdge, kTrStaged);
+            trace_edge(B::a, kTrStaged);
             stage_out_cols(B::a, c, c.h0, r0, B::col0(), B::t4, o, f, c.sQ, kBarOut + B::wg);
             return;
         }

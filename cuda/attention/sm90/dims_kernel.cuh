@@ -553,13 +553,13 @@ __global__ void __launch_bounds__(kThreads, 1) attn_sm90d_kernel(const __grid_co
         return;
     }
     setmaxnreg_inc<kConsumerRegs>();
-    trace(a, kTraceEdge, kTrStart);
+    trace_edge(a, kTrStart);
     Warp<ABL, FAST, STACK> wp(a, c);
     if (wp.n > 0) wp.load_q();  // beside the producer's first index loads and copies
     if (wp.n > 0) wp.run();
-    trace(a, kTraceEdge, kTrEpilogue);
+    trace_edge(a, kTrEpilogue);
     wp.epilogue();
-    trace(a, kTraceEdge, kTrEnd);
+    trace_edge(a, kTrEnd);
 }
 
 // The variant the call asks for (sm90/variants.cuh).

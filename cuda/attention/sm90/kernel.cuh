@@ -97,7 +97,7 @@ __global__ void __launch_bounds__(kThreads, 1) attn_sm90_kernel(const __grid_con
     Cta<XO> c(a, smem_raw);
     uint32_t *const mask = reinterpret_cast<uint32_t *>(c.smem + Smem::mask.off);
 
-    trace(a, kTraceEdge, kTrStart);
+    trace_edge(a, kTrStart);
     pdl_launch_dependents();  // the combine (split mode) may be scheduled; it waits for this grid
     // bf16: Q by TMA where the launcher described q (a.q_tma), on the mbarrier q_bar, else by the consumers' cp.async
     const bool q_tma = !FP8 && q_by_tma(a, c);
@@ -115,11 +115,11 @@ __global__ void __launch_bounds__(kThreads, 1) attn_sm90_kernel(const __grid_con
     if constexpr (!FP8) {
         const auto pre = [&] {
             if (kSpeculate && c.nt_all > 0) Bf16Producer<ABL, 256, 4, kSpecSoftmax>(a, c).speculate();
-            trace(a, kTraceEdge, kTrSpec);
+            trace_edge(a, kTrSpec);
         };
         if constexpr (kConsumerScan) skip_empty_tiles_by_consumers<kThreads>(a, c, mask, kBarStart, pre);
         else skip_empty_tiles<256, 4, kThreads>(a, c, mask, kBarStart, pre);
-        trace(a, kTraceEdge, kTrScanned);
+        trace_edge(a, kTrScanned);
     }
 
     constexpr int SPLIT = FP8 ? 256 : kSplit;  // WG0's O columns (plan.cuh)
@@ -141,13 +141,13 @@ __global__ void __launch_bounds__(kThreads, 1) attn_sm90_kernel(const __grid_con
     if (c.tid < 128) {
         setmaxnreg_to<Regs::score>();
         wait_q<!FP8>(a, c);
-        trace(a, kTraceEdge, kTrQ);
+        trace_edge(a, kTrQ);
         ScoreWarpgroup<ABL, XO, FAST, SPLIT, !FP8> wg0(a, c, peer_base);
         wg0.run(c);
         if constexpr (XO) cluster_sync();
-        trace(a, kTraceEdge, kTrEpilogue);
+        trace_edge(a, kTrEpilogue);
         wg0.template epilogue<FUSED>(c);
-        trace(a, kTraceEdge, kTrEnd);
+        trace_edge(a, kTrEnd);
         if constexpr (FUSED) {
             combine_grid_sync();
             combine_share(a, 2 * static_cast<int64_t>(blockIdx.x), 2 * static_cast<int64_t>(gridDim.x), c.tid);
@@ -155,13 +155,13 @@ __global__ void __launch_bounds__(kThreads, 1) attn_sm90_kernel(const __grid_con
     } else {
         setmaxnreg_to<Regs::value>();
         wait_q<!FP8>(a, c);
-        trace(a, kTraceEdge, kTrQ);
+        trace_edge(a, kTrQ);
         ValueWarpgroup<ABL, XO, FAST, SPLIT> wg1(a, c, peer_base);
         for (int it = 0; it < c.nt; ++it) wg1.tile(c, it, c.nt);
         if constexpr (XO) cluster_sync();
-        trace(a, kTraceEdge, kTrEpilogue);
+        trace_edge(a, kTrEpilogue);
         wg1.template epilogue<FUSED>(c);
-        trace(a, kTraceEdge, kTrEnd);
+        trace_edge(a, kTrEnd);
         if constexpr (FUSED) {
             combine_grid_sync();
             combine_share(a, 2 * static_cast<int64_t>(blockIdx.x) + 1, 2 * static_cast<int64_t>(gridDim.x), c.tid - 128);

@@ -328,18 +328,18 @@ namespace {
 template <class C, class W>
 __device__ __forceinline__ void consume(const Args &a, const Cta<C> &c, W &&wg)
 {
-    trace(a, kTraceEdge, kTrStart);
+    trace_edge(a, kTrStart);
     if (c.nt > 0) {
         load_q(a, c);
         tile_loop(a, c, wg);
     }
-    trace(a, kTraceEdge, kTrEpilogue);
+    trace_edge(a, kTrEpilogue);
     // row sums and maxima of each warpgroup's heads and its m-tiles of O^T staged (stage_out: O as
     // [NH][kOStride] floats), then the consumer warps (4 a warpgroup) write heads warp, warp + 4 CW, ...
     // (lane: columns 64 (lane >> 2) + 2 (lane & 3) + 8 i; LAZY: each head's max logit from every warp's tmx)
     wg.template stage_out<C::kOStride>(c.sLsum, c.sM, c.sO, c.sRed, kBarE);
     write_rows<C, W::kLazy>(a, c, 4 * wg.cw + wg.w, 4 * C::CW, 4 * wg.g + wg.t4);
-    trace(a, kTraceEdge, kTrEnd);
+    trace_edge(a, kTrEnd);
 }
 
 template <class C, bool FP8, int ABL, bool FAST, bool FUSED>

@@ -396,7 +396,7 @@ struct PairProducer {
         locate(idx, R);
         if (lp.cl == 0) flags(R, 0);
         copy<kHintAny>(R, 0, 0, 9);
-        trace(a, kTraceEdge, kTrSpec);
+        trace_edge(a, kTrSpec);
     }
 
     // SMLA_SM90P_PREFETCH_NEXT: the next wave's CTA's Q rows (64 heads, each its latent and RoPE parts) and index row
@@ -946,7 +946,7 @@ struct PairConsumer {
             c.sL[W * kHT + r0 + 8] = l[1];
         }
         named_sync(kBarL, 256);  // every S is done too: Q's region may hold the staged output
-        trace(a, kTraceEdge, kTrStats);
+        trace_edge(a, kTrStats);
         const auto stat = [&](int hf, int rl) {
             return RowStat{m[hf], c.sL[rl] + c.sL[kHT + rl], kLazy ? fmaxf(c.sMt[rl], c.sMt[kHT + rl]) : m[hf]};
         };
@@ -965,7 +965,7 @@ __global__ void __launch_bounds__(kThreads, 1) attn_sm90p_kernel(const __grid_co
     extern __shared__ uint8_t smem_raw[];
     Cta c(a, smem_raw, grid_pos(a));
 
-    trace(a, kTraceEdge, kTrStart);
+    trace_edge(a, kTrStart);
     pdl_launch_dependents();  // the combine (split mode) may be scheduled; it waits for this grid
     // kQTmaScan: Q by TMA where the launcher described q (decided on the slice's tile count before the scan, as the
     // wide kernel's q_by_tma: the consumers wait for a TMA that was issued even where every tile is then empty)
@@ -984,7 +984,7 @@ __global__ void __launch_bounds__(kThreads, 1) attn_sm90p_kernel(const __grid_co
     __syncthreads();
     if (q_tma && c.tid == 0) {
         tma_q(a, c.sQ, c.h0, static_cast<int>(c.si), static_cast<int>(c.bi), qbar);
-        trace(a, kTraceEdge, kTrQIssued);
+        trace_edge(a, kTrQIssued);
     }
     const bool spec = speculates(FAST) && c.nt_all > 0;
     smla_udiv bs_div{0u, 0u};  // kLeanProducer: made by the producer threads (while the consumers scan: kQTmaScan)
@@ -996,7 +996,7 @@ __global__ void __launch_bounds__(kThreads, 1) attn_sm90p_kernel(const __grid_co
     } else {
         skip_empty_tiles<256, 4, kThreads>(a, c, c.mask, kBarStart);
     }
-    trace(a, kTraceEdge, kTrScanned);
+    trace_edge(a, kTrScanned);
     if (c.tid >= 256) {
         setmaxnreg_dec<kProducerRegs>();
         PairProducer<ABL, FAST>(a, c, bs_div).run(spec);
@@ -1010,18 +1010,18 @@ __global__ void __launch_bounds__(kThreads, 1) attn_sm90p_kernel(const __grid_co
     if (c.tid < 128) {
         PairConsumer<0, ABL, FAST> wg(a, c);
         wait_q(wg);
-        trace(a, kTraceEdge, kTrQ);
+        trace_edge(a, kTrQ);
         wg.run((c.nt + 1) / 2);
-        trace(a, kTraceEdge, kTrEpilogue);
+        trace_edge(a, kTrEpilogue);
         wg.epilogue();
-        trace(a, kTraceEdge, kTrEnd);
+        trace_edge(a, kTrEnd);
     } else {
         PairConsumer<1, ABL, FAST> wg(a, c);
         wait_q(wg);
         wg.run((c.nt + 1) / 2);
-        trace(a, kTraceEdge, kTrEpilogue);
+        trace_edge(a, kTrEpilogue);
         wg.epilogue();
-        trace(a, kTraceEdge, kTrEnd);
+        trace_edge(a, kTrEnd);
     }
 }
 

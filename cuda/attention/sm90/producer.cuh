@@ -156,7 +156,7 @@ __device__ __forceinline__ void scan_tiles_vec(const Args &a, const CtaCommon &c
         const uint32_t bal = __ballot_sync(0xffffffffu, any);
         if ((lane & 7) == 0 && t < nm && ((bal >> (lane & 24)) & 0xffu) != 0u) atomicOr(mask + (t >> 5), 1u << (t & 31));
     }
-    trace(a, kTraceEdge, kTrScanLoads);  // profiling builds: this warp's index loads are back (the ballot used them)
+    trace_edge(a, kTrScanLoads);  // profiling builds: this warp's index loads are back (the ballot used them)
 }
 
 __device__ __forceinline__ void use_tile_mask(CtaCommon &c, const uint32_t *mask)

@@ -288,7 +288,7 @@ __device__ __forceinline__ void stage_out_cols(const Args &a, const CtaCommon &c
         for (int j = 0; j < kChunks / 8; ++j) {
             put(8 * j, 8 * j + 8);
             named_sync(bar, 128);
-            if (j == 0) trace(a, kTraceEdge, kTrStageMet);
+            if (j == 0) trace_edge(a, kTrStageMet);
 #pragma unroll
             for (int k = 0; k < 4; ++k) {
                 if constexpr (kOutHoist) {
@@ -304,7 +304,7 @@ __device__ __forceinline__ void stage_out_cols(const Args &a, const CtaCommon &c
     } else {
         put(0, kChunks);
         named_sync(bar, 128);
-        trace(a, kTraceEdge, kTrStageMet);
+        trace_edge(a, kTrStageMet);
 #pragma unroll 4
         for (int k = 0; k < kChunks / 2; ++k) {  // 64 rows x kChunks chunks over 128 threads
             const unsigned q = 128u * k + tw;  // unsigned: the division by a constant is a shift or a multiply
@@ -376,10 +376,10 @@ __device__ __forceinline__ void finish_cols_direct(const Args &a, const CtaCommo
         if (hr < c.h) f[hf] = row_factor(a, hr, stat(hf, r0 + 8 * hf));
     }
     hand(f);
-    trace(a, kTraceEdge, kTrStaged);
+    trace_edge(a, kTrStaged);
     if constexpr (STAGE) stage_out_cols<STSM>(a, c, h0, r0, col0, t4, o, f, stage, bar);
     else store_out_cols_regs(a, c, h0, r0, col0, t4, o, f);
-    trace(a, kTraceEdge, kTrOut);
+    trace_edge(a, kTrOut);
     if (col0 == 0 && t4 == 0) {
 #pragma unroll
         for (int hf = 0; hf < 2; ++hf) {

@@ -30,6 +30,13 @@ namespace sm90 {
 #ifndef SMLA_TRACE_LIGHT
 #define SMLA_TRACE_LIGHT 0
 #endif
+// SMLA_TRACE_EDGE_ONLY = 1: only the edge events (trace_edge: the prologue and the epilogue) are recorded; the steps'
+// stamps are compiled out. Why: with the pair kernel's lean producer its profiling build spills 400-1,000 bytes with
+// every stamp (LIGHT too; issue 16, thirty-ninth and fortieth sessions), so its loop runs slower than the default's;
+// the boundary's stamps alone can still be read against the default build.
+#ifndef SMLA_TRACE_EDGE_ONLY
+#define SMLA_TRACE_EDGE_ONLY 0
+#endif
 constexpr int kTraceCtas = 16, kTraceSlots = 4, kTraceSteps = 48, kTraceEvents = 16;
 constexpr int kTraceCta0 = SMLA_TRACE_CTA0;
 constexpr int kTraceEdge = kTraceSteps - 1;  // the step of the prologue / epilogue events
@@ -50,7 +57,7 @@ enum TraceEdge {
 constexpr int kTraceAllCtas = 16384;
 constexpr int64_t kTraceAllOff = static_cast<int64_t>(kTraceCtas) * kTraceSlots * kTraceSteps * kTraceEvents;
 
-__device__ __forceinline__ void trace(const Args &a, int step, int ev)
+__device__ __forceinline__ void trace_at(const Args &a, int step, int ev)
 {
 #if defined(SMLA_ATTN_ABLATION)
     if (SMLA_TRACE_LIGHT && ev != 0 && step != kTraceEdge) return;
@@ -76,6 +83,13 @@ __device__ __forceinline__ void trace(const Args &a, int step, int ev)
     (void)a, (void)step, (void)ev;
 #endif
 }
+// Event ev of step (tile or pair) step; SMLA_TRACE_EDGE_ONLY: none.
+__device__ __forceinline__ void trace(const Args &a, int step, int ev)
+{
+    if (!SMLA_TRACE_EDGE_ONLY) trace_at(a, step, ev);
+}
+// Edge event ev (the prologue and the epilogue: TraceEdge).
+__device__ __forceinline__ void trace_edge(const Args &a, int ev) { trace_at(a, kTraceEdge, ev); }
 
 }  // namespace sm90
 }  // namespace attn

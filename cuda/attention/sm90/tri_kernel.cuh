@@ -534,7 +534,7 @@ __global__ void __launch_bounds__(kThreads, 1) attn_sm90t_kernel(const __grid_co
     if (smem_u32(smem_raw) & 1023u) __trap();  // Smem has no alignment slack
     Cta c(a, smem_raw, grid_pos(a));
 
-    trace(a, kTraceEdge, kTrStart);
+    trace_edge(a, kTrStart);
     pdl_launch_dependents();  // the combine (split mode) may be scheduled; it waits for this grid
     // Q's latent part by TMA from one thread where the launcher described q (a.q_tma, decided on the slice's tile
     // count before the scan, as the wide kernel's q_by_tma), else by the consumers' cp.async
@@ -557,7 +557,7 @@ __global__ void __launch_bounds__(kThreads, 1) attn_sm90t_kernel(const __grid_co
     skip_empty_tiles_by_consumers<kThreads, kTB>(a, c, c.mask, kBarStart, [&] {
         if (spec) TriProducer<ABL>(a, c).speculate();
     });
-    trace(a, kTraceEdge, kTrScanned);
+    trace_edge(a, kTrScanned);
     if (c.tid >= 256) {
         setmaxnreg_dec<kProducerRegs>();
         TriProducer<ABL>(a, c).run(spec);
@@ -571,19 +571,19 @@ __global__ void __launch_bounds__(kThreads, 1) attn_sm90t_kernel(const __grid_co
         setmaxnreg_inc<kScoreRegs>();
         ScoreWg<ABL> wg(a, c);
         wait_q();
-        trace(a, kTraceEdge, kTrQ);
+        trace_edge(a, kTrQ);
         wg.run();
-        trace(a, kTraceEdge, kTrEpilogue);
+        trace_edge(a, kTrEpilogue);
         wg.epilogue();
     } else {
         setmaxnreg_inc<kValueRegs>();
         ValueWg<ABL> wg(a, c);
         wait_q();
         wg.run();
-        trace(a, kTraceEdge, kTrEpilogue);
+        trace_edge(a, kTrEpilogue);
         wg.epilogue();
     }
-    trace(a, kTraceEdge, kTrEnd);
+    trace_edge(a, kTrEnd);
 }
 
 // "fast" only: launch.cu chooses this family for such calls alone.
