@@ -16,7 +16,8 @@ same time can run its waves in step, every SM loading Q and storing its output a
 
     SMLA_PROFILE_BUILD=1 python3 setup.py build_ext --inplace
     (a mid-run wave: build a copy made by tools/variant_tree.sh OUT.tar.gz SMLA_TRACE_CTA0=3960; with SMLA_TRACE_LIGHT=1
-     as well only each step's start and the prologue / epilogue edges are stamped: cheaper stamps, fewer rows)
+     as well only each step's start and the prologue / epilogue edges are stamped: cheaper stamps, fewer rows; with
+     SMLA_TRACE_EDGE_ONLY=1 only the edges: the pair kernel's profiling build then hardly spills)
     PYTHONPATH=src python3 tools/trace_attn.py [--kernel sm90|sm90p|sm90t|sm90d|sm90n] [--precision fast|high] [--h 128]
         [--stagger-ns N] [--jitter-ns J]  (the first wave spread over N ns, every CTA delayed by up to J ns: do the
                         waves stay apart? the grid rows below)
@@ -222,13 +223,16 @@ def summarize(t, kernel):
     """Lines of mean intervals from the [CTAS][SLOTS][STEPS][EVENTS] timestamps t (0: not recorded); the
     first line says over what. [] when nothing was recorded."""
     steps = [k for c in t for k in range(EDGE) if c[WG0][k][0]]
-    if not steps:
+    edges = any(c[WG0][EDGE][0] for c in t)
+    if not steps and not edges:
         return []
-    nsteps = max(steps) + 1
+    nsteps = max(steps) + 1 if steps else 0
     lo, hi = 2, nsteps - 3  # steady state: skip the first two and the last steps
-    lines = [f"{nsteps} steps a CTA, means over steps {lo}..{hi - 1} of {len(t)} CTAs, SM cycles (us at 1.8 GHz)"]
+    lines = [f"{nsteps} steps a CTA, means over steps {lo}..{hi - 1} of {len(t)} CTAs, SM cycles (us at 1.8 GHz)"
+             if steps else f"no step stamps (a SMLA_TRACE_EDGE_ONLY build): the edge intervals of {len(t)} CTAs only"]
 
-    for label, a, b in {"sm90p": PAIR, "sm90t": TRI, "sm90d": DIMS, "sm90n": NARROW, "sm90n2": NARROW2}.get(kernel, WIDE):
+    for label, a, b in ({"sm90p": PAIR, "sm90t": TRI, "sm90d": DIMS, "sm90n": NARROW, "sm90n2": NARROW2}.get(kernel, WIDE)
+                        if steps else []):
         vals = [v for k in range(lo, hi) for v in intervals(t, a, b, k)]
         if vals:
             m = sum(vals) / len(vals)
