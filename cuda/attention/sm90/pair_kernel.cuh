@@ -74,7 +74,7 @@
 #ifndef SMLA_SM90P_QTMA_SCAN
 #define SMLA_SM90P_QTMA_SCAN 1
 #endif
-// SMLA_SM90P_SPECULATE (default 1, only with SMLA_SM90P_QTMA_SCAN): the wide kernel's speculated tile 0 for the pair
+// SMLA_SM90P_SPECULATE (default 0, only with SMLA_SM90P_QTMA_SCAN): the wide kernel's speculated tile 0 for the pair
 // kernel: 1 in "fast" only, 2 in both variants, 0 in neither. While the consumers scan, the producer copies slice tile 0
 // into K buffer 0 (both regions) and writes its row flags; after the scan it keeps them where tile 0 runs (it arrives on
 // the two full barriers, which then complete once the whole tile landed), else lets them land and copies as without.
@@ -83,11 +83,14 @@
 // 4,512-4,568 against 4,526-4,622 us), and copying both tiles of the first pair during the scan 1.5-3% slower
 // (4,509-4,622 against 4,416-4,478; code in d6d2fd1); with the lean producer and 4 parts (thirty-ninth session, H100,
 // call 6) 4,429 / 4,048 us against 4,364 / 4,390. By Nsight Compute's kernel durations (fortieth session, H100, six
-// launches a tree, +-0.3%; benchmarks/README.md): "fast" 0.9% faster at h = 128 and 64, 32K (3.99-4.00 against
-// 4.03-4.04 ms; 2.13 against 2.15), level at h = 128 8K, and 0.6-0.7% faster on the causal fresh prompt
-// (tools/ab_prefill.py); "high" 0.9-1.6% slower (5.40 against 5.32-5.33 ms at h = 128 32K). So "fast" only.
+// launches a tree, +-0.3%; benchmarks/README.md), on a tree that also had block_size's divisor from the launcher:
+// "fast" 0.9% faster at h = 128 and 64, 32K (3.99-4.00 against 4.03-4.04 ms; 2.13 against 2.15), level at h = 128 8K,
+// and 0.6-0.7% faster on the causal fresh prompt (tools/ab_prefill.py); "high" 0.9-1.6% slower (5.40 against
+// 5.32-5.33 ms at h = 128 32K). On this tree (without that divisor) "fast" with 1 is not measured yet: the tree's own
+// "fast" ran 3.98-4.00 ms there, as fast as that tree with speculation, and any change re-schedules the kernel (±1-3%).
+// So 0 until 1 is measured against this tree.
 #ifndef SMLA_SM90P_SPECULATE
-#define SMLA_SM90P_SPECULATE 1
+#define SMLA_SM90P_SPECULATE 0
 #endif
 
 // SMLA_SM90P_ONE_BODY (default 1): every pair, the last included, runs the loop's one copy of the pair's code, which
