@@ -80,6 +80,34 @@ def make_indices(torch, s_kv, seed):
     return torch.cat(parts)
 
 
+def random_kv(torch, s_kv):
+    """The s_q = 4096 shapes' kv [s_kv, 576] and indices [S_Q, TOPK] (seeded by s_kv)."""
+    gen = torch.Generator(device="cuda").manual_seed(s_kv)
+    kv = torch.randn((s_kv, 576), generator=gen, device="cuda").to(torch.bfloat16)
+    return kv, make_indices(torch, s_kv, seed=s_kv + 1)
+
+
+def query(torch, gen, s_q, h):
+    """q [s_q, h, 576] from gen, and the preallocated outputs out, lse, max_logits of a call on it."""
+    q = torch.randn((s_q, h, 576), generator=gen, device="cuda").to(torch.bfloat16)
+    out = torch.empty((s_q, h, 512), dtype=torch.bfloat16, device="cuda")
+    lse = torch.empty((s_q, h), dtype=torch.float32, device="cuda")
+    ml = torch.empty((s_q, h), dtype=torch.float32, device="cuda")
+    return q, out, lse, ml
+
+
+def causal_inputs(torch):
+    """The causal block's generator (for its q), kv [CAUSAL_S, 576], full indices (every row 0..CAUSAL_S - 1)
+    and causal ones (row p: 0..p, then -1)."""
+    s = CAUSAL_S
+    gen = torch.Generator(device="cuda").manual_seed(CAUSAL_S)
+    kv = torch.randn((s, 576), generator=gen, device="cuda").to(torch.bfloat16)
+    cols = torch.arange(s, device="cuda", dtype=torch.int32)
+    full = cols[None, :].expand(s, s).contiguous()
+    causal = full.masked_fill(cols[None, :] > cols[:, None], -1)
+    return gen, kv, full, causal
+
+
 def baseline(torch, q, kv, idx, out, lse):
     """Plain PyTorch per chunk of query rows: gather, bmm, fp32 softmax, bmm (all indices valid)."""
     for r0 in range(0, q.shape[0], CHUNK):
@@ -113,15 +141,9 @@ def shape_block(torch, smla, args, todo, precs, iters, warmup, flush):
     kvs, idxs = {}, {}
     for h, s_kv in todo:
         if s_kv not in kvs:
-            gen = torch.Generator(device="cuda").manual_seed(s_kv)
-            kvs[s_kv] = torch.randn((s_kv, 576), generator=gen, device="cuda").to(torch.bfloat16)
-            idxs[s_kv] = make_indices(torch, s_kv, seed=s_kv + 1)
+            kvs[s_kv], idxs[s_kv] = random_kv(torch, s_kv)
         kv, idx = kvs[s_kv], idxs[s_kv]
-        gen = torch.Generator(device="cuda").manual_seed(h)
-        q = torch.randn((S_Q, h, 576), generator=gen, device="cuda").to(torch.bfloat16)
-        out = torch.empty((S_Q, h, 512), dtype=torch.bfloat16, device="cuda")
-        lse = torch.empty((S_Q, h), dtype=torch.float32, device="cuda")
-        ml = torch.empty((S_Q, h), dtype=torch.float32, device="cuda")
+        q, out, lse, ml = query(torch, torch.Generator(device="cuda").manual_seed(h), S_Q, h)
 
         def run(precision):
             smla.sparse_mla_prefill(q, kv, idx, softmax_scale=SCALE, out=out, lse=lse, max_logits=ml,
@@ -199,17 +221,10 @@ def causal_block(torch, smla, precs, iters, warmup, flush):
           f"TF/s over valid indices; target causal/full <= {CAUSAL_TARGET}")
     print(f"{'h':>4} {'precision':>9} {'causal_us':>9} {'causal_TF/s':>11} {'full_us':>9} {'full_TF/s':>9} "
           f"{'causal/full':>11} {'target':>6}")
-    gen = torch.Generator(device="cuda").manual_seed(CAUSAL_S)
-    kv = torch.randn((s, 576), generator=gen, device="cuda").to(torch.bfloat16)
-    cols = torch.arange(s, device="cuda", dtype=torch.int32)
-    full = cols[None, :].expand(s, s).contiguous()
-    causal = full.masked_fill(cols[None, :] > cols[:, None], -1)
+    gen, kv, full, causal = causal_inputs(torch)
     results = []
     for h in CAUSAL_HEADS:
-        q = torch.randn((s, h, 576), generator=gen, device="cuda").to(torch.bfloat16)
-        out = torch.empty((s, h, 512), dtype=torch.bfloat16, device="cuda")
-        lse = torch.empty((s, h), dtype=torch.float32, device="cuda")
-        ml = torch.empty((s, h), dtype=torch.float32, device="cuda")
+        q, out, lse, ml = query(torch, gen, s, h)
 
         def run(idx, precision):
             smla.sparse_mla_prefill(q, kv, idx, softmax_scale=SCALE, out=out, lse=lse, max_logits=ml,

@@ -86,37 +86,23 @@ def main():
 
     for sh in args.shape:
         h, s_kv = (int(x) for x in sh.split(","))
-        gen = torch.Generator(device="cuda").manual_seed(s_kv)
-        kv = torch.randn((s_kv, 576), generator=gen, device="cuda").to(torch.bfloat16)
-        idx = B.make_indices(torch, s_kv, seed=s_kv + 1)
-        gen = torch.Generator(device="cuda").manual_seed(h)
-        q = torch.randn((B.S_Q, h, 576), generator=gen, device="cuda").to(torch.bfloat16)
-        out = torch.empty((B.S_Q, h, 512), dtype=torch.bfloat16, device="cuda")
-        lse = torch.empty((B.S_Q, h), dtype=torch.float32, device="cuda")
-        ml = torch.empty((B.S_Q, h), dtype=torch.float32, device="cuda")
+        kv, idx = B.random_kv(torch, s_kv)
+        q, out, lse, ml = B.query(torch, torch.Generator(device="cuda").manual_seed(h), B.S_Q, h)
+        # every output given: a tree's extension takes only its own "allocate" marker (smla.ops passes its own)
         measure(f"h={h} s_kv={s_kv}", lambda: smla.sparse_mla_prefill(
             q, kv, idx, softmax_scale=B.SCALE, out=out, lse=lse, max_logits=ml, precision=args.precision))
         del kv, idx, q, out, lse, ml
         torch.cuda.empty_cache()
     if args.causal:
-        n = B.CAUSAL_S
-        gen = torch.Generator(device="cuda").manual_seed(n)
-        kv = torch.randn((n, 576), generator=gen, device="cuda").to(torch.bfloat16)
-        full = torch.arange(n, dtype=torch.int32, device="cuda").expand(n, n).contiguous()
-        causal = torch.where(full <= torch.arange(n, device="cuda").unsqueeze(1), full, -1).to(torch.int32)
+        gen, kv, full, causal = B.causal_inputs(torch)
         for h in B.CAUSAL_HEADS:
-            q = torch.randn((n, h, 576), generator=gen, device="cuda").to(torch.bfloat16)
-            out = torch.empty((n, h, 512), dtype=torch.bfloat16, device="cuda")
-            lse = torch.empty((n, h), dtype=torch.float32, device="cuda")
-            ml = torch.empty((n, h), dtype=torch.float32, device="cuda")
+            q, out, lse, ml = B.query(torch, gen, B.CAUSAL_S, h)
             res = {}
-            # every output given: a tree's extension takes only its own "allocate" marker (smla.ops passes its own)
             for label, idx in (("causal", causal), ("full", full)):
                 res[label] = measure(f"h={h} {label}", lambda idx=idx: smla.sparse_mla_prefill(
                     q, kv, idx, softmax_scale=B.SCALE, out=out, lse=lse, max_logits=ml, precision=args.precision))
             print(f"{'h=' + str(h) + ' causal/full':>22} " + "  ".join(
                 f"{name} {c / f:.3f}" for name, c, f in zip(names, res["causal"], res["full"])), flush=True)
-
 
 if __name__ == "__main__":
     main()
