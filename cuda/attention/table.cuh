@@ -75,6 +75,30 @@ int launch_kernel(Args &a, int64_t grid, int threads, int smem, cudaStream_t s, 
     return SMLA_OK;
 }
 
+// A persistent launch of KERNEL (its CTAs take the grid's work items in turn, grid_pos_of): min(grid, the CTAs the
+// device holds at once) CTAs, whole clusters of `cluster` (grid is a multiple of it), the resident count found once per
+// device and cluster size.
+template <auto KERNEL>
+int launch_persistent(Args &a, int64_t grid, int threads, int smem, cudaStream_t s, int dev, smla_status *st,
+                      int cluster = 1)
+{
+    static OncePerDevice configured;
+    static ResidentCtas resident[2];  // clusters of 1, of 2
+    if (configured.needed(dev)) {
+        SMLA_CUDA_CHECK(st, cudaFuncSetAttribute(KERNEL, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+        for (int cl = 1; cl <= 2; ++cl) resident[cl - 1].set(dev, smla_resident_ctas(KERNEL, threads, smem, cl, a.n_sms));
+        configured.mark(dev);
+    }
+    const int cl = cluster == 2 ? 2 : 1;
+    int64_t cap = dev >= 0 && dev < kMaxDevices ? resident[cl - 1].n[dev] : 0;
+    if (cap < cl) cap = a.n_sms >= cl ? a.n_sms : cl;
+    int64_t ctas = grid < cap ? grid : cap;
+    ctas -= ctas % cl;
+    smla_launch(KERNEL, dim3(static_cast<unsigned>(ctas)), dim3(threads), smem, s, cl, a);
+    SMLA_CUDA_LAUNCH_CHECK(st);
+    return SMLA_OK;
+}
+
 // The split-top-k combine over the partials of a.n_splits splits (combine.cu), a programmatic dependent
 // of the main kernel where the device has PDL (smla_launch); `op` names the call in errors.
 int launch_combine(const Args &a, cudaStream_t stream, const char *op, smla_status *st);

@@ -318,23 +318,8 @@ int launch_variant(Args &a, int64_t grid, cudaStream_t s, int dev, smla_status *
         if (a.n_splits == 1) {
             // with two head tiles (kBf16Cluster) CTAs 2 m and 2 m + 1 run as a cluster: with an even grid they take
             // the two head tiles of the same rows, side by side in one GPC (the plain kernel's clusters, for the L2)
-            constexpr auto kern = attn_sm90_persistent_kernel<ABL, FAST>;
-            static OncePerDevice configured_items;
-            static ResidentCtas resident_items[2];  // clusters of 1, of 2
-            if (configured_items.needed(dev)) {
-                SMLA_CUDA_CHECK(st, cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, Smem::bytes));
-                for (int cl = 1; cl <= 2; ++cl)
-                    resident_items[cl - 1].set(dev, smla_resident_ctas(kern, kThreads, Smem::bytes, cl, a.n_sms));
-                configured_items.mark(dev);
-            }
-            const int cl = kBf16Cluster && a.n_ht == 2 ? 2 : 1;
-            int64_t cap = dev >= 0 && dev < kMaxDevices ? resident_items[cl - 1].n[dev] : 0;
-            if (cap < cl) cap = a.n_sms >= cl ? a.n_sms : cl;
-            int64_t ctas = grid < cap ? grid : cap;
-            ctas -= ctas % cl;  // whole clusters (grid is even with two head tiles)
-            smla_launch(kern, dim3(static_cast<unsigned>(ctas)), dim3(kThreads), Smem::bytes, s, cl, a);
-            SMLA_CUDA_LAUNCH_CHECK(st);
-            return SMLA_OK;
+            return launch_persistent<attn_sm90_persistent_kernel<ABL, FAST>>(a, grid, kThreads, Smem::bytes, s, dev, st,
+                                                                            kBf16Cluster && a.n_ht == 2 ? 2 : 1);
         }
     }
     // fp8 with two head tiles: clusters of the two (the crossover; sm90/producer.cuh)

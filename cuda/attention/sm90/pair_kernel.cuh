@@ -181,6 +181,17 @@
 #ifndef SMLA_SM90P_PREFETCH_NEXT
 #define SMLA_SM90P_PREFETCH_NEXT 0
 #endif
+// SMLA_SM90P_PERSISTENT (default 0: off; an experiment): without a top-k split and with Q by TMA, the pair kernel as
+// persistent CTAs, at most one per SM (clusters of 2 with two head tiles), CTA j taking work items j, j + gridDim.x, ..
+// (an item is what one CTA of attn_sm90p_kernel does), the K ring running on across items, so that an item's
+// boundary overlaps its neighbours' work: the producer scans item k + 1 and issues its Q (once both consumer
+// warpgroups' last S of item k is done: Q is read by S alone) and its first regions while the consumers run item k's
+// last pair and epilogue; the output goes out from registers (store_out_cols_regs), not through Q's region. Why: the
+// boundary is ~15% of a CTA (~10,000 cycles of prologue, ~7,000 of epilogue, Nsight Compute, fortieth session) against
+// FlashMLA's ~5% (attn_sm90p_persistent_kernel below).
+#ifndef SMLA_SM90P_PERSISTENT
+#define SMLA_SM90P_PERSISTENT 0
+#endif
 static_assert(SMLA_SM90P_PARTS == 1 || SMLA_SM90P_PARTS == 2 || SMLA_SM90P_PARTS == 4, "SMLA_SM90P_PARTS: 1, 2 or 4");
 
 namespace attn {
@@ -203,6 +214,7 @@ constexpr bool kSplit = SMLA_SM90P_PARTS > 1;
 constexpr int kEmptyBars = kSplit ? 16 : 4;  // empty[b][r] (kSplit: [b][r][q], 4 parts whether 2 or 4 are used)
 constexpr int parts(bool fast) { return fast ? SMLA_SM90P_PARTS : 1; }
 constexpr bool kLeanProducer = SMLA_SM90P_LEAN_PRODUCER != 0;
+constexpr bool kPersistent = SMLA_SM90P_PERSISTENT != 0;
 
 // setmaxnreg: the three warpgroups share the launch allocation, 3 x 168 (plan.cuh).
 constexpr int kConsumerRegs = 224, kProducerRegs = 56;
@@ -211,7 +223,9 @@ static_assert(2 * kConsumerRegs + kProducerRegs <= 3 * 168, "the launch allocati
 // warpgroup arrives, the other waits), the epilogue's row sums, Q landed, the start (the producers'
 // tile scan done, all 384 threads; scan_tiles in producer.cuh), each warpgroup's staged output written
 // (kBarOut + W, 128 threads).
+// kPersistent: the producer warpgroup's own meetings (kBarProd, 128 threads).
 constexpr int kBarM0 = 1, kBarM1 = 2, kBarP0 = 3, kBarP1 = 4, kBarL = 5, kBarQ = 6, kBarStart = 7, kBarOut = 8;
+constexpr int kBarProd = 10;
 struct Smem {
     static constexpr Region q = first_region(kTileBytes);            // Q, 9 column blocks
     static constexpr Region k = region_after(q, 2 * kTileBytes);     // K buffers 0, 1
@@ -224,10 +238,12 @@ struct Smem {
     static constexpr Region mask = region_after(mrow, kMaskWords * 4);  // the non-empty tiles
     static constexpr Region qbar = region_after(mask, 8);                // Q's TMA mbarrier (kQTmaScan, a.q_tma)
     static constexpr Region mtrue = region_after(qbar, kLazy ? 2 * kHT * 4 : 0);  // float [2][64]: kLazy's true maxima
-    static constexpr int used = mtrue.end();
+    // kPersistent: mbarriers q_free, item_full[2], item_free[2], then ItemSlot [2] (attn_sm90p_persistent_kernel)
+    static constexpr Region pers = region_after(mtrue, kPersistent ? 40 + 2 * 32 : 0);
+    static constexpr int used = pers.end();
     static constexpr int bytes = used + 1024;  // slack to align the base to 1024 B
     static_assert(q.off % 1024 == 0 && k.off % 1024 == 0 && plo.off % 1024 == 0, "swizzled tiles");
-    static_assert(bar.off % 8 == 0 && qbar.off % 8 == 0, "mbarriers are 8-byte");
+    static_assert(bar.off % 8 == 0 && qbar.off % 8 == 0 && pers.off % 8 == 0, "mbarriers are 8-byte");
     static_assert(2 * kHT * 8 <= kBlk, "the epilogue's row sums reuse the P_lo block");
     static_assert(bytes <= 227 * 1024, "sm_90 opt-in shared memory per block");
 };
@@ -429,18 +445,19 @@ struct PairProducer {
         }
     }
 
-    // speculated: speculate() ran. kLeanProducer: the loop in the call's copy form.
-    __device__ __forceinline__ void run(bool speculated) const
+    // speculated: speculate() ran. kLeanProducer: the loop in the call's copy form. g0: the pairs the K ring ran before
+    // this item's (kPersistent: the ring runs on across items); drain: wait for every copy at the end (the last item).
+    __device__ __forceinline__ void run(bool speculated, int g0 = 0, bool drain = true) const
     {
         if constexpr (kLeanProducer) {
-            if (a.evict_last) run_as<ProducerLane::kHintLast>(speculated);
-            else run_as<ProducerLane::kHintNone>(speculated);
+            if (a.evict_last) run_as<ProducerLane::kHintLast>(speculated, g0, drain);
+            else run_as<ProducerLane::kHintNone>(speculated, g0, drain);
         } else {
-            run_as<kHintAny>(speculated);
+            run_as<kHintAny>(speculated, g0, drain);
         }
     }
     template <int HINT>
-    __device__ __forceinline__ void run_as(bool speculated) const
+    __device__ __forceinline__ void run_as(bool speculated, int g0, bool drain) const
     {
         const int np = (c.nt + 1) / 2;
         // this pair's (c0, c1) and the next pair's (n0, n1) indices of its two tiles (an odd count's last t1 is
@@ -452,7 +469,8 @@ struct PairProducer {
         if (speculated && !have0) cp_async_wait_all();  // a wasted guess lands before buffer 0 is rewritten
         fetch(t0, c0);
         fetch(t1, c1);
-        for (int k = 0; k < np; ++k) {
+        for (int use = g0; use < g0 + np; ++use) {  // the ring's use of both buffers: this item's pair use - g0
+            const int k = use - g0;
             t0 = c.next_tile(t1 + 1);
             t1 = c.next_tile(t0 + 1);
             fetch(t0, n0);
@@ -462,11 +480,11 @@ struct PairProducer {
             locate(c1, r1);
             trace(a, k, 0);
             const bool spec0 = have0 && k == 0;  // buffer 0's copies issued: both its arrivals first
-            region<0, kEarly, HINT>(r0, k, spec0);
-            if (spec0) region<0, kLate, HINT>(r0, k, true);
-            region<1, kEarly, HINT>(r1, k);
-            if (!spec0) region<0, kLate, HINT>(r0, k);
-            region<1, kLate, HINT>(r1, k);
+            region<0, kEarly, HINT>(r0, use, spec0);
+            if (spec0) region<0, kLate, HINT>(r0, use, true);
+            region<1, kEarly, HINT>(r1, use);
+            if (!spec0) region<0, kLate, HINT>(r0, use);
+            region<1, kLate, HINT>(r1, use);
 #pragma unroll
             for (int i = 0; i < kRows; ++i) {
                 c0[i] = n0[i];
@@ -475,7 +493,7 @@ struct PairProducer {
             constexpr int kPf = SMLA_SM90P_PREFETCH_NEXT;
             if (kPf > 0 && k == (np > kPf ? np - 1 - kPf : 0)) prefetch_next();
         }
-        cp_async_wait_all();
+        if (drain) cp_async_wait_all();
     }
 };
 
@@ -493,7 +511,8 @@ __device__ __forceinline__ constexpr int kstep(int i)
     return i < 16 ? i + 16 : (i < 32 ? i - 16 : i);
 }
 
-template <int W, int ABL, bool FAST>
+// PERS: a warpgroup of the persistent kernel (g, q_free below).
+template <int W, int ABL, bool FAST, bool PERS = false>
 struct PairConsumer {
     static constexpr bool kNoS = (ABL & 2) != 0, kNoPV = (ABL & 4) != 0, kNoLo = FAST || (ABL & 16) != 0;
     static constexpr int kPeer = 1 - W;
@@ -514,6 +533,10 @@ struct PairConsumer {
     float o[128];         // O[r0 / r0 + 8][256 W + 8 jn + 2 t4 + {0, 1}] at o[4 jn + {0, 1} / {2, 3}]
     float m[2] = {-INFINITY, -INFINITY};  // the maximum P is taken against (kLazy: lazy; c.sMt the true one)
     double l[2] = {0.0, 0.0};  // row sums of this warpgroup's tiles (see sm80/tile.cuh)
+    // PERS: the pairs the K ring ran before this item (its barriers' phases run on), and the mbarrier this
+    // warpgroup's warps arrive at once its last S of the item is done
+    int g = 0;
+    uint32_t q_free = 0u;
 
     __device__ __forceinline__ PairConsumer(const Args &a_, const Cta &cta)
         : a(a_), c(cta), t4(cta.lane & 3), r0(16 * ((cta.tid >> 5) & 3) + (cta.lane >> 2))
@@ -532,7 +555,7 @@ struct PairConsumer {
 
     __device__ __forceinline__ void acquire(int b, int r, int use) const
     {
-        mbar_wait(c.full(b, r), use & 1);
+        mbar_wait(c.full(b, r), ((PERS ? g : 0) + use) & 1);
         fence_async_smem();  // the producer's cp.async data, read by wgmma (the async proxy)
     }
     __device__ __forceinline__ void release(int b, int r, int q = 0) const { mbar_arrive(c.empty(b, r, q)); }
@@ -862,12 +885,22 @@ struct PairConsumer {
         }
     }
 
+    // PERS: the item's last pair starts, so this warpgroup's last S of the item is done (Q may be replaced): one
+    // arrival a warp at q_free.
+    __device__ __forceinline__ void last_s_done(bool more) const
+    {
+        if constexpr (PERS) {
+            if (!more && c.lane == 0) mbar_arrive(q_free);
+        }
+    }
+
     // WG0's pair k: its tile's softmax and local product, the exchange, WG1's P.
     template <bool NEXT>
     __device__ __forceinline__ void pair0(float (&s)[32], int k, bool more)
     {
         float mx[2], m0[2], m1[2], f[2];
         uint32_t hi[16], lo[16];
+        last_s_done(more);
         trace(a, k, 0);
         mask_scores(s, mx);
         publish_max(m, mx, m0, kBarM0);
@@ -910,6 +943,7 @@ struct PairConsumer {
     {
         float mx[2], m0[2], m1[2];
         uint32_t hi[16], lo[16];
+        last_s_done(more);
         trace(a, k, 0);
         mask_scores(s, mx);
         named_sync(kBarM0, 256);
@@ -935,8 +969,8 @@ struct PairConsumer {
         if constexpr (NEXT) s_rest(s, k + 1);
     }
 
-    // The row sums of both warpgroups added (both hold the same m), then this warpgroup's columns.
-    __device__ __forceinline__ void epilogue()
+    // The row sums of both warpgroups added (both hold the same m) into the P_lo block, once both loops are over.
+    __device__ __forceinline__ void share_row_sums()
     {
         named_sync(kBarL, 256);  // both loops are over: the P_lo block is free for the row sums
 #pragma unroll
@@ -950,10 +984,30 @@ struct PairConsumer {
         }
         named_sync(kBarL, 256);  // every S is done too: Q's region may hold the staged output
         trace_edge(a, kTrStats);
-        const auto stat = [&](int hf, int rl) {
-            return RowStat{m[hf], c.sL[rl] + c.sL[kHT + rl], kLazy ? fmaxf(c.sMt[rl], c.sMt[kHT + rl]) : m[hf]};
-        };
+    }
+    // Row rl = r0 + 8 hf's statistics (share_row_sums; kLazy: the true maximum over both warpgroups' tiles).
+    __device__ __forceinline__ RowStat row_stat(int hf, int rl) const
+    {
+        return RowStat{m[hf], c.sL[rl] + c.sL[kHT + rl], kLazy ? fmaxf(c.sMt[rl], c.sMt[kHT + rl]) : m[hf]};
+    }
+
+    // The row sums, then this warpgroup's columns.
+    __device__ __forceinline__ void epilogue()
+    {
+        share_row_sums();
+        const auto stat = [&](int hf, int rl) { return row_stat(hf, rl); };
         finish_o_cols<false, out_stsm(FAST)>(a, c, c.h0, r0, 256 * W, t4, o, stat, c.sQ, kBarOut + W);
+    }
+
+    // The persistent kernel's epilogue (a direct output): the row sums, each row's statistics read once, a third
+    // meeting (after it the next item may write the row sums' block, the maxima and the true maxima), then this
+    // warpgroup's columns straight from registers (Q's region holds the next item's Q).
+    __device__ __forceinline__ void epilogue_item()
+    {
+        share_row_sums();
+        const RowStat rs[2] = {row_stat(0, r0), row_stat(1, r0 + 8)};
+        finish_cols_direct<false>(a, c, c.h0, r0, 256 * W, t4, o, [&](int hf, int) { return rs[hf]; }, 0u, 0,
+                                  [](const float (&)[2]) { named_sync(kBarL, 256); });
     }
 };
 
@@ -1028,14 +1082,131 @@ __global__ void __launch_bounds__(kThreads, 1) attn_sm90p_kernel(const __grid_co
     }
 }
 
+// kPersistent: what the producer tells the consumers of an item (Smem::pers, two slots, item k in slot k & 1): its
+// place, its non-empty tile count (-1: no more items) and the K ring's pairs before it.
+struct ItemSlot {
+    int64_t bi, si;
+    int ht, nt, g, pad;
+};
+static_assert(sizeof(ItemSlot) == 32, "Smem::pers holds two 32-byte slots");
+
+// kPersistent: the pair kernel without a top-k split as persistent CTAs (at most one per SM; with two head tiles
+// clusters of 2, which take the two head tiles of the same rows, as attn_sm90p_kernel's clusters), CTA j taking work
+// items j, j + gridDim.x, .. (grid_pos_of). The K ring (full / empty) runs on across items. Per item k:
+//   the producer (WG2) makes the item's place and slice, scans its tiles (all 128 threads, scan_tiles_vec), and its
+//     thread 0 writes slot k & 1 (item_full; item_free: the 8 consumer warps are done with item k - 2, which used the
+//     slot) and issues the item's Q by TMA once both consumer warpgroups' last S of item k - 1 is done (q_free, 8
+//     arrivals: Q is read by S alone), then the item's pairs, as attn_sm90p_kernel's; so item k + 1's scan, Q and
+//     first regions run while the consumers finish item k. After its last item a slot with no tile count ends the
+//     consumers' loop.
+//   the consumers take the slot's tile count, wait for Q, run the pairs (arriving at q_free at the last pair's start)
+//     and write the output from registers (PairConsumer::epilogue_item) at the slot's place (read then, so that
+//     nothing of the item's place stays in registers through the pairs).
+template <int ABL, bool FAST>
+__global__ void __launch_bounds__(kThreads, 1) attn_sm90p_persistent_kernel(const __grid_constant__ Args a)
+{
+    pdl_wait();  // before any global access: the stream's previous kernel is complete (common.cuh)
+    extern __shared__ uint8_t smem_raw[];
+    Cta c(a, smem_raw, grid_pos_of(a, blockIdx.x));  // the regions (the same for every item), item 0's place
+    trace_edge(a, kTrStart);
+    pdl_launch_dependents();
+    const uint32_t qbar = c.base + Smem::qbar.off;
+    const uint32_t q_free = c.base + Smem::pers.off, item_full = q_free + 8, item_free = q_free + 24;  // [2] each
+    ItemSlot *const slot = reinterpret_cast<ItemSlot *>(c.smem + Smem::pers.off + 40);
+    if (c.tid == 0) {
+#pragma unroll
+        for (int i = 0; i < 4; ++i)  // full[b][r]: the 128 producer threads (+ 16 flag writers: early)
+            mbar_init(c.bar_full + 8 * i, (i & 1) == kEarly ? 144 : 128);
+        for (int i = 0; i < kEmptyBars; ++i) mbar_init(c.empty(0, 0) + 8 * i, 128);  // empty: a consumer WG
+        mbar_init(qbar, 1);
+        mbar_init(q_free, 8);
+        for (int i = 0; i < 2; ++i) {
+            mbar_init(item_full + 8 * i, 1);
+            mbar_init(item_free + 8 * i, 8);
+        }
+        fence_mbarrier_init();
+    }
+    __syncthreads();
+
+    if (c.tid >= 256) {
+        setmaxnreg_dec<kProducerRegs>();
+        const int tw = c.tid - 256;
+        const smla_udiv bs_div = kLeanProducer ? smla_udiv_of(static_cast<uint64_t>(a.p.kv.block_size))
+                                               : smla_udiv{0u, 0u};
+        // this CTA's items: blockIdx.x + k gridDim.x < rows x head tiles (no top-k split: launch)
+        const int n_items = static_cast<int>((a.rows * a.n_ht - blockIdx.x + gridDim.x - 1) / gridDim.x);
+        // slot k & 1 for item k (nt -1: none), once the consumers are done with item k - 2
+        const auto put_slot = [&](int k, int64_t bi, int64_t si, int ht, int nt, int g) {
+            if (k >= 2) mbar_wait(item_free + 8 * (k & 1), ((k >> 1) - 1) & 1);
+            ItemSlot &sl = slot[k & 1];
+            sl.bi = bi, sl.si = si, sl.ht = ht, sl.nt = nt, sl.g = g;
+            mbar_arrive(item_full + 8 * (k & 1));  // release: the slot's stores
+        };
+        int g = 0, k = 0;
+        for (; k < n_items; ++k) {
+            const GridPos gp = grid_pos_of(a, blockIdx.x + static_cast<int64_t>(k) * gridDim.x);
+            Cta ci(a, smem_raw, gp);
+            if (tw == 0 && k == 0) tma_q(a, ci.sQ, ci.h0, static_cast<int>(ci.si), static_cast<int>(ci.bi), qbar);
+            named_sync(kBarProd, 128);  // every producer thread is done with the last item's mask
+            if (tw < kMaskWords) ci.mask[tw] = 0u;
+            named_sync(kBarProd, 128);
+            scan_tiles_vec<256, 4>(a, ci, ci.mask);
+            named_sync(kBarProd, 128);
+            use_tile_mask(ci, ci.mask);
+            if (tw == 0) {
+                put_slot(k, ci.bi, ci.si, gp.ht, ci.nt, g);
+                if (k > 0) {
+                    mbar_wait(q_free, (k - 1) & 1);  // item k - 1's last S chains are done
+                    tma_q(a, ci.sQ, ci.h0, static_cast<int>(ci.si), static_cast<int>(ci.bi), qbar);
+                }
+            }
+            PairProducer<ABL, FAST>(a, ci, bs_div).run(false, g, k + 1 == n_items);
+            g += (ci.nt + 1) / 2;
+        }
+        if (tw == 0) put_slot(k, 0, 0, 0, -1, g);
+        return;
+    }
+    setmaxnreg_inc<kConsumerRegs>();
+    const auto items_of = [&](auto wg_tag) {
+        constexpr int W = decltype(wg_tag)::value;
+        for (int k = 0;; ++k) {
+            const ItemSlot &sl = slot[k & 1];
+            mbar_wait(item_full + 8 * (k & 1), (k >> 1) & 1);
+            c.nt = sl.nt;
+            if (c.nt < 0) break;
+            PairConsumer<W, ABL, FAST, true> wg(a, c);
+            wg.g = sl.g;
+            wg.q_free = q_free;
+            const int np = (c.nt + 1) / 2;
+            if (np == 0 && c.lane == 0) mbar_arrive(q_free);  // no S: Q is free at once
+            mbar_wait(qbar, k & 1);  // TMA's bytes are visible to wgmma once the phase completes
+            trace_edge(a, kTrQ);
+            wg.run(np);
+            trace_edge(a, kTrEpilogue);
+            c.bi = sl.bi, c.si = sl.si, c.h0 = sl.ht * kHT;
+            wg.epilogue_item();
+            trace_edge(a, kTrEnd);
+            __syncwarp();
+            if (c.lane == 0) mbar_arrive(item_free + 8 * (k & 1));  // the slot may take item k + 2
+        }
+    };
+    if (c.tid < 128) items_of(std::integral_constant<int, 0>{});
+    else items_of(std::integral_constant<int, 1>{});
+}
+
 int launch(Args &a, int64_t grid, cudaStream_t s, int dev, smla_status *st)
 {
     // kCluster: a row's two head tiles are CTAs 2 m, 2 m + 1 (grid_pos_of)
     const int cluster = kCluster && a.n_ht == 2 && a.n_splits == 1 ? 2 : 1;
     return with_variant(a, [&](auto abl, auto fast) {
-        return launch_kernel<attn_sm90p_kernel<decltype(abl)::value, decltype(fast)::value>>(a, grid, kThreads,
-                                                                                            Smem::bytes, s, dev, st,
-                                                                                            cluster);
+        constexpr int kAbl = decltype(abl)::value;
+        constexpr bool kFast = decltype(fast)::value;
+        if constexpr (kPersistent) {
+            if (a.n_splits == 1 && a.q_tma)
+                return launch_persistent<attn_sm90p_persistent_kernel<kAbl, kFast>>(a, grid, kThreads, Smem::bytes, s,
+                                                                                     dev, st, cluster);
+        }
+        return launch_kernel<attn_sm90p_kernel<kAbl, kFast>>(a, grid, kThreads, Smem::bytes, s, dev, st, cluster);
     });
 }
 
