@@ -88,7 +88,8 @@
 // and 0.6-0.7% faster on the causal fresh prompt (tools/ab_prefill.py); "high" 0.9-1.6% slower (5.40 against
 // 5.32-5.33 ms at h = 128 32K). On this tree (without that divisor) "fast" with 1 is not measured yet: the tree's own
 // "fast" ran 3.98-4.00 ms there, as fast as that tree with speculation, and any change re-schedules the kernel (±1-3%).
-// So 0 until 1 is measured against this tree.
+// Against this tree (forty-first session, H100, Nsight Compute's durations, six launches): "fast" h=128 32K 3.97-3.98 ms
+// against 3.97-3.99, level. So 0.
 #ifndef SMLA_SM90P_SPECULATE
 #define SMLA_SM90P_SPECULATE 0
 #endif
@@ -151,7 +152,9 @@
 // producer: 4 parts 3,899 / 3,896 / 4,224 us against 1 part 3,944-4,141 (h=64 2,268-2,278 against 2,215-2,293), 2
 // parts 3,949-4,358; first check (the full-GPU case included), the sm90p prefill tests, memcheck and racecheck (only
 // the exchange of maxima's known reports, docs/design.md) passed. With 1 the pair kernel's device code is the one
-// before the switch but for two back-to-back mbarrier arrivals of WG1 in "high" in the other order (cuobjdump).
+// before the switch but for two back-to-back mbarrier arrivals of WG1 in "high" in the other order (cuobjdump). 1 part
+// against 4 on this tree (forty-first session, H100, Nsight Compute, six launches): "fast" h=128 32K 4.01-4.02 ms against
+// 3.97-3.99 (the fortieth session's 0.2-0.8% the other way was on a tree with another schedule).
 #ifndef SMLA_SM90P_PARTS
 #define SMLA_SM90P_PARTS 4
 #endif
@@ -188,7 +191,15 @@
 // warpgroups' last S of item k is done: Q is read by S alone) and its first regions while the consumers run item k's
 // last pair and epilogue; the output goes out from registers (store_out_cols_regs), not through Q's region. Why: the
 // boundary is ~15% of a CTA (~10,000 cycles of prologue, ~7,000 of epilogue, Nsight Compute, fortieth session) against
-// FlashMLA's ~5% (attn_sm90p_persistent_kernel below).
+// FlashMLA's ~5% (attn_sm90p_persistent_kernel below). Measured (forty-first session, H100, Nsight Compute's durations,
+// four launches a tree, benchmarks/README.md): "fast" h=128 8K 3.69 ms against 3.78-3.80 (-2.6%, -3.6% in SM cycles),
+// 32K level (3.96-3.97 against 3.95-3.96; 4.01-4.02 against 3.97-3.99 in another call), h=64 32K level, h=128 128K
+// 4.39-4.41 against 4.35-4.36; "high" h=128 32K 5.24 against 5.28-5.29; in one process (tools/ab_prefill.py) the causal
+// fresh prompt 7.5% faster at h=128 (causal / full 0.559 against 0.577). The whole of tests/test_cuda_attention.py
+// passed with it (1,275). Why not at 32K: its Nsight Compute stall samples show the boundary's time gone and the
+// consumers' waits for K regions grown by as much (WG1's early region 6.0% of the samples against 2.7%): there the
+// gather, not the boundary, sets the pace (L2 hit rate 68%). Off until an H200 has measured it and racecheck has run on
+// this form (its item slots' handoff was reported with one arrival a warp; every consumer thread arrives now).
 #ifndef SMLA_SM90P_PERSISTENT
 #define SMLA_SM90P_PERSISTENT 0
 #endif
@@ -1094,8 +1105,8 @@ static_assert(sizeof(ItemSlot) == 32, "Smem::pers holds two 32-byte slots");
 // clusters of 2, which take the two head tiles of the same rows, as attn_sm90p_kernel's clusters), CTA j taking work
 // items j, j + gridDim.x, .. (grid_pos_of). The K ring (full / empty) runs on across items. Per item k:
 //   the producer (WG2) makes the item's place and slice, scans its tiles (all 128 threads, scan_tiles_vec), and its
-//     thread 0 writes slot k & 1 (item_full; item_free: the 8 consumer warps are done with item k - 2, which used the
-//     slot) and issues the item's Q by TMA once both consumer warpgroups' last S of item k - 1 is done (q_free, 8
+//     thread 0 writes slot k & 1 (item_full; item_free: the 256 consumer threads are done with item k - 2, which used
+//     the slot) and issues the item's Q by TMA once both consumer warpgroups' last S of item k - 1 is done (q_free, 8
 //     arrivals: Q is read by S alone), then the item's pairs, as attn_sm90p_kernel's; so item k + 1's scan, Q and
 //     first regions run while the consumers finish item k. After its last item a slot with no tile count ends the
 //     consumers' loop.
@@ -1122,7 +1133,7 @@ __global__ void __launch_bounds__(kThreads, 1) attn_sm90p_persistent_kernel(cons
         mbar_init(q_free, 8);
         for (int i = 0; i < 2; ++i) {
             mbar_init(item_full + 8 * i, 1);
-            mbar_init(item_free + 8 * i, 8);
+            mbar_init(item_free + 8 * i, 256);
         }
         fence_mbarrier_init();
     }
@@ -1178,16 +1189,18 @@ __global__ void __launch_bounds__(kThreads, 1) attn_sm90p_persistent_kernel(cons
             wg.g = sl.g;
             wg.q_free = q_free;
             const int np = (c.nt + 1) / 2;
-            if (np == 0 && c.lane == 0) mbar_arrive(q_free);  // no S: Q is free at once
             mbar_wait(qbar, k & 1);  // TMA's bytes are visible to wgmma once the phase completes
+            // no S: Q is free once it landed (not before: the next item's TMA would arrive on qbar's pending phase)
+            if (np == 0 && c.lane == 0) mbar_arrive(q_free);
             trace_edge(a, kTrQ);
             wg.run(np);
             trace_edge(a, kTrEpilogue);
             c.bi = sl.bi, c.si = sl.si, c.h0 = sl.ht * kHT;
             wg.epilogue_item();
             trace_edge(a, kTrEnd);
-            __syncwarp();
-            if (c.lane == 0) mbar_arrive(item_free + 8 * (k & 1));  // the slot may take item k + 2
+            // the slot may take item k + 2: every consumer thread, after its own reads of it (one arrival a warp after
+            // __syncwarp drew racecheck's reports on the slot's stores, forty-first session)
+            mbar_arrive(item_free + 8 * (k & 1));
         }
     };
     if (c.tid < 128) items_of(std::integral_constant<int, 0>{});
