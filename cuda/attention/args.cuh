@@ -37,6 +37,7 @@ struct Args {
     float *lse_part;   // [n_splits, rows, h] fp32, log2 domain (split mode)
     int evict_last;    // L2 evict_last hint on K rows (prefill: neighbouring rows share K)
     int n_sms;         // the device's SMs (a persistent kernel's grid, sm90/kernel.cuh)
+    int l2_bytes;      // the device's L2 (the persistent pair kernel's rule, sm90/pair_kernel.cuh)
     int fused;         // n_splits > 1 and the kernel merges the partials itself after a grid-wide barrier
                        // (a cooperative launch; attention/combine.cuh), else the combine kernel does
     // The bf16 wide kernel's Q tile by TMA (sm90/kernel.cuh), where the launcher could describe q (and q_pe) to

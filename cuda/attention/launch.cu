@@ -43,6 +43,7 @@ struct DevProps {
     int smem_optin = 0;  // max dynamic smem per block
     int smem_sm = 0;     // smem per SM
     int cc = 0;          // major * 10 + minor
+    int l2 = 0;          // L2 bytes
 };
 
 int get_props(DevProps *d, int *dev_out, smla_status *st)
@@ -63,6 +64,7 @@ int get_props(DevProps *d, int *dev_out, smla_status *st)
     SMLA_CUDA_CHECK(st, cudaDeviceGetAttribute(&v.smem_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev));
     SMLA_CUDA_CHECK(st, cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
     SMLA_CUDA_CHECK(st, cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev));
+    SMLA_CUDA_CHECK(st, cudaDeviceGetAttribute(&v.l2, cudaDevAttrL2CacheSize, dev));
     v.cc = major * 10 + minor;
     if (dev >= 0 && dev < kMaxDevices) {
         cache[dev] = v;
@@ -348,6 +350,7 @@ int run_attention(const smla_attn_params *p, bool is_decode, smla_status *st)
     a.ml_factor = smla_attn_to_ln(p->softmax_scale, a.scale_log2);
     a.evict_last = is_decode ? 0 : 1;
     a.n_sms = L.props.sms;
+    a.l2_bytes = L.props.l2;
     a.o_part = nullptr;
     a.lse_part = nullptr;
     set_q_maps(a, *L.choice.k);

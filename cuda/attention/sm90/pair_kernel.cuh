@@ -200,6 +200,9 @@
 // consumers' waits for K regions grown by as much (WG1's early region 6.0% of the samples against 2.7%): there the
 // gather, not the boundary, sets the pace (L2 hit rate 68%). Off until an H200 has measured it and racecheck has run on
 // this form (its item slots' handoff was reported with one arrival a warp; every consumer thread arrives now).
+// 1: wherever it can run (no top-k split, Q by TMA); 2: there and where the K source (the cache's slots, 1,152 B a
+// row) fits in half of the device's L2 (where it measured faster: 8K and 2K tokens, 9.4 and 2.4 MB; level at 32K,
+// 37.7 MB, against an H100's 50 MB), persistent_here().
 #ifndef SMLA_SM90P_PERSISTENT
 #define SMLA_SM90P_PERSISTENT 0
 #endif
@@ -226,6 +229,7 @@ constexpr int kEmptyBars = kSplit ? 16 : 4;  // empty[b][r] (kSplit: [b][r][q], 
 constexpr int parts(bool fast) { return fast ? SMLA_SM90P_PARTS : 1; }
 constexpr bool kLeanProducer = SMLA_SM90P_LEAN_PRODUCER != 0;
 constexpr bool kPersistent = SMLA_SM90P_PERSISTENT != 0;
+static_assert(SMLA_SM90P_PERSISTENT >= 0 && SMLA_SM90P_PERSISTENT <= 2, "SMLA_SM90P_PERSISTENT: 0, 1 or 2");
 
 // setmaxnreg: the three warpgroups share the launch allocation, 3 x 168 (plan.cuh).
 constexpr int kConsumerRegs = 224, kProducerRegs = 56;
@@ -1207,6 +1211,14 @@ __global__ void __launch_bounds__(kThreads, 1) attn_sm90p_persistent_kernel(cons
     else items_of(std::integral_constant<int, 1>{});
 }
 
+// The rule for the persistent form (SMLA_SM90P_PERSISTENT): a call without a top-k split whose Q the launcher described
+// for TMA; with 2, also a K source of at most half the device's L2.
+bool persistent_here(const Args &a)
+{
+    if (!kPersistent || a.n_splits != 1 || !a.q_tma) return false;
+    return SMLA_SM90P_PERSISTENT == 1 || a.limit * kRowBytes <= static_cast<int64_t>(a.l2_bytes) / 2;
+}
+
 int launch(Args &a, int64_t grid, cudaStream_t s, int dev, smla_status *st)
 {
     // kCluster: a row's two head tiles are CTAs 2 m, 2 m + 1 (grid_pos_of)
@@ -1215,7 +1227,7 @@ int launch(Args &a, int64_t grid, cudaStream_t s, int dev, smla_status *st)
         constexpr int kAbl = decltype(abl)::value;
         constexpr bool kFast = decltype(fast)::value;
         if constexpr (kPersistent) {
-            if (a.n_splits == 1 && a.q_tma)
+            if (persistent_here(a))
                 return launch_persistent<attn_sm90p_persistent_kernel<kAbl, kFast>>(a, grid, kThreads, Smem::bytes, s,
                                                                                      dev, st, cluster);
         }
