@@ -302,6 +302,14 @@ struct Cta : CtaCommon {
         return bar_full + 32 + 8 * (kSplit ? 4 * (2 * b + r) + q : 2 * b + r);
     }
     __device__ __forceinline__ uint32_t kbuf(int b) const { return sK + b * kTileBytes; }
+    // The K ring's mbarriers (one thread, before the CTA's first barrier): full[b][r] counts the 128 producer threads
+    // (+ 16 flag writers: early regions), empty[b][r][q] a consumer warpgroup.
+    __device__ __forceinline__ void init_ring() const
+    {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) mbar_init(bar_full + 8 * i, (i & 1) == kEarly ? 144 : 128);
+        for (int i = 0; i < kEmptyBars; ++i) mbar_init(empty(0, 0) + 8 * i, 128);
+    }
 };
 
 // ------------------------------------------------------------------------------------------------
@@ -1044,10 +1052,7 @@ __global__ void __launch_bounds__(kThreads, 1) attn_sm90p_kernel(const __grid_co
     const bool q_tma = kQTmaScan && a.q_tma && c.nt_all > 0;
     const uint32_t qbar = c.base + Smem::qbar.off;
     if (c.tid == 0) {
-#pragma unroll
-        for (int i = 0; i < 4; ++i)  // full[b][r]: the 128 producer threads (+ 16 flag writers: early)
-            mbar_init(c.bar_full + 8 * i, (i & 1) == kEarly ? 144 : 128);
-        for (int i = 0; i < kEmptyBars; ++i) mbar_init(c.empty(0, 0) + 8 * i, 128);  // empty: a consumer WG
+        c.init_ring();
         if (q_tma) mbar_init(qbar, 1);
         fence_mbarrier_init();
     }
@@ -1129,10 +1134,7 @@ __global__ void __launch_bounds__(kThreads, 1) attn_sm90p_persistent_kernel(cons
     const uint32_t q_free = c.base + Smem::pers.off, item_full = q_free + 8, item_free = q_free + 24;  // [2] each
     ItemSlot *const slot = reinterpret_cast<ItemSlot *>(c.smem + Smem::pers.off + 40);
     if (c.tid == 0) {
-#pragma unroll
-        for (int i = 0; i < 4; ++i)  // full[b][r]: the 128 producer threads (+ 16 flag writers: early)
-            mbar_init(c.bar_full + 8 * i, (i & 1) == kEarly ? 144 : 128);
-        for (int i = 0; i < kEmptyBars; ++i) mbar_init(c.empty(0, 0) + 8 * i, 128);  // empty: a consumer WG
+        c.init_ring();
         mbar_init(qbar, 1);
         mbar_init(q_free, 8);
         for (int i = 0; i < 2; ++i) {
