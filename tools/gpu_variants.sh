@@ -10,7 +10,8 @@
 # between the trees (ARGS, default the small-head decode shapes), ROUNDS times (default 2), its lines (LINES, default 4)
 # after each tree's name. REBUILD="globs": see below (a faster build when only some objects differ).
 # NCU="H,S_KV:PREC ..." (e.g. "128,32768:fast 64,32768:high"): then each prefill shape's kernel durations per tree by
-# Nsight Compute (NCU_KERNEL, default sm90p; NCU_LAUNCHES launches, default 6), the precise A/B: six launches of one
+# Nsight Compute, with each launch's SM cycles (so a change of clock shows apart from a change of work; NCU_KERNEL,
+# default sm90p; NCU_LAUNCHES launches, default 6), the precise A/B: six launches of one
 # tree agree within ~0.3%, where the benchmark's CUDA-event medians move 5-10% between processes (issue 16, fortieth
 # session, benchmarks/README.md). tools/ab_prefill.py compares the built trees in one process instead.
 set -u
@@ -84,8 +85,9 @@ for spec in ${NCU:-}; do
   sh=${spec%%:*} prec=${spec#*:}
   for d in "${ok[@]}"; do
     (cd "$d" && PYTHONPATH="$d/src" bash "$D" 90 ncu --clock-control none -k "regex:attn_$K" --launch-skip 2 --launch-count "$NL" \
-       --metrics gpu__time_duration.sum python3 benchmarks/bench_sparse_mla_prefill.py --shape "$sh" --kernel "$K" \
-       --precision "$prec" --no-baseline --iters "$NL" > "$OUT/ncu.log" 2>&1)
-    echo "ncu $K $prec $sh $(basename "$d") ms: $(grep -E "gpu__time_duration" "$OUT/ncu.log" | awk '{print $NF}' | sort -n | tr '\n' ' ')"
+       --metrics gpu__time_duration.sum,sm__cycles_elapsed.max python3 benchmarks/bench_sparse_mla_prefill.py --shape "$sh" \
+       --kernel "$K" --precision "$prec" --no-baseline --iters "$NL" > "$OUT/ncu.log" 2>&1)
+    echo "ncu $K $prec $sh $(basename "$d") ms: $(grep -E "gpu__time_duration" "$OUT/ncu.log" | awk '{print $NF}' | sort -n | tr '\n' ' ')" \
+      "M cycles: $(grep -E "sm__cycles_elapsed" "$OUT/ncu.log" | awk '{gsub(",", "", $NF); printf "%.2f ", $NF / 1e6}')"
   done
 done

@@ -195,7 +195,7 @@
 // four launches a tree, benchmarks/README.md): "fast" h=128 8K 3.69 ms against 3.78-3.80 (-2.6%, -3.6% in SM cycles),
 // 32K level (3.96-3.97 against 3.95-3.96; 4.01-4.02 against 3.97-3.99 in another call), h=64 32K level, h=128 128K
 // 4.39-4.41 against 4.35-4.36; "high" h=128 32K 5.24 against 5.28-5.29; in one process (tools/ab_prefill.py) the causal
-// fresh prompt 7.5% faster at h=128 (causal / full 0.559 against 0.577). The whole of tests/test_cuda_attention.py
+// fresh prompt 7.4% faster at h=128 (causal / full 0.559 against 0.577). The whole of tests/test_cuda_attention.py
 // passed with it (1,275). Why not at 32K: its Nsight Compute stall samples show the boundary's time gone and the
 // consumers' waits for K regions grown by as much (WG1's early region 6.0% of the samples against 2.7%): there the
 // gather, not the boundary, sets the pace (L2 hit rate 68%). Off until an H200 has measured it and racecheck has run on
