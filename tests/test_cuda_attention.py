@@ -1083,13 +1083,19 @@ def test_small_heads_prefill(h, s_q, s_kv, topk, tl_mode, sink_mode, kv_layout, 
 # tests/test_sparse_mla_prefill.py's (the CPU runs them there).
 # =============================================================================================
 
-PREFILL_FAMILIES = ["auto"] + KERNEL_FAMILIES
+# "sm90p:off": the pair kernel's one-item form (SMLA_ATTN_PERSISTENT=off); "sm90p" runs its persistent form on these
+# small caches in both precisions (pair_kernel.cuh, persistent_here)
+PREFILL_FAMILIES = ["auto"] + KERNEL_FAMILIES + ["sm90p:off"]
 
 
 def use_family(family, monkeypatch):
+    """SMLA_ATTN_KERNEL=family; family "NAME:MODE" also sets SMLA_ATTN_PERSISTENT=MODE."""
     if family not in ("auto", "portable") and not _is_hopper():
         pytest.skip("the sm90 kernel families need a compute capability 9.0 GPU")
-    monkeypatch.setenv("SMLA_ATTN_KERNEL", family)
+    name, _, persistent = family.partition(":")
+    monkeypatch.setenv("SMLA_ATTN_KERNEL", name)
+    if persistent:
+        monkeypatch.setenv("SMLA_ATTN_PERSISTENT", persistent)
 
 
 def causal_case(s, h, topk, layout, *, seed, sink_mode="none"):
@@ -1170,3 +1176,25 @@ def test_prefill_empty_tiles_mid_row(h, s_q, with_tl, family, precision, monkeyp
     none = ~valid_mask(c["indices"], 1000, c["topk_length"]).any(1)
     assert bool(none[3]) and bool((out[none].view(torch.int16) == 0).all())
     assert bool((lse[none] == float("-inf")).all()) and bool((ml[none] == float("-inf")).all())
+
+
+@pytest.mark.parametrize("precision", ref.PRECISIONS)
+def test_pair_kernel_persistent_rule(precision, monkeypatch):
+    """SMLA_ATTN_PERSISTENT: "auto" runs the pair kernel's persistent form in "high" and, in "fast", where the K
+    source fits in half of the device's L2 (a cache just below and one just above that); "off" / "on" force the
+    one-item / persistent form; every run gives the oracle's results."""
+    use_family("sm90p", monkeypatch)
+    half_l2_rows = torch.cuda.get_device_properties(0).L2_cache_size // 2 // 1152
+    for s_kv in (half_l2_rows - 64, half_l2_rows + 64):
+        c = prefill_case(7, 128, s_kv, 2048, seed=1400 + s_kv % 97, tl_mode="rand", sink_mode="mixed")
+        out_ref, lse_ref, ml_ref, out_abs = prefill_oracle(c, return_abs=True)
+        for mode in ("auto", "off", "on"):
+            monkeypatch.setenv("SMLA_ATTN_PERSISTENT", mode)
+            got = []
+            names = _kernels_launched(lambda: got.append(run_prefill(c, precision=precision)))
+            ran = [n for n in names if "attn_sm90p" in n]
+            expect = mode == "on" or (mode == "auto" and (precision == "high" or s_kv < half_l2_rows))
+            assert len(ran) == 1 and ("persistent" in ran[0]) == expect, (mode, s_kv, names)
+            out, lse, ml = got[0]
+            check_prefill(out, lse, ml, out_ref, lse_ref, ml_ref, name=f"{mode} {precision} s_kv {s_kv}",
+                          precision=precision, out_abs=out_abs)

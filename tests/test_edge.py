@@ -691,7 +691,7 @@ def _op():
 @pytest.mark.parametrize("var,value", [("SMLA_NUM_THREADS", "abc"), ("SMLA_NUM_THREADS", "0"),
                                        ("SMLA_NUM_THREADS", "99999999999"), ("SMLA_NUM_THREADS", "4x"),
                                        ("SMLA_CPU_ISA", "bogus"), ("SMLA_ATTN_KERNEL", "bogus"),
-                                       ("SMLA_ATTN_COMBINE", "fused")])
+                                       ("SMLA_ATTN_COMBINE", "fused"), ("SMLA_ATTN_PERSISTENT", "yes")])
 def test_malformed_switch_raises_at_the_first_op_and_in_build_info(monkeypatch, var, value):
     monkeypatch.setenv(var, value)
     with pytest.raises(ValueError, match=f"^{var}: expected .*, got '{value}'$"):

@@ -14,7 +14,7 @@ extern "C" {
 #endif
 
 /* Run-time settings of one call: the binding reads the environment switches (SMLA_NUM_THREADS,
- * SMLA_CPU_ISA, SMLA_ATTN_KERNEL, SMLA_ATTN_COMBINE, SMLA_ATTN_ABLATE, SMLA_ATTN_TRACE,
+ * SMLA_CPU_ISA, SMLA_ATTN_KERNEL, SMLA_ATTN_COMBINE, SMLA_ATTN_PERSISTENT, SMLA_ATTN_ABLATE, SMLA_ATTN_TRACE,
  * SMLA_ATTN_STAGGER_NS, SMLA_ATTN_JITTER_NS) under the GIL, parses them strictly and passes them
  * in every params struct; kernels never read the environment (another thread may be writing it). */
 typedef struct {
@@ -24,6 +24,9 @@ typedef struct {
     int attn_kernel;   /* CUDA attention family: 0 auto, 1 portable (mma.sync), 2 sm90 (wgmma), 3 sm90n (narrow wgmma), 4 sm90p (pair wgmma, bf16 K), 5 sm90r (register wgmma, fp8, h <= 32), 6 sm90d (dims kernel: mma.sync, fp8, h <= 16), 7 sm90t (three-buffer wgmma, bf16 K, "fast") */
     int fused_combine; /* split decode: 1 (SMLA_ATTN_COMBINE=auto, default) the main kernel merges its own
                           partials where it can (cuda/attention/combine.cuh), 0 (=kernel) the combine kernel */
+    int attn_persistent; /* the bf16 pair kernel's persistent form (cuda/attention/sm90/pair_kernel.cuh,
+                            persistent_here): 0 (SMLA_ATTN_PERSISTENT=auto, default) where it measured faster,
+                            1 (=off) never, 2 (=on) wherever it can run */
     int attn_ablate;   /* profiling builds: ablation variant bits; 0 = the full kernel */
     uint64_t attn_trace; /* profiling builds: device address of the sm90 kernels' stage-timestamp buffer
                             (SMLA_ATTN_TRACE, cuda/attention/sm90/trace.cuh, tools/trace_attn.py); 0 = none */

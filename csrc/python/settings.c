@@ -79,6 +79,7 @@ int smla_read_settings(smla_run *r)
                                             "avx2-emulated-bf16"};
     static const char *const kernel_names[] = {"auto", "portable", "sm90", "sm90n", "sm90p", "sm90r", "sm90d", "sm90t"};
     static const char *const combine_names[] = {"auto", "kernel"};
+    static const char *const persistent_names[] = {"auto", "off", "on"};
 #define SMLA_NAMES(a) a, (int)(sizeof a / sizeof a[0])
     memset(r, 0, sizeof *r);
     int isa, combine;
@@ -86,6 +87,7 @@ int smla_read_settings(smla_run *r)
         env_choice("SMLA_CPU_ISA", SMLA_NAMES(isa_names), &isa) < 0 ||
         env_choice("SMLA_ATTN_KERNEL", SMLA_NAMES(kernel_names), &r->attn_kernel) < 0 ||
         env_choice("SMLA_ATTN_COMBINE", SMLA_NAMES(combine_names), &combine) < 0 ||
+        env_choice("SMLA_ATTN_PERSISTENT", SMLA_NAMES(persistent_names), &r->attn_persistent) < 0 ||
         env_int("SMLA_ATTN_ABLATE", 0, 1 << 20, 0, &r->attn_ablate) < 0)
         return -1;
 #undef SMLA_NAMES

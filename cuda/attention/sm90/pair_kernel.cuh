@@ -184,27 +184,27 @@
 #ifndef SMLA_SM90P_PREFETCH_NEXT
 #define SMLA_SM90P_PREFETCH_NEXT 0
 #endif
-// SMLA_SM90P_PERSISTENT (default 0: off; an experiment): without a top-k split and with Q by TMA, the pair kernel as
+// SMLA_SM90P_PERSISTENT (default 1; 0 compiles it out): without a top-k split and with Q by TMA, the pair kernel as
 // persistent CTAs, at most one per SM (clusters of 2 with two head tiles), CTA j taking work items j, j + gridDim.x, ..
 // (an item is what one CTA of attn_sm90p_kernel does), the K ring running on across items, so that an item's
 // boundary overlaps its neighbours' work: the producer scans item k + 1 and issues its Q (once both consumer
 // warpgroups' last S of item k is done: Q is read by S alone) and its first regions while the consumers run item k's
 // last pair and epilogue; the output goes out from registers (store_out_cols_regs), not through Q's region. Why: the
 // boundary is ~15% of a CTA (~10,000 cycles of prologue, ~7,000 of epilogue, Nsight Compute, fortieth session) against
-// FlashMLA's ~5% (attn_sm90p_persistent_kernel below). Measured (forty-first session, H100, Nsight Compute's durations,
-// four launches a tree, benchmarks/README.md): "fast" h=128 8K 3.69 ms against 3.78-3.80 (-2.6%, -3.6% in SM cycles),
-// 32K level (3.96-3.97 against 3.95-3.96; 4.01-4.02 against 3.97-3.99 in another call), h=64 32K level, h=128 128K
-// 4.39-4.41 against 4.35-4.36; "high" h=128 32K 5.24 against 5.28-5.29; in one process (tools/ab_prefill.py) the causal
-// fresh prompt 7.4% faster at h=128 (causal / full 0.559 against 0.577). The whole of tests/test_cuda_attention.py
-// passed with it (1,275). Why not at 32K: its Nsight Compute stall samples show the boundary's time gone and the
-// consumers' waits for K regions grown by as much (WG1's early region 6.0% of the samples against 2.7%): there the
-// gather, not the boundary, sets the pace (L2 hit rate 68%). Off until an H200 has measured it and racecheck has run on
-// this form (its item slots' handoff was reported with one arrival a warp; every consumer thread arrives now).
-// 1: wherever it can run (no top-k split, Q by TMA); 2: there and where the K source (the cache's slots, 1,152 B a
-// row) fits in half of the device's L2 (where it measured faster: 8K and 2K tokens, 9.4 and 2.4 MB; level at 32K,
-// 37.7 MB, against an H100's 50 MB), persistent_here().
+// FlashMLA's ~5% (attn_sm90p_persistent_kernel below). Where it runs is decided per call (persistent_here): the call's
+// SMLA_ATTN_PERSISTENT (smla_run.attn_persistent): auto (default) where it measured faster, off never, on wherever
+// it can run. Measured (H200, Nsight Compute's durations, forty-second session, benchmarks/README.md): "fast" h=128
+// 8K 3.71 ms against 3.78 (-1.9%), 32K 3.90-3.92 against 3.87-3.88 (+0.8%), 128K 4.20 against 4.14 (+1.4%), h=64
+// 32K level (2.03-2.06 against 2.02-2.03); "high" h=128 8K 4.89 against 5.00 (-2.2%), 32K 5.18 against 5.28 (-1.8%),
+// 128K level (5.48-5.49 against 5.47-5.48), h=64 32K 2.67 against 2.72 (-1.8%); in one process (tools/ab_prefill.py)
+// the causal fresh prompt (2,048 tokens) 6.3% faster at h=128 and 4% at h=64 (causal / full 0.548 against 0.558 at
+// h=128). The forty-first session's H100 figures agree. So auto: "high" always, "fast" where the K source (the
+// cache's slots, 1,152 B a row) fits in half of the device's L2 (8K tokens: 9.4 MB; 32K: 37.7 MB against the
+// H200's 50 MB). Where "fast" loses (Nsight Compute's stall samples, forty-first session): the boundary's time is
+// gone but the consumers' waits for K regions grow by as much (WG1's early region 6.0% of the samples against 2.7%):
+// with the K source out of L2 the gather, not the boundary, sets the pace.
 #ifndef SMLA_SM90P_PERSISTENT
-#define SMLA_SM90P_PERSISTENT 0
+#define SMLA_SM90P_PERSISTENT 1
 #endif
 static_assert(SMLA_SM90P_PARTS == 1 || SMLA_SM90P_PARTS == 2 || SMLA_SM90P_PARTS == 4, "SMLA_SM90P_PARTS: 1, 2 or 4");
 
@@ -229,7 +229,7 @@ constexpr int kEmptyBars = kSplit ? 16 : 4;  // empty[b][r] (kSplit: [b][r][q], 
 constexpr int parts(bool fast) { return fast ? SMLA_SM90P_PARTS : 1; }
 constexpr bool kLeanProducer = SMLA_SM90P_LEAN_PRODUCER != 0;
 constexpr bool kPersistent = SMLA_SM90P_PERSISTENT != 0;
-static_assert(SMLA_SM90P_PERSISTENT >= 0 && SMLA_SM90P_PERSISTENT <= 2, "SMLA_SM90P_PERSISTENT: 0, 1 or 2");
+static_assert(SMLA_SM90P_PERSISTENT == 0 || SMLA_SM90P_PERSISTENT == 1, "SMLA_SM90P_PERSISTENT: 0 or 1");
 
 // setmaxnreg: the three warpgroups share the launch allocation, 3 x 168 (plan.cuh).
 constexpr int kConsumerRegs = 224, kProducerRegs = 56;
@@ -1214,11 +1214,16 @@ __global__ void __launch_bounds__(kThreads, 1) attn_sm90p_persistent_kernel(cons
 }
 
 // The rule for the persistent form (SMLA_SM90P_PERSISTENT): a call without a top-k split whose Q the launcher described
-// for TMA; with 2, also a K source of at most half the device's L2.
-bool persistent_here(const Args &a)
+// for TMA, and its SMLA_ATTN_PERSISTENT: on; auto (the measured rule above): "high", or a K source of at most half the
+// device's L2.
+bool persistent_here(const Args &a, bool fast)
 {
     if (!kPersistent || a.n_splits != 1 || !a.q_tma) return false;
-    return SMLA_SM90P_PERSISTENT == 1 || a.limit * kRowBytes <= static_cast<int64_t>(a.l2_bytes) / 2;
+    switch (a.p.run.attn_persistent) {
+    case 1: return false;  // off
+    case 2: return true;   // on
+    default: return !fast || a.limit * kRowBytes <= static_cast<int64_t>(a.l2_bytes) / 2;
+    }
 }
 
 int launch(Args &a, int64_t grid, cudaStream_t s, int dev, smla_status *st)
@@ -1229,7 +1234,7 @@ int launch(Args &a, int64_t grid, cudaStream_t s, int dev, smla_status *st)
         constexpr int kAbl = decltype(abl)::value;
         constexpr bool kFast = decltype(fast)::value;
         if constexpr (kPersistent) {
-            if (persistent_here(a))
+            if (persistent_here(a, kFast))
                 return launch_persistent<attn_sm90p_persistent_kernel<kAbl, kFast>>(a, grid, kThreads, Smem::bytes, s,
                                                                                      dev, st, cluster);
         }
