@@ -13,6 +13,9 @@ a sample every ~30-50 ms: use --iters 8 or more so that each tree's turns hold s
 to tell a change that saves cycles from one that changes the clock the card holds at its power limit (the event
 times run ~9% above Nsight Compute's durations of the same kernel, issue 16, forty-first session).
 
+--env NAME=VALUE (repeatable): one more variant, this process's own smla with that run-time switch set during its calls
+(e.g. --env SMLA_ATTN_PERSISTENT=off against the default, no second build).
+
 The first tree is this process's own smla (PYTHONPATH); each --tree adds one. Per shape: every round runs each
 tree `iters` calls (L2 flushed before each, as benchmarks/bench_sparse_mla_prefill.py does; the trees' order
 rotates by round) and prints, per tree, the median over all its calls and the median over rounds of its round
@@ -79,6 +82,8 @@ class SmiPoll:
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--tree", action="append", default=[], help="another tree (built in place); repeatable")
+    ap.add_argument("--env", action="append", default=[], metavar="NAME=VALUE",
+                    help="this tree with a run-time switch set during its calls; repeatable")
     ap.add_argument("--shape", action="append", default=[], metavar="H,S_KV")
     ap.add_argument("--precision", default="fast", choices=["high", "fast"])
     ap.add_argument("--kernel", default="sm90p")
@@ -95,8 +100,21 @@ def main():
     import bench_sparse_mla_prefill as B
     from _gpu import event_times_us, flush_buffer
 
-    names = ["this"] + [os.path.basename(os.path.normpath(t)) for t in args.tree]
-    mods = [ops._C] + [load_ext(t, i + 1) for i, t in enumerate(args.tree)]
+    for e in args.env:
+        if "=" not in e:
+            raise SystemExit(f"ab_prefill: --env {e!r}: expected NAME=VALUE")
+    names = ["this"] + [os.path.basename(os.path.normpath(t)) for t in args.tree] + args.env
+    mods = [ops._C] + [load_ext(t, i + 1) for i, t in enumerate(args.tree)] + [ops._C] * len(args.env)
+    envs = [None] * (1 + len(args.tree)) + [e.split("=", 1) for e in args.env]
+
+    def use(v):
+        """Variant v's module and switch (the --env names are unset for the others)."""
+        ops._C = mods[v]
+        for name, _ in (x for x in envs if x):
+            os.environ.pop(name, None)
+        if envs[v]:
+            os.environ[envs[v][0]] = envs[v][1]
+
     scratch = flush_buffer(torch)
     print(f"# {torch.cuda.get_device_name(0)}; kernel {args.kernel}; precision {args.precision}; trees: "
           + ", ".join(names) + f"; {args.rounds} rounds x {args.iters} calls each, L2 flushed before each call")
@@ -106,19 +124,19 @@ def main():
         times = [[] for _ in mods]
         rounds = [[] for _ in mods]
         windows = [[] for _ in mods]  # when each tree's calls ran (--smi)
-        for v, m in enumerate(mods):  # warm-up: module load, kernel attributes
-            ops._C = m
+        for v in range(len(mods)):  # warm-up: module load, kernel attributes
+            use(v)
             call()
         for r in range(args.rounds):
             for k in range(len(mods)):
                 v = (r + k) % len(mods)
-                ops._C = mods[v]
+                use(v)
                 t0 = time.monotonic()
                 t = event_times_us(torch, call, args.iters, scratch)
                 windows[v].append((t0, time.monotonic()))
                 times[v] += t
                 rounds[v].append(statistics.median(t))
-        ops._C = mods[0]
+        use(0)
         base = rounds[0]
         for v, name in enumerate(names):
             rel = sorted(x / y for x, y in zip(rounds[v], base))
