@@ -1,20 +1,18 @@
 """Side-by-side speed of built trees in ONE process: each tree's extension (DIR/src/smla/_C*.so, built in place,
 e.g. by tools/gpu_variants.sh) is loaded as its own module and smla.ops calls it in turn, on the same tensors,
-alternating every few calls, so that the card's clock (the prefill kernels run at the power limit: 1.7-1.98 GHz
-from one process to the next), the L2's address mapping and the tensors are the same for every tree. Between
+alternating every few calls, so that the card's clock (below its 1.98 GHz maximum under these kernels: 1.76-1.80 GHz
+by Nsight Compute's cycles over its durations, issue 16, thirty-ninth and forty-second sessions), the L2's address
+mapping and the tensors are the same for every tree. Between
 processes the same tree's median moved ~5-10% (issue 16, thirty-ninth session), which hid every change under
 ~5%; here the trees share one process.
 
     PYTHONPATH=src python3 tools/ab_prefill.py --tree /tmp/v_a --tree /tmp/v_b [--shape 128,32768 ...]
         [--precision fast] [--kernel sm90p] [--rounds 12] [--iters 3] [--causal]
 
---smi: also each tree's mean SM clock and board power while its calls ran (nvidia-smi polled back to back in a thread,
-a sample every ~30-50 ms: use --iters 8 or more so that each tree's turns hold samples),
-to tell a change that saves cycles from one that changes the clock the card holds at its power limit (the event
-times run ~9% above Nsight Compute's durations of the same kernel, issue 16, forty-first session).
-
 --env NAME=VALUE (repeatable): one more variant, this process's own smla with that run-time switch set during its calls
-(e.g. --env SMLA_ATTN_PERSISTENT=off against the default, no second build).
+(e.g. --env SMLA_ATTN_PERSISTENT=off against the default, no second build). The clock and power during such calls:
+tools/clock_study.py (an --smi option here, nvidia-smi polled during each tree's turns, gave too few and lagging
+samples to use, forty-second session).
 
 The first tree is this process's own smla (PYTHONPATH); each --tree adds one. Per shape: every round runs each
 tree `iters` calls (L2 flushed before each, as benchmarks/bench_sparse_mla_prefill.py does; the trees' order
@@ -28,10 +26,7 @@ import importlib.machinery
 import importlib.util
 import os
 import statistics
-import subprocess
 import sys
-import threading
-import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "benchmarks"))
@@ -50,35 +45,6 @@ def load_ext(tree, i):
     return mod
 
 
-class SmiPoll:
-    """nvidia-smi's SM clock (MHz) and board power (W) of device 0, polled in a thread: samples [(time, mhz, w)], each
-    timed when its query returned."""
-
-    QUERY = ["nvidia-smi", "-i", "0", "--query-gpu=clocks.sm,power.draw", "--format=csv,noheader,nounits"]
-
-    def __init__(self, period=0.0):
-        self.samples, self.period, self.stop = [], period, threading.Event()
-        self.thread = threading.Thread(target=self.run, daemon=True)
-        self.thread.start()
-
-    def run(self):
-        while not self.stop.is_set():
-            try:
-                out = subprocess.run(self.QUERY, capture_output=True, text=True, timeout=5).stdout
-                mhz, w = (float(x) for x in out.strip().split(",")[:2])
-                self.samples.append((time.monotonic(), mhz, w))
-            except (OSError, ValueError, subprocess.SubprocessError):
-                return  # no nvidia-smi, or a field it cannot report: no samples
-            self.stop.wait(self.period)
-
-    def mean_in(self, windows):
-        """Mean clock and power of the samples taken inside any of the (start, end) windows, or None."""
-        got = [(m, w) for t, m, w in self.samples if any(a <= t <= b for a, b in windows)]
-        if not got:
-            return None
-        return statistics.mean(m for m, _ in got), statistics.mean(w for _, w in got), len(got)
-
-
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--tree", action="append", default=[], help="another tree (built in place); repeatable")
@@ -90,9 +56,7 @@ def main():
     ap.add_argument("--rounds", type=int, default=12)
     ap.add_argument("--iters", type=int, default=3)
     ap.add_argument("--causal", action="store_true", help="the causal fresh prompt and its full twin too")
-    ap.add_argument("--smi", action="store_true", help="each tree's mean SM clock and power (nvidia-smi)")
     args = ap.parse_args()
-    smi = SmiPoll() if args.smi else None
     os.environ["SMLA_ATTN_KERNEL"] = args.kernel
     import torch
     import smla
@@ -123,7 +87,6 @@ def main():
         """Per tree: all its call times (us) and its round medians."""
         times = [[] for _ in mods]
         rounds = [[] for _ in mods]
-        windows = [[] for _ in mods]  # when each tree's calls ran (--smi)
         for v in range(len(mods)):  # warm-up: module load, kernel attributes
             use(v)
             call()
@@ -131,19 +94,15 @@ def main():
             for k in range(len(mods)):
                 v = (r + k) % len(mods)
                 use(v)
-                t0 = time.monotonic()
                 t = event_times_us(torch, call, args.iters, scratch)
-                windows[v].append((t0, time.monotonic()))
                 times[v] += t
                 rounds[v].append(statistics.median(t))
         use(0)
         base = rounds[0]
         for v, name in enumerate(names):
             rel = sorted(x / y for x, y in zip(rounds[v], base))
-            clk = smi.mean_in(windows[v]) if smi else None
-            smi_txt = f"   {clk[0]:.0f} MHz {clk[1]:.0f} W ({clk[2]} samples)" if clk else ""
             print(f"{label:>22} {name:>14} {statistics.median(times[v]):>9.1f} us   x{statistics.median(rel):.4f}"
-                  f" ({rel[0]:.3f}..{rel[-1]:.3f}){smi_txt}", flush=True)
+                  f" ({rel[0]:.3f}..{rel[-1]:.3f})", flush=True)
         return [statistics.median(t) for t in times]
 
     for sh in args.shape:

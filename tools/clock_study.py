@@ -33,6 +33,35 @@ def poll(samples, stop):
         samples.append((time.monotonic(), out))
 
 
+def study(torch, smla, B, event_times_us, scratch, h, s_kv, prec, args):
+    """One shape: the idle-gap calls, then the back-to-back stretch with nvidia-smi sampled."""
+    kv, idx = B.random_kv(torch, s_kv)
+    q, out, lse, ml = B.query(torch, torch.Generator(device="cuda").manual_seed(h), B.S_Q, h)
+
+    def call():
+        smla.sparse_mla_prefill(q, kv, idx, softmax_scale=B.SCALE, out=out, lse=lse, max_logits=ml, precision=prec)
+    event_times_us(torch, call, 3)  # warm-up
+    gap = []
+    for _ in range(args.gaps):
+        time.sleep(0.2)
+        gap += event_times_us(torch, call, 1, scratch)
+    samples, stop = [], threading.Event()
+    th = threading.Thread(target=poll, args=(samples, stop), daemon=True)
+    t0, bb = time.monotonic(), []
+    th.start()
+    while time.monotonic() - t0 < args.seconds:
+        bb += event_times_us(torch, call, 20, scratch)  # L2 flushed before each call, as the benchmark
+    stop.set()
+    th.join(timeout=10)
+    n = len(bb)
+    print(f"h={h} s_kv={s_kv} {prec}: after a 0.2 s gap {statistics.median(gap):.1f} (min {min(gap):.1f}); back to back:"
+          f" first 10 {statistics.median(bb[:10]):.1f}, second half of {n} {statistics.median(bb[n // 2:]):.1f}",
+          flush=True)
+    late = [s for t, s in samples if t - t0 > args.seconds / 4]
+    for s in late[:: max(1, len(late) // 6)]:
+        print(f"    smi: {s}")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("spec", nargs="+", metavar="H,S_KV:PRECISION")
@@ -42,56 +71,14 @@ def main():
     import torch
     import smla
     import bench_sparse_mla_prefill as B
-    from _gpu import flush_buffer
+    from _gpu import event_times_us, flush_buffer
 
     scratch = flush_buffer(torch)
-
-    def timed(call):
-        """One call's CUDA events, the L2 flushed before it (as the benchmark)."""
-        scratch.zero_()
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        call()
-        b.record()
-        return a, b
-
     print(f"# {torch.cuda.get_device_name(0)}; us; smi: SM MHz, board W, clock-event reasons (hex mask), deg C")
     for spec in args.spec:
         shape, _, prec = spec.partition(":")
         h, s_kv = (int(x) for x in shape.split(","))
-        kv, idx = B.random_kv(torch, s_kv)
-        q, out, lse, ml = B.query(torch, torch.Generator(device="cuda").manual_seed(h), B.S_Q, h)
-
-        def call():
-            smla.sparse_mla_prefill(q, kv, idx, softmax_scale=B.SCALE, out=out, lse=lse, max_logits=ml,
-                                    precision=prec or "fast")
-        for _ in range(3):
-            call()
-        torch.cuda.synchronize()
-        gap = []
-        for _ in range(args.gaps):
-            time.sleep(0.2)
-            a, b = timed(call)
-            torch.cuda.synchronize()
-            gap.append(a.elapsed_time(b) * 1e3)
-        samples, stop = [], threading.Event()
-        th = threading.Thread(target=poll, args=(samples, stop), daemon=True)
-        th.start()
-        t0, evs = time.monotonic(), []
-        while time.monotonic() - t0 < args.seconds:
-            evs += [timed(call) for _ in range(20)]
-            torch.cuda.synchronize()
-        stop.set()
-        th.join(timeout=10)
-        bb = [a.elapsed_time(b) * 1e3 for a, b in evs]
-        n = len(bb)
-        print(f"h={h} s_kv={s_kv} {prec or 'fast'}: after a 0.2 s gap {statistics.median(gap):.1f} (min {min(gap):.1f});"
-              f" back to back: first 10 {statistics.median(bb[:10]):.1f}, second half of {n} "
-              f"{statistics.median(bb[n // 2:]):.1f}", flush=True)
-        late = [s for t, s in samples if t - t0 > args.seconds / 4]
-        for s in late[:: max(1, len(late) // 6)]:
-            print(f"    smi: {s}")
-        del kv, idx, q, out, lse, ml
+        study(torch, smla, B, event_times_us, scratch, h, s_kv, prec or "fast", args)
         torch.cuda.empty_cache()
 
 

@@ -13,6 +13,9 @@
 extern "C" {
 #endif
 
+/* smla_run.attn_persistent: the values of SMLA_ATTN_PERSISTENT=auto|off|on, in that order (settings.c) */
+enum { SMLA_PERSISTENT_AUTO = 0, SMLA_PERSISTENT_OFF = 1, SMLA_PERSISTENT_ON = 2 };
+
 /* Run-time settings of one call: the binding reads the environment switches (SMLA_NUM_THREADS,
  * SMLA_CPU_ISA, SMLA_ATTN_KERNEL, SMLA_ATTN_COMBINE, SMLA_ATTN_PERSISTENT, SMLA_ATTN_ABLATE, SMLA_ATTN_TRACE,
  * SMLA_ATTN_STAGGER_NS, SMLA_ATTN_JITTER_NS) under the GIL, parses them strictly and passes them
@@ -25,8 +28,8 @@ typedef struct {
     int fused_combine; /* split decode: 1 (SMLA_ATTN_COMBINE=auto, default) the main kernel merges its own
                           partials where it can (cuda/attention/combine.cuh), 0 (=kernel) the combine kernel */
     int attn_persistent; /* the bf16 pair kernel's persistent form (cuda/attention/sm90/pair_kernel.cuh,
-                            persistent_here): 0 (SMLA_ATTN_PERSISTENT=auto, default) where it measured faster,
-                            1 (=off) never, 2 (=on) wherever it can run */
+                            persistent_here), SMLA_ATTN_PERSISTENT's index: SMLA_PERSISTENT_AUTO (default) where
+                            it measured faster, _OFF never, _ON wherever it can run */
     int attn_ablate;   /* profiling builds: ablation variant bits; 0 = the full kernel */
     uint64_t attn_trace; /* profiling builds: device address of the sm90 kernels' stage-timestamp buffer
                             (SMLA_ATTN_TRACE, cuda/attention/sm90/trace.cuh, tools/trace_attn.py); 0 = none */

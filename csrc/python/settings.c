@@ -79,7 +79,7 @@ int smla_read_settings(smla_run *r)
                                             "avx2-emulated-bf16"};
     static const char *const kernel_names[] = {"auto", "portable", "sm90", "sm90n", "sm90p", "sm90r", "sm90d", "sm90t"};
     static const char *const combine_names[] = {"auto", "kernel"};
-    static const char *const persistent_names[] = {"auto", "off", "on"};
+    static const char *const persistent_names[] = {"auto", "off", "on"};  /* SMLA_PERSISTENT_* (params.h) */
 #define SMLA_NAMES(a) a, (int)(sizeof a / sizeof a[0])
     memset(r, 0, sizeof *r);
     int isa, combine;

@@ -1220,9 +1220,9 @@ bool persistent_here(const Args &a, bool fast)
 {
     if (!kPersistent || a.n_splits != 1 || !a.q_tma) return false;
     switch (a.p.run.attn_persistent) {
-    case 1: return false;  // off
-    case 2: return true;   // on
-    default: return !fast || a.limit * kRowBytes <= static_cast<int64_t>(a.l2_bytes) / 2;
+    case SMLA_PERSISTENT_OFF: return false;
+    case SMLA_PERSISTENT_ON: return true;
+    default: return !fast || a.limit * kRowBytes <= static_cast<int64_t>(a.l2_bytes) / 2;  // SMLA_PERSISTENT_AUTO
     }
 }
 
