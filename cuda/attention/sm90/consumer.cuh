@@ -270,32 +270,13 @@ struct ScoreWarpgroup : ConsumerBase<ABL, XO, FAST, SPLIT, 0> {
     // kSpecSoftmax (plan.cuh): the same from the raw scores (S, not masked or scaled; full: every row of the
     // tile valid, so no mask), with the exponents taken first, against the reference max the tile keeps unless
     // its max exceeds it by more than kLazySlack, while the maxima are reduced over the quad; a tile that moves
-    // it (a row's first, a jump) takes them again. For softmax_scale > 0 the FFMA applies the scale (the raw
-    // maxima are then the scaled ones'; one rounding of s scale - m instead of two); otherwise, where a
-    // thread's scores may saturate, or where its maxima exceed kFoldLimit in magnitude (the FFMA's exact
-    // s scale - m then differs from the rounded scores' difference by up to half an ulp of s scale, which
-    // the exponent would turn into 0 or inf where the rounded difference is 0), they are masked and scaled
-    // as for softmax().
-    static constexpr float kFoldLimit = 65536.f;  // half an ulp is 2^-8 here: P within 0.3% of softmax()'s
-    __device__ __forceinline__ static bool foldable(float mx) { return mx == -INFINITY || fabsf(mx) <= kFoldLimit; }
+    // it (a row's first, a jump) takes them again. The FFMA applies the scale where mask_fold_thread
+    // (sm90/score_tile.cuh) says it may; elsewhere the scores are masked and scaled as for softmax().
     __device__ __forceinline__ void softmax_spec(const Cta<XO> &c, int b, bool full, float (&s)[32],
                                                  float (&alpha)[2], uint32_t (&hi)[16], uint32_t (&lo)[16])
     {
-        const int *valid = c.sValid + b * kBN;
-        const float scale = a.scale_log2;
-        float sc = scale, mx[2];
-        bool slow = !(scale > 0.f);
-        if (!slow) {
-            if (!full) mask_raw(valid, t4, s);
-            thread_max(s, mx);
-            mx[0] *= scale;
-            mx[1] *= scale;
-            slow = sat_needed(mx[0], m_r[0]) || sat_needed(mx[1], m_r[1]) || !foldable(mx[0]) || !foldable(mx[1]);
-        }
-        if (slow) {
-            mask_scale_thread(valid, scale, t4, m_r, s, mx);
-            sc = 1.f;
-        }
+        float mx[2];
+        const float sc = mask_fold_thread(c.sValid + b * kBN, full, a.scale_log2, t4, m_r, s, mx);
         float nb[2], rs[2];
 #pragma unroll
         for (int i = 0; i < 2; ++i) nb[i] = m_r[i] == -INFINITY ? 0.f : -m_r[i];

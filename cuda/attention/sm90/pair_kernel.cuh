@@ -206,6 +206,16 @@
 #ifndef SMLA_SM90P_PERSISTENT
 #define SMLA_SM90P_PERSISTENT 1
 #endif
+// SMLA_SM90P_FOLD_SCALE (default 1; an experiment, not yet measured): the pair kernel's softmax with the folded scale
+// of the wide kernel (mask_fold_thread, sm90/score_tile.cuh): the scores stay raw (masked to -inf), the maxima are the
+// raw ones times the scale, and the exponent's FFMA applies the scale (2^(s scale - m), one rounding instead of two),
+// so a tile's softmax loses the 32 FMULs a thread of the scaling, on the path from S to P (the wide kernel: 1.7% faster
+// at h = 128 "fast", twenty-third session). Why now: the pair kernel's consumer loops issue 920 / 1,195 instructions a
+// pass (WG1 / WG0, "fast", tools/sass_loops.py) against FlashMLA's 822 / 1,349, with 100 FSEL and 76 FSETP against
+// its 32 / 34 (it masks raw scores and folds the scale into its exponents' FFMA). 0: scaled in place (mask_scores).
+#ifndef SMLA_SM90P_FOLD_SCALE
+#define SMLA_SM90P_FOLD_SCALE 1
+#endif
 static_assert(SMLA_SM90P_PARTS == 1 || SMLA_SM90P_PARTS == 2 || SMLA_SM90P_PARTS == 4, "SMLA_SM90P_PARTS: 1, 2 or 4");
 
 namespace attn {
@@ -229,6 +239,7 @@ constexpr int kEmptyBars = kSplit ? 16 : 4;  // empty[b][r] (kSplit: [b][r][q], 
 constexpr int parts(bool fast) { return fast ? SMLA_SM90P_PARTS : 1; }
 constexpr bool kLeanProducer = SMLA_SM90P_LEAN_PRODUCER != 0;
 constexpr bool kPersistent = SMLA_SM90P_PERSISTENT != 0;
+constexpr bool kFoldScale = SMLA_SM90P_FOLD_SCALE != 0;
 static_assert(SMLA_SM90P_PERSISTENT == 0 || SMLA_SM90P_PERSISTENT == 1, "SMLA_SM90P_PERSISTENT: 0 or 1");
 
 // setmaxnreg: the three warpgroups share the launch allocation, 3 x 168 (plan.cuh).
@@ -659,14 +670,23 @@ struct PairConsumer {
 
     // --- softmax -----------------------------------------------------------------------------------
     // Mask (row flags of buffer W), scale, the tile's row maxima (sm90/score_tile.cuh); kLazy: the true maxima.
-    __device__ __forceinline__ void mask_scores(float (&s)[32], float (&mx)[2])
+    // Returns the factor probs applies to s: kFoldScale, the scale where the scores stayed raw (mask_fold_thread);
+    // else 1 (scaled here).
+    __device__ __forceinline__ float mask_scores(float (&s)[32], float (&mx)[2])
     {
-        sm90::mask_scores(c.sValid + W * kBN, a.scale_log2, t4, m, s, mx);
+        float sc = 1.f;
+        if constexpr (kFoldScale) {
+            sc = mask_fold_thread(c.sValid + W * kBN, false, a.scale_log2, t4, m, s, mx);
+            quad_max(mx);
+        } else {
+            sm90::mask_scores(c.sValid + W * kBN, a.scale_log2, t4, m, s, mx);
+        }
         if (kLazy && t4 == 0) {
             float *const p = c.sMt + W * kHT + r0;  // only this thread reads and writes its rows' entries
             p[0] = fmaxf(p[0], mx[0]);
             p[8] = fmaxf(p[8], mx[1]);
         }
+        return sc;
     }
 
     // The exponent base of row max mn (0 for a row with nothing yet: its p are all 0).
@@ -690,18 +710,18 @@ struct PairConsumer {
         l[1] *= static_cast<double>(f[1]);
     }
 
-    // P = 2^(S - base) in place (fp32), its A fragments (hi; lo: high only) and the row sums.
-    __device__ __forceinline__ void probs(float (&s)[32], const float (&mn)[2], uint32_t (&hi)[16],
+    // P = 2^(S sc - base) in place (fp32; sc from mask_scores), its A fragments (hi; lo: high only) and the row sums.
+    __device__ __forceinline__ void probs(float (&s)[32], float sc, const float (&mn)[2], uint32_t (&hi)[16],
                                           uint32_t (&lo)[16])
     {
         const float b0 = base_of(mn[0]), b1 = base_of(mn[1]);
         float rs[2] = {0.f, 0.f};
 #pragma unroll
         for (int jn = 0; jn < 8; ++jn) {
-            s[4 * jn + 0] = ex2(s[4 * jn + 0] - b0);
-            s[4 * jn + 1] = ex2(s[4 * jn + 1] - b0);
-            s[4 * jn + 2] = ex2(s[4 * jn + 2] - b1);
-            s[4 * jn + 3] = ex2(s[4 * jn + 3] - b1);
+            s[4 * jn + 0] = ex2(kFoldScale ? fmaf(s[4 * jn + 0], sc, -b0) : s[4 * jn + 0] - b0);
+            s[4 * jn + 1] = ex2(kFoldScale ? fmaf(s[4 * jn + 1], sc, -b0) : s[4 * jn + 1] - b0);
+            s[4 * jn + 2] = ex2(kFoldScale ? fmaf(s[4 * jn + 2], sc, -b1) : s[4 * jn + 2] - b1);
+            s[4 * jn + 3] = ex2(kFoldScale ? fmaf(s[4 * jn + 3], sc, -b1) : s[4 * jn + 3] - b1);
             rs[0] += s[4 * jn + 0] + s[4 * jn + 1];
             rs[1] += s[4 * jn + 2] + s[4 * jn + 3];
             const int f = 4 * (jn >> 1) + 2 * (jn & 1);
@@ -925,11 +945,11 @@ struct PairConsumer {
         uint32_t hi[16], lo[16];
         last_s_done(more);
         trace(a, k, 0);
-        mask_scores(s, mx);
+        const float sc = mask_scores(s, mx);
         publish_max(m, mx, m0, kBarM0);
         trace(a, k, 1);
         move_max(m0);
-        probs(s, m0, hi, lo);
+        probs(s, sc, m0, hi, lo);
         pv_local(hi, lo);
         trace(a, k, 2);
         named_sync(kBarM1, 256);
@@ -968,13 +988,13 @@ struct PairConsumer {
         uint32_t hi[16], lo[16];
         last_s_done(more);
         trace(a, k, 0);
-        mask_scores(s, mx);
+        const float sc = mask_scores(s, mx);
         named_sync(kBarM0, 256);
         trace(a, k, 1);
         get_m(0, m0);
         publish_max(m0, mx, m1, kBarM1);
         move_max(m1);
-        probs(s, m1, hi, lo);
+        probs(s, sc, m1, hi, lo);
         pv_local(hi, lo);  // before P1's store: its product starts sooner (1-2% faster in "high", equal in "fast")
         store_p(hi, lo);
         named_arrive(kBarP1, 256);

@@ -95,7 +95,7 @@ namespace sm90 {
 // reduced, so the maxima's shuffles and the verdict run beside them; a tile that moves the reference (a first
 // tile, a jump by more than kLazySlack) takes them again. The scale is applied by the exponent's FFMA (where
 // softmax_scale > 0, so that the maximum of the raw scores is the scaled one's, and the thread's maxima are
-// within ScoreWarpgroup::kFoldLimit), and over a bf16 cache the producers mark a tile whose 64 rows are all valid
+// within kFoldLimit, sm90/score_tile.cuh), and over a bf16 cache the producers mark a tile whose 64 rows are all valid
 // (Bf16Producer, TILE_FLAG), which WG0 then does not mask. H100: 1.7% faster at h = 128 "fast", 2.7% at h = 64
 // "high", the rest equal (benchmarks/README.md, issue 16, twenty-third session). 0: the softmax as it was (mask
 // and scale, maxima, then the exponents).
