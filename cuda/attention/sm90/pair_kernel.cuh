@@ -206,15 +206,17 @@
 #ifndef SMLA_SM90P_PERSISTENT
 #define SMLA_SM90P_PERSISTENT 1
 #endif
-// SMLA_SM90P_FOLD_SCALE (default 1; an experiment, not yet measured): the pair kernel's softmax with the folded scale
-// of the wide kernel (mask_fold_thread, sm90/score_tile.cuh): the scores stay raw (masked to -inf), the maxima are the
-// raw ones times the scale, and the exponent's FFMA applies the scale (2^(s scale - m), one rounding instead of two),
-// so a tile's softmax loses the 32 FMULs a thread of the scaling, on the path from S to P (the wide kernel: 1.7% faster
-// at h = 128 "fast", twenty-third session). Why now: the pair kernel's consumer loops issue 920 / 1,195 instructions a
-// pass (WG1 / WG0, "fast", tools/sass_loops.py) against FlashMLA's 822 / 1,349, with 100 FSEL and 76 FSETP against
-// its 32 / 34 (it masks raw scores and folds the scale into its exponents' FFMA). 0: scaled in place (mask_scores).
+// SMLA_SM90P_FOLD_SCALE (default 0: not yet run on a GPU; an experiment for the next device call): the pair kernel's
+// softmax with the folded scale of the wide kernel (mask_fold_thread, sm90/score_tile.cuh): the scores stay raw (masked
+// to -inf), the maxima are the raw ones times the scale, and the exponent's FFMA applies the scale (2^(s scale - m), one
+// rounding instead of two), so a tile's softmax loses the 32 FMULs a thread of the scaling on the path from S to P (the
+// wide kernel: 1.7% faster at h = 128 "fast", twenty-third session). Why: the pair kernel's consumer loops issue 920 /
+// 1,195 instructions a pass (WG1 / WG0, "fast", `tools/sass_loops.py`) against FlashMLA's 822 / 1,349, with 100 FSEL
+// and 76 FSETP against its 32 / 34 (it masks raw scores and folds the scale into its exponents' FFMA). With 1 the
+// loops' static code grows (the rare scaled-in-place path stays in them: 1,053 / 1,335) and the persistent "fast"
+// kernel's producer spills 32 B instead of 28 (ptxas); with 0 the pair kernel's SASS is the one before the switch.
 #ifndef SMLA_SM90P_FOLD_SCALE
-#define SMLA_SM90P_FOLD_SCALE 1
+#define SMLA_SM90P_FOLD_SCALE 0
 #endif
 static_assert(SMLA_SM90P_PARTS == 1 || SMLA_SM90P_PARTS == 2 || SMLA_SM90P_PARTS == 4, "SMLA_SM90P_PARTS: 1, 2 or 4");
 
