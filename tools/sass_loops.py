@@ -13,7 +13,7 @@ import collections
 import re
 
 INSN = re.compile(r"\s+/\*([0-9a-f]{4,})\*/\s+(.*?);")
-BACK = re.compile(r"BRA (?:`\(\.L_x_\d+\)|0x([0-9a-f]+))")
+BACK = re.compile(r"BRA 0x([0-9a-f]+)")  # cuobjdump writes branch targets as addresses
 WORK = ("HGMMA", "LDGSTS", "UTMALDG")
 
 
@@ -45,7 +45,7 @@ def loops(ins):
     found = []
     for i, (a, t) in enumerate(ins):
         m = BACK.search(t)
-        if m and m.group(1) and int(m.group(1), 16) < a and int(m.group(1), 16) in at:
+        if m and int(m.group(1), 16) < a and int(m.group(1), 16) in at:
             j = at[int(m.group(1), 16)]
             body = [opcode(x) for _, x in ins[j:i + 1]]
             if any(o.startswith(WORK) for o in body) and "EXIT" not in body:  # not a retry stub's jump back
