@@ -218,6 +218,17 @@
 #ifndef SMLA_SM90P_FOLD_SCALE
 #define SMLA_SM90P_FOLD_SCALE 0
 #endif
+// SMLA_SM90P_FULL_FLAG (default 0; with SMLA_SM90P_FOLD_SCALE only; an experiment, not yet run on a GPU): the wide
+// kernel's full-tile flag for the pair kernel: each producer warp sets its byte of the buffer's word when its 16 rows of
+// the tile are all valid (set_full_rows, plan.cuh, with the row flags, so under the same early-region barrier), and a
+// consumer whose tile is full skips the mask (mask_fold_thread's full: no flag loads, compares or FSELs; ~56
+// instructions a thread and tile on the path from S to P). Tiles are full in most of a prefill (every one in the
+// benchmark's random rows, all but a causal row's last). With it (and the fold) the one-item kernels spill nothing, the
+// persistent kernels' producer 60 B (ptxas; 20-28 without either switch).
+#ifndef SMLA_SM90P_FULL_FLAG
+#define SMLA_SM90P_FULL_FLAG 0
+#endif
+static_assert(SMLA_SM90P_FULL_FLAG == 0 || SMLA_SM90P_FOLD_SCALE != 0, "SMLA_SM90P_FULL_FLAG needs SMLA_SM90P_FOLD_SCALE");
 static_assert(SMLA_SM90P_PARTS == 1 || SMLA_SM90P_PARTS == 2 || SMLA_SM90P_PARTS == 4, "SMLA_SM90P_PARTS: 1, 2 or 4");
 
 namespace attn {
@@ -242,6 +253,7 @@ constexpr int parts(bool fast) { return fast ? SMLA_SM90P_PARTS : 1; }
 constexpr bool kLeanProducer = SMLA_SM90P_LEAN_PRODUCER != 0;
 constexpr bool kPersistent = SMLA_SM90P_PERSISTENT != 0;
 constexpr bool kFoldScale = SMLA_SM90P_FOLD_SCALE != 0;
+constexpr bool kFullFlag = SMLA_SM90P_FULL_FLAG != 0;
 static_assert(SMLA_SM90P_PERSISTENT == 0 || SMLA_SM90P_PERSISTENT == 1, "SMLA_SM90P_PERSISTENT: 0 or 1");
 
 // setmaxnreg: the three warpgroups share the launch allocation, 3 x 168 (plan.cuh).
@@ -268,7 +280,8 @@ struct Smem {
     static constexpr Region mtrue = region_after(qbar, kLazy ? 2 * kHT * 4 : 0);  // float [2][64]: kLazy's true maxima
     // kPersistent: mbarriers q_free, item_full[2], item_free[2], then ItemSlot [2] (attn_sm90p_persistent_kernel)
     static constexpr Region pers = region_after(mtrue, kPersistent ? 40 + 2 * 32 : 0);
-    static constexpr int used = pers.end();
+    static constexpr Region full = region_after(pers, kFullFlag ? 8 : 0);  // kFullFlag: uint8 [2][4] (set_full_rows)
+    static constexpr int used = full.end();
     static constexpr int bytes = used + 1024;  // slack to align the base to 1024 B
     static_assert(q.off % 1024 == 0 && k.off % 1024 == 0 && plo.off % 1024 == 0, "swizzled tiles");
     static_assert(bar.off % 8 == 0 && qbar.off % 8 == 0 && pers.off % 8 == 0, "mbarriers are 8-byte");
@@ -346,7 +359,7 @@ struct PairProducer {
 
     struct Rows {
         const uint8_t *src[kRows];
-        uint32_t ok;
+        uint32_t ok;  // bit i: row i valid
     };
 
     __device__ __forceinline__ PairProducer(const Args &a_, const Cta &cta, smla_udiv bs_div_ = smla_udiv{0u, 0u})
@@ -370,11 +383,14 @@ struct PairProducer {
             R.ok |= (ok ? 1u : 0u) << i;
         }
     }
-    // The row flags of this thread's rows of buffer b (lanes of chunk 0).
-    __device__ __forceinline__ void flags(const Rows &R, int b) const
+    // The row flags of this thread's rows of buffer b (lanes of chunk 0); kFullFlag: lane 0 the warp's byte of the
+    // full-tile word (full: its 16 rows all valid, a vote of the whole warp before; in locate instead, the persistent
+    // producer spilled 160-176 B against 60, ptxas).
+    __device__ __forceinline__ void flags(const Rows &R, int b, bool full) const
     {
 #pragma unroll
         for (int i = 0; i < kRows; ++i) c.sValid[b * kBN + 16 * i + g] = (R.ok >> i) & 1u;
+        if (kFullFlag && c.lane == 0) set_full_rows(c.smem, b, g >> 2, full, Smem::full.off);
     }
     // Column blocks [c0, c1) of this thread's row i (row 16 i + g of the tile) into K buffer b; copy: of all its rows.
     // HINT: the copies' form (ProducerLane::copy16_as).
@@ -403,8 +419,9 @@ struct PairProducer {
         if (use > 0) mbar_wait(c.empty(B, R), (use - 1) & 1);
         trace(a, use, 1 + 4 * B + 2 * R);
         if constexpr (R == kEarly) {
+            const bool full = kFullFlag && __all_sync(0xffffffffu, rows.ok == (1u << kRows) - 1);
             if (lp.cl == 0) {
-                if (!speculated) flags(rows, B);
+                if (!speculated) flags(rows, B, full);
                 mbar_arrive(c.full(B, R));
             }
             trace(a, use, 9 + 2 * B);  // the flags written: its copies start
@@ -449,7 +466,8 @@ struct PairProducer {
         Rows R;
         fetch(0, idx);
         locate(idx, R);
-        if (lp.cl == 0) flags(R, 0);
+        const bool full = kFullFlag && __all_sync(0xffffffffu, R.ok == (1u << kRows) - 1);
+        if (lp.cl == 0) flags(R, 0, full);
         copy<kHintAny>(R, 0, 0, 9);
         trace_edge(a, kTrSpec);
     }
@@ -678,7 +696,8 @@ struct PairConsumer {
     {
         float sc = 1.f;
         if constexpr (kFoldScale) {
-            sc = mask_fold_thread(c.sValid + W * kBN, false, a.scale_log2, t4, m, s, mx);
+            const bool full = kFullFlag && tile_full(c.smem, W, Smem::full.off);
+            sc = mask_fold_thread(c.sValid + W * kBN, full, a.scale_log2, t4, m, s, mx);
             quad_max(mx);
         } else {
             sm90::mask_scores(c.sValid + W * kBN, a.scale_log2, t4, m, s, mx);
