@@ -4,6 +4,8 @@ loops of an attention kernel, not the mbarrier retry loops and not the item loop
 instruction once, whatever branch a pass takes), so two kernels' loops compare by the code they issue per pass, e.g.
 ours against a peer's binary:
 
+    nvcc -std=c++17 -O3 -Icsrc -Icuda -DSMLA_WITH_CUDA=1 -DSMLA_HAVE_SM90=1 --expt-relaxed-constexpr \
+        -gencode=arch=compute_90a,code=sm_90a -cubin -o k.cubin cuda/attention/sm90/pair_bf16.cu
     cuobjdump -sass k.cubin > ours.sass; cuobjdump -sass peer_exe > peer.sass
     python3 tools/sass_loops.py ours.sass --kernel attn_sm90p_kernelILi0ELb1E [--top 16]
     python3 tools/sass_loops.py peer.sass --kernel sparse_attn_fwd
