@@ -383,9 +383,14 @@ struct PairProducer {
             R.ok |= (ok ? 1u : 0u) << i;
         }
     }
+    // kFullFlag: whether the warp's 16 rows of the tile are all valid (a vote of the whole warp, before the row flags'
+    // write; in locate instead, the persistent producer spilled 160-176 B against 60, ptxas); else false.
+    __device__ __forceinline__ static bool warp_full(const Rows &R)
+    {
+        return kFullFlag && __all_sync(0xffffffffu, R.ok == (1u << kRows) - 1);
+    }
     // The row flags of this thread's rows of buffer b (lanes of chunk 0); kFullFlag: lane 0 the warp's byte of the
-    // full-tile word (full: its 16 rows all valid, a vote of the whole warp before; in locate instead, the persistent
-    // producer spilled 160-176 B against 60, ptxas).
+    // full-tile word (full: warp_full).
     __device__ __forceinline__ void flags(const Rows &R, int b, bool full) const
     {
 #pragma unroll
@@ -419,7 +424,7 @@ struct PairProducer {
         if (use > 0) mbar_wait(c.empty(B, R), (use - 1) & 1);
         trace(a, use, 1 + 4 * B + 2 * R);
         if constexpr (R == kEarly) {
-            const bool full = kFullFlag && __all_sync(0xffffffffu, rows.ok == (1u << kRows) - 1);
+            const bool full = warp_full(rows);
             if (lp.cl == 0) {
                 if (!speculated) flags(rows, B, full);
                 mbar_arrive(c.full(B, R));
@@ -466,7 +471,7 @@ struct PairProducer {
         Rows R;
         fetch(0, idx);
         locate(idx, R);
-        const bool full = kFullFlag && __all_sync(0xffffffffu, R.ok == (1u << kRows) - 1);
+        const bool full = warp_full(R);
         if (lp.cl == 0) flags(R, 0, full);
         copy<kHintAny>(R, 0, 0, 9);
         trace_edge(a, kTrSpec);
@@ -732,6 +737,8 @@ struct PairConsumer {
     }
 
     // P = 2^(S sc - base) in place (fp32; sc from mask_scores), its A fragments (hi; lo: high only) and the row sums.
+    // Without the fold the subtraction itself: fmaf(s, 1, -base) is the same value, but moved the default kernel's code
+    // (normalised cuobjdump), and a re-scheduled loop measures 1-3% apart (fortieth session).
     __device__ __forceinline__ void probs(float (&s)[32], float sc, const float (&mn)[2], uint32_t (&hi)[16],
                                           uint32_t (&lo)[16])
     {
