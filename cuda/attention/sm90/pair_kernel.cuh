@@ -222,7 +222,7 @@
 // kernel's full-tile flag for the pair kernel: each producer warp sets its byte of the buffer's word when its 16 rows of
 // the tile are all valid (set_full_rows, plan.cuh, with the row flags, so under the same early-region barrier), and a
 // consumer whose tile is full skips the mask (mask_fold_thread's full: no flag loads, compares or FSELs; ~56
-// instructions a thread and tile on the path from S to P). Tiles are full in most of a prefill (every one in the
+// instructions a thread and tile on the path from S to P, counted from the code, tools/sass_loops.py). Tiles are full in most of a prefill (every one in the
 // benchmark's random rows, all but a causal row's last). With it (and the fold) the one-item kernels spill nothing, the
 // persistent kernels' producer 60 B (ptxas; 20-28 without either switch).
 #ifndef SMLA_SM90P_FULL_FLAG
