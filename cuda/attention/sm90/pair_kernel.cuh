@@ -185,9 +185,9 @@
 #define SMLA_SM90P_PREFETCH_NEXT 0
 #endif
 // SMLA_SM90P_PERSISTENT (default 1; 0 compiles it out): without a top-k split and with Q by TMA, the pair kernel as
-// persistent CTAs, at most one per SM (clusters of 2 with two head tiles), each taking one work item of each round of
-// the grid (item_of: in snake order, SMLA_SM90P_SNAKE below; an item is what one CTA of attn_sm90p_kernel does), the K
-// ring running on across items, so that an item's boundary overlaps its neighbours' work: the producer scans item k + 1 and issues its Q (once both consumer
+// persistent CTAs, at most one per SM (clusters of 2 with two head tiles), CTA j taking work items j, j + gridDim.x, ..
+// (an item is what one CTA of attn_sm90p_kernel does), the K ring running on across items, so that an item's
+// boundary overlaps its neighbours' work: the producer scans item k + 1 and issues its Q (once both consumer
 // warpgroups' last S of item k is done: Q is read by S alone) and its first regions while the consumers run item k's
 // last pair and epilogue; the output goes out from registers (store_out_cols_regs), not through Q's region. Why: the
 // boundary is ~15% of a CTA (~10,000 cycles of prologue, ~7,000 of epilogue, Nsight Compute, fortieth session) against
@@ -215,17 +215,6 @@
 // and 76 FSETP against its 32 / 34 (it masks raw scores and folds the scale into its exponents' FFMA). With 1 the
 // loops' static code grows (the rare scaled-in-place path stays in them: 1,053 / 1,335) and the persistent "fast"
 // kernel's producer spills 32 B instead of 28 (ptxas); with 0 the pair kernel's SASS is the one before the switch.
-// SMLA_SM90P_SNAKE (default 1; 0: plain turns): the persistent form's order of items, round k of the CTAs (or of the
-// clusters of 2) taking items k G .. k G + G - 1 forwards when k is even and backwards when k is odd (G: the grid in
-// CTAs or clusters), instead of CTA j taking item j + k G in every round. The grid walks the rows longest first
-// (SMLA_REVERSE_ROWS, args.cuh), so with plain turns CTA 0 takes the longest item of every round and, in a causal
-// prefill, ends last; snaking evens out the rounds' sums (longest-first list scheduling, the one-item form's order on
-// the hardware's dispatch). A model of the causal fresh prompt (2,048 rows, token p's ceil((p + 1) / 64) tiles, no
-// cost per item): the busiest CTA over the full twin's 0.531 -> 0.500 at h = 64 (132 CTAs), 0.516 -> 0.500 at h = 128
-// (66 clusters); every item's work and result are unchanged, and a call whose rows are all alike keeps its balance.
-#ifndef SMLA_SM90P_SNAKE
-#define SMLA_SM90P_SNAKE 1
-#endif
 #ifndef SMLA_SM90P_FOLD_SCALE
 #define SMLA_SM90P_FOLD_SCALE 0
 #endif
@@ -265,7 +254,6 @@ constexpr bool kLeanProducer = SMLA_SM90P_LEAN_PRODUCER != 0;
 constexpr bool kPersistent = SMLA_SM90P_PERSISTENT != 0;
 constexpr bool kFoldScale = SMLA_SM90P_FOLD_SCALE != 0;
 constexpr bool kFullFlag = SMLA_SM90P_FULL_FLAG != 0;
-constexpr bool kSnake = SMLA_SM90P_SNAKE != 0;
 static_assert(SMLA_SM90P_PERSISTENT == 0 || SMLA_SM90P_PERSISTENT == 1, "SMLA_SM90P_PERSISTENT: 0 or 1");
 
 // setmaxnreg: the three warpgroups share the launch allocation, 3 x 168 (plan.cuh).
@@ -1162,22 +1150,6 @@ __global__ void __launch_bounds__(kThreads, 1) attn_sm90p_kernel(const __grid_co
     }
 }
 
-// The CTAs a cluster of the pair kernel has: a row's two head tiles are CTAs 2 m, 2 m + 1 (kCluster, grid_pos_of).
-__host__ __device__ __forceinline__ int cluster_ctas(const Args &a)
-{
-    return kCluster && a.n_ht == 2 && a.n_splits == 1 ? 2 : 1;
-}
-
-// kPersistent: the grid position (grid_pos_of) of this CTA's item k: round k of the clusters (cluster_ctas; gridDim.x
-// is a multiple) forwards, or backwards when k is odd (kSnake). Rising with k: the first past the grid ends the CTA.
-__device__ __forceinline__ int64_t item_of(const Args &a, int k)
-{
-    const int cl = cluster_ctas(a);
-    const int64_t n = gridDim.x / cl, u = blockIdx.x / cl;
-    const int64_t turn = kSnake && (k & 1) ? n - 1 - u : u;
-    return (static_cast<int64_t>(k) * n + turn) * cl + blockIdx.x % cl;
-}
-
 // kPersistent: what the producer tells the consumers of an item (Smem::pers, two slots, item k in slot k & 1): its
 // place, its non-empty tile count (-1: no more items) and the K ring's pairs before it.
 struct ItemSlot {
@@ -1187,8 +1159,8 @@ struct ItemSlot {
 static_assert(sizeof(ItemSlot) == 32, "Smem::pers holds two 32-byte slots");
 
 // kPersistent: the pair kernel without a top-k split as persistent CTAs (at most one per SM; with two head tiles
-// clusters of 2, which take the two head tiles of the same rows, as attn_sm90p_kernel's clusters), taking work items a
-// round of the grid at a time (item_of, grid_pos_of). The K ring (full / empty) runs on across items. Per item k:
+// clusters of 2, which take the two head tiles of the same rows, as attn_sm90p_kernel's clusters), CTA j taking work
+// items j, j + gridDim.x, .. (grid_pos_of). The K ring (full / empty) runs on across items. Per item k:
 //   the producer (WG2) makes the item's place and slice, scans its tiles (all 128 threads, scan_tiles_vec), and its
 //     thread 0 writes slot k & 1 (item_full; item_free: the 256 consumer threads are done with item k - 2, which used
 //     the slot) and issues the item's Q by TMA once both consumer warpgroups' last S of item k - 1 is done (q_free, 8
@@ -1226,8 +1198,8 @@ __global__ void __launch_bounds__(kThreads, 1) attn_sm90p_persistent_kernel(cons
         const int tw = c.tid - 256;
         const smla_udiv bs_div = kLeanProducer ? smla_udiv_of(static_cast<uint64_t>(a.p.kv.block_size))
                                                : smla_udiv{0u, 0u};
-        // this CTA's items (item_of) below rows x head tiles (no top-k split: launch)
-        const int64_t n_all = a.rows * a.n_ht;
+        // this CTA's items: blockIdx.x + k gridDim.x < rows x head tiles (no top-k split: launch)
+        const int n_items = static_cast<int>((a.rows * a.n_ht - blockIdx.x + gridDim.x - 1) / gridDim.x);
         // slot k & 1 for item k (nt -1: none), once the consumers are done with item k - 2
         const auto put_slot = [&](int k, int64_t bi, int64_t si, int ht, int nt, int g) {
             if (k >= 2) mbar_wait(item_free + 8 * (k & 1), ((k >> 1) - 1) & 1);
@@ -1236,10 +1208,8 @@ __global__ void __launch_bounds__(kThreads, 1) attn_sm90p_persistent_kernel(cons
             mbar_arrive(item_full + 8 * (k & 1));  // release: the slot's stores
         };
         int g = 0, k = 0;
-        for (;; ++k) {
-            const int64_t item = item_of(a, k);
-            if (item >= n_all) break;
-            const GridPos gp = grid_pos_of(a, item);
+        for (; k < n_items; ++k) {
+            const GridPos gp = grid_pos_of(a, blockIdx.x + static_cast<int64_t>(k) * gridDim.x);
             Cta ci(a, smem_raw, gp);
             if (tw == 0 && k == 0) tma_q(a, ci.sQ, ci.h0, static_cast<int>(ci.si), static_cast<int>(ci.bi), qbar);
             named_sync(kBarProd, 128);  // every producer thread is done with the last item's mask
@@ -1255,7 +1225,7 @@ __global__ void __launch_bounds__(kThreads, 1) attn_sm90p_persistent_kernel(cons
                     tma_q(a, ci.sQ, ci.h0, static_cast<int>(ci.si), static_cast<int>(ci.bi), qbar);
                 }
             }
-            PairProducer<ABL, FAST>(a, ci, bs_div).run(false, g, item_of(a, k + 1) >= n_all);
+            PairProducer<ABL, FAST>(a, ci, bs_div).run(false, g, k + 1 == n_items);
             g += (ci.nt + 1) / 2;
         }
         if (tw == 0) put_slot(k, 0, 0, 0, -1, g);
@@ -1306,7 +1276,8 @@ bool persistent_here(const Args &a, bool fast)
 
 int launch(Args &a, int64_t grid, cudaStream_t s, int dev, smla_status *st)
 {
-    const int cluster = cluster_ctas(a);
+    // kCluster: a row's two head tiles are CTAs 2 m, 2 m + 1 (grid_pos_of)
+    const int cluster = kCluster && a.n_ht == 2 && a.n_splits == 1 ? 2 : 1;
     return with_variant(a, [&](auto abl, auto fast) {
         constexpr int kAbl = decltype(abl)::value;
         constexpr bool kFast = decltype(fast)::value;
