@@ -206,29 +206,6 @@
 #ifndef SMLA_SM90P_PERSISTENT
 #define SMLA_SM90P_PERSISTENT 1
 #endif
-// SMLA_SM90P_FOLD_SCALE (default 0: not yet run on a GPU; an experiment for the next device call): the pair kernel's
-// softmax with the folded scale of the wide kernel (mask_fold_thread, sm90/score_tile.cuh): the scores stay raw (masked
-// to -inf), the maxima are the raw ones times the scale, and the exponent's FFMA applies the scale (2^(s scale - m), one
-// rounding instead of two), so a tile's softmax loses the 32 FMULs a thread of the scaling on the path from S to P (the
-// wide kernel: 1.7% faster at h = 128 "fast", twenty-third session). Why: the pair kernel's consumer loops issue 920 /
-// 1,195 instructions a pass (WG1 / WG0, "fast", `tools/sass_loops.py`) against FlashMLA's 822 / 1,349, with 100 FSEL
-// and 76 FSETP against its 32 / 34 (it masks raw scores and folds the scale into its exponents' FFMA). With 1 the
-// loops' static code grows (the rare scaled-in-place path stays in them: 1,053 / 1,335) and the persistent "fast"
-// kernel's producer spills 32 B instead of 28 (ptxas); with 0 the pair kernel's SASS is the one before the switch.
-#ifndef SMLA_SM90P_FOLD_SCALE
-#define SMLA_SM90P_FOLD_SCALE 0
-#endif
-// SMLA_SM90P_FULL_FLAG (default 0; with SMLA_SM90P_FOLD_SCALE only; an experiment, not yet run on a GPU): the wide
-// kernel's full-tile flag for the pair kernel: each producer warp sets its byte of the buffer's word when its 16 rows of
-// the tile are all valid (set_full_rows, plan.cuh, with the row flags, so under the same early-region barrier), and a
-// consumer whose tile is full skips the mask (mask_fold_thread's full: no flag loads, compares or FSELs; ~56
-// instructions a thread and tile on the path from S to P, counted from the code, tools/sass_loops.py). Tiles are full in most of a prefill (every one in the
-// benchmark's random rows, all but a causal row's last). With it (and the fold) the one-item kernels spill nothing, the
-// persistent kernels' producer 60 B (ptxas; 20-28 without either switch).
-#ifndef SMLA_SM90P_FULL_FLAG
-#define SMLA_SM90P_FULL_FLAG 0
-#endif
-static_assert(SMLA_SM90P_FULL_FLAG == 0 || SMLA_SM90P_FOLD_SCALE != 0, "SMLA_SM90P_FULL_FLAG needs SMLA_SM90P_FOLD_SCALE");
 static_assert(SMLA_SM90P_PARTS == 1 || SMLA_SM90P_PARTS == 2 || SMLA_SM90P_PARTS == 4, "SMLA_SM90P_PARTS: 1, 2 or 4");
 
 namespace attn {
@@ -252,8 +229,6 @@ constexpr int kEmptyBars = kSplit ? 16 : 4;  // empty[b][r] (kSplit: [b][r][q], 
 constexpr int parts(bool fast) { return fast ? SMLA_SM90P_PARTS : 1; }
 constexpr bool kLeanProducer = SMLA_SM90P_LEAN_PRODUCER != 0;
 constexpr bool kPersistent = SMLA_SM90P_PERSISTENT != 0;
-constexpr bool kFoldScale = SMLA_SM90P_FOLD_SCALE != 0;
-constexpr bool kFullFlag = SMLA_SM90P_FULL_FLAG != 0;
 static_assert(SMLA_SM90P_PERSISTENT == 0 || SMLA_SM90P_PERSISTENT == 1, "SMLA_SM90P_PERSISTENT: 0 or 1");
 
 // setmaxnreg: the three warpgroups share the launch allocation, 3 x 168 (plan.cuh).
@@ -280,8 +255,7 @@ struct Smem {
     static constexpr Region mtrue = region_after(qbar, kLazy ? 2 * kHT * 4 : 0);  // float [2][64]: kLazy's true maxima
     // kPersistent: mbarriers q_free, item_full[2], item_free[2], then ItemSlot [2] (attn_sm90p_persistent_kernel)
     static constexpr Region pers = region_after(mtrue, kPersistent ? 40 + 2 * 32 : 0);
-    static constexpr Region full = region_after(pers, kFullFlag ? 8 : 0);  // kFullFlag: uint8 [2][4] (set_full_rows)
-    static constexpr int used = full.end();
+    static constexpr int used = pers.end();
     static constexpr int bytes = used + 1024;  // slack to align the base to 1024 B
     static_assert(q.off % 1024 == 0 && k.off % 1024 == 0 && plo.off % 1024 == 0, "swizzled tiles");
     static_assert(bar.off % 8 == 0 && qbar.off % 8 == 0 && pers.off % 8 == 0, "mbarriers are 8-byte");
@@ -359,7 +333,7 @@ struct PairProducer {
 
     struct Rows {
         const uint8_t *src[kRows];
-        uint32_t ok;  // bit i: row i valid
+        uint32_t ok;
     };
 
     __device__ __forceinline__ PairProducer(const Args &a_, const Cta &cta, smla_udiv bs_div_ = smla_udiv{0u, 0u})
@@ -383,19 +357,11 @@ struct PairProducer {
             R.ok |= (ok ? 1u : 0u) << i;
         }
     }
-    // kFullFlag: whether the warp's 16 rows of the tile are all valid (a vote of the whole warp, before the row flags'
-    // write; in locate instead, the persistent producer spilled 160-176 B against 60, ptxas); else false.
-    __device__ __forceinline__ static bool warp_full(const Rows &R)
-    {
-        return kFullFlag && __all_sync(0xffffffffu, R.ok == (1u << kRows) - 1);
-    }
-    // The row flags of this thread's rows of buffer b (lanes of chunk 0); kFullFlag: lane 0 the warp's byte of the
-    // full-tile word (full: warp_full).
-    __device__ __forceinline__ void flags(const Rows &R, int b, bool full) const
+    // The row flags of this thread's rows of buffer b (lanes of chunk 0).
+    __device__ __forceinline__ void flags(const Rows &R, int b) const
     {
 #pragma unroll
         for (int i = 0; i < kRows; ++i) c.sValid[b * kBN + 16 * i + g] = (R.ok >> i) & 1u;
-        if (kFullFlag && c.lane == 0) set_full_rows(c.smem, b, g >> 2, full, Smem::full.off);
     }
     // Column blocks [c0, c1) of this thread's row i (row 16 i + g of the tile) into K buffer b; copy: of all its rows.
     // HINT: the copies' form (ProducerLane::copy16_as).
@@ -424,9 +390,8 @@ struct PairProducer {
         if (use > 0) mbar_wait(c.empty(B, R), (use - 1) & 1);
         trace(a, use, 1 + 4 * B + 2 * R);
         if constexpr (R == kEarly) {
-            const bool full = warp_full(rows);
             if (lp.cl == 0) {
-                if (!speculated) flags(rows, B, full);
+                if (!speculated) flags(rows, B);
                 mbar_arrive(c.full(B, R));
             }
             trace(a, use, 9 + 2 * B);  // the flags written: its copies start
@@ -471,8 +436,7 @@ struct PairProducer {
         Rows R;
         fetch(0, idx);
         locate(idx, R);
-        const bool full = warp_full(R);
-        if (lp.cl == 0) flags(R, 0, full);
+        if (lp.cl == 0) flags(R, 0);
         copy<kHintAny>(R, 0, 0, 9);
         trace_edge(a, kTrSpec);
     }
@@ -695,24 +659,14 @@ struct PairConsumer {
 
     // --- softmax -----------------------------------------------------------------------------------
     // Mask (row flags of buffer W), scale, the tile's row maxima (sm90/score_tile.cuh); kLazy: the true maxima.
-    // Returns the factor probs applies to s: kFoldScale, the scale where the scores stayed raw (mask_fold_thread);
-    // else 1 (scaled here).
-    __device__ __forceinline__ float mask_scores(float (&s)[32], float (&mx)[2])
+    __device__ __forceinline__ void mask_scores(float (&s)[32], float (&mx)[2])
     {
-        float sc = 1.f;
-        if constexpr (kFoldScale) {
-            const bool full = kFullFlag && tile_full(c.smem, W, Smem::full.off);
-            sc = mask_fold_thread(c.sValid + W * kBN, full, a.scale_log2, t4, m, s, mx);
-            quad_max(mx);
-        } else {
-            sm90::mask_scores(c.sValid + W * kBN, a.scale_log2, t4, m, s, mx);
-        }
+        sm90::mask_scores(c.sValid + W * kBN, a.scale_log2, t4, m, s, mx);
         if (kLazy && t4 == 0) {
             float *const p = c.sMt + W * kHT + r0;  // only this thread reads and writes its rows' entries
             p[0] = fmaxf(p[0], mx[0]);
             p[8] = fmaxf(p[8], mx[1]);
         }
-        return sc;
     }
 
     // The exponent base of row max mn (0 for a row with nothing yet: its p are all 0).
@@ -736,20 +690,18 @@ struct PairConsumer {
         l[1] *= static_cast<double>(f[1]);
     }
 
-    // P = 2^(S sc - base) in place (fp32; sc from mask_scores), its A fragments (hi; lo: high only) and the row sums.
-    // Without the fold the subtraction itself: fmaf(s, 1, -base) is the same value, but moved the default kernel's code
-    // (normalised cuobjdump), and a re-scheduled loop measures 1-3% apart (fortieth session).
-    __device__ __forceinline__ void probs(float (&s)[32], float sc, const float (&mn)[2], uint32_t (&hi)[16],
+    // P = 2^(S - base) in place (fp32), its A fragments (hi; lo: high only) and the row sums.
+    __device__ __forceinline__ void probs(float (&s)[32], const float (&mn)[2], uint32_t (&hi)[16],
                                           uint32_t (&lo)[16])
     {
         const float b0 = base_of(mn[0]), b1 = base_of(mn[1]);
         float rs[2] = {0.f, 0.f};
 #pragma unroll
         for (int jn = 0; jn < 8; ++jn) {
-            s[4 * jn + 0] = ex2(kFoldScale ? fmaf(s[4 * jn + 0], sc, -b0) : s[4 * jn + 0] - b0);
-            s[4 * jn + 1] = ex2(kFoldScale ? fmaf(s[4 * jn + 1], sc, -b0) : s[4 * jn + 1] - b0);
-            s[4 * jn + 2] = ex2(kFoldScale ? fmaf(s[4 * jn + 2], sc, -b1) : s[4 * jn + 2] - b1);
-            s[4 * jn + 3] = ex2(kFoldScale ? fmaf(s[4 * jn + 3], sc, -b1) : s[4 * jn + 3] - b1);
+            s[4 * jn + 0] = ex2(s[4 * jn + 0] - b0);
+            s[4 * jn + 1] = ex2(s[4 * jn + 1] - b0);
+            s[4 * jn + 2] = ex2(s[4 * jn + 2] - b1);
+            s[4 * jn + 3] = ex2(s[4 * jn + 3] - b1);
             rs[0] += s[4 * jn + 0] + s[4 * jn + 1];
             rs[1] += s[4 * jn + 2] + s[4 * jn + 3];
             const int f = 4 * (jn >> 1) + 2 * (jn & 1);
@@ -973,11 +925,11 @@ struct PairConsumer {
         uint32_t hi[16], lo[16];
         last_s_done(more);
         trace(a, k, 0);
-        const float sc = mask_scores(s, mx);
+        mask_scores(s, mx);
         publish_max(m, mx, m0, kBarM0);
         trace(a, k, 1);
         move_max(m0);
-        probs(s, sc, m0, hi, lo);
+        probs(s, m0, hi, lo);
         pv_local(hi, lo);
         trace(a, k, 2);
         named_sync(kBarM1, 256);
@@ -1016,13 +968,13 @@ struct PairConsumer {
         uint32_t hi[16], lo[16];
         last_s_done(more);
         trace(a, k, 0);
-        const float sc = mask_scores(s, mx);
+        mask_scores(s, mx);
         named_sync(kBarM0, 256);
         trace(a, k, 1);
         get_m(0, m0);
         publish_max(m0, mx, m1, kBarM1);
         move_max(m1);
-        probs(s, sc, m1, hi, lo);
+        probs(s, m1, hi, lo);
         pv_local(hi, lo);  // before P1's store: its product starts sooner (1-2% faster in "high", equal in "fast")
         store_p(hi, lo);
         named_arrive(kBarP1, 256);

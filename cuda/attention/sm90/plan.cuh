@@ -225,16 +225,15 @@ struct Smem {
     static_assert(bytes <= 227 * 1024, "sm_90 opt-in shared memory per block");
 };
 
-// The full-tile flags (Smem::full_tile; kSpecSoftmax, the bf16 wide kernel; off: another kernel's words, the pair
-// kernel's SMLA_SM90P_FULL_FLAG): producer warp w of 4 sets byte w of K buffer b's word to whether its 16 rows of the
-// tile are all valid; the tile is full when all four are.
-__device__ __forceinline__ void set_full_rows(uint8_t *smem, int b, int w, bool full, int off = Smem::full_tile.off)
+// The full-tile flags (Smem::full_tile; kSpecSoftmax, the bf16 wide kernel): producer warp w of 4 sets byte w
+// of K buffer b's word to whether its 16 rows of the tile are all valid; the tile is full when all four are.
+__device__ __forceinline__ void set_full_rows(uint8_t *smem, int b, int w, bool full)
 {
-    smem[off + 4 * b + w] = full ? 1 : 0;
+    smem[Smem::full_tile.off + 4 * b + w] = full ? 1 : 0;
 }
-__device__ __forceinline__ bool tile_full(const uint8_t *smem, int b, int off = Smem::full_tile.off)
+__device__ __forceinline__ bool tile_full(const uint8_t *smem, int b)
 {
-    return *reinterpret_cast<const int *>(smem + off + 4 * b) == 0x01010101;
+    return *reinterpret_cast<const int *>(smem + Smem::full_tile.off + 4 * b) == 0x01010101;
 }
 
 __device__ __forceinline__ uint32_t blk_addr(uint32_t base, int row, int chunk)

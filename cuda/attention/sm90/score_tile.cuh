@@ -102,14 +102,15 @@ __device__ __forceinline__ void mask_scores(const int *valid, float scale_log2, 
     quad_max(mx);
 }
 
-// The folded scale (the wide kernel's speculative softmax, the pair kernel's SMLA_SM90P_FOLD_SCALE): the scores stay
-// raw (S, masked to -inf where invalid unless full: every token of the tile valid) and the exponents' FFMA applies the
-// scale, 2^(s scale - m) with one rounding instead of two; for scale > 0 the raw maxima times the scale are exactly the
-// scaled scores' maxima (rounding is monotonic). Where a thread's scores may saturate (sat_needed), or where its maxima
-// exceed kFoldLimit in magnitude (the FFMA's exact s scale - m then differs from the rounded scores' difference by up
-// to half an ulp of s scale, which the exponent would turn into 0 or inf where the rounded difference is 0), or for
-// scale <= 0, they are masked and scaled in place as by mask_scale_thread. Returns the factor the exponents apply to s
-// (scale, or 1 where scaled in place); mx: this thread's scaled row maxima (not yet reduced over the quad).
+// The folded scale (the wide kernel's speculative softmax; in the pair kernel 1-2% slower, issue 16, forty-fourth
+// session): the scores stay raw (S, masked to -inf where invalid unless full: every token of the tile valid) and the
+// exponents' FFMA applies the scale, 2^(s scale - m) with one rounding instead of two; for scale > 0 the raw maxima
+// times the scale are exactly the scaled scores' maxima (rounding is monotonic). Where a thread's scores may saturate
+// (sat_needed), or where its maxima exceed kFoldLimit in magnitude (the FFMA's exact s scale - m then differs from the
+// rounded scores' difference by up to half an ulp of s scale, which the exponent would turn into 0 or inf where the
+// rounded difference is 0), or for scale <= 0, they are masked and scaled in place as by mask_scale_thread. Returns the
+// factor the exponents apply to s (scale, or 1 where scaled in place); mx: this thread's scaled row maxima (not yet
+// reduced over the quad).
 constexpr float kFoldLimit = 65536.f;  // half an ulp is 2^-8 here: P within 0.3% of the rounded scores'
 __device__ __forceinline__ bool foldable(float mx) { return mx == -INFINITY || fabsf(mx) <= kFoldLimit; }
 __device__ __forceinline__ float mask_fold_thread(const int *valid, bool full, float scale, int t4, const float (&m)[2],
