@@ -19,8 +19,19 @@ tree `iters` calls (L2 flushed before each, as benchmarks/bench_sparse_mla_prefi
 rotates by round) and prints, per tree, the median over all its calls and the median over rounds of its round
 median over the first tree's (its ratio, with the lowest and highest round). --causal: the fresh 2,048-token
 causal prompt of that benchmark (h = 128 and 64) and its full twin, and each tree's causal / full.
+
+--peer LIB: another implementation timed beside the trees on the same tensors (named "peer"), a shared library that
+exports the C function
+    int smla_peer_sparse_prefill(const void *q, const void *kv, const int *idx, void *out, float *lse,
+                                 float *max_logits, int s_q, int h, int s_kv, int topk, float sm_scale, void *stream)
+(q [s_q, h, 576] and kv [s_kv, 576] bf16, idx [s_q, topk] int32 with -1 invalid, out [s_q, h, 512] bf16, lse and
+max_logits [s_q, h] float32, all contiguous device arrays; stream a cudaStream_t; 0 when launched). Its outputs go to
+arrays of their own, compared once per shape with this tree's (max |difference| over max |out|). The repository holds
+no such library: the issue 16 sessions build one outside it around FlashMLA's sm90 sparse prefill kernel, to measure
+the gap in one process rather than two.
 """
 import argparse
+import ctypes
 import glob
 import importlib.machinery
 import importlib.util
@@ -45,6 +56,30 @@ def load_ext(tree, i):
     return mod
 
 
+def load_peer(path):
+    """The --peer library's entry point (smla_peer_sparse_prefill, typed)."""
+    try:
+        fn = ctypes.CDLL(os.path.abspath(path)).smla_peer_sparse_prefill
+    except (OSError, AttributeError) as e:
+        raise SystemExit(f"ab_prefill: --peer {path}: {e}")
+    fn.argtypes = [ctypes.c_void_p] * 6 + [ctypes.c_int] * 4 + [ctypes.c_float, ctypes.c_void_p]
+    fn.restype = ctypes.c_int
+    return fn
+
+
+def peer_call(torch, fn, q, kv, idx, outs, scale):
+    """A call of the peer on q, kv, idx into outs (out, lse, max_logits), on torch's current stream."""
+    out, lse, ml = outs
+    stream = torch.cuda.current_stream().cuda_stream
+
+    def call():
+        rc = fn(q.data_ptr(), kv.data_ptr(), idx.data_ptr(), out.data_ptr(), lse.data_ptr(), ml.data_ptr(),
+                q.shape[0], q.shape[1], kv.shape[0], idx.shape[1], ctypes.c_float(scale), stream)
+        if rc != 0:
+            raise SystemExit(f"ab_prefill: the peer returned {rc} (h={q.shape[1]}, topk={idx.shape[1]})")
+    return call
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--tree", action="append", default=[], help="another tree (built in place); repeatable")
@@ -56,6 +91,7 @@ def main():
     ap.add_argument("--rounds", type=int, default=12)
     ap.add_argument("--iters", type=int, default=3)
     ap.add_argument("--causal", action="store_true", help="the causal fresh prompt and its full twin too")
+    ap.add_argument("--peer", metavar="LIB", help="a shared library with smla_peer_sparse_prefill (above), timed too")
     args = ap.parse_args()
     os.environ["SMLA_ATTN_KERNEL"] = args.kernel
     import torch
@@ -70,6 +106,11 @@ def main():
     names = ["this"] + [os.path.basename(os.path.normpath(t)) for t in args.tree] + args.env
     mods = [ops._C] + [load_ext(t, i + 1) for i, t in enumerate(args.tree)] + [ops._C] * len(args.env)
     envs = [None] * (1 + len(args.tree)) + [e.split("=", 1) for e in args.env]
+    peer = load_peer(args.peer) if args.peer else None
+    if peer:  # the last variant; this process's smla stays loaded during its calls
+        names.append("peer")
+        mods.append(ops._C)
+        envs.append(None)
 
     def use(v):
         """Variant v's module and switch (the --env names are unset for the others)."""
@@ -83,18 +124,19 @@ def main():
     print(f"# {torch.cuda.get_device_name(0)}; kernel {args.kernel}; precision {args.precision}; trees: "
           + ", ".join(names) + f"; {args.rounds} rounds x {args.iters} calls each, L2 flushed before each call")
 
-    def measure(label, call):
-        """Per tree: all its call times (us) and its round medians."""
+    def measure(label, call, pcall=None):
+        """Per tree: all its call times (us) and its round medians (pcall: the peer's call, the last variant)."""
         times = [[] for _ in mods]
         rounds = [[] for _ in mods]
+        calls = [call] * (len(mods) - 1) + [pcall if peer else call]
         for v in range(len(mods)):  # warm-up: module load, kernel attributes
             use(v)
-            call()
+            calls[v]()
         for r in range(args.rounds):
             for k in range(len(mods)):
                 v = (r + k) % len(mods)
                 use(v)
-                t = event_times_us(torch, call, args.iters, scratch)
+                t = event_times_us(torch, calls[v], args.iters, scratch)
                 times[v] += t
                 rounds[v].append(statistics.median(t))
         use(0)
@@ -105,23 +147,44 @@ def main():
                   f" ({rel[0]:.3f}..{rel[-1]:.3f})", flush=True)
         return [statistics.median(t) for t in times]
 
+    def peer_outputs(out):
+        """The peer's own out, lse, max_logits for a call shaped like out (None without --peer)."""
+        if not peer:
+            return None
+        lead = out.shape[:-1]
+        return (torch.empty_like(out), torch.empty(lead, dtype=torch.float32, device="cuda"),
+                torch.empty(lead, dtype=torch.float32, device="cuda"))
+
+    def compare(label, out, pouts):
+        """max |peer - this| over max |this| of the last calls' outputs (the same inputs)."""
+        if pouts is not None:
+            torch.cuda.synchronize()
+            d = (pouts[0].float() - out.float()).abs().max().item() / max(out.float().abs().max().item(), 1e-30)
+            print(f"{label:>22} {'peer vs this':>14} out max|diff| / max|out| {d:.2e}", flush=True)
+
     for sh in args.shape:
         h, s_kv = (int(x) for x in sh.split(","))
         kv, idx = B.random_kv(torch, s_kv)
         q, out, lse, ml = B.query(torch, torch.Generator(device="cuda").manual_seed(h), B.S_Q, h)
         # every output given: a tree's extension takes only its own "allocate" marker (smla.ops passes its own)
+        po = peer_outputs(out)
         measure(f"h={h} s_kv={s_kv}", lambda: smla.sparse_mla_prefill(
-            q, kv, idx, softmax_scale=B.SCALE, out=out, lse=lse, max_logits=ml, precision=args.precision))
-        del kv, idx, q, out, lse, ml
+            q, kv, idx, softmax_scale=B.SCALE, out=out, lse=lse, max_logits=ml, precision=args.precision),
+            peer_call(torch, peer, q, kv, idx, po, B.SCALE) if peer else None)
+        compare(f"h={h} s_kv={s_kv}", out, po)
+        del kv, idx, q, out, lse, ml, po
         torch.cuda.empty_cache()
     if args.causal:
         gen, kv, full, causal = B.causal_inputs(torch)
         for h in B.CAUSAL_HEADS:
             q, out, lse, ml = B.query(torch, gen, B.CAUSAL_S, h)
+            po = peer_outputs(out)
             res = {}
             for label, idx in (("causal", causal), ("full", full)):
                 res[label] = measure(f"h={h} {label}", lambda idx=idx: smla.sparse_mla_prefill(
-                    q, kv, idx, softmax_scale=B.SCALE, out=out, lse=lse, max_logits=ml, precision=args.precision))
+                    q, kv, idx, softmax_scale=B.SCALE, out=out, lse=lse, max_logits=ml, precision=args.precision),
+                    peer_call(torch, peer, q, kv, idx, po, B.SCALE) if peer else None)
+                compare(f"h={h} {label}", out, po)
             print(f"{'h=' + str(h) + ' causal/full':>22} " + "  ".join(
                 f"{name} {c / f:.3f}" for name, c, f in zip(names, res["causal"], res["full"])), flush=True)
 
