@@ -85,7 +85,8 @@ def main():
     ap.add_argument("--tree", action="append", default=[], help="another tree (built in place); repeatable")
     ap.add_argument("--env", action="append", default=[], metavar="NAME=VALUE",
                     help="this tree with a run-time switch set during its calls; repeatable")
-    ap.add_argument("--shape", action="append", default=[], metavar="H,S_KV")
+    ap.add_argument("--shape", action="append", default=[], metavar="H,S_KV[,S_Q]",
+                    help="s_q 4096 (the benchmark's) unless given: fewer rows, the first of its indices")
     ap.add_argument("--precision", default="fast", choices=["high", "fast"])
     ap.add_argument("--kernel", default="sm90p")
     ap.add_argument("--rounds", type=int, default=12)
@@ -163,15 +164,20 @@ def main():
             print(f"{label:>22} {'peer vs this':>14} out max|diff| / max|out| {d:.2e}", flush=True)
 
     for sh in args.shape:
-        h, s_kv = (int(x) for x in sh.split(","))
+        h, s_kv, *rest = (int(x) for x in sh.split(","))
+        s_q = rest[0] if rest else B.S_Q
+        if not 1 <= s_q <= B.S_Q or len(rest) > 1:
+            raise SystemExit(f"ab_prefill: --shape {sh!r}: expected H,S_KV[,S_Q] with 1 <= S_Q <= {B.S_Q}")
         kv, idx = B.random_kv(torch, s_kv)
-        q, out, lse, ml = B.query(torch, torch.Generator(device="cuda").manual_seed(h), B.S_Q, h)
+        idx = idx[:s_q].contiguous()
+        lab = f"h={h} s_kv={s_kv}" + (f" s_q={s_q}" if rest else "")
+        q, out, lse, ml = B.query(torch, torch.Generator(device="cuda").manual_seed(h), s_q, h)
         # every output given: a tree's extension takes only its own "allocate" marker (smla.ops passes its own)
         po = peer_outputs(out)
-        measure(f"h={h} s_kv={s_kv}", lambda: smla.sparse_mla_prefill(
+        measure(lab, lambda: smla.sparse_mla_prefill(
             q, kv, idx, softmax_scale=B.SCALE, out=out, lse=lse, max_logits=ml, precision=args.precision),
             peer_call(torch, peer, q, kv, idx, po, B.SCALE) if peer else None)
-        compare(f"h={h} s_kv={s_kv}", out, po)
+        compare(lab, out, po)
         del kv, idx, q, out, lse, ml, po
         torch.cuda.empty_cache()
     if args.causal:
