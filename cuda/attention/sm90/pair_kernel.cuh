@@ -206,6 +206,16 @@
 #ifndef SMLA_SM90P_PERSISTENT
 #define SMLA_SM90P_PERSISTENT 1
 #endif
+// SMLA_SM90P_FLAG_BYTES (default 0: not yet run on a GPU): a K buffer's 64 row flags as bytes placed so that a
+// consumer thread's 16 columns are 16 consecutive bytes and a flag writer's 4 rows 4 (flag_pos): a consumer thread
+// loads its flags by one 16-byte load instead of 16 4-byte ones, a writer stores one word instead of 4 ints. Why:
+// Nsight Compute (issue 16, forty-fifth session, H100, h=64 32K "fast") counted 11.8 M shared-load instructions of ours
+// against FlashMLA's 4.75 M (33.3 M wavefronts against 18.0 M), ~180 a pair against ~72, most of them the 16 flag
+// loads of each consumer warp and tile; shared memory is the kernel's busiest pipe. (A 64-bit word from the producer
+// warps' ballots instead spilled the producer's 56 registers.) 0: the ints.
+#ifndef SMLA_SM90P_FLAG_BYTES
+#define SMLA_SM90P_FLAG_BYTES 0
+#endif
 static_assert(SMLA_SM90P_PARTS == 1 || SMLA_SM90P_PARTS == 2 || SMLA_SM90P_PARTS == 4, "SMLA_SM90P_PARTS: 1, 2 or 4");
 
 namespace attn {
@@ -229,6 +239,14 @@ constexpr int kEmptyBars = kSplit ? 16 : 4;  // empty[b][r] (kSplit: [b][r][q], 
 constexpr int parts(bool fast) { return fast ? SMLA_SM90P_PARTS : 1; }
 constexpr bool kLeanProducer = SMLA_SM90P_LEAN_PRODUCER != 0;
 constexpr bool kPersistent = SMLA_SM90P_PERSISTENT != 0;
+constexpr bool kFlagBytes = SMLA_SM90P_FLAG_BYTES != 0;
+// kFlagBytes: the byte of row r = 16 i + g of a K tile among its buffer's 64 flag bytes. The producer's flag writer g
+// holds rows 16 i + g (i = 0..3), all columns of consumer thread t4 = (g >> 1) & 3 (column 8 jn + 2 t4 + e is row
+// 16 (jn >> 1) + g with g = 8 (jn & 1) + 2 t4 + e): thread t4's 16 bytes from 16 t4, in them writer g's 4 at
+// 4 ((g & 1) + 2 (g >> 3)), row i at + i.
+constexpr int flag_word(int g) { return 4 * ((g >> 1) & 3) + (g & 1) + 2 * (g >> 3); }
+constexpr int flag_pos(int r) { return 4 * flag_word(r & 15) + (r >> 4); }
+static_assert(flag_pos(63) == 63 && flag_pos(2) == 16 && flag_pos(16) == 1, "flag_pos: a permutation of 0..63");
 static_assert(SMLA_SM90P_PERSISTENT == 0 || SMLA_SM90P_PERSISTENT == 1, "SMLA_SM90P_PERSISTENT: 0 or 1");
 
 // setmaxnreg: the three warpgroups share the launch allocation, 3 x 168 (plan.cuh).
@@ -259,6 +277,7 @@ struct Smem {
     static constexpr int bytes = used + 1024;  // slack to align the base to 1024 B
     static_assert(q.off % 1024 == 0 && k.off % 1024 == 0 && plo.off % 1024 == 0, "swizzled tiles");
     static_assert(bar.off % 8 == 0 && qbar.off % 8 == 0 && pers.off % 8 == 0, "mbarriers are 8-byte");
+    static_assert(valid.off % 16 == 0, "kFlagBytes: a consumer thread's 16 flag bytes by one load");
     static_assert(2 * kHT * 8 <= kBlk, "the epilogue's row sums reuse the P_lo block");
     static_assert(bytes <= 227 * 1024, "sm_90 opt-in shared memory per block");
 };
@@ -357,11 +376,18 @@ struct PairProducer {
             R.ok |= (ok ? 1u : 0u) << i;
         }
     }
-    // The row flags of this thread's rows of buffer b (lanes of chunk 0).
+    // The row flags of this thread's rows of buffer b (lanes of chunk 0): 4 ints, or (kFlagBytes) one word of 4 bytes,
+    // row i in byte i, at flag_pos.
     __device__ __forceinline__ void flags(const Rows &R, int b) const
     {
+        if constexpr (kFlagBytes) {
+            const uint32_t ok = R.ok;
+            c.sValid[b * (kBN / 4) + flag_word(g)] =
+                (ok & 1u) | ((ok & 2u) << 7) | ((ok & 4u) << 14) | ((ok & 8u) << 21);
+        } else {
 #pragma unroll
-        for (int i = 0; i < kRows; ++i) c.sValid[b * kBN + 16 * i + g] = (R.ok >> i) & 1u;
+            for (int i = 0; i < kRows; ++i) c.sValid[b * kBN + 16 * i + g] = (R.ok >> i) & 1u;
+        }
     }
     // Column blocks [c0, c1) of this thread's row i (row 16 i + g of the tile) into K buffer b; copy: of all its rows.
     // HINT: the copies' form (ProducerLane::copy16_as).
@@ -661,7 +687,15 @@ struct PairConsumer {
     // Mask (row flags of buffer W), scale, the tile's row maxima (sm90/score_tile.cuh); kLazy: the true maxima.
     __device__ __forceinline__ void mask_scores(float (&s)[32], float (&mx)[2])
     {
-        sm90::mask_scores(c.sValid + W * kBN, a.scale_log2, t4, m, s, mx);
+        if constexpr (kFlagBytes) {  // column 8 jn + 2 t4 + e: word e + 2 (jn & 1), byte jn >> 1 (flag_pos)
+            const uint4 v = *reinterpret_cast<const uint4 *>(c.sValid + W * (kBN / 4) + 4 * t4);
+            const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+            const auto ok = [&](int jn, int e) { return ((w[e + 2 * (jn & 1)] >> (8 * (jn >> 1))) & 0xffu) != 0; };
+            sm90::mask_scale_cols<8>(ok, a.scale_log2, m, s, mx);
+            sm90::quad_max(mx);
+        } else {
+            sm90::mask_scores(c.sValid + W * kBN, a.scale_log2, t4, m, s, mx);
+        }
         if (kLazy && t4 == 0) {
             float *const p = c.sMt + W * kHT + r0;  // only this thread reads and writes its rows' entries
             p[0] = fmaxf(p[0], mx[0]);
