@@ -164,7 +164,10 @@ def main():
             print(f"{label:>22} {'peer vs this':>14} out max|diff| / max|out| {d:.2e}", flush=True)
 
     for sh in args.shape:
-        h, s_kv, *rest = (int(x) for x in sh.split(","))
+        try:
+            h, s_kv, *rest = (int(x) for x in sh.split(","))
+        except ValueError:
+            rest = [0]
         s_q = rest[0] if rest else B.S_Q
         if not 1 <= s_q <= B.S_Q or len(rest) > 1:
             raise SystemExit(f"ab_prefill: --shape {sh!r}: expected H,S_KV[,S_Q] with 1 <= S_Q <= {B.S_Q}")
