@@ -246,7 +246,22 @@ constexpr bool kFlagBytes = SMLA_SM90P_FLAG_BYTES != 0;
 // 4 ((g & 1) + 2 (g >> 3)), row i at + i.
 constexpr int flag_word(int g) { return 4 * ((g >> 1) & 3) + (g & 1) + 2 * (g >> 3); }
 constexpr int flag_pos(int r) { return 4 * flag_word(r & 15) + (r >> 4); }
-static_assert(flag_pos(63) == 63 && flag_pos(2) == 16 && flag_pos(16) == 1, "flag_pos: a permutation of 0..63");
+// flag_pos is a permutation of 0..63 that puts consumer thread t4's column 8 jn + 2 t4 + e where mask_scores reads it.
+constexpr bool flag_pos_ok()
+{
+    bool seen[64] = {};
+    for (int r = 0; r < 64; ++r) {
+        const int p = flag_pos(r);
+        if (p < 0 || p > 63 || seen[p]) return false;
+        seen[p] = true;
+    }
+    for (int t4 = 0; t4 < 4; ++t4)
+        for (int jn = 0; jn < 8; ++jn)
+            for (int e = 0; e < 2; ++e)
+                if (flag_pos(8 * jn + 2 * t4 + e) != 16 * t4 + 4 * (e + 2 * (jn & 1)) + (jn >> 1)) return false;
+    return true;
+}
+static_assert(flag_pos_ok(), "flag_pos: the producer's and the consumers' flag bytes disagree");
 static_assert(SMLA_SM90P_PERSISTENT == 0 || SMLA_SM90P_PERSISTENT == 1, "SMLA_SM90P_PERSISTENT: 0 or 1");
 
 // setmaxnreg: the three warpgroups share the launch allocation, 3 x 168 (plan.cuh).
