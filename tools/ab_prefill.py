@@ -68,7 +68,10 @@ def load_peer(path):
 
 
 def peer_call(torch, fn, q, kv, idx, outs, scale):
-    """A call of the peer on q, kv, idx into outs (out, lse, max_logits), on torch's current stream."""
+    """A call of the peer on q, kv, idx into outs (out, lse, max_logits), on torch's current stream (None without a
+    peer)."""
+    if fn is None:
+        return None
     out, lse, ml = outs
     stream = torch.cuda.current_stream().cuda_stream
 
@@ -148,13 +151,9 @@ def main():
                   f" ({rel[0]:.3f}..{rel[-1]:.3f})", flush=True)
         return [statistics.median(t) for t in times]
 
-    def peer_outputs(out):
-        """The peer's own out, lse, max_logits for a call shaped like out (None without --peer)."""
-        if not peer:
-            return None
-        lead = out.shape[:-1]
-        return (torch.empty_like(out), torch.empty(lead, dtype=torch.float32, device="cuda"),
-                torch.empty(lead, dtype=torch.float32, device="cuda"))
+    def peer_outputs(*outs):
+        """The peer's own arrays like this tree's out, lse, max_logits (None without --peer)."""
+        return tuple(torch.empty_like(x) for x in outs) if peer else None
 
     def compare(label, out, pouts):
         """max |peer - this| over max |this| of the last calls' outputs (the same inputs)."""
@@ -164,22 +163,20 @@ def main():
             print(f"{label:>22} {'peer vs this':>14} out max|diff| / max|out| {d:.2e}", flush=True)
 
     for sh in args.shape:
-        try:
-            h, s_kv, *rest = (int(x) for x in sh.split(","))
-        except ValueError:
-            rest = [0]
-        s_q = rest[0] if rest else B.S_Q
-        if not 1 <= s_q <= B.S_Q or len(rest) > 1:
+        parts = sh.split(",")
+        dims = [int(x) for x in parts] if len(parts) in (2, 3) and all(x.isdigit() for x in parts) else [0, 0, 0]
+        h, s_kv, s_q = (dims + [B.S_Q])[:3]
+        if not 1 <= s_q <= B.S_Q:
             raise SystemExit(f"ab_prefill: --shape {sh!r}: expected H,S_KV[,S_Q] with 1 <= S_Q <= {B.S_Q}")
         kv, idx = B.random_kv(torch, s_kv)
         idx = idx[:s_q].contiguous()
-        lab = f"h={h} s_kv={s_kv}" + (f" s_q={s_q}" if rest else "")
+        lab = f"h={h} s_kv={s_kv}" + (f" s_q={s_q}" if len(parts) == 3 else "")
         q, out, lse, ml = B.query(torch, torch.Generator(device="cuda").manual_seed(h), s_q, h)
         # every output given: a tree's extension takes only its own "allocate" marker (smla.ops passes its own)
-        po = peer_outputs(out)
+        po = peer_outputs(out, lse, ml)
         measure(lab, lambda: smla.sparse_mla_prefill(
             q, kv, idx, softmax_scale=B.SCALE, out=out, lse=lse, max_logits=ml, precision=args.precision),
-            peer_call(torch, peer, q, kv, idx, po, B.SCALE) if peer else None)
+            peer_call(torch, peer, q, kv, idx, po, B.SCALE))
         compare(lab, out, po)
         del kv, idx, q, out, lse, ml, po
         torch.cuda.empty_cache()
@@ -187,12 +184,12 @@ def main():
         gen, kv, full, causal = B.causal_inputs(torch)
         for h in B.CAUSAL_HEADS:
             q, out, lse, ml = B.query(torch, gen, B.CAUSAL_S, h)
-            po = peer_outputs(out)
+            po = peer_outputs(out, lse, ml)
             res = {}
             for label, idx in (("causal", causal), ("full", full)):
                 res[label] = measure(f"h={h} {label}", lambda idx=idx: smla.sparse_mla_prefill(
                     q, kv, idx, softmax_scale=B.SCALE, out=out, lse=lse, max_logits=ml, precision=args.precision),
-                    peer_call(torch, peer, q, kv, idx, po, B.SCALE) if peer else None)
+                    peer_call(torch, peer, q, kv, idx, po, B.SCALE))
                 compare(f"h={h} {label}", out, po)
             print(f"{'h=' + str(h) + ' causal/full':>22} " + "  ".join(
                 f"{name} {c / f:.3f}" for name, c, f in zip(names, res["causal"], res["full"])), flush=True)
