@@ -1,8 +1,8 @@
 """The loops of a kernel's SASS and their instruction mix, without a GPU: every backward branch whose body holds a
 tensor-core (HGMMA) or a copy (LDGSTS / UTMALDG) instruction and no such loop inside it, i.e. the consumer and producer
-loops of an attention kernel, not the mbarrier retry loops (nor the out-of-line
-retry stubs past the kernel's EXIT, whose jumps back span the loop) and not the item loops around them. Static counts (each
-instruction once, whatever branch a pass takes), so two kernels' loops compare by the code they issue per pass, e.g.
+loops of an attention kernel, not the mbarrier retry loops (nor the out-of-line retry stubs past the kernel's EXIT,
+whose jumps back span the loop) and not the item loops around them. Static counts (each instruction once, whatever
+branch a pass takes), so two kernels' loops compare by the code they issue per pass, e.g.
 ours against a peer's binary:
 
     nvcc -std=c++17 -O3 -Icsrc -Icuda -DSMLA_WITH_CUDA=1 -DSMLA_HAVE_SM90=1 --expt-relaxed-constexpr \
